@@ -1,0 +1,85 @@
+"""Samples to bytes and back with msgpack, keeping Python and numpy types.
+
+Used wherever a sample leaves the process or lands in a file (RecordIO records,
+``multiprocess_reader`` pipes). It never pickles: decoding a hostile byte string
+can fail, but it cannot run code.
+
+Types kept exactly: ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``,
+``list``, ``tuple``, ``dict`` (any msgpack-able keys, ints included), numpy
+arrays of any non-object dtype (dtype, shape and raw bytes) and numpy scalars.
+Anything else raises ``TypeError`` naming the type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+
+_EXT_NDARRAY = 1
+_EXT_TUPLE = 2
+_EXT_NPSCALAR = 3
+
+
+def _default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject:
+            raise TypeError("cannot encode a numpy array of dtype object; convert it to a fixed dtype")
+        header = msgpack.packb([obj.dtype.str, list(obj.shape)], use_bin_type=True)
+        # ext payload: header length (4 bytes) + header + raw C-order bytes
+        raw = np.ascontiguousarray(obj).tobytes()
+        return msgpack.ExtType(_EXT_NDARRAY, len(header).to_bytes(4, "little") + header + raw)
+    if isinstance(obj, tuple):
+        return msgpack.ExtType(_EXT_TUPLE, _packer().pack(list(obj)))
+    if isinstance(obj, np.generic):
+        if obj.dtype.hasobject:
+            raise TypeError("cannot encode a numpy object scalar")
+        return msgpack.ExtType(_EXT_NPSCALAR, msgpack.packb([obj.dtype.str, obj.tobytes()], use_bin_type=True))
+    raise TypeError(f"cannot encode a sample part of type {type(obj).__name__}")
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == _EXT_NDARRAY:
+        header_len = int.from_bytes(data[:4], "little")
+        dtype_str, shape = msgpack.unpackb(data[4 : 4 + header_len], raw=False)
+        dtype = np.dtype(dtype_str)
+        if dtype.hasobject:
+            raise ValueError("encoded array claims dtype object, which is never written")
+        body = memoryview(data)[4 + header_len :]
+        # bytearray makes the array writable (one copy, as np.array would make).
+        return np.frombuffer(bytearray(body), dtype=dtype).reshape(shape)
+    if code == _EXT_TUPLE:
+        return tuple(unpack(data))
+    if code == _EXT_NPSCALAR:
+        dtype_str, raw = msgpack.unpackb(data, raw=False)
+        dtype = np.dtype(dtype_str)
+        if dtype.hasobject:
+            raise ValueError("encoded scalar claims dtype object, which is never written")
+        return np.frombuffer(raw, dtype=dtype)[0]
+    raise ValueError(f"unknown msgpack extension type {code}")
+
+
+def _packer() -> msgpack.Packer:
+    # strict_types routes tuples and numpy scalars (subclasses of float/int) to _default.
+    return msgpack.Packer(default=_default, use_bin_type=True, strict_types=True)
+
+
+def pack(sample: Any) -> bytes:
+    """Encode one sample (or any nest of supported types) as bytes."""
+    return _packer().pack(sample)
+
+
+def unpack(data: bytes | bytearray | memoryview) -> Any:
+    """Decode bytes made by :func:`pack`. Malformed input raises ``ValueError``."""
+    try:
+        return msgpack.unpackb(
+            data, ext_hook=_ext_hook, raw=False, strict_map_key=False, use_list=True
+        )
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise ValueError(f"malformed encoded sample: {exc}") from exc
+    except (TypeError, IndexError) as exc:
+        raise ValueError(f"malformed encoded sample: {exc}") from exc
+
+
+__all__ = ["pack", "unpack"]

@@ -1,0 +1,204 @@
+"""The one exception tree of ``loader``.
+
+Every error the package raises on purpose is a ``LoaderError``. Errors are
+translated once, at the boundary where they are first seen (a socket, a child
+process, a data file), and carry the endpoint, worker, file or record that a
+person needs to act on them.
+
+::
+
+    LoaderError
+    ├── ConfigError            (also ValueError)  a config file, key or value is wrong
+    ├── DataError              (also ValueError)  input data is malformed
+    │   ├── CorruptFileError                      a data file fails its checksum or framing
+    │   ├── ShapeMismatchError                    a sample does not fit its declared slot
+    │   └── UnknownFormatError                    no file reader is registered for a file
+    ├── ComposeNotAligned      (also ValueError)  compose() saw readers of different lengths
+    ├── WorkerError                               an exception raised in a thread, child
+    │   │                                         process or worker, carried across with its
+    │   │                                         type name, message and traceback text
+    │   └── WorkerDiedError                       a child process died without a word
+    ├── TransportError                            the socket or pipe failed
+    │   └── ServiceUnavailableError               the daemon is unreachable or went away
+    └── ClosedError                               used after close()
+
+End of data is ``StopIteration``, never an error.
+"""
+
+from __future__ import annotations
+
+import traceback as _traceback
+from typing import Any, Mapping
+
+
+class LoaderError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ConfigError(LoaderError, ValueError):
+    """A config file, key or value is wrong: the message names file, key and reason."""
+
+
+class DataError(LoaderError, ValueError):
+    """Input data is malformed: the message names what, where and why."""
+
+
+class CorruptFileError(DataError):
+    """A data file fails a checksum, a magic number or its framing."""
+
+
+class ShapeMismatchError(DataError):
+    """A sample does not match the shape or dtype declared for its slot."""
+
+
+class UnknownFormatError(DataError):
+    """No file reader is registered for a file's format."""
+
+
+class ComposeNotAligned(LoaderError, ValueError):
+    """``reader.compose`` found that its readers yield different numbers of items."""
+
+
+class TransportError(LoaderError):
+    """A socket or pipe failed; the message names the endpoint."""
+
+
+class ServiceUnavailableError(TransportError):
+    """The loader daemon did not answer in time, or stopped."""
+
+
+class ClosedError(LoaderError):
+    """An object was used after ``close()``."""
+
+
+class WorkerError(LoaderError):
+    """An exception raised somewhere else (thread, child process, worker), carried here.
+
+    ``type_name``, ``message`` and ``remote_traceback`` describe the original
+    exception; ``worker``, ``file`` and ``record`` say where it happened when known.
+    """
+
+    def __init__(
+        self,
+        type_name: str,
+        message: str,
+        remote_traceback: str = "",
+        *,
+        worker: str | None = None,
+        file: str | None = None,
+        record: int | None = None,
+    ) -> None:
+        self.type_name = type_name
+        self.message = message
+        self.remote_traceback = remote_traceback
+        self.worker = worker
+        self.file = file
+        self.record = record
+        super().__init__(self._summary())
+
+    def _summary(self) -> str:
+        where = []
+        if self.worker is not None:
+            where.append(f"worker {self.worker}")
+        if self.file is not None:
+            where.append(f"file {self.file}")
+        if self.record is not None:
+            where.append(f"record {self.record}")
+        text = f"{self.type_name}: {self.message}"
+        if where:
+            text += f" (in {', '.join(where)})"
+        return text
+
+    def __str__(self) -> str:
+        if self.remote_traceback:
+            return f"{self._summary()}\n--- original traceback ---\n{self.remote_traceback.rstrip()}"
+        return self._summary()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only fields would be lost by the default exception pickling.
+        return (_rebuild_worker_error, (type(self), self.to_dict()))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (msgpack-able) describing this error."""
+        return {
+            "type": self.type_name,
+            "message": self.message,
+            "traceback": self.remote_traceback,
+            "worker": self.worker,
+            "file": self.file,
+            "record": self.record,
+        }
+
+    @classmethod
+    def from_dict(cls, info: Mapping[str, Any]) -> "WorkerError":
+        return cls(
+            str(info.get("type", "Exception")),
+            str(info.get("message", "")),
+            str(info.get("traceback", "")),
+            worker=info.get("worker"),
+            file=info.get("file"),
+            record=info.get("record"),
+        )
+
+    @classmethod
+    def from_exception(
+        cls,
+        exc: BaseException,
+        *,
+        worker: str | None = None,
+        file: str | None = None,
+        record: int | None = None,
+    ) -> "WorkerError":
+        """Describe ``exc`` (raised here) so it can travel to another thread or process."""
+        if isinstance(exc, WorkerError):
+            # Already carried once: keep the original description, add what is new.
+            return cls(
+                exc.type_name,
+                exc.message,
+                exc.remote_traceback,
+                worker=exc.worker if exc.worker is not None else worker,
+                file=exc.file if exc.file is not None else file,
+                record=exc.record if exc.record is not None else record,
+            )
+        text = "".join(_traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(type(exc).__name__, str(exc), text, worker=worker, file=file, record=record)
+
+
+class WorkerDiedError(WorkerError):
+    """A child process or worker exited without reporting why; ``exitcode`` says how."""
+
+    def __init__(self, who: str, exitcode: int | None, **where: Any) -> None:
+        self.who = who
+        self.exitcode = exitcode
+        if exitcode is not None and exitcode < 0:
+            how = f"killed by signal {-exitcode}"
+        else:
+            how = f"exited with code {exitcode}"
+        super().__init__("WorkerDiedError", f"{who} {how} without reporting an error", "", **where)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_died, (self.who, self.exitcode, self.worker, self.file, self.record))
+
+
+def _rebuild_died(who: str, exitcode: int | None, worker: Any, file: Any, record: Any) -> WorkerDiedError:
+    return WorkerDiedError(who, exitcode, worker=worker, file=file, record=record)
+
+
+def _rebuild_worker_error(cls: type[WorkerError], info: Mapping[str, Any]) -> WorkerError:
+    return cls.from_dict(info)
+
+
+__all__ = [
+    "LoaderError",
+    "ConfigError",
+    "DataError",
+    "CorruptFileError",
+    "ShapeMismatchError",
+    "UnknownFormatError",
+    "ComposeNotAligned",
+    "WorkerError",
+    "WorkerDiedError",
+    "TransportError",
+    "ServiceUnavailableError",
+    "ClosedError",
+]

@@ -1,0 +1,89 @@
+"""The one module that starts and stops processes.
+
+Everything that runs code in another process (``multiprocess_reader``, the
+service's workers, the in-process ``Loader``) goes through ``start_process`` and
+``stop_process`` so that start methods, naming and bounded shutdown are decided
+in one place.
+
+Start methods: ``"fork"`` is used where a user's reader may be a closure or a
+lambda (``multiprocess_reader``, like the original); ``"spawn"`` is used for
+service workers, which receive only a definition (a config and a module path) and
+must not inherit the parent's threads or sockets.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.context
+import os
+import sys
+from typing import Any, Callable
+
+PROCESS_JOIN_TIMEOUT_S = 5.0
+PROCESS_KILL_TIMEOUT_S = 2.0
+
+
+def _context(method: str) -> multiprocessing.context.BaseContext:
+    if method == "fork" and sys.platform == "win32":
+        method = "spawn"
+    return multiprocessing.get_context(method)
+
+
+def start_process(
+    target: Callable[..., Any],
+    args: tuple[Any, ...] = (),
+    *,
+    name: str,
+    method: str = "spawn",
+    daemon: bool = True,
+) -> multiprocessing.process.BaseProcess:
+    """Start ``target(*args)`` in a new named process and return it."""
+    proc = _context(method).Process(target=target, args=args, name=name, daemon=daemon)
+    proc.start()
+    return proc
+
+
+def context(method: str = "spawn") -> multiprocessing.context.BaseContext:
+    """The multiprocessing context for ``method`` (to build Pipes and Queues that match)."""
+    return _context(method)
+
+
+def stop_process(
+    proc: multiprocessing.process.BaseProcess,
+    join_timeout_s: float = PROCESS_JOIN_TIMEOUT_S,
+) -> int | None:
+    """Ask nicely (join), then SIGTERM, then SIGKILL; never wait unboundedly.
+
+    Returns the exit code (negative: killed by that signal).
+    """
+    if proc.pid is None:
+        return None
+    proc.join(timeout=join_timeout_s)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(timeout=PROCESS_KILL_TIMEOUT_S)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(timeout=PROCESS_KILL_TIMEOUT_S)
+    code = proc.exitcode
+    try:
+        proc.close()
+    except ValueError:
+        pass  # still running after SIGKILL (a zombie the kernel has not reaped yet)
+    return code
+
+
+def terminate_now(proc: multiprocessing.process.BaseProcess) -> int | None:
+    """Stop a process that has no reason to finish on its own (consumer went away)."""
+    return stop_process(proc, join_timeout_s=0.0)
+
+
+def cpu_count() -> int:
+    """Cores this process may use (respects affinity masks, unlike os.cpu_count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+__all__ = ["start_process", "stop_process", "terminate_now", "context", "cpu_count"]

@@ -1,0 +1,126 @@
+"""Picklable fakes and fault injectors shared by the tests.
+
+Every factory returns a module-level class instance (not a closure), so it can
+cross a ``spawn`` process boundary as well as a ``fork``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+
+class Boom(RuntimeError):
+    """The exception the injectors raise, so tests can match it exactly."""
+
+
+class RangeReader:
+    """A reader of ``start .. stop-1`` (a zero-argument callable, as the seeds define)."""
+
+    def __init__(self, stop: int, start: int = 0) -> None:
+        self.start, self.stop = start, stop
+
+    def __call__(self) -> Iterator[int]:
+        return iter(range(self.start, self.stop))
+
+
+class ListReader:
+    """A reader over a fixed list of samples."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = list(items)
+
+    def __call__(self) -> Iterator[Any]:
+        return iter(list(self.items))
+
+
+class raise_on:  # noqa: N801 - reads like the function it stands for
+    """A reader yielding ``0..n-1`` then raising ``Boom`` at sample ``n``.
+
+    Also usable as a mapper: ``raise_on(n)(x)`` raises when ``x == n``.
+    """
+
+    def __init__(self, n: int, message: str = "injected failure") -> None:
+        self.n, self.message = n, message
+
+    def __call__(self, *value: Any) -> Any:
+        if value:
+            if value[0] == self.n:
+                raise Boom(f"{self.message} at sample {self.n}")
+            return value[0]
+        return self._gen()
+
+    def _gen(self) -> Iterator[int]:
+        for i in range(self.n):
+            yield i
+        raise Boom(f"{self.message} at sample {self.n}")
+
+
+class exit_with:  # noqa: N801
+    """A reader that yields ``after`` samples then kills its process with ``os._exit(code)``."""
+
+    def __init__(self, code: int, after: int = 0) -> None:
+        self.code, self.after = code, after
+
+    def __call__(self) -> Iterator[int]:
+        for i in range(self.after):
+            yield i
+        os._exit(self.code)
+
+
+class hang_forever:  # noqa: N801
+    """A reader that yields ``after`` samples then blocks (bounded by ``limit_s``)."""
+
+    def __init__(self, after: int = 0, limit_s: float = 600.0) -> None:
+        self.after, self.limit_s = after, limit_s
+
+    def __call__(self) -> Iterator[int]:
+        for i in range(self.after):
+            yield i
+        time.sleep(self.limit_s)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, interval_s: float = 0.02) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout_s`` passes; returns its last value."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return bool(predicate())
+
+
+def live_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.is_alive()}
+
+
+def child_pids() -> set[int]:
+    """Live child processes of this process (Linux /proc), zombies excluded."""
+    me = os.getpid()
+    found: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        state, ppid = fields[0], int(fields[1])
+        if ppid == me and state != b"Z":
+            found.add(int(entry))
+    return found
+
+
+def open_fd_count() -> int:
+    return len(os.listdir(f"/proc/{os.getpid()}/fd"))
