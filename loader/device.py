@@ -2,40 +2,294 @@
 
 Contract used by ``DoubleBufferReader``, ``DataFeeder`` and the service client::
 
-    placer = Placer("cpu")          # or "cuda:0"
+    placer = Placer("cpu")          # or "cuda:0", "cuda", "torch:cpu", torch.device("cuda", 1)
     staged = placer.stage(batch)    # background thread: start the host->device copy
     batch = placer.finish(staged)   # consumer thread: wait for that copy, get the result
+    batch = placer.place_now(batch) # both steps at once, on the calling thread
 
-``batch`` is any nest of lists, tuples and dicts whose leaves are numpy arrays
-(other leaves pass through). On ``"cpu"`` both steps return the input unchanged.
+``batch`` is any nest of lists, tuples, dicts and dataclass instances (e.g.
+``loader.LoDTensor``) whose leaves are numpy arrays; other leaves pass through.
 
-(Skeleton: CPU placement only. Device placement is added by the provider/feeder
-issue.)
+Places:
+
+* ``"cpu"``: numpy, both steps return the input unchanged.
+* ``"torch:cpu"``: ``torch.Tensor`` on the CPU sharing memory with the arrays where possible.
+* ``"cuda"``, ``"cuda:N"``, ``"gpu:N"`` or a ``torch.device``: torch tensors on that device when
+  torch is installed, else cupy arrays. ``"torch:cuda:N"`` / ``"cupy:cuda:N"`` pick the library.
+
+On a CUDA place ``stage`` copies each array into pinned host memory, issues an
+asynchronous copy on this placer's side stream and records an event; it does not
+wait for the copy. ``finish`` makes the consumer's current stream wait on that
+event (a GPU-side wait: the host is not blocked) and tells the caching allocator
+that the consumer stream now uses the memory. Leaves whose dtype the library
+cannot hold (strings, objects) stay numpy.
+
+torch and cupy are imported lazily, inside the functions that need them, so the
+package imports and runs on the CPU without either. A place that needs a missing
+library, a missing CUDA device or that cannot be parsed raises ``ValueError`` at
+construction.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import importlib
+import re
+import threading
+from collections import deque
+from typing import Any, Callable
+
+import numpy as np
+
+_PLACE_RE = re.compile(r"^(?:(torch|cupy):)?(cpu|cuda|gpu)(?::(\d+))?$")
+# Pinned buffers handed to cupy's asynchronous copy are kept alive until their event
+# has completed; this bounds how many finished ones are checked per finish() call.
+_MAX_PENDING_CHECK = 64
+
+
+def _try_import(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def _parse_place(place: Any) -> tuple[str, str, int]:
+    """(library, kind, device index): library in {numpy, torch, cupy}, kind in {cpu, cuda}."""
+    if type(place).__module__.startswith("torch") and hasattr(place, "type"):
+        library, kind = "torch", str(place.type)
+        index = place.index if place.index is not None else 0
+        if kind not in ("cpu", "cuda"):
+            raise ValueError(f"unsupported place {place!r}: only cpu and cuda devices are supported")
+        return library, kind, int(index)
+    if not isinstance(place, str):
+        raise ValueError(f"unsupported place {place!r}: use 'cpu', 'cuda', 'cuda:N', 'torch:cpu' or a torch.device")
+    match = _PLACE_RE.match(place.strip().lower())
+    if match is None:
+        raise ValueError(f"unsupported place {place!r}: use 'cpu', 'cuda', 'cuda:N', 'torch:cpu' or a torch.device")
+    library, kind, index = match.group(1), match.group(2), int(match.group(3) or 0)
+    kind = "cuda" if kind == "gpu" else kind
+    if kind == "cpu":
+        if match.group(3) is not None:
+            raise ValueError(f"unsupported place {place!r}: a cpu place takes no device index")
+        return (library or "numpy"), "cpu", 0
+    return (library or "auto"), "cuda", index
+
+
+def _check_cuda_library(library: str, index: int, text: str) -> str:
+    """Resolve 'auto' and check that the library sees CUDA device ``index``."""
+    candidates = ["torch", "cupy"] if library == "auto" else [library]
+    for name in candidates:
+        module = _try_import(name)
+        if module is None:
+            continue
+        if name == "torch":
+            count = module.cuda.device_count() if module.cuda.is_available() else 0
+        else:
+            try:
+                count = module.cuda.runtime.getDeviceCount()
+            except Exception:  # noqa: BLE001 - cupy raises its own runtime error without a driver
+                count = 0
+        if index >= count:
+            raise ValueError(f"place {text!r}: {name} sees {count} CUDA device(s), no device {index}")
+        return name
+    wanted = " or ".join(candidates)
+    raise ValueError(f"place {text!r} needs {wanted} installed for device placement; only 'cpu' is available")
+
+
+def map_leaves(obj: Any, fn: Callable[[np.ndarray], Any]) -> Any:
+    """Apply ``fn`` to every numpy array in a nest of lists, tuples, dicts and dataclasses."""
+    if isinstance(obj, np.ndarray):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return type(obj)((key, map_leaves(value, fn)) for key, value in obj.items())
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(map_leaves(value, fn) for value in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_leaves(value, fn) for value in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {f.name: map_leaves(getattr(obj, f.name), fn) for f in dataclasses.fields(obj) if f.init}
+        return dataclasses.replace(obj, **changes)
+    return obj
+
+
+def _host_array(array: np.ndarray) -> np.ndarray:
+    # torch.from_numpy refuses read-only and warns on non-contiguous arrays.
+    if not array.flags.c_contiguous or not array.flags.writeable:
+        return np.array(array, order="C", copy=True)
+    return array
+
+
+def _device_storable(array: np.ndarray) -> bool:
+    return array.dtype.kind in "biufc"
+
+
+class _Staged:
+    """What ``stage`` returns on a CUDA place: the placed nest and the copy's event."""
+
+    __slots__ = ("value", "event", "host")
+
+    def __init__(self, value: Any, event: Any, host: list[Any]) -> None:
+        self.value, self.event, self.host = value, event, host
 
 
 class Placer:
-    """Moves nests of numpy arrays to one place."""
+    """Moves nests of numpy arrays to one place (see the module docstring)."""
 
-    def __init__(self, place: str = "cpu") -> None:
-        place = str(place).lower()
-        if place != "cpu":
-            raise ValueError(f"unsupported place {place!r}: only 'cpu' is available in this build")
-        self.place = place
+    def __init__(self, place: Any = "cpu") -> None:
+        library, kind, index = _parse_place(place)
+        if kind == "cuda":
+            library = _check_cuda_library(library, index, str(place))
+        elif library == "torch" and _try_import("torch") is None:
+            raise ValueError(f"place {place!r} needs torch installed; use 'cpu' for numpy arrays")
+        elif library == "cupy":
+            raise ValueError(f"unsupported place {place!r}: cupy arrays live on a CUDA device, use 'cupy:cuda:N'")
+        self.library, self.kind, self.index = library, kind, index
+        self.place = "cpu" if library == "numpy" else (f"{library}:cpu" if kind == "cpu" else f"cuda:{index}")
+        self._lock = threading.Lock()
+        self._stream: Any = None
+        self._pending: deque[tuple[Any, list[Any]]] = deque()
+
+    def __repr__(self) -> str:
+        return f"Placer({self.place!r}, library={self.library!r})"
 
     @property
     def is_cpu(self) -> bool:
-        return self.place == "cpu"
+        """True when arrays stay numpy arrays in host memory."""
+        return self.library == "numpy"
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.kind == "cuda"
+
+    def place_now(self, obj: Any) -> Any:
+        """``finish(stage(obj))`` on the calling thread."""
+        return self.finish(self.stage(obj))
 
     def stage(self, obj: Any) -> Any:
-        return obj
+        """Start moving ``obj``; call from the producer (background) thread."""
+        if self.library == "numpy":
+            return obj
+        if self.kind == "cpu":
+            torch = importlib.import_module("torch")
+            return map_leaves(obj, lambda a: torch.from_numpy(_host_array(a)) if _device_storable(a) else a)
+        if self.library == "torch":
+            return self._stage_torch(obj)
+        return self._stage_cupy(obj)
 
     def finish(self, staged: Any) -> Any:
-        return staged
+        """Make the consumer's stream wait for the copy; call from the consumer thread."""
+        if not isinstance(staged, _Staged):
+            return staged
+        if self.library == "torch":
+            return self._finish_torch(staged)
+        return self._finish_cupy(staged)
+
+    # -- torch -------------------------------------------------------------------------
+
+    def _side_stream(self, make: Callable[[], Any]) -> Any:
+        with self._lock:
+            if self._stream is None:
+                self._stream = make()
+            return self._stream
+
+    def _stage_torch(self, obj: Any) -> _Staged:
+        torch = importlib.import_module("torch")
+        device = torch.device("cuda", self.index)
+        stream = self._side_stream(lambda: torch.cuda.Stream(device=device))
+        host: list[Any] = []
+
+        def copy(array: np.ndarray) -> Any:
+            if not _device_storable(array):
+                return array
+            pinned = torch.from_numpy(_host_array(array)).pin_memory()
+            host.append(pinned)
+            return pinned.to(device, non_blocking=True)
+
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            value = map_leaves(obj, copy)
+            event = torch.cuda.Event()
+            event.record(stream)
+        return _Staged(value, event, host)
+
+    def _finish_torch(self, staged: _Staged) -> Any:
+        torch = importlib.import_module("torch")
+        device = torch.device("cuda", self.index)
+        consumer = torch.cuda.current_stream(device)
+        consumer.wait_event(staged.event)
+
+        def mark(tensor: Any) -> Any:
+            # The tensors were allocated on the side stream; without this the caching
+            # allocator could hand their memory out again while the consumer still reads it.
+            if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+                tensor.record_stream(consumer)
+            return tensor
+
+        _walk(staged.value, mark)
+        return staged.value
+
+    # -- cupy --------------------------------------------------------------------------
+
+    def _stage_cupy(self, obj: Any) -> _Staged:
+        cupy = importlib.import_module("cupy")
+        cupyx = importlib.import_module("cupyx")
+        host: list[Any] = []
+        with cupy.cuda.Device(self.index):
+            stream = self._side_stream(lambda: cupy.cuda.Stream(non_blocking=True))
+
+            def copy(array: np.ndarray) -> Any:
+                if not _device_storable(array):
+                    return array
+                pinned = cupyx.empty_pinned(array.shape, array.dtype)
+                pinned[...] = array
+                host.append(pinned)
+                out = cupy.empty(array.shape, array.dtype)
+                out.set(pinned, stream=stream)
+                return out
+
+            value = map_leaves(obj, copy)
+            event = stream.record()
+        return _Staged(value, event, host)
+
+    def _finish_cupy(self, staged: _Staged) -> Any:
+        cupy = importlib.import_module("cupy")
+        with cupy.cuda.Device(self.index):
+            cupy.cuda.get_current_stream().wait_event(staged.event)
+        # cupy's pinned pool may reuse a buffer as soon as it is freed, so keep each
+        # one until its copy has completed (checked without blocking).
+        with self._lock:
+            self._pending.append((staged.event, staged.host))
+            for _ in range(min(len(self._pending), _MAX_PENDING_CHECK)):
+                event, _host = self._pending[0]
+                if not event.done:
+                    break
+                self._pending.popleft()
+        return staged.value
 
 
-__all__ = ["Placer"]
+def _walk(obj: Any, fn: Callable[[Any], Any]) -> None:
+    """Call ``fn`` on every leaf of a nest (like ``map_leaves`` but for any leaf)."""
+    if isinstance(obj, dict):
+        for value in obj.values():
+            _walk(value, fn)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            _walk(value, fn)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            _walk(getattr(obj, f.name), fn)
+    else:
+        fn(obj)
+
+
+def device_count(place: Any) -> int:
+    """How many devices of ``place``'s kind exist (CPU places count as one)."""
+    placer = place if isinstance(place, Placer) else Placer(place)
+    if not placer.is_cuda:
+        return 1
+    if placer.library == "torch":
+        return int(importlib.import_module("torch").cuda.device_count())
+    return int(importlib.import_module("cupy").cuda.runtime.getDeviceCount())
+
+
+__all__ = ["Placer", "map_leaves", "device_count"]

@@ -1,0 +1,98 @@
+"""One batch of provider samples -> one array structure per slot (see the package docstring)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Sequence
+
+import numpy as np
+
+from loader.errors import DataError
+from loader.feeder import LoDTensor
+from loader.provider.types import DataType, InputType
+
+
+@dataclasses.dataclass
+class SparseBatch:
+    """Rows of a sparse slot in CSR form: row ``r`` has ``indices[offsets[r]:offsets[r+1]]``.
+
+    ``values`` are float32 (all ones for ``sparse_binary_vector``); ``dim`` is the
+    number of columns.
+    """
+
+    indices: np.ndarray
+    values: np.ndarray
+    offsets: np.ndarray
+    dim: int
+
+    @property
+    def rows(self) -> int:
+        return len(self.offsets) - 1
+
+    def row(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        start, stop = self.offsets[r], self.offsets[r + 1]
+        return self.indices[start:stop], self.values[start:stop]
+
+    def to_dense(self) -> np.ndarray:
+        out = np.zeros((self.rows, self.dim), dtype=np.float32)
+        rows = np.repeat(np.arange(self.rows), np.diff(self.offsets))
+        out[rows, self.indices] = self.values
+        return out
+
+
+def assemble(samples: Sequence[Sequence[Any]], types: Sequence[InputType], names: Sequence[str]) -> dict[str, Any]:
+    """Build ``{slot name: array | SparseBatch | LoDTensor}`` from normalized samples."""
+    columns = list(zip(*samples)) if samples else [() for _ in types]
+    return {name: slot_column(list(col), t, name) for col, t, name in zip(columns, types, names)}
+
+
+def slot_column(values: list[Any], input_type: InputType, name: str) -> Any:
+    """One slot of a batch; sequences become a ``LoDTensor`` over the flattened values."""
+    depth = int(input_type.seq_type)
+    lengths: list[list[int]] = []
+    items: Any = values
+    try:
+        for level in range(depth):
+            lengths.append([len(v) for v in items])
+            last = level == depth - 1
+            if last and input_type.type == DataType.Dense and items and all(isinstance(v, np.ndarray) for v in items):
+                items = np.concatenate(items)
+            else:
+                items = list(itertools.chain.from_iterable(items))
+        data = _base_column(items, input_type)
+    except (TypeError, ValueError, IndexError) as exc:
+        raise DataError(f"slot {name!r} ({input_type!r}): cannot build a batch: {exc}") from None
+    return LoDTensor(data, lengths) if depth else data
+
+
+def _base_column(values: Any, input_type: InputType) -> Any:
+    kind, dim = input_type.type, input_type.dim
+    if kind == DataType.Dense:
+        if len(values) == 0:
+            return np.zeros((0, dim), dtype=np.float32)
+        array = np.asarray(values, dtype=np.float32)
+        if array.ndim != 2 or array.shape[1] != dim:
+            raise ValueError(f"dense vectors of {dim} values expected, got an array of shape {array.shape}")
+        return array
+    if kind == DataType.Index:
+        array = np.asarray(values, dtype=np.int64)
+        if array.ndim != 1:
+            raise ValueError(f"one int per sample expected, got an array of shape {array.shape}")
+        return array
+    counts = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    nnz = int(offsets[-1])
+    if kind == DataType.SparseNonValue:
+        indices = np.fromiter(itertools.chain.from_iterable(values), dtype=np.int64, count=nnz)
+        weights = np.ones(nnz, dtype=np.float32)
+    else:
+        pairs = list(itertools.chain.from_iterable(values))
+        ids, vals = zip(*pairs) if pairs else ((), ())
+        indices = np.asarray(ids, dtype=np.int64)
+        weights = np.asarray(vals, dtype=np.float32)
+    return SparseBatch(indices, weights, offsets, dim)
+
+
+__all__ = ["SparseBatch", "assemble", "slot_column"]

@@ -1,0 +1,252 @@
+"""One instance of a provider over a file list: settings, passes, the shuffle pool, batches."""
+
+from __future__ import annotations
+
+import operator
+import random
+import threading
+from typing import TYPE_CHECKING, Any, Iterator
+
+from loader.errors import DataError
+from loader.provider.batching import assemble
+from loader.provider.check import InvalidSample, check_sample, normalize
+from loader.provider.types import CacheType
+
+if TYPE_CHECKING:
+    from loader.provider.core import DataProvider, Settings
+
+# Shuffle granularity when min_pool_size is -1. The original then pooled the whole data
+# set before the first batch (issue #4030); a fixed default keeps memory bounded.
+DEFAULT_MIN_POOL_SIZE = 1000
+# Files read at once when shuffling: samples are drawn from a random one of them.
+DEFAULT_MAX_OPEN_FILES = 8
+
+Item = tuple[list[Any], int]  # (sample in slot order, its weight toward the batch size)
+
+
+class _PassStats:
+    __slots__ = ("dropped",)
+
+    def __init__(self) -> None:
+        self.dropped = 0
+
+
+class ProviderSession:
+    """A provider opened on a file list (the original's ``DataProvider`` instance).
+
+    Calling it starts a pass and yields samples as tuples in slot order (a paddle
+    reader). ``batches(batch_size)`` yields batch dicts. ``iter_file(name)`` yields
+    the normalized, checked samples of one file, in file order.
+    """
+
+    def __init__(self, provider: "DataProvider", settings: "Settings", seed: int | None) -> None:
+        self.provider = provider
+        self.settings = settings
+        self.seed = seed
+        self.slot_names: list[str] = settings.slot_names
+        self.input_types = settings.slot_types
+        self.shuffle = settings.should_shuffle
+        self.last_pass_dropped = 0
+        self._epoch = 0
+        self._lock = threading.Lock()
+        self._cache: list[Item] | None = None
+        self._cache_filling = False
+
+    # -- the reader protocol -------------------------------------------------------------
+
+    def __call__(self) -> Iterator[tuple[Any, ...]]:
+        for sample, _weight in self.items():
+            yield tuple(sample)
+
+    def batches(self, batch_size: int, drop_last: bool = False) -> Iterator[dict[str, Any]]:
+        """One pass as batch dicts; a batch is full when its weights reach ``batch_size``."""
+        can_over = self.settings.can_over_batch_size
+        batch: list[list[Any]] = []
+        size = 0
+        for sample, weight in self.items():
+            if not can_over and batch and size + weight > batch_size:
+                yield assemble(batch, self.input_types, self.slot_names)
+                batch, size = [], 0
+            batch.append(sample)
+            size += weight
+            if size >= batch_size:
+                yield assemble(batch, self.input_types, self.slot_names)
+                batch, size = [], 0
+        if batch and not (drop_last and size < batch_size):
+            yield assemble(batch, self.input_types, self.slot_names)
+
+    def iter_file(self, filename: str) -> Iterator[list[Any]]:
+        """The checked samples of one file, in order (what a service worker runs)."""
+        stats = _PassStats()
+        try:
+            for sample, _weight in self._file_items(filename, stats):
+                yield sample
+        finally:
+            self._report(stats, f"file {filename}")
+
+    # -- one pass ------------------------------------------------------------------------
+
+    def items(self) -> Iterator[Item]:
+        """One pass as (sample, weight) pairs, shuffled when the provider shuffles."""
+        with self._lock:
+            epoch = self._epoch
+            self._epoch += 1
+            cached = self._cache
+            # Only one pass at a time fills the cache; a pass started meanwhile just reads.
+            filling = self.settings.cache == CacheType.CACHE_PASS_IN_MEM and cached is None and not self._cache_filling
+            self._cache_filling = self._cache_filling or filling
+        rng = random.Random(f"{self.seed}:{epoch}") if self.seed is not None else random.Random()
+        if cached is not None:
+            yield from self._from_cache(cached, rng)
+            return
+        stats = _PassStats()
+        collected: list[Item] | None = [] if filling else None
+        stream = self._files(rng, stats)
+        if self.shuffle:
+            stream = self._pool(stream, rng)
+        try:
+            for item in stream:
+                if collected is not None:
+                    collected.append(item)
+                yield item
+            if collected is not None:
+                self._cache = collected
+        finally:
+            stream.close()
+            if filling:
+                with self._lock:
+                    self._cache_filling = False
+            self.last_pass_dropped = stats.dropped
+            self._report(stats, f"pass {epoch}")
+
+    def _from_cache(self, cached: list[Item], rng: random.Random) -> Iterator[Item]:
+        if not self.shuffle:
+            yield from cached
+            return
+        order = list(range(len(cached)))
+        rng.shuffle(order)
+        for i in order:
+            yield cached[i]
+
+    def _files(self, rng: random.Random, stats: _PassStats) -> Iterator[Item]:
+        """Samples of every file: in order, or interleaved from a few open files when shuffling."""
+        files = list(self.settings.file_list)
+        if not self.shuffle:
+            for filename in files:
+                yield from self._file_items(filename, stats)
+            return
+        rng.shuffle(files)
+        limit = max(1, self.settings.max_open_files)
+        active: list[Iterator[Item]] = []
+        upcoming = iter(files)
+        try:
+            while True:
+                while len(active) < limit:
+                    filename = next(upcoming, None)
+                    if filename is None:
+                        break
+                    active.append(self._file_items(filename, stats))
+                if not active:
+                    return
+                pick = rng.randrange(len(active))
+                try:
+                    item = next(active[pick])
+                except StopIteration:
+                    # Swap-remove: the finished file's generator is released at once.
+                    active[pick] = active[-1]
+                    active.pop()
+                    continue
+                yield item
+        finally:
+            for generator in active:
+                generator.close()
+
+    def _pool(self, stream: Iterator[Item], rng: random.Random) -> Iterator[Item]:
+        """Random draws from a pool refilled to the shuffle granularity before each draw."""
+        target = self.settings.min_pool_size if self.settings.min_pool_size > 0 else DEFAULT_MIN_POOL_SIZE
+        if self.settings.pool_size > 0:
+            target = min(target, self.settings.pool_size)
+        pool: list[Item] = []
+        held = 0  # weights, counting a weight-0 sample as 1 so the pool stays bounded
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and held < target:
+                    item = next(stream, None)
+                    if item is None:
+                        exhausted = True
+                        break
+                    pool.append(item)
+                    held += max(1, item[1])
+                if not pool:
+                    return
+                pick = rng.randrange(len(pool))
+                pool[pick], pool[-1] = pool[-1], pool[pick]
+                item = pool.pop()
+                held -= max(1, item[1])
+                yield item
+        finally:
+            stream.close()  # type: ignore[attr-defined]
+
+    def _file_items(self, filename: str, stats: _PassStats) -> Iterator[Item]:
+        """Run ``process`` on one file: normalize, check and weigh each sample."""
+        settings = self.settings
+        source = self.provider.process(settings, filename)
+        generator = iter(source)
+        try:
+            for index, raw in enumerate(generator):
+                try:
+                    sample = normalize(raw, self.slot_names, settings.dict_mode)
+                    if settings.check:
+                        check_sample(sample, self.input_types, self.slot_names)
+                except InvalidSample as exc:
+                    where = f"{filename}: sample {index}" + (f": slot {exc.slot!r}" if exc.slot else "")
+                    if settings.check and settings.check_fail_continue:
+                        stats.dropped += 1
+                        settings.logger.debug("dropped invalid sample: %s: %s", where, exc.reason)
+                        continue
+                    raise DataError(f"{where}: {exc.reason}") from None
+                yield sample, self._weight(sample, filename, index)
+        finally:
+            close = getattr(generator, "close", None)
+            if close is not None:
+                close()
+
+    def _weight(self, sample: list[Any], filename: str, index: int) -> int:
+        calc = self.settings.calc_batch_size
+        if calc is None:
+            return 1
+        weight = calc(sample)
+        # numpy integers are accepted (operator.index), bools and floats are not.
+        if isinstance(weight, bool) or not hasattr(weight, "__index__") or operator.index(weight) < 0:
+            raise DataError(f"{filename}: sample {index}: calc_batch_size returned {weight!r}, not an int >= 0")
+        weight = operator.index(weight)
+        return weight
+
+    def _report(self, stats: _PassStats, where: str) -> None:
+        if stats.dropped:
+            self.settings.logger.warning(
+                "%s: dropped %d sample(s) that did not fit input_types (%s)",
+                self.provider.__name__,
+                stats.dropped,
+                where,
+            )
+
+
+class BatchReader:
+    """A zero-argument callable yielding one pass of batch dicts per call."""
+
+    def __init__(self, session: ProviderSession, batch_size: int, drop_last: bool) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        self.session, self.batch_size, self.drop_last = session, batch_size, drop_last
+
+    @property
+    def settings(self) -> "Settings":
+        return self.session.settings
+
+    def __call__(self) -> Iterator[dict[str, Any]]:
+        return self.session.batches(self.batch_size, self.drop_last)
+
+
+__all__ = ["ProviderSession", "BatchReader", "DEFAULT_MIN_POOL_SIZE", "DEFAULT_MAX_OPEN_FILES"]

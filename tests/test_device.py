@@ -1,0 +1,186 @@
+"""loader.device.Placer: CPU identity, place parsing, and the device path (fake torch on CPU, real on GPU)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import sys
+import threading
+import types
+
+import numpy as np
+import pytest
+
+from loader import LoDTensor
+from loader import device as device_mod
+from loader.device import Placer, map_leaves
+
+
+def test_cpu_is_the_identity():
+    placer = Placer("cpu")
+    batch = {"x": np.ones(3), "y": [np.zeros(2), "text"]}
+    assert placer.finish(placer.stage(batch)) is batch
+    assert placer.is_cpu and not placer.is_cuda and placer.place == "cpu"
+
+
+@pytest.mark.parametrize("place", ["tpu", "cuda:x", "cpu:1", "", "cupy:cpu", 3])
+def test_unparseable_place_is_a_value_error(place):
+    with pytest.raises(ValueError, match="place"):
+        Placer(place)
+
+
+@pytest.mark.parametrize("place", ["cuda", "cuda:0", "gpu:1", "torch:cuda:0", "cupy:cuda"])
+def test_device_place_without_torch_or_cupy_fails_at_construction(monkeypatch, place):
+    monkeypatch.setattr(device_mod, "_try_import", lambda name: None)
+    with pytest.raises(ValueError, match="needs .*installed") as info:
+        Placer(place)
+    assert "\n" not in str(info.value)
+
+
+def test_map_leaves_walks_nests_and_dataclasses():
+    @dataclasses.dataclass(frozen=True)
+    class Pair:
+        a: np.ndarray
+        b: int
+
+    nest = {"t": LoDTensor(np.ones(2), [[1, 1]]), "p": (Pair(np.zeros(1), 5), [np.arange(2)]), "s": "keep"}
+    out = map_leaves(nest, lambda a: a + 10)
+    assert out["t"].data.tolist() == [11, 11] and out["t"].lengths == [[1, 1]]
+    assert out["p"][0].a.tolist() == [10] and out["p"][0].b == 5 and out["p"][1][0].tolist() == [10, 11]
+    assert out["s"] == "keep" and isinstance(out["p"], tuple)
+
+
+# -- a fake torch that records what the placer asks of it ------------------------------------
+
+
+class _FakeTensor:
+    def __init__(self, array, log, where="cpu", pinned=False):
+        self.array, self.log, self.where, self.pinned = array, log, where, pinned
+        self.is_cuda = where.startswith("cuda")
+
+    def pin_memory(self):
+        self.log.append("pin")
+        return _FakeTensor(self.array.copy(), self.log, pinned=True)
+
+    def to(self, device, non_blocking=False):
+        assert self.pinned and non_blocking, "copies must come from pinned memory, asynchronously"
+        self.log.append(("copy", self.log_stream[0]))
+        return _FakeTensor(self.array, self.log, f"cuda:{device.index}")
+
+    def record_stream(self, stream):
+        self.log.append(("record_stream", stream.name))
+
+
+def _fake_torch(log):
+    torch = types.ModuleType("torch")
+    current = ["default"]
+    _FakeTensor.log_stream = current
+
+    class Device:
+        def __init__(self, kind, index=None):
+            self.type, self.index = kind, index
+
+    class Stream:
+        def __init__(self, device=None, name="side"):
+            self.name = name
+
+        def wait_event(self, event):
+            log.append(("wait", self.name, event.stream))
+
+    class Event:
+        def record(self, stream):
+            self.stream = stream.name
+            log.append(("event", stream.name))
+
+    @contextlib.contextmanager
+    def use_stream(stream):
+        previous, current[0] = current[0], stream.name
+        try:
+            yield
+        finally:
+            current[0] = previous
+
+    Device.__module__ = "torch"
+    torch.device, torch.Tensor = Device, _FakeTensor
+    torch.from_numpy = lambda a: _FakeTensor(a, log)
+    torch.cuda = types.SimpleNamespace(
+        is_available=lambda: True,
+        device_count=lambda: 2,
+        Stream=Stream,
+        Event=Event,
+        stream=use_stream,
+        device=lambda d: contextlib.nullcontext(),
+        current_stream=lambda d: Stream(name="consumer"),
+    )
+    return torch
+
+
+def test_cuda_path_pins_copies_on_a_side_stream_and_the_consumer_waits(monkeypatch):
+    log: list = []
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(log))
+    placer = Placer("cuda:1")
+    assert placer.library == "torch" and placer.place == "cuda:1"
+    batch = {"x": np.arange(4, dtype=np.float32)[::2], "t": LoDTensor(np.ones(2), [[2]]), "s": np.array(["a"])}
+    staged = []
+    producer = threading.Thread(target=lambda: staged.append(placer.stage(batch)))
+    producer.start()
+    producer.join(timeout=5)
+    assert log.count("pin") == 2 and ("copy", "side") in log and log[-1] == ("event", "side")
+    assert not any(entry[0] == "wait" for entry in log if isinstance(entry, tuple))  # stage never waits
+    out = placer.finish(staged[0])
+    assert ("wait", "consumer", "side") in log
+    assert log.count(("record_stream", "consumer")) == 2
+    assert out["x"].where == "cuda:1" and out["x"].array.tolist() == [0, 2]
+    assert out["t"].data.where == "cuda:1" and out["t"].lengths == [[2]]
+    assert isinstance(out["s"], np.ndarray)  # strings stay on the host
+    with pytest.raises(ValueError, match="sees 2 CUDA device"):
+        Placer("cuda:2")
+    assert Placer(sys.modules["torch"].device("cuda", 1)).place == "cuda:1"
+
+
+# -- real libraries ------------------------------------------------------------------------
+
+_HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def _cuda_available() -> bool:
+    if not _HAS_TORCH:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+@pytest.mark.skipif(not _HAS_TORCH, reason="torch is not installed")
+def test_torch_cpu_place_gives_tensors():
+    import torch
+
+    out = Placer("torch:cpu").place_now({"x": np.arange(3), "r": np.arange(4)[::2]})
+    assert isinstance(out["x"], torch.Tensor) and out["x"].tolist() == [0, 1, 2]
+    assert out["r"].tolist() == [0, 2]
+    assert Placer(torch.device("cpu")).place == "torch:cpu"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_available(), reason="no CUDA device")
+def test_cuda_place_with_torch_copies_asynchronously():
+    import torch
+
+    placer = Placer("cuda")
+    batch = {"x": np.random.rand(256, 128).astype(np.float32), "t": LoDTensor(np.arange(5), [[2, 3]])}
+    staged = []
+    producer = threading.Thread(target=lambda: staged.append(placer.stage(batch)))
+    producer.start()
+    producer.join(timeout=30)
+    out = placer.finish(staged[0])
+    assert out["x"].is_cuda and out["t"].data.is_cuda
+    torch.cuda.current_stream().synchronize()
+    np.testing.assert_array_equal(out["x"].cpu().numpy(), batch["x"])
+    assert out["t"].data.cpu().tolist() == list(range(5))
+
+
+@pytest.mark.skipif(not _HAS_TORCH or _cuda_available(), reason="needs torch without a CUDA device")
+def test_cuda_place_with_torch_but_no_device_fails_at_construction():
+    with pytest.raises(ValueError, match=r"torch sees 0 CUDA device\(s\), no device 0"):
+        Placer("torch:cuda")

@@ -1,0 +1,163 @@
+"""loader.DataFeeder / Field / LoDTensor: the upstream test_data_feeder assertions and full shape checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import loader
+from loader import DataFeeder, Field, LoDTensor
+from loader.errors import DataError, ShapeMismatchError
+
+
+def _mnist_feeder() -> DataFeeder:
+    return DataFeeder([Field("image", [-1, 1, 28, 28]), Field("label", [-1, 1], "int64")], place="cpu")
+
+
+def test_lazy_exports():
+    assert loader.DataFeeder is DataFeeder and loader.Field is Field and loader.LoDTensor is LoDTensor
+
+
+def test_lod_level_0_flat_samples_are_reshaped_per_sample():
+    out = _mnist_feeder().feed([([0] * 784, [9]), ([1] * 784, [1])])
+    assert out["image"].shape == (2, 1, 28, 28) and out["image"].dtype == np.float32
+    assert out["label"].shape == (2, 1) and out["label"].dtype == np.int64
+    assert out["label"].tolist() == [[9], [1]]
+    assert out["image"][1].min() == 1
+
+
+def test_scalar_labels_and_numpy_samples():
+    out = _mnist_feeder().feed([(np.zeros((1, 28, 28)), 3), (np.ones(784, dtype=np.float64), np.int64(4))])
+    assert out["image"].shape == (2, 1, 28, 28) and out["image"].dtype == np.float32
+    assert out["label"].tolist() == [[3], [4]]
+
+
+def test_a_wrong_size_names_field_expected_and_received_shape():
+    feeder = _mnist_feeder()
+    with pytest.raises(ValueError, match=r"field 'image': expected shape \(1, 28, 28\).*received shape \(783,\).*sample 1"):
+        feeder.feed([([0] * 784, [9]), ([1] * 783, [1])])
+    with pytest.raises(ShapeMismatchError):
+        feeder.feed([([0] * 783, [9]), ([1] * 783, [1])])
+
+
+def test_same_rank_mismatch_is_an_error_unlike_the_original():
+    feeder = DataFeeder([Field("x", [-1, 3])])
+    with pytest.raises(ShapeMismatchError, match=r"field 'x': expected shape \(3,\).*received shape \(2,\)"):
+        feeder.feed([([1, 2],), ([3, 4],)])
+
+
+def test_wrong_number_of_fields_names_both_counts():
+    with pytest.raises(ValueError, match=r"sample 1 \(1\) does not match the number of fields of the feeder \(2"):
+        _mnist_feeder().feed([([0] * 784, [9]), ([0] * 784,)])
+
+
+def test_lod_level_1():
+    out = DataFeeder([Field("words", [-1, 1], "int64", lod_level=1)]).feed([([1, 2, 3],), ([4, 5],), ([6, 7, 8, 9],)])
+    tensor = out["words"]
+    assert isinstance(tensor, LoDTensor)
+    assert tensor.data.shape == (9, 1) and tensor.shape == (9, 1)
+    assert tensor.recursive_sequence_lengths() == [[3, 2, 4]]
+    assert tensor.lod() == [[0, 3, 5, 9]]
+    assert np.asarray(tensor).ravel().tolist() == list(range(1, 10))
+    assert tensor.has_valid_recursive_sequence_lengths()
+
+
+def test_lod_level_2():
+    out = DataFeeder([Field("para", [-1, 1], "int64", lod_level=2)]).feed([([[1, 2, 3], [4, 5]],), ([[6, 7, 8, 9]],)])
+    tensor = out["para"]
+    assert tensor.data.shape == (9, 1)
+    assert tensor.recursive_sequence_lengths() == [[2, 1], [3, 2, 4]]
+    assert tensor.lod() == [[0, 2, 3], [0, 3, 5, 9]]
+    assert tensor.start_positions() == [[0, 5, 9], [0, 3, 5, 9]]
+
+
+def test_lod_numpy_sequences_and_element_shape_errors():
+    feeder = DataFeeder([Field("emb", [-1, 4], lod_level=1)])
+    out = feeder.feed([(np.ones((3, 4)),), (np.zeros((2, 4)),)])
+    assert out["emb"].data.shape == (5, 4) and out["emb"].recursive_sequence_lengths() == [[3, 2]]
+    with pytest.raises(ShapeMismatchError, match=r"field 'emb'.*received shape \(3,\).*element 4 .*sample 1"):
+        feeder.feed([([[1, 2, 3, 4]] * 3,), ([[1, 2, 3, 4], [1, 2, 3]],)])
+    with pytest.raises(ShapeMismatchError, match="should be a sequence nested"):
+        feeder.feed([(5,)])
+
+
+def test_free_dimensions_and_casting():
+    feeder = DataFeeder([Field("x", [-1, -1, 2], "int32")])
+    out = feeder.feed([([[1.9, 2], [3, 4], [5, 6]],), ([[0, 0], [0, 0], [0, 0]],)])
+    assert out["x"].shape == (2, 3, 2) and out["x"].dtype == np.int32
+    assert out["x"][0, 0, 0] == 1  # float to int truncates, as numpy (and the original) do
+    out = feeder.feed([(list(range(6)),)])  # flat, one free dim: reshaped to (3, 2)
+    assert out["x"].shape == (1, 3, 2)
+    with pytest.raises(ShapeMismatchError):
+        feeder.feed([([[1, 2]] * 3,), ([[1, 2]] * 2,)])
+    with pytest.raises(DataError, match="cannot be converted"):
+        DataFeeder([Field("y", [-1, 1])]).feed([(["a"],)])
+
+
+def test_empty_minibatch_and_shape_without_batch_dim():
+    out = _mnist_feeder().feed([])
+    assert out["image"].shape == (0, 1, 28, 28) and out["label"].shape == (0, 1)
+    out = DataFeeder([Field("image", [1, 28, 28])]).feed([([0] * 784,)])
+    assert out["image"].shape == (1, 1, 28, 28)
+
+
+def test_field_validation():
+    with pytest.raises(ValueError, match="not numeric"):
+        Field("s", [-1], "U4")
+    with pytest.raises(ValueError, match="lod_level"):
+        Field("s", [-1], lod_level=-1)
+    with pytest.raises(TypeError, match="Field"):
+        DataFeeder(["image"])
+    with pytest.raises(ValueError, match="unique"):
+        DataFeeder([Field("a", [-1]), Field("a", [-1])])
+    assert Field("a", [None, 2]).shape == (-1, 2)
+
+
+def test_feed_parallel_validates_eagerly():
+    feeder = _mnist_feeder()
+    batches = [[([i] * 784, [i])] for i in range(3)]
+    outs = feeder.feed_parallel(batches, num_places=3)
+    assert isinstance(outs, list) and [o["label"].tolist() for o in outs] == [[[0]], [[1]], [[2]]]
+    with pytest.raises(ValueError, match="got 2 mini-batches for 3 places"):
+        feeder.feed_parallel(iter(batches[:2]), num_places=3)
+    with pytest.raises(ValueError, match="num_places"):
+        feeder.feed_parallel(batches, num_places=0)
+
+
+def test_feed_parallel_default_places_from_cpu_num(monkeypatch):
+    monkeypatch.setenv("CPU_NUM", "2")
+    outs = _mnist_feeder().feed_parallel([[([0] * 784, [0])]] * 2)
+    assert len(outs) == 2
+
+
+def test_decorate_reader_single_and_multi_devices():
+    feeder = _mnist_feeder()
+
+    def batches():
+        for i in range(5):
+            yield [([i] * 784, [i]), ([i] * 784, [i])]
+
+    single = list(feeder.decorate_reader(batches, multi_devices=False)())
+    assert len(single) == 5 and single[4]["label"].tolist() == [[4], [4]]
+    grouped = list(feeder.decorate_reader(batches, multi_devices=True, num_places=2)())
+    assert len(grouped) == 2 and [len(g) for g in grouped] == [2, 2]
+    assert grouped[1][1]["label"].tolist() == [[3], [3]]
+    strict = feeder.decorate_reader(batches, multi_devices=True, num_places=2, drop_last=False)
+    seen = []
+    with pytest.raises(ValueError, match="left over"):
+        for group in strict():
+            seen.append(group)
+    assert len(seen) == 2  # the full groups came first
+    with pytest.raises(ValueError, match="num_places"):
+        feeder.decorate_reader(batches, multi_devices=True, num_places=-1)
+
+
+def test_feed_is_vectorised_enough():
+    import time
+
+    feeder = DataFeeder([Field("x", [-1, 784]), Field("y", [-1, 1], "int64")])
+    batch = [(np.random.rand(784).astype(np.float32), i % 10) for i in range(512)]
+    start = time.perf_counter()
+    for _ in range(20):
+        feeder.feed(batch)
+    assert time.perf_counter() - start < 2.0
