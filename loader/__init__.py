@@ -24,11 +24,14 @@ from loader.errors import (
     WorkerError,
 )
 
+# Eager, and from a private module: a public submodule named ``batch`` would replace
+# this function on ``loader`` as soon as anything imported ``loader.batch``.
+from loader._batch import batch
+
 __version__ = "0.1.0"
 
 # name -> module that defines it
 _LAZY = {
-    "batch": "loader.batch",
     "DataFeeder": "loader.feeder",
     "Field": "loader.feeder",
     "LoDTensor": "loader.feeder",

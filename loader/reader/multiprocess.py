@@ -1,0 +1,215 @@
+"""``multiprocess_reader``: run each reader in its own process and merge their samples.
+
+Each call of the returned reader forks one process per input reader (``fork``,
+because users pass closures and lambdas, as with the original) through
+``loader.processes``. Every child has its own one-way ``Pipe`` and sends
+messages with ``send_bytes``: a tag byte and, for samples and errors, a body
+encoded by ``loader.codec`` (never pickle, never JSON), so tuples stay tuples,
+numpy arrays stay arrays and dict keys keep their types.
+
+* ``use_pipe=True``: round-robin in list order (r0, r1, r2, r0, ...; a finished
+  reader drops out), as the original. A reader whose next sample is not ready
+  within ``TURN_PATIENCE_S`` gives up its turn (and later turns, until it has a
+  sample ready) instead of stalling the others; the order is therefore
+  deterministic whenever every reader keeps up.
+* ``use_pipe=False``: samples in arrival order; ``queue_size`` (> 0) bounds the
+  samples sent but not yet received, across all children (the original
+  ``multiprocessing.Queue(queue_size)``), with a shared semaphore.
+
+Failures: an exception in a child arrives as ``WorkerError`` (type name,
+message, traceback text); a child that dies without a word (killed,
+``os._exit``) shows as end-of-file on its pipe and is raised as
+``WorkerDiedError`` with its exit code. The children are stopped on every exit
+path of the consumer's generator (end, error, ``break``, ``close()``, GC).
+
+A ``None`` sample is delivered like any other: the original refused it
+(``ValueError("sample has None")``) only because ``None`` was its end marker.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.connection
+import os
+import sys
+from typing import Any, Iterator, Sequence
+
+from loader import codec
+from loader.errors import WorkerDiedError, WorkerError
+from loader.processes import PROCESS_JOIN_TIMEOUT_S, context, start_process, stop_process, terminate_now
+from loader.reader._util import Reader, as_count, check_reader
+
+TURN_PATIENCE_S = 1.0  # how long a reader may keep its round-robin turn waiting
+POLL_INTERVAL_S = 0.05  # idle wait between checks; also the child's credit poll
+
+_SAMPLE = b"s"
+_END = b"e"
+_ERROR = b"x"
+
+
+def _send_credit_wait(credits: Any, parent_pid: int) -> None:
+    # A child whose parent vanished (SIGKILL) must not wait for credit forever.
+    while not credits.acquire(timeout=POLL_INTERVAL_S):
+        if os.getppid() != parent_pid:
+            raise SystemExit("multiprocess_reader: parent process went away")
+
+
+def _child_main(reader: Reader, conn: Any, inherited: list[Any], credits: Any, name: str) -> None:
+    """Body of one child: send every sample of ``reader()``, then an end (or error) message."""
+    for other in inherited:
+        other.close()  # read ends copied by fork; holding them would hide a dead parent
+    parent_pid = os.getppid()
+    try:
+        for sample in reader():
+            message = _SAMPLE + codec.pack(sample)
+            if credits is not None:
+                _send_credit_wait(credits, parent_pid)
+            conn.send_bytes(message)
+        conn.send_bytes(_END)
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the parent
+        info = WorkerError.from_exception(exc, worker=name).to_dict()
+        try:
+            conn.send_bytes(_ERROR + codec.pack(info))
+        except OSError:
+            pass  # the parent is gone; nobody is left to tell
+    finally:
+        conn.close()
+
+
+class _Children:
+    """The processes behind one iteration, their pipes, and how to read them."""
+
+    def __init__(self, readers: Sequence[Reader], credit_count: int) -> None:
+        ctx = context("fork")
+        self._credits = ctx.Semaphore(credit_count) if credit_count > 0 else None
+        self._conns: list[Any] = []
+        self._procs: list[Any] = []
+        self._names = [f"multiprocess_reader[{i}]" for i in range(len(readers))]
+        self._done: set[int] = set()
+        self.active: list[int] = []
+        try:
+            for index, reader in enumerate(readers):
+                self._start(ctx, index, reader)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, ctx: Any, index: int, reader: Reader) -> None:
+        read_end, write_end = ctx.Pipe(duplex=False)
+        self._conns.append(read_end)
+        try:
+            args = (reader, write_end, list(self._conns), self._credits, self._names[index])
+            self._procs.append(start_process(_child_main, args, name=self._names[index], method="fork"))
+        finally:
+            # Only the child may hold the write end, so its death reads as end-of-file here.
+            write_end.close()
+        self.active.append(index)
+
+    def receive(self, index: int) -> tuple[bool, Any]:
+        """Read one message from child ``index``: ``(True, sample)`` or ``(False, None)`` at its end."""
+        try:
+            message = self._conns[index].recv_bytes()
+        except (EOFError, OSError):
+            raise self._died(index) from None
+        tag, body = message[:1], memoryview(message)[1:]
+        if tag == _SAMPLE:
+            if self._credits is not None:
+                self._credits.release()
+            return True, codec.unpack(body)
+        if tag == _END:
+            self._done.add(index)
+            self.active.remove(index)
+            return False, None
+        if tag == _ERROR:
+            raise WorkerError.from_dict(codec.unpack(body))
+        raise WorkerError("ProtocolError", f"unknown message tag {tag!r}", worker=self._names[index])
+
+    def _died(self, index: int) -> WorkerDiedError:
+        proc = self._procs[index]
+        proc.join(timeout=PROCESS_JOIN_TIMEOUT_S)
+        return WorkerDiedError(self._names[index], proc.exitcode, worker=self._names[index])
+
+    def conn(self, index: int) -> Any:
+        return self._conns[index]
+
+    def wait_any(self, indices: list[int], timeout: float) -> list[int]:
+        """The children among ``indices`` with a message (or end-of-file) ready, in list order."""
+        ready = set(multiprocessing.connection.wait([self._conns[i] for i in indices], timeout=timeout))
+        return [i for i in indices if self._conns[i] in ready]
+
+    def close(self) -> None:
+        """Close the pipes (a child blocked on send then fails) and stop every process."""
+        for conn in self._conns:
+            conn.close()
+        for index, proc in enumerate(self._procs):
+            if index in self._done:
+                stop_process(proc)  # it said goodbye; it is exiting by itself
+            else:
+                terminate_now(proc)
+        self._procs.clear()
+
+
+def _round_robin(children: _Children) -> Iterator[Any]:
+    lagging: set[int] = set()  # readers that missed a turn: they are only taken when ready
+    while children.active:
+        progressed = False
+        for index in list(children.active):
+            patience = 0.0 if index in lagging else TURN_PATIENCE_S
+            if not children.conn(index).poll(patience):
+                lagging.add(index)
+                continue
+            lagging.discard(index)
+            progressed = True
+            got, sample = children.receive(index)
+            if got:
+                yield sample
+        if not progressed and children.active:
+            children.wait_any(children.active, POLL_INTERVAL_S)
+
+
+def _as_ready(children: _Children) -> Iterator[Any]:
+    while children.active:
+        for index in children.wait_any(children.active, POLL_INTERVAL_S):
+            got, sample = children.receive(index)
+            if got:
+                yield sample
+
+
+def _check_readers(readers: Any) -> None:
+    if not isinstance(readers, (list, tuple)):
+        raise TypeError(
+            f"multiprocess_reader: `readers` must be a list or tuple of readers, got {type(readers).__name__}"
+        )
+    if not readers:
+        raise ValueError("multiprocess_reader: `readers` is empty; give at least one reader")
+    for r in readers:
+        check_reader(r, "multiprocess_reader")
+
+
+def multiprocess_reader(readers: Sequence[Reader], use_pipe: bool = True, queue_size: int = 1000) -> Reader:
+    """A reader merging the samples of ``readers``, each read in its own process.
+
+    ``readers`` must be a non-empty list or tuple of readers (``TypeError`` /
+    ``ValueError`` here otherwise; the original used ``assert``).
+    ``use_pipe`` (truthy) merges round-robin, otherwise in arrival order with at
+    most ``queue_size`` samples in flight (``<= 0``: no bound). Samples must be
+    encodable by ``loader.codec``; an unencodable one fails in the child and
+    arrives as ``WorkerError`` naming ``TypeError``.
+    """
+    if sys.platform == "win32":
+        raise NotImplementedError("multiprocess_reader needs the fork start method, which Windows lacks")
+    _check_readers(readers)
+    readers = list(readers)
+    queue_size = as_count(queue_size)
+    credit_count = 0 if use_pipe else queue_size
+
+    def merged_reader() -> Iterator[Any]:
+        children = _Children(readers, credit_count)
+        try:
+            yield from (_round_robin(children) if use_pipe else _as_ready(children))
+        finally:
+            children.close()
+
+    return merged_reader
+
+
+__all__ = ["multiprocess_reader", "TURN_PATIENCE_S"]

@@ -1,0 +1,160 @@
+"""loader.reader.multiprocess: merging readers run in child processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from loader import reader
+from loader.errors import WorkerDiedError, WorkerError
+from tests.helpers import ListReader, RangeReader, child_pids, exit_with, hang_forever, open_fd_count, raise_on
+
+MODES = [pytest.param(True, id="pipe"), pytest.param(False, id="queue")]
+
+
+def _upstream_samples():
+    return [[[i], [i + 1, i + 2], i + 3] for i in range(1000)]
+
+
+@pytest.mark.parametrize("use_pipe", MODES)
+def test_upstream_three_readers(use_pipe, no_leaks):
+    samples = _upstream_samples()
+    readers = [ListReader([s for i, s in enumerate(samples) if i % 3 == k]) for k in range(3)]
+    r = reader.multiprocess_reader(readers, use_pipe, 100)
+    assert sorted(r()) == sorted(samples)
+    assert sorted(r()) == sorted(samples)  # new processes per call
+
+
+@pytest.mark.parametrize("use_pipe", MODES)
+def test_types_survive(use_pipe, no_leaks):
+    samples = [
+        (1, 2),
+        {1: (1, 2), "k": [3]},
+        np.arange(6, dtype=np.float32).reshape(2, 3),
+        (np.int64(4), "text", b"raw"),
+        None,
+    ]
+    out = list(reader.multiprocess_reader([ListReader(samples)], use_pipe)())
+    assert out[0] == (1, 2) and type(out[0]) is tuple
+    assert out[1] == {1: (1, 2), "k": [3]}
+    assert out[2].dtype == np.float32 and out[2].shape == (2, 3)
+    np.testing.assert_array_equal(out[2], samples[2])
+    assert out[3] == samples[3] and type(out[3][0]) is np.int64
+    assert out[4] is None
+
+
+def test_pipe_round_robin_order(no_leaks):
+    readers = [ListReader([["a", i] for i in range(3)]), ListReader([["b", 0]]), ListReader([["c", 0], ["c", 1]])]
+    out = list(reader.multiprocess_reader(readers)())
+    assert out == [["a", 0], ["b", 0], ["c", 0], ["a", 1], ["c", 1], ["a", 2]]
+
+
+@pytest.mark.parametrize("use_pipe", MODES)
+def test_slow_reader_does_not_stall_others(use_pipe, no_leaks):
+    r = reader.multiprocess_reader((hang_forever(after=1, limit_s=30), RangeReader(150, 100)), use_pipe)
+    it = r()
+    start = time.monotonic()
+    got = [next(it) for _ in range(51)]
+    assert time.monotonic() - start < 5.0
+    assert sorted(got) == [0] + list(range(100, 150))
+    it.close()  # the hung child is terminated
+
+
+@pytest.mark.parametrize("use_pipe", MODES)
+def test_child_exception_arrives_with_traceback(use_pipe, no_leaks):
+    got = []
+    with pytest.raises(WorkerError) as info:
+        for x in reader.multiprocess_reader([raise_on(4, "bad record")], use_pipe)():
+            got.append(x)
+    assert got == [0, 1, 2, 3]
+    err = info.value
+    assert err.type_name == "Boom"
+    assert "bad record at sample 4" in err.message
+    assert "helpers.py" in err.remote_traceback and "_gen" in err.remote_traceback
+    assert err.worker == "multiprocess_reader[0]"
+
+
+@pytest.mark.parametrize("use_pipe", MODES)
+def test_child_exit_is_reported_with_code(use_pipe, no_leaks):
+    r = reader.multiprocess_reader([exit_with(3, after=2), hang_forever(limit_s=30)], use_pipe)
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError) as info:
+        list(r())
+    assert time.monotonic() - start < 5.0
+    assert info.value.exitcode == 3 and "code 3" in str(info.value)
+
+
+class KillSelf:
+    def __call__(self):
+        yield 1
+        os.kill(os.getpid(), signal.SIGKILL)
+        yield 2
+
+
+@pytest.mark.parametrize("use_pipe", MODES)
+def test_killed_child_is_reported(use_pipe, no_leaks):
+    with pytest.raises(WorkerDiedError) as info:
+        list(reader.multiprocess_reader([KillSelf()], use_pipe)())
+    assert info.value.exitcode == -signal.SIGKILL
+
+
+def test_unencodable_sample_is_a_type_error(no_leaks):
+    with pytest.raises(WorkerError) as info:
+        list(reader.multiprocess_reader([ListReader([object()])])())
+    assert info.value.type_name == "TypeError"
+
+
+def test_lambdas_and_closures_work(no_leaks):
+    data = [1, 2, 3]
+    r = reader.multiprocess_reader([lambda: iter(data), lambda: (x * 10 for x in data)])
+    assert sorted(r()) == [1, 2, 3, 10, 20, 30]
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [([], ValueError), ((), ValueError), (RangeReader(3), TypeError), ("ab", TypeError), ([[1, 2]], TypeError)],
+)
+def test_arguments_validated_when_called(bad, error):
+    with pytest.raises(error):
+        reader.multiprocess_reader(bad)
+
+
+class CountingReader:
+    """Counts produced samples in shared memory (inherited by the forked child)."""
+
+    def __init__(self) -> None:
+        self.produced = multiprocessing.get_context("fork").Value("i", 0)
+
+    def __call__(self):
+        for i in range(1000):
+            with self.produced.get_lock():
+                self.produced.value += 1
+            yield i
+
+
+def test_queue_size_bounds_samples_in_flight(no_leaks):
+    src = CountingReader()
+    it = reader.multiprocess_reader([src], use_pipe=False, queue_size=2)()
+    assert next(it) == 0
+    time.sleep(0.3)
+    assert src.produced.value <= 1 + 2 + 1  # taken + in flight + the one waiting for credit
+    assert list(it) == list(range(1, 1000))
+
+
+def test_abandoned_iterations_leave_no_processes_or_fds(no_leaks):
+    children, fds = child_pids(), open_fd_count()
+    for i in range(100):
+        use_pipe = bool(i % 2)
+        it = reader.multiprocess_reader([RangeReader(10_000), RangeReader(10_000)], use_pipe)()
+        next(it)
+        if i % 3:
+            it.close()
+        else:
+            del it
+    assert child_pids() == children
+    assert open_fd_count() <= fds

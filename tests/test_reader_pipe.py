@@ -1,0 +1,109 @@
+"""loader.reader.pipe: PipeReader over a command's output."""
+
+from __future__ import annotations
+
+import gc
+import gzip
+
+import pytest
+
+from loader import reader
+from loader.errors import DataError, WorkerDiedError
+from tests.helpers import child_pids, open_fd_count
+
+
+def test_upstream_cat(tmp_path, no_leaks):
+    path = tmp_path / "lines.txt"
+    path.write_text("".join(f"{i}\n" for i in range(5)))
+    lines = list(reader.PipeReader(f"cat {path}", bufsize=128).get_line())
+    assert lines == [str(i) for i in range(5)]
+
+
+def test_last_line_without_newline_is_kept(no_leaks):
+    assert list(reader.PipeReader(["printf", "a\\nb\\n\\nc"]).get_line()) == ["a", "b", "", "c"]
+
+
+def test_string_command_is_split_like_a_shell(no_leaks):
+    lines = list(reader.PipeReader("printf '%s\\n' 'hello world' x").get_line())
+    assert lines == ["hello world", "x"]
+
+
+def test_multi_member_gzip(tmp_path, no_leaks):
+    path = tmp_path / "two.gz"
+    path.write_bytes(gzip.compress(b"a\nb\n") + gzip.compress("c\nd\u00e9".encode()))
+    lines = list(reader.PipeReader(["cat", str(path)], bufsize=7, file_type="gzip").get_line())
+    assert lines == ["a", "b", "c", "d\u00e9"]
+
+
+def test_truncated_gzip_is_an_error(tmp_path, no_leaks):
+    path = tmp_path / "cut.gz"
+    path.write_bytes(gzip.compress(b"x\n" * 1000)[:-12])
+    with pytest.raises(DataError):
+        list(reader.PipeReader(["cat", str(path)], file_type="gzip").get_line())
+
+
+def test_utf8_split_across_chunks(tmp_path, no_leaks):
+    text = "h\u00e9llo\n\u20acuro \U0001f600\nend"
+    path = tmp_path / "u.txt"
+    path.write_text(text, encoding="utf-8")
+    pipe = reader.PipeReader(["cat", str(path)], bufsize=1)
+    assert list(pipe.get_line()) == text.split("\n")
+    assert "".join(pipe.get_line(cut_lines=False)) == text  # re-iterable: a new process per call
+
+
+def test_custom_line_break(no_leaks):
+    assert list(reader.PipeReader(["printf", "a;b;c;"]).get_line(line_break=";")) == ["a", "b", "c"]
+    with pytest.raises(ValueError):
+        reader.PipeReader(["true"]).get_line(line_break="")
+
+
+def test_empty_output(no_leaks):
+    assert list(reader.PipeReader("true").get_line()) == []
+
+
+def test_nonzero_exit_raises_after_output(no_leaks):
+    got = []
+    with pytest.raises(WorkerDiedError) as info:
+        for line in reader.PipeReader(["sh", "-c", "echo a; echo b; exit 3"]).get_line():
+            got.append(line)
+    assert got == ["a", "b"]
+    assert info.value.exitcode == 3
+    assert "code 3" in str(info.value) and "sh -c" in str(info.value)
+
+
+def test_bad_arguments_raise_at_construction():
+    with pytest.raises(ValueError, match="file_type"):
+        reader.PipeReader("cat x", file_type="bz2")
+    with pytest.raises(TypeError):
+        reader.PipeReader(42)
+    with pytest.raises(ValueError):
+        reader.PipeReader("   ")
+    with pytest.raises(ValueError):
+        reader.PipeReader("cat", bufsize=0)
+
+
+def test_missing_command():
+    with pytest.raises(FileNotFoundError):
+        list(reader.PipeReader("no-such-command-for-loader-tests").get_line())
+
+
+def test_process_starts_lazily(no_leaks):
+    before = child_pids()
+    pipe = reader.PipeReader("sleep 30")
+    lines = pipe.get_line()
+    assert child_pids() == before
+    del lines, pipe
+
+
+def test_abandoned_iterations_reap_the_command(no_leaks):
+    children, fds = child_pids(), open_fd_count()
+    for i in range(100):
+        lines = reader.PipeReader("yes").get_line(cut_lines=bool(i % 2))
+        next(lines)
+        if i % 2:
+            lines.close()
+        else:
+            del lines
+    gc.collect()
+    assert child_pids() == children
+    assert open_fd_count() <= fds
