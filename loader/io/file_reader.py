@@ -1,0 +1,94 @@
+"""``FileReader``: a reader bound to one file, checking every instance it reads.
+
+A format subclass implements ``_read_instance()`` (the next instance as a list of
+arrays, or ``None`` at the end), ``_rewind()`` and ``_close_file()``; the base
+class counts records and checks each instance against the declared shapes and
+dtypes (see :mod:`loader.io.slots` for the rule), so every format reports a
+mismatch the same way: file, record index, slot and both shapes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+from loader.errors import ShapeMismatchError
+from loader.io.base import ReaderBase
+from loader.io.slots import DtypesArg, LodArg, ShapesArg, SlotChecker, default_slot_names
+
+
+class FileReader(ReaderBase):
+    """Reads instances from the file at ``path``; ``shapes``/``dtypes`` ``None`` skip the checks."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        shapes: ShapesArg = None,
+        dtypes: DtypesArg = None,
+        lod_levels: LodArg = None,
+    ) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        self._checker = SlotChecker(shapes, dtypes, lod_levels)
+        self.shapes = self._checker.shapes
+        self.dtypes = self._checker.dtypes
+        self.lod_levels = self._checker.lod_levels
+        self._names: list[str] | None = None
+        self._index = 0  # index in the file of the next record
+
+    # -- for subclasses -------------------------------------------------------
+    def _read_instance(self) -> list[np.ndarray] | None:
+        raise NotImplementedError
+
+    def _rewind(self) -> None:
+        raise NotImplementedError
+
+    def _close_file(self) -> None:
+        pass
+
+    def _set_slot_names(self, names: Sequence[str]) -> None:
+        self._names = list(names)
+
+    # -- ReaderBase -----------------------------------------------------------
+    @property
+    def slot_names(self) -> list[str]:
+        if self._names is None and self._peeked is None and not self._closed:
+            # Formats whose records carry names (dict samples) learn them from the
+            # first record, which is kept for the next read_next.
+            self.has_next()
+        if self._names is not None:
+            return list(self._names)
+        if self._checker.num_slots is not None:
+            return default_slot_names(self._checker.num_slots)
+        return default_slot_names(len(self._peeked or []))
+
+    @property
+    def record_index(self) -> int:
+        """Index in the file of the next record ``read_next`` will check."""
+        return self._index - (1 if self._peeked else 0)
+
+    def _read_next_impl(self) -> list[np.ndarray]:
+        instance = self._read_instance()
+        if instance is None:
+            return []
+        if not instance:
+            # An empty list would read as the end of the data: refuse it loudly.
+            raise ShapeMismatchError(f"{self.path}: record {self._index} has no slots")
+        checked = self._checker.check(instance, self.path, self._index, self._names)
+        self._index += 1
+        return checked
+
+    def _reinit_impl(self) -> None:
+        self._index = 0
+        self._rewind()
+
+    def _close_impl(self) -> None:
+        self._close_file()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path!r})"
+
+
+__all__ = ["FileReader"]

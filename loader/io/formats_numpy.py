@@ -1,0 +1,160 @@
+"""The ``.npy`` and ``.npz`` file formats: one instance per row of the first axis.
+
+``.npy``: one slot named ``data``, memory-mapped read-only.
+
+``.npz``: one slot per key, in the archive's order; every key must have the same
+number of rows. ``np.load`` cannot memory-map an ``.npz``, so this reader opens
+the zip itself: members stored uncompressed (``np.savez``) are memory-mapped in
+place; compressed members (``np.savez_compressed``) are inflated into memory,
+one key at a time, at the first read (only their headers are read at open).
+
+Rows are read-only views of the file (a batch copies them). Nothing is
+unpickled: an object-dtype array is refused with a ``DataError``. Shapes and
+dtypes are checked once per file, since every row of an array shares them.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zipfile
+from typing import Callable
+
+import numpy as np
+
+from loader.errors import ClosedError, DataError, ShapeMismatchError
+from loader.io.file_reader import FileReader
+from loader.io.slots import DtypesArg, LodArg, ShapesArg
+
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., file name length, extra field length
+_ArraySource = Callable[[], np.ndarray]
+
+
+class ArrayFileReader(FileReader):
+    """Instances are rows of equally long arrays, one per slot."""
+
+    def __init__(self, path: str | os.PathLike[str], shapes: ShapesArg, dtypes: DtypesArg, lod_levels: LodArg) -> None:
+        super().__init__(path, shapes, dtypes, lod_levels)
+        self._pos = 0
+        self._arrays: list[np.ndarray] | None = None
+        self._sources: list[_ArraySource] = []
+        self._length = 0
+
+    def _open(self, names: list[str], metas: list[tuple[tuple[int, ...], np.dtype]], sources: list[_ArraySource]) -> None:
+        if not names:
+            raise DataError(f"{self.path}: no arrays in the file")
+        for name, (shape, _) in zip(names, metas):
+            if len(shape) == 0:
+                raise DataError(f"{self.path}: array {name!r} is 0-d; it has no rows to read as instances")
+        lengths = {name: shape[0] for name, (shape, _) in zip(names, metas)}
+        if len(set(lengths.values())) > 1:
+            raise ShapeMismatchError(f"{self.path}: arrays have different numbers of rows: {lengths}")
+        self._set_slot_names(names)
+        # Check shapes and dtypes once, on zero-memory stand-ins of the real arrays.
+        stand_ins = [np.broadcast_to(np.empty((), dtype), shape) for shape, dtype in metas]
+        self._checker.check_rows(stand_ins, self.path, names)
+        self._sources = sources
+        self._length = next(iter(lengths.values()))
+
+    def _load(self) -> list[np.ndarray]:
+        if self._arrays is None:
+            arrays = [np.asarray(source()) for source in self._sources]  # plain ndarray views: fast row indexing
+            self._arrays = self._checker.check_rows(arrays, self.path, self._names)
+        return self._arrays
+
+    def _read_next_impl(self) -> list[np.ndarray]:
+        pos = self._pos
+        if pos >= self._length:
+            return []
+        arrays = self._arrays if self._arrays is not None else self._load()
+        self._pos = self._index = pos + 1
+        return [a[pos, ...] for a in arrays]
+
+    def read_block(self, max_instances: int) -> list[np.ndarray]:
+        if max_instances < 1:
+            raise ValueError(f"max_instances must be >= 1, got {max_instances}")
+        if self._closed:
+            raise ClosedError(f"{type(self).__name__} is closed")
+        if self._peeked is not None:
+            peeked, self._peeked = self._peeked, None
+            if not peeked:  # has_next() already saw the end
+                return []
+            self._pos -= 1  # give the looked-ahead row back
+        start = self._pos
+        if start >= self._length:
+            return []
+        stop = min(self._length, start + max_instances)
+        arrays = self._load()
+        self._pos = self._index = stop
+        return [a[start:stop] for a in arrays]
+
+    def _rewind(self) -> None:
+        self._pos = 0
+
+    def _close_file(self) -> None:
+        # The mapping itself is released when the last row view handed out is gone.
+        self._arrays = None
+        self._sources = []
+
+
+class NpyFileReader(ArrayFileReader):
+    """Rows of one ``.npy`` array, memory-mapped: one slot named ``data``."""
+
+    def __init__(self, path: str | os.PathLike[str], shapes: ShapesArg = None, dtypes: DtypesArg = None, lod_levels: LodArg = None) -> None:
+        super().__init__(path, shapes, dtypes, lod_levels)
+        try:
+            array = np.load(self.path, mmap_mode="r", allow_pickle=False)
+        except ValueError as exc:  # object arrays, bad headers
+            raise DataError(f"{self.path}: not a readable .npy array ({exc})") from exc
+        self._open(["data"], [(array.shape, array.dtype)], [lambda: array])
+
+
+class NpzFileReader(ArrayFileReader):
+    """Rows of the arrays of one ``.npz`` archive: one slot per key."""
+
+    def __init__(self, path: str | os.PathLike[str], shapes: ShapesArg = None, dtypes: DtypesArg = None, lod_levels: LodArg = None) -> None:
+        super().__init__(path, shapes, dtypes, lod_levels)
+        names, metas, sources = [], [], []
+        try:
+            with open(self.path, "rb") as raw, zipfile.ZipFile(raw) as archive:
+                for info in archive.infolist():
+                    if not info.filename.endswith(".npy"):
+                        continue
+                    meta, source = self._member(raw, archive, info)
+                    names.append(info.filename[: -len(".npy")])
+                    metas.append(meta)
+                    sources.append(source)
+        except (zipfile.BadZipFile, ValueError, EOFError) as exc:
+            raise DataError(f"{self.path}: not a readable .npz archive ({exc})") from exc
+        self._open(names, metas, sources)
+
+    def _member(self, raw, archive: zipfile.ZipFile, info: zipfile.ZipInfo):  # type: ignore[no-untyped-def]
+        with archive.open(info) as member:
+            version = np.lib.format.read_magic(member)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
+            else:
+                raise ValueError(f"member {info.filename!r}: unsupported .npy format version {version}")
+            header_len = member.tell()
+        if dtype.hasobject:
+            raise ValueError(f"member {info.filename!r} holds Python objects, which are never unpickled")
+        path, name = self.path, info.filename
+        if info.compress_type == zipfile.ZIP_STORED and int(np.prod(shape)) > 0:
+            raw.seek(info.header_offset)
+            signature, name_len, extra_len = _LOCAL_HEADER.unpack(raw.read(_LOCAL_HEADER.size))
+            if signature != b"PK\x03\x04":
+                raise ValueError(f"member {info.filename!r}: bad local header")
+            offset = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len + header_len
+            order = "F" if fortran else "C"
+            return (shape, dtype), lambda: np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
+        return (shape, dtype), lambda: _inflate(path, name)
+
+
+def _inflate(path: str, member: str) -> np.ndarray:
+    with zipfile.ZipFile(path) as archive, archive.open(member) as fh:
+        return np.lib.format.read_array(fh, allow_pickle=False)
+
+
+__all__ = ["NpyFileReader", "NpzFileReader"]

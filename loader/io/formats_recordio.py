@@ -1,0 +1,63 @@
+"""The ``recordio`` file format: each record is one sample written by ``loader.recordio``.
+
+A sample is a list or tuple of arrays (slots ``slot0``, ``slot1``, ...), one array
+(one slot), or a dict (slot names = the first record's keys; later records are
+read by those keys, whatever their order). Values that are not arrays (ints,
+lists of floats) become arrays with ``np.asarray``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from loader.errors import ShapeMismatchError
+from loader.io.file_reader import FileReader
+from loader.io.slots import DtypesArg, LodArg, ShapesArg, as_instance
+from loader.recordio import Scanner
+
+
+class RecordIOFileReader(FileReader):
+    """Instances from a RecordIO file, read chunk by chunk."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        shapes: ShapesArg = None,
+        dtypes: DtypesArg = None,
+        lod_levels: LodArg = None,
+    ) -> None:
+        super().__init__(path, shapes, dtypes, lod_levels)
+        self._scanner = Scanner(self.path)
+        self._keys: list[Any] | None = None  # dict samples: the keys, in slot order
+
+    def _read_instance(self) -> list[np.ndarray] | None:
+        found, sample = self._scanner.next_sample()
+        if not found:
+            return None
+        if isinstance(sample, dict):
+            return self._from_dict(sample)
+        arrays, _ = as_instance(sample)
+        return arrays
+
+    def _from_dict(self, sample: dict[Any, Any]) -> list[np.ndarray]:
+        if self._keys is None:
+            self._keys = list(sample)
+            self._set_slot_names([str(k) for k in self._keys])
+        try:
+            return [np.asarray(sample[k]) for k in self._keys]
+        except KeyError as exc:
+            raise ShapeMismatchError(
+                f"{self.path}: record {self._index} lacks key {exc.args[0]!r} (slots {self._keys})"
+            ) from None
+
+    def _rewind(self) -> None:
+        self._scanner.reset()
+
+    def _close_file(self) -> None:
+        self._scanner.close()
+
+
+__all__ = ["RecordIOFileReader"]

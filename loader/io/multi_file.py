@@ -1,0 +1,250 @@
+"""``open_files``: many files read by prefetching threads into one bounded channel.
+
+``MultiFileReader`` keeps a queue of the files of a pass. ``thread_num`` threads
+(one ``ThreadPipeline``) each take the next file when they finish one, open it
+with the format registry, and put its instances into the channel in *blocks*
+(``read_block``: a slice of a memory-mapped file, or a stack of instances),
+because one queue hand-over costs several microseconds, more than reading one
+small instance. ``buffer_size`` bounds the number of blocks in the channel; a
+block holds at most ``BLOCK_MAX_INSTANCES`` instances and about
+``BLOCK_TARGET_BYTES`` bytes. ``read_next`` still returns one instance.
+
+Every instance of every file is delivered exactly once per pass. Records of one
+file keep their order; with several threads, files interleave in whatever order
+the threads finish (as in the original). ``is_test=True`` reads the files one
+after another in list order, on one prefetching thread: a deterministic order.
+
+An exception in a file reader (opening or reading) reaches the consumer as the
+original object, with a note naming the file (our own errors name it in their
+message too); later reads raise it again until ``reinit()``. ``reinit()`` stops
+the threads and starts a clean pass; ``close()`` stops them (bounded wait).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from loader._threads import StopRequested, ThreadPipeline
+from loader.io.base import ReaderBase
+from loader.io.decorated import MultiPassReader
+from loader.io.registry import create_file_reader
+from loader.io.slots import DtypesArg, LodArg, ShapesArg, SlotChecker
+
+BLOCK_FIRST_INSTANCES = 16  # before the instance size of a file is known
+BLOCK_MAX_INSTANCES = 256
+BLOCK_TARGET_BYTES = 256 * 1024
+
+
+class _FileQueue:
+    """The files of one pass, handed out one at a time to whichever thread asks."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self._paths = list(paths)
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> str | None:
+        with self._lock:
+            if self._next >= len(self._paths):
+                return None
+            self._next += 1
+            return self._paths[self._next - 1]
+
+
+@contextlib.contextmanager
+def _naming(path: str, action: str) -> Iterator[None]:
+    try:
+        yield
+    except StopRequested:
+        raise
+    except Exception as exc:
+        exc.add_note(f"(open_files: while {action} {path})")
+        raise
+
+
+def _read_files(pipe: ThreadPipeline, files: _FileQueue, spec: dict) -> None:
+    while not pipe.stopping:
+        path = files.take()
+        if path is None:
+            return
+        with _naming(path, "opening"):
+            reader = create_file_reader(path, **spec)
+        try:
+            with _naming(path, "reading"):
+                _put_blocks(pipe, reader)
+        finally:
+            reader.close()
+
+
+def _put_blocks(pipe: ThreadPipeline, reader: ReaderBase) -> None:
+    count = BLOCK_FIRST_INSTANCES
+    while True:
+        block = reader.read_block(count)
+        if not block:
+            return
+        pipe.put(block)
+        rows = len(block[0])
+        per_instance = max(1, sum(a.nbytes for a in block) // max(rows, 1))
+        count = max(1, min(BLOCK_MAX_INSTANCES, BLOCK_TARGET_BYTES // per_instance))
+
+
+class MultiFileReader(ReaderBase):
+    """Instances of many files, read by ``thread_num`` prefetching threads."""
+
+    def __init__(
+        self,
+        filenames: Sequence[str | os.PathLike[str]],
+        shapes: ShapesArg = None,
+        dtypes: DtypesArg = None,
+        lod_levels: LodArg = None,
+        thread_num: int | None = None,
+        buffer_size: int | None = None,
+        is_test: bool = False,
+    ) -> None:
+        super().__init__()
+        self.filenames = [os.fspath(f) for f in filenames]
+        if not self.filenames:
+            raise ValueError("open_files: no file to be read")
+        checker = SlotChecker(shapes, dtypes, lod_levels)  # validates the declarations once, here
+        self.shapes, self.dtypes, self.lod_levels = checker.shapes, checker.dtypes, checker.lod_levels
+        self.is_test = bool(is_test)
+        if thread_num is None:
+            thread_num = min(len(self.filenames), os.cpu_count() or 1)
+        if thread_num <= 0:
+            raise ValueError(f"thread_num must be > 0, got {thread_num}")
+        self.thread_num = 1 if self.is_test else thread_num
+        self.buffer_size = 3 * self.thread_num if buffer_size is None else buffer_size
+        if self.buffer_size <= 0:
+            raise ValueError(f"buffer_size must be > 0, got {self.buffer_size}")
+        self._spec = {"shapes": shapes, "dtypes": dtypes, "lod_levels": lod_levels}
+        self._names: list[str] | None = None
+        self._pipeline: ThreadPipeline | None = None
+        self._reset_pass()
+
+    def _reset_pass(self) -> None:
+        self._block: list[np.ndarray] = []
+        self._pos = self._len = 0
+        self._ended = False
+        self._failure: BaseException | None = None
+
+    @property
+    def slot_names(self) -> list[str]:
+        if self._names is None:
+            # Ask the files in order until one knows its slots (an empty recordio
+            # file without declared shapes does not).
+            for path in self.filenames:
+                with create_file_reader(path, **self._spec) as reader:
+                    names = reader.slot_names
+                if names:
+                    self._names = names
+                    break
+            else:
+                return []
+        return list(self._names)
+
+    def _start(self) -> ThreadPipeline:
+        pipe = ThreadPipeline(self.buffer_size, name="loader-open-files")
+        files = _FileQueue(self.filenames)
+        for _ in range(self.thread_num):
+            pipe.spawn(_read_files, files, self._spec)
+        self._pipeline = pipe
+        return pipe
+
+    def _next_block(self) -> bool:
+        if self._failure is not None:
+            raise self._failure
+        if self._ended:
+            return False
+        pipe = self._pipeline or self._start()
+        try:
+            self._block = pipe.get()
+        except StopIteration:
+            self._ended = True
+            self._stop()
+            return False
+        except BaseException as exc:
+            self._failure = exc
+            self._stop()
+            raise
+        self._pos, self._len = 0, len(self._block[0])
+        return True
+
+    def _read_next_impl(self) -> list[np.ndarray]:
+        pos = self._pos
+        if pos >= self._len:
+            if not self._next_block():
+                return []
+            pos = 0
+        self._pos = pos + 1
+        return [a[pos, ...] for a in self._block]
+
+    def read_block(self, max_instances: int) -> list[np.ndarray]:
+        """The rest of the current block, at most ``max_instances`` rows (views, no copy)."""
+        if max_instances < 1:
+            raise ValueError(f"max_instances must be >= 1, got {max_instances}")
+        if self._peeked is not None:
+            peeked, self._peeked = self._peeked, None
+            if not peeked:  # has_next() already saw the end
+                return []
+            self._pos -= 1  # the looked-ahead row is still in the current block: give it back
+        elif self._closed:
+            return super().read_block(max_instances)  # raises ClosedError
+        if self._pos >= self._len and not self._next_block():
+            return []
+        start, stop = self._pos, min(self._len, self._pos + max_instances)
+        self._pos = stop
+        return [a[start:stop] for a in self._block]
+
+    def _stop(self) -> None:
+        if self._pipeline is not None:
+            self._pipeline.close()
+            self._pipeline = None
+
+    def __del__(self) -> None:
+        # A reader dropped without close() must not leave its threads polling forever.
+        # (The threads hold no reference to this object, so it can be collected.)
+        try:
+            self._stop()
+        except Exception:  # noqa: BLE001 - never raise from a finaliser
+            pass
+
+    def _reinit_impl(self) -> None:
+        self._stop()
+        self._reset_pass()
+
+    def _close_impl(self) -> None:
+        self._stop()
+        self._block = []
+
+
+def open_files(
+    filenames: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    shapes: ShapesArg,
+    dtypes: DtypesArg,
+    lod_levels: LodArg = None,
+    thread_num: int | None = None,
+    buffer_size: int | None = None,
+    pass_num: int = 1,
+    is_test: bool = False,
+) -> ReaderBase:
+    """A reader of the instances of ``filenames`` (one name or a list), ``pass_num`` times.
+
+    ``thread_num`` defaults to ``min(len(filenames), cpu_count)``, ``buffer_size``
+    (blocks in flight) to ``3 * thread_num``; ``is_test=True`` keeps list order.
+    """
+    if isinstance(filenames, (str, os.PathLike)):
+        filenames = [filenames]
+    if pass_num <= 0:
+        raise ValueError(f"pass_num must be > 0, got {pass_num}")
+    reader: ReaderBase = MultiFileReader(filenames, shapes, dtypes, lod_levels, thread_num, buffer_size, is_test)
+    if pass_num > 1:
+        reader = MultiPassReader(reader, pass_num)
+    return reader
+
+
+__all__ = ["MultiFileReader", "open_files", "BLOCK_MAX_INSTANCES", "BLOCK_TARGET_BYTES"]
