@@ -124,3 +124,46 @@ def child_pids() -> set[int]:
 
 def open_fd_count() -> int:
     return len(os.listdir(f"/proc/{os.getpid()}/fd"))
+
+
+# --- service test helpers (picklable mappers and readers for spawned workers) ---
+
+
+class slow_mapper:  # noqa: N801
+    """A mapper that sleeps ``delay_s`` per sample and returns it unchanged."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    def __call__(self, sample: Any) -> Any:
+        time.sleep(self.delay_s)
+        return sample
+
+
+class fail_on_values:  # noqa: N801
+    """A mapper raising ``Boom`` for samples whose first part is in ``values``."""
+
+    def __init__(self, values: Any) -> None:
+        self.values = {int(v) for v in values}
+
+    def __call__(self, sample: Any) -> Any:
+        first = sample[0] if isinstance(sample, (tuple, list)) else sample
+        if int(first) in self.values:
+            raise Boom(f"bad value {int(first)}")
+        return sample
+
+
+# Module-level instances, so a config can name them as "tests.helpers:NAME".
+slow_sample_2ms = slow_mapper(0.002)
+fail_on_1234 = fail_on_values([1234])
+
+
+def identity_mapper(sample: Any) -> Any:
+    return sample
+
+
+def range_file_reader(path: str) -> Callable[[], Iterator[tuple[int, str]]]:
+    """A ``source.reader`` for text files holding "start stop": yields (i, "s<i>") samples."""
+    with open(path, encoding="utf-8") as fh:
+        start, stop = (int(x) for x in fh.read().split())
+    return lambda: ((i, f"s{i}") for i in range(start, stop))

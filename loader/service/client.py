@@ -1,0 +1,281 @@
+"""The trainer's side: ``Client`` receives batches from the daemon and double-buffers them.
+
+A background receiver thread owns the socket: it asks for an epoch, receives
+batches, decodes them (``np.frombuffer`` on the received frames: no copy) and
+starts their placement (``Placer.stage``); the consumer's iterator finishes
+placement (``Placer.finish``) and, for every batch it takes, returns one credit
+to the daemon through a ``Waker`` so the receiver sends it at once. The daemon
+sends at most ``prefetch`` batches ahead, so memory is bounded on both sides.
+
+The receiver pings the daemon while idle; a daemon silent for ``timeout_s``
+(or one that says BYE) ends the iterator with ``ServiceUnavailableError``.
+Worker failures arrive as ``WorkerError`` naming the file and the record.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from loader.device import Placer
+from loader.errors import ClosedError, LoaderError, ServiceUnavailableError, TransportError, WorkerError
+from loader.service import protocol as P
+from loader.service import transport
+
+DEFAULT_PREFETCH = 4
+DEFAULT_TIMEOUT_S = 30.0
+PING_INTERVAL_S = 0.5
+RECEIVER_POLL_S = 0.1
+THREAD_JOIN_TIMEOUT_S = 5.0
+
+
+class Client:
+    """Batches of one share of each epoch from a loader daemon. Context manager."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        device: str = "cpu",
+        prefetch: int | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        read_ahead: bool = True,
+        channel: Any = None,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        self.address, self.rank, self.world_size = address, rank, world_size
+        self.prefetch = int(prefetch or DEFAULT_PREFETCH)
+        self.timeout_s = float(timeout_s)
+        self.read_ahead = read_ahead
+        self._placer = Placer(device)
+        self._channel = channel if channel is not None else transport.dealer(address)
+        self._closed = False
+        self._out: queue.Queue[tuple[str, int | None, Any]] = queue.Queue()
+        self._commands: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._waker = transport.Waker()
+        self._stop = threading.Event()
+        self._consumed = 0
+        self._gens = itertools.count(1)
+        self._next_epoch = 0
+        self._fatal: BaseException | None = None
+        try:
+            self.info = self._handshake()
+        except BaseException:
+            self._channel.close()
+            self._waker.close()
+            raise
+        self.batch_format = self.info.get("batch_format", "stacked")
+        self._thread = threading.Thread(target=self._receive_loop, name="loader-client", daemon=True)
+        self._thread.start()
+
+    # -- public -------------------------------------------------------------
+    def epoch(self, epoch: int | None = None) -> Iterator[Any]:
+        """Iterate the batches of the next epoch (or of ``epoch``); ends with ``StopIteration``."""
+        self._check_usable()
+        number = self._next_epoch if epoch is None else int(epoch)
+        self._next_epoch = number + 1
+        gen = next(self._gens)
+        self._commands.put(("epoch", number, gen))
+        self._waker.wake()
+        return self._iterate(gen)
+
+    def reader(self) -> Callable[[], Iterator[Any]]:
+        """A paddle-style batch reader: each call iterates the next epoch."""
+        return lambda: self.epoch()
+
+    def close(self) -> None:
+        """Say goodbye, stop the receiver thread (bounded wait) and close the socket. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._waker.wake()
+        if self._thread is not threading.current_thread():
+            self._thread.join(THREAD_JOIN_TIMEOUT_S)
+        if not self._thread.is_alive():
+            self._waker.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- consumer side ------------------------------------------------------
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ClosedError("the client is closed")
+        if self._fatal is not None:
+            raise self._fatal
+
+    def _iterate(self, gen: int) -> Iterator[Any]:
+        while True:
+            kind, item_gen, payload = self._get()
+            if kind == "fatal":
+                self._fatal = payload
+                raise payload
+            if item_gen != gen:
+                continue  # left over from an epoch the consumer abandoned
+            if kind == "batch":
+                self._consumed += 1
+                self._waker.wake()
+                yield self._placer.finish(payload)
+            elif kind == "end":
+                return
+            elif kind == "error":
+                raise payload
+
+    def _get(self) -> tuple[str, int | None, Any]:
+        while True:
+            self._check_usable()
+            try:
+                return self._out.get(timeout=RECEIVER_POLL_S)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._out.empty():
+                    raise ServiceUnavailableError(f"the client's receiver for {self.address} stopped")
+
+    # -- receiver thread ----------------------------------------------------
+    def _handshake(self) -> dict[str, Any]:
+        hello = {"rank": self.rank, "world_size": self.world_size, "prefetch": self.prefetch}
+        self._channel.send(P.encode(P.CLIENT_HELLO, hello), timeout_s=self.timeout_s)
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            frames = self._channel.recv(min(RECEIVER_POLL_S, max(0.0, deadline - time.monotonic())))
+            if frames is None:
+                continue
+            head, _ = P.decode(frames)
+            if head["k"] == P.CLIENT_WELCOME:
+                return head
+            if head["k"] == P.ERROR:
+                raise LoaderError(f"the daemon at {self.address} refused the client: {head.get('message')}")
+        raise ServiceUnavailableError(f"no loader daemon answered at {self.address} within {self.timeout_s:g}s")
+
+    def _receive_loop(self) -> None:
+        state = _ReceiverState(time.monotonic())
+        poller = transport.Poller()
+        poller.register(self._channel)
+        poller.register(self._waker)
+        try:
+            while not self._stop.is_set():
+                self._waker.clear()
+                self._run_commands(state)
+                self._return_credits(state)
+                for item in poller.wait(RECEIVER_POLL_S):
+                    if item is self._channel:
+                        self._drain(state)
+                now = time.monotonic()
+                if now - state.last_ping >= PING_INTERVAL_S:
+                    self._channel.send(P.encode(P.PING), timeout_s=self.timeout_s)
+                    state.last_ping = now
+                if now - state.last_heard > self.timeout_s:
+                    raise ServiceUnavailableError(
+                        f"the loader daemon at {self.address} has been silent for {now - state.last_heard:.1f}s"
+                    )
+        except (LoaderError, TransportError) as exc:
+            self._out.put(("fatal", None, exc))
+        except BaseException as exc:  # noqa: BLE001 - anything else still reaches the consumer
+            self._out.put(("fatal", None, exc))
+        finally:
+            try:
+                self._channel.try_send(P.encode(P.BYE), timeout_s=0.0)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+            self._channel.close()
+
+    def _run_commands(self, state: "_ReceiverState") -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            _, number, gen = command
+            state.gen = gen
+            state.credited = self._consumed
+            head = {"e": number, "g": gen, "credit": self.prefetch, "ahead": self.read_ahead}
+            self._channel.send(P.encode(P.EPOCH, head), timeout_s=self.timeout_s)
+
+    def _return_credits(self, state: "_ReceiverState") -> None:
+        owed = self._consumed - state.credited
+        if owed > 0 and state.gen is not None:
+            state.credited += owed
+            self._channel.send(P.encode(P.CREDIT, {"n": owed, "g": state.gen}), timeout_s=self.timeout_s)
+
+    def _drain(self, state: "_ReceiverState") -> None:
+        while True:
+            frames = self._channel.recv(0)
+            if frames is None:
+                return
+            state.last_heard = time.monotonic()
+            head, columns = P.decode(frames)
+            kind, gen = head["k"], head.get("g")
+            if kind == P.BATCH:
+                batch = to_batch(columns, head.get("sk", "tuple"), self.batch_format)
+                self._out.put(("batch", gen, self._placer.stage(batch)))
+            elif kind == P.END:
+                self._out.put(("end", gen, head))
+            elif kind == P.ERROR:
+                if head.get("unknown_session"):
+                    raise ServiceUnavailableError(f"the loader daemon at {self.address} no longer knows this client")
+                info = head.get("error") or {"type": "LoaderError", "message": str(head.get("message"))}
+                self._out.put(("error", gen, WorkerError.from_dict(info)))
+            elif kind == P.BYE:
+                raise ServiceUnavailableError(f"the loader daemon at {self.address} stopped ({head.get('reason')})")
+
+
+class _ReceiverState:
+    def __init__(self, now: float) -> None:
+        self.last_heard = now
+        self.last_ping = now
+        self.gen: int | None = None
+        self.credited = 0
+
+
+def to_batch(columns: dict[str, np.ndarray], sample_kind: str, batch_format: str) -> Any:
+    """A received batch as the user sees it: stacked dict, or a list of samples."""
+    if batch_format == "list":
+        names = list(columns)
+        n = len(next(iter(columns.values()))) if columns else 0
+        if sample_kind == "dict":
+            return [{name: columns[name][i] for name in names} for i in range(n)]
+        if sample_kind == "value" and len(names) == 1:
+            return list(columns[names[0]])
+        return [tuple(columns[name][i] for name in names) for i in range(n)]
+    return {name: _stack_objects(values) for name, values in columns.items()}
+
+
+def _stack_objects(values: np.ndarray) -> Any:
+    if not values.dtype.hasobject:
+        return values
+    try:
+        return np.stack([np.asarray(v) for v in values])
+    except (ValueError, TypeError):
+        return list(values)  # ragged: a list of per-sample values
+
+
+def query_status(address: str, timeout_s: float = 5.0) -> dict[str, Any]:
+    """The daemon's ``status()`` dict; ``ServiceUnavailableError`` when it does not answer."""
+    channel = transport.dealer(address)
+    try:
+        channel.send(P.encode(P.STATUS), timeout_s=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            frames = channel.recv(max(0.0, deadline - time.monotonic()))
+            if frames is None:
+                break
+            head, _ = P.decode(frames)
+            if head["k"] == P.STATUS:
+                return dict(head.get("status") or {})
+        raise ServiceUnavailableError(f"no loader daemon answered at {address} within {timeout_s:g}s")
+    finally:
+        channel.close()
+
+
+__all__ = ["Client", "query_status", "to_batch"]

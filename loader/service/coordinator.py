@@ -1,0 +1,190 @@
+"""The control plane: file order, leases, worker liveness and replacement. No sample bytes.
+
+The coordinator decides, workers obey:
+
+* ``share(epoch, rank, world_size)`` orders the files of an epoch from
+  ``(seed, epoch)`` and slices the order ``[rank::world_size]``, so clients get
+  disjoint shares and the order does not depend on worker count or timing.
+* ``enqueue`` turns a share into jobs; ``next_job`` leases one to a worker that
+  asked (round robin over streams, and only while the stage's ``may_lease``
+  says the stream's buffer has room, which bounds memory).
+* A job stays leased until the stage has every record of the file
+  (``job_finished``). When a worker dies (exit code, or heartbeats missing for
+  ``heartbeat_timeout_s``) its unfinished jobs go back to the front of their
+  queue and, for a worker this daemon started, a replacement is launched.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+log = logging.getLogger("loader.coordinator")
+
+
+@dataclass
+class Job:
+    lease_id: int
+    stream_id: int
+    epoch: int
+    file_index: int
+    path: str
+    worker: str | None = None
+
+
+@dataclass
+class WorkerRecord:
+    worker_id: str
+    peer: bytes | None = None
+    pid: int | None = None
+    process: Any = None  # multiprocessing process when this daemon started it
+    last_seen: float = field(default_factory=time.monotonic)
+    waiting: bool = False  # has an unanswered lease request
+    leases: dict[int, Job] = field(default_factory=dict)
+    files_done: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def alive(self) -> bool:
+        return self.process.is_alive() if self.process is not None else self.peer is not None
+
+
+def file_order(count: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
+    """The order of ``count`` files in ``epoch``: a permutation seeded by (seed, epoch) when shuffling."""
+    if not shuffle:
+        return list(range(count))
+    return [int(i) for i in np.random.default_rng((seed, epoch)).permutation(count)]
+
+
+class Coordinator:
+    """Leases files to workers and keeps track of who holds what."""
+
+    def __init__(
+        self,
+        files: list[str],
+        *,
+        seed: int,
+        shuffle_files: bool,
+        heartbeat_timeout_s: float,
+        may_lease: Callable[[int], bool] = lambda stream_id: True,
+    ) -> None:
+        self.files = list(files)
+        self.seed = seed
+        self.shuffle_files = shuffle_files
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.may_lease = may_lease
+        self.workers: dict[str, WorkerRecord] = {}
+        self._queues: OrderedDict[int, deque[Job]] = OrderedDict()
+        self._lease_ids = itertools.count(1)
+        self.restarts = 0
+
+    # -- file order and jobs ------------------------------------------------
+    def share(self, epoch: int, rank: int, world_size: int) -> list[int]:
+        order = file_order(len(self.files), self.seed, epoch, self.shuffle_files)
+        return order[rank::world_size]
+
+    def enqueue(self, stream_id: int, epoch: int, file_indexes: list[int]) -> None:
+        jobs = deque(
+            Job(next(self._lease_ids), stream_id, epoch, i, self.files[i]) for i in file_indexes
+        )
+        self._queues[stream_id] = jobs
+
+    def cancel_stream(self, stream_id: int) -> list[tuple[str, int]]:
+        """Forget a stream's jobs; returns (worker id, lease id) of leases to cancel."""
+        self._queues.pop(stream_id, None)
+        cancelled = []
+        for worker in self.workers.values():
+            for lease_id, job in list(worker.leases.items()):
+                if job.stream_id == stream_id:
+                    del worker.leases[lease_id]
+                    cancelled.append((worker.worker_id, lease_id))
+        return cancelled
+
+    def next_job(self, worker: WorkerRecord) -> Job | None:
+        """A job for ``worker`` (rotating over streams so clients share workers fairly)."""
+        for stream_id in list(self._queues):
+            jobs = self._queues[stream_id]
+            if not jobs:
+                continue
+            if not self.may_lease(stream_id):
+                continue
+            job = jobs.popleft()
+            self._queues.move_to_end(stream_id)
+            job.worker = worker.worker_id
+            worker.leases[job.lease_id] = job
+            worker.waiting = False
+            return job
+        return None
+
+    def job_finished(self, stream_id: int, file_index: int) -> None:
+        """The stage has every record of this file: forget its lease (or its re-queued job)."""
+        for worker in self.workers.values():
+            for lease_id, job in list(worker.leases.items()):
+                if job.stream_id == stream_id and job.file_index == file_index:
+                    del worker.leases[lease_id]
+                    worker.files_done += 1
+        queue = self._queues.get(stream_id)
+        if queue:
+            # A dead worker's data can complete a file after its job was re-queued.
+            remaining = [j for j in queue if j.file_index != file_index]
+            if len(remaining) != len(queue):
+                self._queues[stream_id] = deque(remaining)
+
+    def queued(self, stream_id: int | None = None) -> int:
+        if stream_id is not None:
+            return len(self._queues.get(stream_id, ()))
+        return sum(len(q) for q in self._queues.values())
+
+    def leased(self) -> int:
+        return sum(len(w.leases) for w in self.workers.values())
+
+    # -- workers ------------------------------------------------------------
+    def add_worker(self, worker_id: str, process: Any = None) -> WorkerRecord:
+        record = WorkerRecord(worker_id, process=process, pid=getattr(process, "pid", None))
+        self.workers[worker_id] = record
+        return record
+
+    def hello(self, worker_id: str, peer: bytes, pid: int | None) -> WorkerRecord:
+        record = self.workers.get(worker_id) or self.add_worker(worker_id)
+        record.peer, record.pid, record.last_seen = peer, pid, time.monotonic()
+        return record
+
+    def by_peer(self, peer: bytes) -> WorkerRecord | None:
+        for record in self.workers.values():
+            if record.peer == peer:
+                return record
+        return None
+
+    def find_dead(self, now: float | None = None) -> list[tuple[WorkerRecord, str]]:
+        """Workers that exited or went silent, with the reason."""
+        now = time.monotonic() if now is None else now
+        dead = []
+        for record in self.workers.values():
+            proc = record.process
+            if proc is not None and not proc.is_alive():
+                dead.append((record, f"exited with code {proc.exitcode}"))
+            elif record.peer is not None and now - record.last_seen > self.heartbeat_timeout_s:
+                dead.append((record, f"sent no heartbeat for {now - record.last_seen:.1f}s"))
+        return dead
+
+    def remove_worker(self, record: WorkerRecord) -> list[Job]:
+        """Drop a dead worker; its unfinished jobs go back to the front of their queues."""
+        self.workers.pop(record.worker_id, None)
+        orphans = sorted(record.leases.values(), key=lambda j: j.lease_id, reverse=True)
+        for job in orphans:
+            queue = self._queues.get(job.stream_id)
+            if queue is None:
+                continue  # the stream was cancelled meanwhile
+            job.worker = None
+            queue.appendleft(job)
+        record.leases.clear()
+        return orphans
+
+
+__all__ = ["Coordinator", "Job", "WorkerRecord", "file_order"]

@@ -1,0 +1,248 @@
+"""The stage: worker chunks in, exactly-once, shuffled, batched, credit-paced batches out.
+
+One ``Session`` per attached client (rank, world_size). Each epoch a client asks
+for is a ``Stream`` with its own id: it knows its share of files, the records
+already delivered per file (``FileLedger``), a seeded shuffle buffer and a
+batcher. Chunks carry (stream, file, first record, count) so a chunk from a
+cancelled stream is simply dropped, and a file re-read after a worker died is
+de-duplicated.
+
+A stream's input is complete when every file of its share has its FILE_DONE
+marker and all the records that marker announced; then the shuffle buffer is
+flushed, the last batch sent (unless drop_last) and END follows. Batches are
+sent only while the client has credits (its prefetch depth), and
+``may_lease`` tells the coordinator to stop handing out a stream's files
+while its buffer is over ``buffer_limit_rows``: memory is bounded by the
+configured depths plus one file in flight per worker.
+
+The stage never touches a socket: it calls ``send(peer, frames) -> bool`` and
+appends events (file complete, input complete, stream failed) for the daemon.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from loader.service import protocol as P
+from loader.service.batching import Batcher, Block, ShuffleBuffer, block_rows, select
+from loader.service.ledger import FileLedger
+
+log = logging.getLogger("loader.stage")
+
+SendFn = Callable[[bytes, list[Any]], bool]
+
+
+@dataclass
+class Stream:
+    """One epoch's share for one session."""
+
+    stream_id: int
+    epoch: int
+    files: dict[int, FileLedger]
+    shuffle: ShuffleBuffer
+    batcher: Batcher
+    gen: int | None = None  # the client's request id; None while read ahead
+    incomplete: set[int] = field(default_factory=set)
+    sample_kind: str = "tuple"
+    input_done: bool = False
+    failed: bool = False
+    batches_sent: int = 0
+    samples_sent: int = 0
+
+    @property
+    def rows_buffered(self) -> int:
+        return self.shuffle.rows + self.batcher.rows
+
+
+@dataclass
+class Session:
+    session_id: int
+    peer: bytes
+    rank: int
+    world_size: int
+    prefetch: int
+    last_seen: float = field(default_factory=time.monotonic)
+    credits: int = 0
+    current: Stream | None = None
+    ahead: Stream | None = None
+    read_ahead: bool = True
+    batches_sent: int = 0
+    samples_sent: int = 0
+
+
+class Stage:
+    """Sessions, streams and batching; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        drop_last: bool,
+        shuffle_buffer: int,
+        seed: int,
+        samples_per_message: int,
+        send: SendFn,
+    ) -> None:
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.shuffle_buffer = shuffle_buffer
+        self.seed = seed
+        self.samples_per_message = samples_per_message
+        self.send = send
+        self.sessions: dict[bytes, Session] = {}
+        self.streams: dict[int, tuple[Session, Stream]] = {}
+        self.events: list[tuple[Any, ...]] = []
+        self._ids = itertools.count(1)
+        self.skipped_records = 0
+        self.samples_in = 0
+        self.dropped_duplicates = 0
+
+    # -- sessions -----------------------------------------------------------
+    def open_session(self, peer: bytes, rank: int, world_size: int, prefetch: int) -> Session:
+        old = self.sessions.get(peer)
+        if old is not None:
+            self.close_session(old)
+        session = Session(next(self._ids), peer, rank, world_size, max(1, prefetch))
+        self.sessions[peer] = session
+        return session
+
+    def close_session(self, session: Session) -> list[int]:
+        """Forget a session; returns the stream ids whose jobs must be cancelled."""
+        self.sessions.pop(session.peer, None)
+        dropped = [s.stream_id for s in (session.current, session.ahead) if s is not None]
+        for stream_id in dropped:
+            self.streams.pop(stream_id, None)
+        session.current = session.ahead = None
+        return dropped
+
+    def buffer_limit_rows(self, session: Session) -> int:
+        return 2 * self.shuffle_buffer + self.batch_size * (session.prefetch + 2) + self.samples_per_message
+
+    def may_lease(self, stream_id: int) -> bool:
+        entry = self.streams.get(stream_id)
+        if entry is None:
+            return False
+        session, stream = entry
+        return not stream.failed and stream.rows_buffered < self.buffer_limit_rows(session)
+
+    # -- streams ------------------------------------------------------------
+    def new_stream(self, session: Session, epoch: int, file_indexes: list[int]) -> Stream:
+        rng = np.random.default_rng((self.seed, epoch, session.rank, session.world_size))
+        stream = Stream(
+            next(self._ids),
+            epoch,
+            {i: FileLedger() for i in file_indexes},
+            ShuffleBuffer(self.shuffle_buffer, rng),
+            Batcher(self.batch_size, self.drop_last),
+            incomplete=set(file_indexes),
+        )
+        self.streams[stream.stream_id] = (session, stream)
+        if not file_indexes:
+            stream.input_done = True
+        return stream
+
+    def drop_stream(self, stream: Stream | None) -> int | None:
+        if stream is None:
+            return None
+        self.streams.pop(stream.stream_id, None)
+        return stream.stream_id
+
+    # -- data from workers --------------------------------------------------
+    def on_chunk(self, head: dict[str, Any], columns: Block) -> None:
+        entry = self.streams.get(head.get("s", -1))
+        if entry is None:
+            return  # a cancelled stream, or a client that left
+        session, stream = entry
+        ledger = stream.files.get(head["f"])
+        if ledger is None or stream.failed:
+            return
+        indexes = columns.pop(P.INDEX_COLUMN, None)
+        count = int(head["n"])
+        keep = ledger.accept(int(head.get("r", 0)), count, indexes)
+        if keep is not None:
+            kept = int(keep.sum())
+            self.dropped_duplicates += count - kept
+            if kept == 0:
+                return
+            if kept != count:
+                columns = select(columns, keep)
+        stream.sample_kind = head.get("sk", stream.sample_kind)
+        self.samples_in += block_rows(columns)
+        stream.batcher.extend(stream.shuffle.add(columns))
+        self._check_file(session, stream, head["f"])
+
+    def on_done(self, head: dict[str, Any]) -> None:
+        entry = self.streams.get(head.get("s", -1))
+        if entry is None:
+            return
+        session, stream = entry
+        ledger = stream.files.get(head["f"])
+        if ledger is None:
+            return
+        ledger.mark_done(int(head["sent"]), int(head.get("skipped", 0)))
+        self._check_file(session, stream, head["f"])
+
+    def on_file_error(self, head: dict[str, Any]) -> None:
+        entry = self.streams.get(head.get("s", -1))
+        if entry is None:
+            return
+        session, stream = entry
+        if stream.failed or head["f"] not in stream.incomplete:
+            return
+        stream.failed = True
+        self.events.append(("failed", session, stream, head.get("error") or {}))
+
+    def _check_file(self, session: Session, stream: Stream, file_index: int) -> None:
+        ledger = stream.files[file_index]
+        if file_index not in stream.incomplete or not ledger.complete:
+            return
+        stream.incomplete.discard(file_index)
+        if ledger.skipped:
+            self.skipped_records += ledger.skipped
+            log.warning("skipped %d bad record(s) in file index %d (epoch %d)", ledger.skipped, file_index, stream.epoch)
+        self.events.append(("file_complete", stream.stream_id, file_index))
+        if not stream.incomplete:
+            stream.input_done = True
+            stream.batcher.extend(stream.shuffle.flush())
+            self.events.append(("input_complete", session, stream))
+
+    # -- batches to clients -------------------------------------------------
+    def pump(self, session: Session) -> None:
+        """Send what the client's credits allow, then END once the stream is drained."""
+        stream = session.current
+        if stream is None or stream.gen is None or stream.failed:
+            return
+        while session.credits > 0:
+            batch = stream.batcher.pop()
+            if batch is None and stream.input_done:
+                batch = stream.batcher.flush()
+            if batch is None:
+                break
+            self._send_batch(session, stream, batch)
+        if stream.input_done and stream.batcher.rows == 0:
+            head = {"e": stream.epoch, "g": stream.gen, "batches": stream.batches_sent, "samples": stream.samples_sent}
+            self.send(session.peer, P.encode(P.END, head))
+            self.drop_stream(stream)
+            session.current = None
+
+    def _send_batch(self, session: Session, stream: Stream, batch: Block) -> None:
+        n = block_rows(batch)
+        head = {"e": stream.epoch, "g": stream.gen, "n": n, "sk": stream.sample_kind}
+        self.send(session.peer, P.encode(P.BATCH, head, batch))
+        session.credits -= 1
+        stream.batches_sent += 1
+        stream.samples_sent += n
+        session.batches_sent += 1
+        session.samples_sent += n
+
+    def buffered_rows(self) -> int:
+        return sum(stream.rows_buffered for _, stream in self.streams.values())
+
+
+__all__ = ["Stage", "Session", "Stream"]

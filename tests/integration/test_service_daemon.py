@@ -1,0 +1,121 @@
+"""One daemon (2 spawned workers) serving several clients: the end-to-end path."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from loader import Client
+from loader.errors import ServiceUnavailableError
+from loader.service import protocol as P
+from loader.service import transport
+from loader.service.client import query_status
+from tests.helpers import wait_until
+from tests.integration.conftest import collect_ids, make_config, running_daemon, write_id_files
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    data = tmp_path_factory.mktemp("daemon-data")
+    ids = write_id_files(data, 7, [400, 350, 500, 123, 1, 640, 300])
+    config = make_config(data, pipeline={"batch_size": 50, "shuffle_buffer": 300})
+    with running_daemon(config) as daemon:
+        assert wait_until(lambda: len(query_status(daemon.endpoint)["workers"]) == 2 and all(
+            w["connected"] for w in query_status(daemon.endpoint)["workers"]), timeout_s=20)
+        yield daemon, ids
+
+
+def test_one_client_gets_every_record_once_per_epoch(served):
+    daemon, ids = served
+    with Client(daemon.endpoint, timeout_s=10) as client:
+        orders = []
+        for _ in range(3):
+            batches = list(client.epoch())
+            got = collect_ids(batches)
+            assert collections.Counter(got) == collections.Counter(ids)
+            assert all(len(b["data"]) == 50 for b in batches[:-1])
+            assert batches[0]["data"].dtype == np.int64
+            orders.append(got)
+        assert orders[0] != orders[1], "each epoch is shuffled differently"
+
+
+def test_world_size_two_gives_disjoint_shares_covering_everything(served):
+    daemon, ids = served
+    with Client(daemon.endpoint, rank=0, world_size=2) as a, Client(daemon.endpoint, rank=1, world_size=2) as b:
+        for _ in range(2):
+            got_a = collect_ids(a.epoch())
+            got_b = collect_ids(b.epoch())
+            assert not set(got_a) & set(got_b)
+            assert collections.Counter(got_a + got_b) == collections.Counter(ids)
+
+
+def test_warm_daemon_serves_first_batch_quickly(served):
+    daemon, ids = served
+    start = time.monotonic()
+    with Client(daemon.endpoint) as client:
+        first = next(iter(client.epoch()))
+        elapsed = time.monotonic() - start
+    assert len(first["data"]) == 50
+    assert elapsed < 0.5, f"first batch took {elapsed:.3f}s"
+
+
+def test_abandoned_epoch_does_not_leak_into_the_next(served):
+    daemon, ids = served
+    with Client(daemon.endpoint, prefetch=2) as client:
+        it = client.epoch()
+        next(it)
+        next(it)
+        del it
+        got = collect_ids(client.epoch())
+        assert collections.Counter(got) == collections.Counter(ids)
+
+
+def test_paddle_style_reader_and_list_of_epochs(served):
+    daemon, ids = served
+    with Client(daemon.endpoint) as client:
+        reader = client.reader()
+        assert collections.Counter(collect_ids(reader())) == collections.Counter(ids)
+        assert collections.Counter(collect_ids(reader())) == collections.Counter(ids)
+
+
+def test_status_reports_workers_and_clients(served):
+    daemon, ids = served
+    with Client(daemon.endpoint):
+        status = query_status(daemon.endpoint, timeout_s=5)
+        assert status["files"]["total"] == 7
+        assert len(status["workers"]) == 2 and all(w["alive"] for w in status["workers"])
+        assert len(status["clients"]) >= 1
+        assert status["skipped_records"] == 0
+
+
+def test_vanished_client_is_dropped_and_a_new_one_is_served(served):
+    daemon, ids = served
+    # A raw client that asks for an epoch and then disappears without a word.
+    ghost = transport.dealer(daemon.endpoint)
+    ghost.send(P.encode(P.CLIENT_HELLO, {"rank": 0, "world_size": 1, "prefetch": 2}))
+    assert ghost.recv(5.0) is not None
+    ghost.send(P.encode(P.EPOCH, {"e": 0, "g": 1, "credit": 2}))
+    time.sleep(0.3)
+    before = len(query_status(daemon.endpoint)["clients"])
+    ghost.close()
+    assert wait_until(lambda: len(query_status(daemon.endpoint)["clients"]) == before - 1, timeout_s=8)
+    with Client(daemon.endpoint) as client:
+        assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
+
+
+def test_client_without_daemon_fails_fast(port):
+    start = time.monotonic()
+    with pytest.raises(ServiceUnavailableError, match=str(port)):
+        Client(f"tcp://127.0.0.1:{port}", timeout_s=0.5)
+    assert time.monotonic() - start < 3
+
+
+def test_query_status_without_daemon_fails_fast(port):
+    with pytest.raises(ServiceUnavailableError):
+        query_status(f"tcp://127.0.0.1:{port}", timeout_s=0.3)

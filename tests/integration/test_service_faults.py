@@ -1,0 +1,166 @@
+"""Faults and bad input: dead workers, failing mappers, corrupt files, a daemon that stops."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from loader import Client
+from loader.config import LoaderConfig
+from loader.errors import ConfigError, ServiceUnavailableError, TransportError, WorkerError
+from loader.service.client import query_status
+from loader.service.daemon import Daemon
+from tests.helpers import child_pids, wait_until
+from tests.integration.conftest import collect_ids, make_config, running_daemon, write_id_files
+
+pytestmark = pytest.mark.integration
+
+
+def _connected_workers(endpoint: str) -> list[dict]:
+    return [w for w in query_status(endpoint)["workers"] if w["connected"]]
+
+
+def test_killed_worker_is_replaced_and_epoch_is_exactly_once(tmp_path):
+    ids = write_id_files(tmp_path, 4, 400)
+    config = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:slow_sample_2ms"], "batch_size": 40},
+                         workers={"samples_per_message": 16})
+    with running_daemon(config) as daemon:
+        assert wait_until(lambda: len(_connected_workers(daemon.endpoint)) == 2, timeout_s=20)
+        with Client(daemon.endpoint, timeout_s=10) as client:
+            got, killed = [], None
+            for i, batch in enumerate(client.epoch()):
+                got.extend(batch["data"].tolist())
+                if i == 3:
+                    victim = [w for w in query_status(daemon.endpoint)["workers"] if w["leases"]][0]
+                    killed = victim["pid"]
+                    os.kill(killed, signal.SIGKILL)
+            assert killed is not None
+            assert collections.Counter(got) == collections.Counter(ids)
+            status = query_status(daemon.endpoint)
+            assert status["worker_restarts"] >= 1
+            assert killed not in [w["pid"] for w in status["workers"]]
+            assert wait_until(lambda: len(_connected_workers(daemon.endpoint)) == 2, timeout_s=20)
+            # The next epoch is complete too, with the replacement in service.
+            assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
+
+
+def test_mapper_error_names_file_record_and_cause(tmp_path):
+    write_id_files(tmp_path, 3, 1300)  # id 1234 is record 1234 of file f000
+    config = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:fail_on_1234"]})
+    with running_daemon(config) as daemon, Client(daemon.endpoint) as client:
+        with pytest.raises(WorkerError) as info:
+            collect_ids(client.epoch())
+        err = info.value
+        assert err.type_name == "Boom" and "bad value 1234" in err.message
+        assert err.file.endswith("f000.npy") and err.record == 1234
+        assert "Traceback" in err.remote_traceback
+        # The client stays usable: a later epoch raises the same way rather than hanging.
+        with pytest.raises(WorkerError):
+            collect_ids(client.epoch())
+
+
+def test_skip_mode_skips_counts_and_reports(tmp_path):
+    ids = write_id_files(tmp_path, 3, 1300)
+    (tmp_path / "f999.npy").write_bytes(b"this is not a numpy file")
+    config = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:fail_on_1234"], "on_error": "skip"})
+    # No read-ahead: the next epoch's skips would be counted too while we look.
+    with running_daemon(config) as daemon, Client(daemon.endpoint, read_ahead=False) as client:
+        got = collect_ids(client.epoch())
+        assert collections.Counter(got) == collections.Counter(i for i in ids if i != 1234)
+        assert query_status(daemon.endpoint)["skipped_records"] == 2  # one record, one unreadable file
+
+
+def test_corrupt_file_raises_naming_the_file(tmp_path):
+    write_id_files(tmp_path, 2, 100)
+    (tmp_path / "f500.npy").write_bytes(b"\x93NUMPY garbage")
+    config = make_config(tmp_path)
+    with running_daemon(config) as daemon, Client(daemon.endpoint) as client:
+        with pytest.raises(WorkerError) as info:
+            collect_ids(client.epoch())
+        assert info.value.file.endswith("f500.npy")
+
+
+def test_daemon_stop_ends_workers_and_fails_waiting_client(tmp_path):
+    write_id_files(tmp_path, 2, 3000)
+    children_before = child_pids()
+    config = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:slow_sample_2ms"]})
+    with running_daemon(config) as daemon:
+        client = Client(daemon.endpoint, timeout_s=10)
+        it = client.epoch()
+        next(it)
+    start = time.monotonic()
+    with pytest.raises(ServiceUnavailableError):
+        for _ in it:
+            pass
+    assert time.monotonic() - start < 3
+    client.close()
+    assert wait_until(lambda: not (child_pids() - children_before), timeout_s=5)
+
+
+def test_vanished_daemon_is_noticed_within_timeout(tmp_path):
+    import threading
+
+    write_id_files(tmp_path, 1, 10)
+    daemon = Daemon(make_config(tmp_path), start_workers=False)
+    stop = threading.Event()
+    thread = threading.Thread(target=daemon.serve, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        client = Client(daemon.endpoint, timeout_s=1.0)
+        it = client.epoch()  # no workers: the client waits
+        stop.set()  # the daemon goes silent without saying goodbye
+        thread.join(5)
+        start = time.monotonic()
+        with pytest.raises(ServiceUnavailableError, match="silent"):
+            next(it)
+        assert time.monotonic() - start < 3
+        client.close()
+    finally:
+        stop.set()
+        daemon.close()
+
+
+def test_port_in_use_is_one_clear_error(tmp_path):
+    write_id_files(tmp_path, 1, 10)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        config = make_config(tmp_path, service={"bind": f"tcp://127.0.0.1:{port}"})
+        with pytest.raises(TransportError, match=f"127.0.0.1:{port}.*address already in use"):
+            Daemon(config, start_workers=False)
+
+
+def test_missing_files_and_empty_list_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="matched no files"):
+        Daemon(make_config(tmp_path), start_workers=False)
+    listing = tmp_path / "train.list"
+    listing.write_text("# nothing here\n")
+    config = LoaderConfig.from_dict({"source": {"list_file": str(listing)}})
+    with pytest.raises(ConfigError, match="lists no files"):
+        Daemon(config, start_workers=False)
+
+
+def test_hand_started_worker_needs_only_the_address(tmp_path):
+    import threading
+
+    from workers.main import run_worker
+
+    ids = write_id_files(tmp_path, 3, 100)
+    with running_daemon(make_config(tmp_path), start_workers=False) as daemon:
+        stop = threading.Event()
+        result = {}
+        thread = threading.Thread(target=lambda: result.setdefault("rc", run_worker(daemon.endpoint, stop_event=stop)),
+                                  daemon=True)
+        thread.start()
+        with Client(daemon.endpoint) as client:
+            assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
+        stop.set()
+        thread.join(5)
+    assert result == {"rc": 0}

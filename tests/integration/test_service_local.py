@@ -1,0 +1,48 @@
+"""``loader.Loader``: the same service inside the training process."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+
+import loader
+from loader.config import LoaderConfig
+from tests.integration.conftest import collect_ids, make_config, write_id_files
+
+pytestmark = pytest.mark.integration
+
+
+def test_loader_iterates_configured_epochs_and_cleans_up(tmp_path, no_leaks):
+    ids = write_id_files(tmp_path, 3, 200)
+    config = make_config(tmp_path, pipeline={"epochs": 2, "shuffle_buffer": 50, "batch_size": 64},
+                         workers={"count": 1}, service={"bind": "tcp://127.0.0.1:5555"})
+    with loader.Loader(config) as local:
+        got = collect_ids(local)
+        assert local.endpoint.startswith("ipc://")
+    assert collections.Counter(got) == collections.Counter(ids * 2)
+
+
+def test_loader_with_user_reader_list_format_and_strings(tmp_path, no_leaks):
+    for i in range(3):
+        (tmp_path / f"part{i}.txt").write_text(f"{i * 100} {i * 100 + 40}")
+    config = LoaderConfig.from_dict({
+        "source": {"files": [str(tmp_path / "*.txt")], "reader": "tests.helpers:range_file_reader",
+                   "fields": ["id", "name"]},
+        "pipeline": {"batch_size": 16, "batch_format": "list", "mappers": ["tests.helpers:identity_mapper"]},
+        "workers": {"count": 2, "heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 2.0},
+    })
+    with loader.Loader(config) as local:
+        samples = [s for batch in local.epoch() for s in batch]
+        assert sorted(int(i) for i, _ in samples) == [i * 100 + j for i in range(3) for j in range(40)]
+        assert all(name == f"s{int(i)}" for i, name in samples)
+
+
+def test_loader_reader_is_paddle_style(tmp_path):
+    ids = write_id_files(tmp_path, 2, 50)
+    config = make_config(tmp_path, workers={"count": 1}, pipeline={"batch_size": 10, "drop_last": True})
+    with loader.Loader(config) as local:
+        batches = list(local.reader()())
+    assert all(b["data"].shape == (10,) for b in batches)
+    assert len(batches) == 10 and set(np.concatenate([b["data"] for b in batches]).tolist()) == set(ids)

@@ -1,0 +1,113 @@
+"""Samples -> columnar chunks: one array per field with a leading axis of n samples.
+
+A sample is a tuple/list of parts (named by ``fields``, the reader's slot
+names, or "0", "1", ...), a dict (named by its keys), or a single value (named
+``fields[0]`` or "data"). Parts of equal shape and a fixed dtype stack into one
+array; anything else (ragged sequences, mixed types) becomes an object column,
+which the protocol sends through ``loader.codec``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from loader.service.protocol import object_array
+
+# A chunk is sent when it has this many bytes or has waited this long, whatever samples_per_message says:
+# big samples then travel in messages of a few MiB, and the first batch of an epoch is not held back.
+MAX_CHUNK_BYTES = 4 * 1024 * 1024
+MAX_CHUNK_DELAY_S = 0.05
+# A chunk may grow up to this to hold exactly one batch of big samples.
+MAX_BATCH_CHUNK_BYTES = 64 * 1024 * 1024
+
+KIND_TUPLE, KIND_DICT, KIND_VALUE = "tuple", "dict", "value"
+
+
+def sample_parts(sample: Any, fields: Sequence[str] | None) -> tuple[str, list[str], list[Any]]:
+    """(kind, names, values) of one sample."""
+    if isinstance(sample, dict):
+        return KIND_DICT, [str(k) for k in sample], list(sample.values())
+    if isinstance(sample, (tuple, list)):
+        values = list(sample)
+        if fields and len(fields) == len(values):
+            names = list(fields)
+        else:
+            names = [str(i) for i in range(len(values))]
+        return KIND_TUPLE, names, values
+    return KIND_VALUE, [fields[0] if fields else "data"], [sample]
+
+
+def stack_column(values: list[Any]) -> np.ndarray:
+    """One array with a leading axis of len(values), or an object array when they do not stack."""
+    try:
+        array = np.stack([np.asarray(v) for v in values])
+    except (ValueError, TypeError):
+        return object_array(values)
+    if array.dtype.hasobject:
+        return object_array(values)
+    return array
+
+
+def rows_for_bytes(row_bytes: int, wanted: int, batch_size: int) -> int:
+    """How many rows of ``row_bytes`` fit a chunk; a multiple of batch_size when that is possible,
+    so the stage can cut batches out of one chunk without copying."""
+    rows = max(1, min(wanted, MAX_CHUNK_BYTES // max(1, row_bytes)))
+    if batch_size > 1 and rows >= batch_size:
+        rows -= rows % batch_size
+    elif rows < batch_size <= wanted and batch_size * row_bytes <= MAX_BATCH_CHUNK_BYTES:
+        rows = batch_size  # big samples: one batch per chunk, so the stage forwards it without copying
+    return rows
+
+
+class ChunkBuilder:
+    """Collects samples with their record indexes and decides when a chunk is due."""
+
+    def __init__(self, fields: Sequence[str] | None, max_samples: int) -> None:
+        self.fields = list(fields) if fields else None
+        self.max_samples = max(1, max_samples)
+        self._names: list[str] | None = None
+        self.kind = KIND_TUPLE
+        self._values: list[list[Any]] = []
+        self._records: list[int] = []
+        self._bytes = 0
+        self._started = 0.0
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def add(self, record: int, sample: Any) -> None:
+        kind, names, values = sample_parts(sample, self.fields)
+        if self._names is None or not self._records:
+            self._names, self.kind = names, kind
+            self._values = [[] for _ in names]
+            self._started = time.monotonic()
+        elif names != self._names:
+            raise ValueError(f"sample fields {names} differ from the chunk's fields {self._names}")
+        for column, value in zip(self._values, values):
+            column.append(value)
+        self._records.append(record)
+        self._bytes += sum(getattr(v, "nbytes", 8) for v in values)
+
+    @property
+    def due(self) -> bool:
+        return bool(self._records) and (
+            len(self._records) >= self.max_samples
+            or self._bytes >= MAX_CHUNK_BYTES
+            or time.monotonic() - self._started >= MAX_CHUNK_DELAY_S
+        )
+
+    def take(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """(columns, record indexes) of the collected samples; the builder starts empty again."""
+        assert self._names is not None
+        columns = {name: stack_column(values) for name, values in zip(self._names, self._values)}
+        records = np.asarray(self._records, dtype=np.int64)
+        self._values = [[] for _ in self._names]
+        self._records = []
+        self._bytes = 0
+        return columns, records
+
+
+__all__ = ["ChunkBuilder", "sample_parts", "stack_column", "rows_for_bytes", "MAX_CHUNK_BYTES"]

@@ -1,0 +1,110 @@
+"""Opening one leased file as samples or as blocks, the way the config says.
+
+Three ways to read a file, in the order the config is checked:
+
+* ``source.provider``: a PyDataProvider2 provider, via ``loader.provider``;
+* ``source.reader``: ``function(path)`` returning a paddle-style reader (a
+  zero-argument callable returning an iterable of samples);
+* otherwise the ``loader.io`` file reader for the file's format.
+
+A ``loader.io`` reader with no mappers is read in blocks (``read_block``): each
+block is already columnar, so a worker does no per-sample Python work at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+
+class FileSource:
+    """One file of the dataset, opened for one lease."""
+
+    def __init__(self, config: Any, path: str) -> None:
+        self.path = path
+        self.source = config.source
+        self.fields = list(self.source.fields) if self.source.fields else None
+        self._reader: Any = None
+        self._samples: Any = None
+        if self.source.provider is not None:
+            self._samples = _provider_samples(self.source.resolve_provider(), path)
+        elif self.source.reader is not None:
+            self._samples = self.source.resolve_reader()(path)()
+        else:
+            self._reader = _open_file_reader(path, self.source)
+            if self.fields is None:
+                self.fields = list(self._reader.slot_names)
+
+    @property
+    def can_read_blocks(self) -> bool:
+        return self._reader is not None
+
+    def samples(self) -> Iterator[Any]:
+        """Samples one by one (tuples of slot arrays for file readers)."""
+        if self._reader is None:
+            return iter(self._samples)
+        return _reader_instances(self._reader)
+
+    def read_block(self, max_rows: int) -> dict[str, np.ndarray] | None:
+        """Up to ``max_rows`` samples as columns, or None at the end of the file."""
+        arrays = self._reader.read_block(max_rows)
+        if not arrays:
+            return None
+        names = self.fields if self.fields and len(self.fields) == len(arrays) else [str(i) for i in range(len(arrays))]
+        return {name: np.ascontiguousarray(a) for name, a in zip(names, arrays)}
+
+    def close(self) -> None:
+        close = getattr(self._reader, "close", None) or getattr(self._samples, "close", None)
+        if close is not None:
+            close()
+
+
+def _reader_instances(reader: Any) -> Iterator[tuple[Any, ...]]:
+    while True:
+        instance = reader.read_next()
+        if not instance:
+            return
+        yield tuple(instance)
+
+
+def _open_file_reader(path: str, source: Any) -> Any:
+    try:
+        from loader.io import create_file_reader
+    except ImportError:  # loader.io not installed in this build: plain .npy only
+        return _NpyReader(path)
+    return create_file_reader(path, format=source.format, **dict(source.format_options))
+
+
+def _provider_samples(provider: Any, path: str) -> Any:
+    from loader import provider as provider_module
+
+    iter_file_samples = getattr(provider_module, "iter_file_samples")
+    return iter_file_samples(provider, path)
+
+
+class _NpyReader:
+    """Minimal stand-in for ``loader.io``'s .npy reader (memory-mapped, sliced in blocks)."""
+
+    slot_names = ["data"]
+
+    def __init__(self, path: str) -> None:
+        self._array = np.load(path, mmap_mode="r")
+        self._pos = 0
+
+    def read_next(self) -> list[np.ndarray]:
+        block = self.read_block(1)
+        return [block[0][0]] if block else []
+
+    def read_block(self, max_rows: int) -> list[np.ndarray]:
+        if self._pos >= len(self._array):
+            return []
+        block = self._array[self._pos : self._pos + max_rows]
+        self._pos += len(block)
+        return [block]
+
+    def close(self) -> None:
+        self._array = None
+
+
+__all__ = ["FileSource"]
