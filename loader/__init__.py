@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from loader import errors
 from loader.errors import (
     ClosedError,
     ComposeNotAligned,
@@ -70,16 +71,5 @@ __all__ = [
     "LoDTensor",
     "Client",
     "Loader",
-    "LoaderError",
-    "ConfigError",
-    "DataError",
-    "CorruptFileError",
-    "ShapeMismatchError",
-    "UnknownFormatError",
-    "ComposeNotAligned",
-    "WorkerError",
-    "WorkerDiedError",
-    "TransportError",
-    "ServiceUnavailableError",
-    "ClosedError",
+    *errors.__all__,
 ]

@@ -1,27 +1,248 @@
-"""The ``loader`` command: parse arguments and call library code (no logic of its own)."""
+"""The ``loader`` command: parse arguments and call library code (no logic of its own).
+
+::
+
+    loader serve CONFIG [--bind ADDR] [--workers N]   run the daemon until Ctrl-C / SIGTERM
+    loader status ADDRESS [--json]                    ask a running daemon how it is doing
+    loader worker --connect tcp://HOST:PORT           run one worker by hand (any host)
+    loader check CONFIG                               validate a config and its file list
+    loader gen-data DIR --format npy|npz|recordio --files N --samples M   synthetic data
+
+This is the composition root: the one place in ``loader`` that imports
+``workers``. Every error a user can cause ends as one line on stderr
+(``loader: error: ...``) and a non-zero exit; ``--debug`` shows tracebacks.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import signal
 import sys
+import threading
+from typing import Any, Callable, Iterator
 
 from loader import __version__
+from loader.errors import LoaderError, WorkerError
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+STATUS_TIMEOUT_S = 5.0
+log = logging.getLogger("loader.cli")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    config = _load_checked(args.config, {"service.bind": args.bind, "workers.count": args.workers})
+    from loader.service.daemon import Daemon  # after the config checks: they need no zmq
+
+    stop = threading.Event()
+    with _stop_on_signals(stop):
+        with Daemon(config) as daemon:
+            endpoint = getattr(daemon, "endpoint", config.service.bind)  # the real port when bound to "*"
+            log.info("serving %s on %s with %d workers", args.config, endpoint, config.workers.count)
+            if not config.service.is_loopback:
+                log.warning("%s is reachable from other hosts: anyone who can connect can read the data", endpoint)
+            daemon.serve(stop)
+    log.info("stopped")
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from loader.service.client import query_status
+
+    status = query_status(args.address, timeout_s=args.timeout)
+    print(json.dumps(status, indent=2, sort_keys=True, default=str) if args.json else format_status(status))
+    return EXIT_OK
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from workers.main import run_worker
+
+    stop = threading.Event()
+    with _stop_on_signals(stop):
+        return int(run_worker(args.connect, worker_id=args.id, stop_event=stop) or 0)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    config = _load_checked(args.config, {})
+    files = config.source.expand_files()
+    print(f"{args.config}: ok, {len(files)} files, {config.workers.count} workers, bind {config.service.bind}")
+    return EXIT_OK
+
+
+def cmd_gen_data(args: argparse.Namespace) -> int:
+    from loader._datagen import generate
+
+    paths = generate(
+        args.dir, format=args.format, files=args.files, samples=args.samples, dim=args.dim, seed=args.seed
+    )
+    print(f"wrote {len(paths)} {args.format} files of {args.samples} samples (dim {args.dim}) to {args.dir}")
+    return EXIT_OK
+
+
+def _load_checked(path: str, overrides: dict[str, Any]) -> Any:
+    """Load a config, apply command-line overrides, and fail now on bad imports or files."""
+    from loader.config import load_config
+
+    config = load_config(path)
+    given = {key: value for key, value in overrides.items() if value is not None}
+    if given:
+        config = config.override(given, origin="command line")
+    config.check_imports()
+    config.source.expand_files()  # a missing file or empty list is reported before binding a port
+    return config
+
+
+class _stop_on_signals:  # noqa: N801 - used like a function: with _stop_on_signals(stop): ...
+    """SIGINT/SIGTERM set ``stop`` (a clean, bounded shutdown); a second signal interrupts at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.stop.is_set():
+            raise KeyboardInterrupt  # the user insists: leave now (resources still close in finally)
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        self.stop.set()
+
+    def __enter__(self) -> "_stop_on_signals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """A daemon's status dict as text: scalars as ``key: value``, lists of dicts as tables."""
+    return "\n".join(_status_lines(status, indent=""))
+
+
+def _status_lines(mapping: dict[str, Any], indent: str) -> Iterator[str]:
+    scalars = {k: v for k, v in mapping.items() if not isinstance(v, (dict, list))}
+    width = max((len(str(k)) for k in scalars), default=0)
+    for key, value in scalars.items():
+        yield f"{indent}{str(key) + ':':<{width + 1}} {_fmt(value)}"
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            yield f"{indent}{key}:"
+            yield from _status_lines(value, indent + "  ")
+        elif isinstance(value, list):
+            yield f"{indent}{key}: {'(none)' if not value else ''}".rstrip()
+            yield from _table(value, indent + "  ")
+
+
+def _table(rows: list[Any], indent: str) -> Iterator[str]:
+    if not rows:
+        return
+    if not all(isinstance(row, dict) for row in rows):
+        yield f"{indent}{', '.join(_fmt(row) for row in rows)}"
+        return
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    cells = [[_fmt(row.get(col, "")) for col in columns] for row in rows]
+    widths = [max(len(col), *(len(r[i]) for r in cells)) for i, col in enumerate(columns)]
+    yield indent + "  ".join(col.upper().ljust(w) for col, w in zip(columns, widths)).rstrip()
+    for row in cells:
+        yield indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.3g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, default=str)
+    return "-" if value is None else str(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="loader", description="A data-loading service for ML training.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+    common.add_argument(
+        "--log-level", default=argparse.SUPPRESS, choices=["debug", "info", "warning", "error"], help="(default: info)"
+    )
+    parser = argparse.ArgumentParser(
+        prog="loader", description="A data-loading service for ML training.", parents=[common]
+    )
     parser.add_argument("--version", action="version", version=f"loader {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def add(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:  # noqa: A002
+        p = sub.add_parser(name, help=help, description=help, parents=[common])
+        p.set_defaults(func=func)
+        return p
+
+    p = add("serve", cmd_serve, "run the loader daemon in the foreground (Ctrl-C or SIGTERM stops it)")
+    p.add_argument("config", metavar="CONFIG", help="a TOML config (see configs/example.toml)")
+    p.add_argument("--bind", metavar="ADDR", help="listen here instead of service.bind, e.g. tcp://0.0.0.0:5555")
+    p.add_argument("--workers", metavar="N", type=int, help="worker processes (instead of workers.count)")
+
+    p = add("status", cmd_status, "show a running daemon's workers, files, throughput and clients")
+    p.add_argument("address", metavar="ADDRESS", help="the daemon's address, e.g. tcp://127.0.0.1:5555")
+    p.add_argument("--json", action="store_true", help="print the raw status as JSON")
+    p.add_argument("--timeout", type=float, default=STATUS_TIMEOUT_S, metavar="S", help="seconds to wait (default 5)")
+
+    p = add("worker", cmd_worker, "run one worker that serves the daemon at --connect")
+    p.add_argument("--connect", required=True, metavar="ADDR", help="the daemon's address, e.g. tcp://HOST:5555")
+    p.add_argument("--id", default=None, help="a name for this worker (default: chosen by the daemon)")
+
+    p = add("check", cmd_check, "validate a config: keys, values, imports and the file list")
+    p.add_argument("config", metavar="CONFIG")
+
+    p = add("gen-data", cmd_gen_data, "write a synthetic dataset (features + integer labels)")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--format", choices=["npy", "npz", "recordio"], default="npy")
+    p.add_argument("--files", type=int, default=4, metavar="N", help="files to write (default 4)")
+    p.add_argument("--samples", type=int, default=1024, metavar="M", help="samples per file (default 1024)")
+    p.add_argument("--dim", type=int, default=64, help="float32 features per sample (default 64)")
+    p.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def _error_line(exc: BaseException) -> str:
+    text = exc._summary() if isinstance(exc, WorkerError) else str(exc)  # no remote traceback here
+    if isinstance(exc, OSError) and exc.strerror:
+        text = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return " ".join(text.split()) or type(exc).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help()
-        return 2
-    return 0
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    debug = getattr(args, "debug", False)
+    level = "debug" if debug else getattr(args, "log_level", "info")
+    logging.basicConfig(
+        stream=sys.stderr, level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("loader: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (LoaderError, OSError, ValueError) as exc:
+        if debug:
+            raise
+        print(f"loader: error: {_error_line(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:  # noqa: BLE001 - the top of the program: one line, not a traceback
+        if debug:
+            raise
+        print(
+            f"loader: error: unexpected {type(exc).__name__}: {_error_line(exc)} (run with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

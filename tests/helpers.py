@@ -167,3 +167,43 @@ def range_file_reader(path: str) -> Callable[[], Iterator[tuple[int, str]]]:
     with open(path, encoding="utf-8") as fh:
         start, stop = (int(x) for x in fh.read().split())
     return lambda: ((i, f"s{i}") for i in range(start, stop))
+
+
+class sleep_on_values:  # noqa: N801
+    """A mapper that sleeps ``delay_s`` on samples whose first part is in ``values`` (a slow, live worker)."""
+
+    def __init__(self, values: Any, delay_s: float) -> None:
+        self.values, self.delay_s = {int(v) for v in values}, delay_s
+
+    def __call__(self, sample: Any) -> Any:
+        first = sample[0] if isinstance(sample, (tuple, list)) else sample
+        if int(first) in self.values:
+            time.sleep(self.delay_s)
+        return sample
+
+
+class hang_once_on:  # noqa: N801
+    """A mapper that hangs (bounded by ``limit_s``) the first time any process maps ``value``.
+
+    "First" is decided by creating the file named by ``$LOADER_TEST_HANG_MARKER``
+    (O_EXCL), so the replacement worker that re-reads the file goes through.
+    """
+
+    def __init__(self, value: int, limit_s: float = 60.0) -> None:
+        self.value, self.limit_s = value, limit_s
+
+    def __call__(self, sample: Any) -> Any:
+        first = sample[0] if isinstance(sample, (tuple, list)) else sample
+        marker = os.environ.get("LOADER_TEST_HANG_MARKER")
+        if int(first) == self.value and marker:
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return sample
+            time.sleep(self.limit_s)
+        return sample
+
+
+# Module-level instances for configs (ids 7 and 5 are in file f000 of write_id_files).
+sleep_1500ms_on_7 = sleep_on_values([7], 1.5)
+hang_once_on_5 = hang_once_on(5)

@@ -178,3 +178,13 @@ def one_sample_files(settings, filename):
 )
 def checked_strict(settings, filename):
     yield from settings.samples
+
+
+@provider(input_types={"id": integer_value(10**9), "vec": dense_vector(3)})
+def numbered_file_lines(settings, filename):
+    """For the service: one sample per line of a text file of integers: ``{"id": n, "vec": [n, n, n]}``."""
+    with open(filename, encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                n = int(line)
+                yield {"id": n, "vec": [float(n)] * 3}

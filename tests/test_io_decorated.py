@@ -91,10 +91,10 @@ def test_batch_of_sequences_concatenates_and_adds_lengths():
 
 
 def test_batch_of_mismatched_instances_names_the_slot():
-    source = lio.from_reader(ListReader([np.zeros(2), np.zeros(3)]))
+    source = lio.from_reader(ListReader([np.zeros(2), np.zeros(3)]), None, None)
     with pytest.raises(ShapeMismatchError, match="slot 0"):
         lio.BatchReader(source, 2).read_next()
-    source = lio.from_reader(ListReader([np.zeros(2, np.float32), np.zeros(2, np.float64)]))
+    source = lio.from_reader(ListReader([np.zeros(2, np.float32), np.zeros(2, np.float64)]), None, None)
     with pytest.raises(ShapeMismatchError, match="dtype"):
         lio.BatchReader(source, 2).read_next()
 
@@ -252,10 +252,10 @@ def test_from_reader_converts_values_to_declared_dtypes():
 
 
 def test_from_reader_dict_samples_and_errors():
-    source = lio.from_reader(ListReader([{"a": 1, "b": [1, 2]}]))
+    source = lio.from_reader(ListReader([{"a": 1, "b": [1, 2]}]), None, None)
     assert source.slot_names == ["a", "b"]
     assert [x.tolist() for x in source.read_next()] == [1, [1, 2]]
-    failing = lio.from_reader(raise_on(2))
+    failing = lio.from_reader(raise_on(2), None, None)
     assert failing.read_next()[0] == 0 and failing.read_next()[0] == 1
     with pytest.raises(Boom):
         failing.read_next()
@@ -271,5 +271,5 @@ def test_the_toolkits_compose_both_ways():
 
     classy = lio.BatchReader(_ints(6), 3)
     paddle_style = Doubler(lio.to_reader(classy))  # a paddle-style decorator over a class graph
-    back = lio.from_reader(paddle_style)  # and back into the class graph
+    back = lio.from_reader(paddle_style, None, None)  # and back into the class graph
     assert [b[0].tolist() for b in back] == [[0, 2, 4], [6, 8, 10]]

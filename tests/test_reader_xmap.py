@@ -12,6 +12,7 @@ import pytest
 
 from loader import reader
 from tests.helpers import Boom, ListReader, RangeReader, hang_forever, live_threads, raise_on
+from tests.test_reader_decorators import SlowReader  # one slow source for both modules
 
 
 def plus_one(x: int) -> int:
@@ -113,17 +114,7 @@ def test_xmap_thousand_abandoned_calls_leave_no_threads(no_leaks):
 
 def test_xmap_ordered_does_not_spin():
     # A slow source while 8 handlers wait for their turns: CPU time stays small.
-    r = reader.xmap_readers(plus_one, SlowSource(5, 0.1), 8, 4, order=True)
+    r = reader.xmap_readers(plus_one, SlowReader(5, 0.1), 8, 4, order=True)
     cpu0 = time.process_time()
     assert list(r()) == [1, 2, 3, 4, 5]
     assert time.process_time() - cpu0 < 0.3
-
-
-class SlowSource:
-    def __init__(self, n: int, delay_s: float) -> None:
-        self.n, self.delay_s = n, delay_s
-
-    def __call__(self):
-        for i in range(self.n):
-            time.sleep(self.delay_s)
-            yield i

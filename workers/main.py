@@ -1,11 +1,13 @@
 """The worker main loop: hello, take a lease, read the file, push columnar chunks, repeat.
 
-A worker needs only the daemon's control address: the WELCOME answer carries
-the config and the data endpoint. It is single-threaded: heartbeats go out
-between chunks and while a send waits for the stage (a chunk is due after at
-most ``MAX_CHUNK_DELAY_S``), so a worker stuck inside user code for longer
-than ``heartbeat_timeout_s`` is declared dead and its file re-leased, which
-is what should happen to a hung worker.
+A worker needs only the daemon's control address (or, under the in-process
+``Loader`` with transport "pipe" or "queue", its end of a pipe link): the
+WELCOME answer carries the config and the data endpoint. After the handshake
+the control channel belongs to a ``ControlLink`` thread that heartbeats while
+the main thread reads and maps, so a slow user call never gets a live worker
+declared dead; a hung one is found by the coordinator's per-lease progress
+timeout. The main thread checks for control messages (cancel, bye) between
+samples, at most every ``CONTROL_CHECK_INTERVAL_S``.
 
 Every exception while opening, reading or mapping is caught and reported as
 FILE_ERROR naming the file and record (``on_error = "raise"``), or the record
@@ -29,6 +31,7 @@ from loader.service import protocol as P
 from loader.service import transport
 from loader.service.batching import block_nbytes, block_rows
 from workers.columns import ChunkBuilder, rows_for_bytes
+from workers.control import ControlLink, open_channels
 from workers.sources import FileSource
 
 log = logging.getLogger("loader.worker")
@@ -46,8 +49,8 @@ class _Cancelled(Exception):
     """The current lease was cancelled by the coordinator."""
 
 
-def run_worker(connect: str, *, worker_id: str | None = None, stop_event: threading.Event | None = None) -> int:
-    """Serve the daemon at ``connect`` until told to stop; returns an exit code (0 = clean)."""
+def run_worker(connect: Any, *, worker_id: str | None = None, stop_event: threading.Event | None = None) -> int:
+    """Serve the daemon at ``connect`` (an address, or a pipe link) until told to stop; returns an exit code."""
     worker = Worker(connect, worker_id or f"{socket.gethostname()}-{os.getpid()}", stop_event)
     try:
         return worker.run()
@@ -56,16 +59,14 @@ def run_worker(connect: str, *, worker_id: str | None = None, stop_event: thread
 
 
 class Worker:
-    def __init__(self, connect: str, worker_id: str, stop_event: threading.Event | None) -> None:
-        self.connect, self.worker_id = connect, worker_id
+    def __init__(self, connect: Any, worker_id: str, stop_event: threading.Event | None) -> None:
+        self.worker_id = worker_id
         self.stop_event = stop_event or threading.Event()
-        self.ctl = transport.dealer(connect)
-        self.data: transport.Channel | None = None
+        self.ctl, self.data, self.connect = open_channels(connect)
+        self.link: ControlLink | None = None
         self.config: Any = None
         self.mappers: list[Any] = []
         self.hb_interval_s = 0.5
-        self.hb_timeout_s = 5.0
-        self.last_heard = self.last_sent = time.monotonic()
         self.next_check = 0.0
         self.lease: dict[str, Any] | None = None
         self.pending: list[dict[str, Any]] = []
@@ -75,6 +76,8 @@ class Worker:
         if not self._handshake():
             log.error("no loader daemon answered at %s within %.0fs", self.connect, CONNECT_TIMEOUT_S)
             return 1
+        self.link = ControlLink(self.ctl, self.hb_interval_s, self.config.workers.heartbeat_timeout_s)
+        self.link.start()
         try:
             self._send_ctl(P.LEASE_REQ)
             while True:
@@ -87,18 +90,28 @@ class Worker:
             log.info("worker %s stopping: %s", self.worker_id, stop)
         except TransportError as exc:
             log.warning("worker %s lost the daemon: %s", self.worker_id, exc)
-        self._send_ctl(P.BYE, quiet=True)
+        self._send_ctl(P.BYE)
         return 0
 
     def close(self) -> None:
-        self.ctl.close()
+        # The data channel first: a queued channel flushes, so the daemon has our data before BYE.
         if self.data is not None:
             self.data.close()
+        if self.link is not None:
+            self.link.close()  # sends the BYE, then closes the control channel
+        else:
+            self.ctl.close()
+
+    def _hello(self) -> dict[str, Any]:
+        return {"worker": self.worker_id, "pid": os.getpid(), "v": P.PROTOCOL_VERSION}
 
     def _handshake(self) -> bool:
         deadline = time.monotonic() + CONNECT_TIMEOUT_S
         while time.monotonic() < deadline and not self.stop_event.is_set():
-            self._send_ctl(P.HELLO, {"worker": self.worker_id, "pid": os.getpid(), "v": P.PROTOCOL_VERSION})
+            try:
+                self.ctl.send(P.encode(P.HELLO, self._hello()), timeout_s=HELLO_RETRY_S)
+            except TransportError:
+                continue  # no room yet: the daemon is not there
             frames = self.ctl.recv(HELLO_RETRY_S)
             if frames is None:
                 continue
@@ -112,26 +125,19 @@ class Worker:
         self.worker_id = head.get("worker", self.worker_id)
         self.config = LoaderConfig.from_dict(head["config"], origin=f"daemon at {self.connect}")
         self.hb_interval_s = self.config.workers.heartbeat_interval_s
-        self.hb_timeout_s = self.config.workers.heartbeat_timeout_s
-        self.last_heard = time.monotonic()
         if self.data is None:
             self.data = transport.push(transport.reachable_endpoint(head["data"], self.connect))
 
     # -- control ------------------------------------------------------------
-    def _send_ctl(self, kind: str, header: dict[str, Any] | None = None, quiet: bool = False) -> None:
-        try:
-            self.ctl.send(P.encode(kind, header), timeout_s=self.hb_interval_s)
-            self.last_sent = time.monotonic()
-        except TransportError:
-            if not quiet:
-                raise
+    def _send_ctl(self, kind: str, header: dict[str, Any] | None = None) -> None:
+        assert self.link is not None
+        self.link.send(kind, header)
 
     def _recv_ctl(self, timeout_s: float) -> dict[str, Any] | None:
-        frames = self.ctl.recv(timeout_s)
-        if frames is None:
+        assert self.link is not None
+        head = self.link.recv(timeout_s)
+        if head is None:
             return None
-        head, _ = P.decode(frames)
-        self.last_heard = time.monotonic()
         kind = head["k"]
         if kind == P.BYE:
             raise _Stop(head.get("reason", "daemon said goodbye"))
@@ -141,7 +147,7 @@ class Worker:
             return None
         if kind == P.ERROR and head.get("unknown_session"):
             # The daemon forgot us (it declared us dead, or restarted): introduce ourselves again.
-            self._send_ctl(P.HELLO, {"worker": self.worker_id, "pid": os.getpid(), "v": P.PROTOCOL_VERSION})
+            self._send_ctl(P.HELLO, self._hello())
             return None
         if kind == P.WELCOME:
             self._configure(head)
@@ -150,17 +156,14 @@ class Worker:
         return head if kind == P.LEASE else None
 
     def _tick(self) -> None:
-        """Heartbeat, notice a silent daemon or a stop request, and read control messages."""
+        """Stop on request or when the control link lost the daemon (silent, or gone)."""
         if self.stop_event.is_set():
             raise _Stop("stop requested")
-        now = time.monotonic()
-        if now - self.last_sent >= self.hb_interval_s:
-            self._send_ctl(P.HEARTBEAT)
-        if now - self.last_heard > self.hb_timeout_s:
-            raise _Stop(f"daemon silent for {now - self.last_heard:.1f}s")
+        if self.link is not None and self.link.lost:
+            raise _Stop(self.link.lost)
 
     def _check(self) -> None:
-        """Cheap between samples; every CONTROL_CHECK_INTERVAL_S it reads control and heartbeats."""
+        """Cheap between samples; every CONTROL_CHECK_INTERVAL_S it reads control messages."""
         now = time.monotonic()
         if now < self.next_check:
             return
@@ -176,7 +179,7 @@ class Worker:
         assert self.data is not None
         while not self.data.try_send(frames, timeout_s=CONTROL_CHECK_INTERVAL_S):
             self.next_check = 0.0
-            self._check()  # the stage is busy: keep heartbeating while we wait
+            self._check()  # the stage is busy: still obey cancel, bye and stop while we wait
 
     # -- one file -----------------------------------------------------------
     def _serve_lease(self, lease: dict[str, Any]) -> None:

@@ -2,7 +2,9 @@
 
 Three ways to read a file, in the order the config is checked:
 
-* ``source.provider``: a PyDataProvider2 provider, via ``loader.provider``;
+* ``source.provider``: a PyDataProvider2 provider, via ``loader.provider``
+  (what ``iter_file_samples`` does, keeping the session for its slot names,
+  which name the fields unless ``source.fields`` does);
 * ``source.reader``: ``function(path)`` returning a paddle-style reader (a
   zero-argument callable returning an iterable of samples);
 * otherwise the ``loader.io`` file reader for the file's format.
@@ -28,7 +30,12 @@ class FileSource:
         self._reader: Any = None
         self._samples: Any = None
         if self.source.provider is not None:
-            self._samples = _provider_samples(self.source.resolve_provider(), path)
+            process = self.source.resolve_provider()
+            if not callable(getattr(process, "open", None)):
+                raise TypeError(f"source.provider {self.source.provider!r} is not a @loader.provider.provider function")
+            session = process.open([path], is_train=True)
+            self.fields = self.fields or list(session.slot_names)
+            self._samples = session.iter_file(path)
         elif self.source.reader is not None:
             self._samples = self.source.resolve_reader()(path)()
         else:
@@ -74,13 +81,6 @@ def _open_file_reader(path: str, source: Any) -> Any:
     except ImportError:  # loader.io not installed in this build: plain .npy only
         return _NpyReader(path)
     return create_file_reader(path, format=source.format, **dict(source.format_options))
-
-
-def _provider_samples(provider: Any, path: str) -> Any:
-    from loader import provider as provider_module
-
-    iter_file_samples = getattr(provider_module, "iter_file_samples")
-    return iter_file_samples(provider, path)
 
 
 class _NpyReader:

@@ -11,8 +11,10 @@
 Every reader is a ``ReaderBase``: ``read_next()`` -> list of arrays, ``[]`` at the
 end; ``has_next()``, ``reinit()``, ``close()``, iteration, ``with``. One file is
 read by a ``FileReader`` chosen by ``create_file_reader`` from the registry
-(``.recordio``, ``.npy``, ``.npz``, ``text``); ``to_reader``/``from_reader``
-bridge to paddle-style readers.
+(``.recordio``, ``.npy``, ``.npz``, ``text``), or by ``FileReader(path, shapes,
+dtypes)`` itself; users add formats with ``register_file_reader`` (from code) or
+``register_formats`` (a config table of ``"module:factory"`` strings).
+``to_reader``/``from_reader`` bridge to paddle-style readers.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from loader.io.multi_file import MultiFileReader, open_files
 from loader.io.registry import (
     create_file_reader,
     register_file_reader,
+    register_formats,
     registered_formats,
     unregister_file_reader,
 )
@@ -42,6 +45,7 @@ __all__ = [
     "open_files",
     "create_file_reader",
     "register_file_reader",
+    "register_formats",
     "unregister_file_reader",
     "registered_formats",
     "to_reader",

@@ -126,11 +126,14 @@ class FromReader(ReaderBase):
 
 def from_reader(
     reader: Callable[[], Iterable[Any]],
-    shapes: ShapesArg = None,
-    dtypes: DtypesArg = None,
+    shapes: ShapesArg,
+    dtypes: DtypesArg,
     lod_levels: LodArg = None,
 ) -> ReaderBase:
-    """Wrap a paddle-style reader (zero-argument callable) as a ``ReaderBase``."""
+    """Wrap a paddle-style reader (zero-argument callable) as a ``ReaderBase``.
+
+    ``shapes``/``dtypes`` may be ``None`` to skip the checks (and the conversion to a dtype).
+    """
     return FromReader(reader, shapes, dtypes, lod_levels)
 
 

@@ -30,6 +30,17 @@ from loader.errors import ShapeMismatchError
 from loader.io.base import DecoratedReader, ReaderBase
 
 
+def _read_up_to(reader: ReaderBase, count: int) -> list[list[np.ndarray]]:
+    """Up to ``count`` items of ``reader``; fewer only at the end of its data."""
+    items = []
+    while len(items) < count:
+        item = reader.read_next()
+        if not item:
+            break
+        items.append(item)
+    return items
+
+
 class ShuffleReader(DecoratedReader):
     """Block shuffle of the underlying reader's instances, deterministic given ``seed``."""
 
@@ -50,12 +61,7 @@ class ShuffleReader(DecoratedReader):
 
     def _read_next_impl(self) -> list[np.ndarray]:
         if self._pos >= len(self._buffer):
-            buffer = []
-            while len(buffer) < self.buffer_size:
-                item = self.reader.read_next()
-                if not item:
-                    break
-                buffer.append(item)
+            buffer = _read_up_to(self.reader, self.buffer_size)
             if not buffer:
                 return []
             order = self._rng.permutation(len(buffer))
@@ -109,12 +115,7 @@ class BatchReader(DecoratedReader):
     def _read_next_impl(self) -> list[np.ndarray]:
         if not self._seq_slots:
             return self._read_stacked()
-        items = []
-        while len(items) < self.batch_size:
-            item = self.reader.read_next()
-            if not item:
-                break
-            items.append(item)
+        items = _read_up_to(self.reader, self.batch_size)
         if not items or (self.drop_last and len(items) < self.batch_size):
             return []
         out = []

@@ -1,11 +1,11 @@
 """``DoubleBufferReader``: prepare the next item on a thread while the current one is used.
 
-One background thread (owned by a ``ThreadPipeline``) reads ahead from the
-underlying reader, up to ``capacity`` items, and for a device place starts the
-copy there (``Placer(place).stage``); the consumer's ``read_next`` waits for the
-next item and finishes the copy (``Placer.finish``). The thread starts at the
-first read, not at construction, and ``reinit()``/``close()`` stop it (bounded
-wait) before touching the underlying reader.
+One background thread (a ``Prefetcher``) reads ahead from the underlying reader,
+up to ``capacity`` items, and for a device place starts the copy there
+(``Placer(place).stage``); the consumer's ``read_next`` waits for the next item
+and finishes the copy (``Placer.finish``). The thread starts at the first read,
+not at construction, and ``reinit()``/``close()`` stop it (bounded wait) before
+touching the underlying reader.
 
 An exception in the underlying reader reaches the consumer as the original
 object, after the items read before it; later reads raise it again until
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from loader._threads import ThreadPipeline
 from loader.device import Placer
 from loader.io.base import DecoratedReader, ReaderBase
+from loader.io.prefetch import END, Prefetcher
 
 
 def _prefetch(pipe: ThreadPipeline, reader: ReaderBase, placer: Placer) -> None:
@@ -39,52 +39,24 @@ class DoubleBufferReader(DecoratedReader):
         super().__init__(reader)
         self.place = place
         self.capacity = capacity
-        self._placer = Placer(place)  # an unsupported place fails here, not in the thread
-        self._pipeline: ThreadPipeline | None = None
-        self._ended = False
-        self._failure: BaseException | None = None
+        placer = self._placer = Placer(place)  # an unsupported place fails here, not in the thread
+        # The spawn callback closes over the underlying reader, never over self (see Prefetcher).
+        self._prefetcher = Prefetcher(
+            capacity, "loader-double-buffer", lambda pipe: pipe.spawn(_prefetch, reader, placer)
+        )
 
     def _read_next_impl(self) -> list[Any]:
-        if self._failure is not None:
-            raise self._failure
-        if self._ended:
+        staged = self._prefetcher.next()
+        if staged is END:
             return []
-        if self._pipeline is None:
-            self._pipeline = ThreadPipeline(self.capacity, name="loader-double-buffer")
-            self._pipeline.spawn(_prefetch, self.reader, self._placer)
-        try:
-            staged = self._pipeline.get()
-        except StopIteration:
-            self._ended = True
-            self._stop()
-            return []
-        except BaseException as exc:
-            self._failure = exc
-            self._stop()
-            raise
         return self._placer.finish(staged)
 
-    def _stop(self) -> None:
-        if self._pipeline is not None:
-            self._pipeline.close()
-            self._pipeline = None
-
-    def __del__(self) -> None:
-        # A reader dropped without close() must not leave its threads polling forever.
-        # (The threads hold no reference to this object, so it can be collected.)
-        try:
-            self._stop()
-        except Exception:  # noqa: BLE001 - never raise from a finaliser
-            pass
-
     def _reinit_impl(self) -> None:
-        self._stop()  # the thread must be gone before the underlying reader rewinds
-        self._ended = False
-        self._failure = None
+        self._prefetcher.reset()  # the thread must be gone before the underlying reader rewinds
         self.reader.reinit()
 
     def _close_impl(self) -> None:
-        self._stop()
+        self._prefetcher.stop()
         self.reader.close()
 
 

@@ -1,16 +1,24 @@
 """``FileReader``: a reader bound to one file, checking every instance it reads.
 
-A format subclass implements ``_read_instance()`` (the next instance as a list of
-arrays, or ``None`` at the end), ``_rewind()`` and ``_close_file()``; the base
-class counts records and checks each instance against the declared shapes and
-dtypes (see :mod:`loader.io.slots` for the rule), so every format reports a
-mismatch the same way: file, record index, slot and both shapes.
+A format subclass implements ``_open(**options)`` (open the file; called once by
+the constructor), ``_read_instance()`` (the next instance as a list of arrays, or
+``None`` at the end), ``_rewind()`` and ``_close_file()``; the base class counts
+records and checks each instance against the declared shapes and dtypes (see
+:mod:`loader.io.slots` for the rule), so every format reports a mismatch the same
+way: file, record index, slot and both shapes.
+
+``FileReader(path, shapes, dtypes)`` itself, not subclassed, reads any file whose
+format is registered (``loader.io.registry``, chosen by the file's suffix): the
+format's reader does the reading and this class the checking. So the seed's
+abstract ``FileReader`` is also usable as written in the issue, while
+``create_file_reader`` remains the faster way (formats such as ``.npy`` check a
+whole file at once and hand out blocks).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -20,14 +28,18 @@ from loader.io.slots import DtypesArg, LodArg, ShapesArg, SlotChecker, default_s
 
 
 class FileReader(ReaderBase):
-    """Reads instances from the file at ``path``; ``shapes``/``dtypes`` ``None`` skip the checks."""
+    """Reads instances from the file at ``path``; ``shapes``/``dtypes`` ``None`` skip the checks.
+
+    ``options`` go to the format's ``_open`` (e.g. ``parser=`` for the text format).
+    """
 
     def __init__(
         self,
         path: str | os.PathLike[str],
-        shapes: ShapesArg = None,
-        dtypes: DtypesArg = None,
+        shapes: ShapesArg,
+        dtypes: DtypesArg,
         lod_levels: LodArg = None,
+        **options: Any,
     ) -> None:
         super().__init__()
         self.path = os.fspath(path)
@@ -37,16 +49,35 @@ class FileReader(ReaderBase):
         self.lod_levels = self._checker.lod_levels
         self._names: list[str] | None = None
         self._index = 0  # index in the file of the next record
+        self._format: ReaderBase | None = None  # the registered reader doing the reading, when used directly
+        self._open(**options)
 
     # -- for subclasses -------------------------------------------------------
+    def _open(self, **options: Any) -> None:
+        """Open the file. The base class, used directly, opens the registered format's reader."""
+        if type(self) is not FileReader:
+            return  # a format written before _open existed: it opens its file in its own __init__
+        from loader.io.registry import create_file_reader  # the registry's formats import this module
+
+        # Unchecked: the declared shapes are checked here, per instance, once.
+        self._format = create_file_reader(self.path, **options)
+
     def _read_instance(self) -> list[np.ndarray] | None:
-        raise NotImplementedError
+        assert self._format is not None, f"{type(self).__name__} must implement _read_instance"
+        instance = self._format.read_next()
+        if not instance:
+            return None
+        if self._names is None:
+            self._names = self._format.slot_names
+        return instance
 
     def _rewind(self) -> None:
-        raise NotImplementedError
+        assert self._format is not None, f"{type(self).__name__} must implement _rewind"
+        self._format.reinit()
 
     def _close_file(self) -> None:
-        pass
+        if self._format is not None:
+            self._format.close()
 
     def _set_slot_names(self, names: Sequence[str]) -> None:
         self._names = list(names)

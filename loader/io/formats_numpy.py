@@ -15,7 +15,6 @@ dtypes are checked once per file, since every row of an array shares them.
 
 from __future__ import annotations
 
-import os
 import struct
 import zipfile
 from typing import Callable
@@ -24,7 +23,6 @@ import numpy as np
 
 from loader.errors import ClosedError, DataError, ShapeMismatchError
 from loader.io.file_reader import FileReader
-from loader.io.slots import DtypesArg, LodArg, ShapesArg
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., file name length, extra field length
 _ArraySource = Callable[[], np.ndarray]
@@ -33,14 +31,10 @@ _ArraySource = Callable[[], np.ndarray]
 class ArrayFileReader(FileReader):
     """Instances are rows of equally long arrays, one per slot."""
 
-    def __init__(self, path: str | os.PathLike[str], shapes: ShapesArg, dtypes: DtypesArg, lod_levels: LodArg) -> None:
-        super().__init__(path, shapes, dtypes, lod_levels)
-        self._pos = 0
-        self._arrays: list[np.ndarray] | None = None
-        self._sources: list[_ArraySource] = []
-        self._length = 0
-
-    def _open(self, names: list[str], metas: list[tuple[tuple[int, ...], np.dtype]], sources: list[_ArraySource]) -> None:
+    def _use_arrays(
+        self, names: list[str], metas: list[tuple[tuple[int, ...], np.dtype]], sources: list[_ArraySource]
+    ) -> None:
+        """Check the arrays' names, row counts, shapes and dtypes; ``sources`` load them on first read."""
         if not names:
             raise DataError(f"{self.path}: no arrays in the file")
         for name, (shape, _) in zip(names, metas):
@@ -54,7 +48,9 @@ class ArrayFileReader(FileReader):
         stand_ins = [np.broadcast_to(np.empty((), dtype), shape) for shape, dtype in metas]
         self._checker.check_rows(stand_ins, self.path, names)
         self._sources = sources
+        self._arrays: list[np.ndarray] | None = None
         self._length = next(iter(lengths.values()))
+        self._pos = 0
 
     def _load(self) -> list[np.ndarray]:
         if self._arrays is None:
@@ -100,20 +96,18 @@ class ArrayFileReader(FileReader):
 class NpyFileReader(ArrayFileReader):
     """Rows of one ``.npy`` array, memory-mapped: one slot named ``data``."""
 
-    def __init__(self, path: str | os.PathLike[str], shapes: ShapesArg = None, dtypes: DtypesArg = None, lod_levels: LodArg = None) -> None:
-        super().__init__(path, shapes, dtypes, lod_levels)
+    def _open(self) -> None:
         try:
             array = np.load(self.path, mmap_mode="r", allow_pickle=False)
         except ValueError as exc:  # object arrays, bad headers
             raise DataError(f"{self.path}: not a readable .npy array ({exc})") from exc
-        self._open(["data"], [(array.shape, array.dtype)], [lambda: array])
+        self._use_arrays(["data"], [(array.shape, array.dtype)], [lambda: array])
 
 
 class NpzFileReader(ArrayFileReader):
     """Rows of the arrays of one ``.npz`` archive: one slot per key."""
 
-    def __init__(self, path: str | os.PathLike[str], shapes: ShapesArg = None, dtypes: DtypesArg = None, lod_levels: LodArg = None) -> None:
-        super().__init__(path, shapes, dtypes, lod_levels)
+    def _open(self) -> None:
         names, metas, sources = [], [], []
         try:
             with open(self.path, "rb") as raw, zipfile.ZipFile(raw) as archive:
@@ -126,7 +120,7 @@ class NpzFileReader(ArrayFileReader):
                     sources.append(source)
         except (zipfile.BadZipFile, ValueError, EOFError) as exc:
             raise DataError(f"{self.path}: not a readable .npz archive ({exc})") from exc
-        self._open(names, metas, sources)
+        self._use_arrays(names, metas, sources)
 
     def _member(self, raw, archive: zipfile.ZipFile, info: zipfile.ZipInfo):  # type: ignore[no-untyped-def]
         with archive.open(info) as member:

@@ -8,28 +8,20 @@ lists of floats) become arrays with ``np.asarray``.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
 from loader.errors import ShapeMismatchError
 from loader.io.file_reader import FileReader
-from loader.io.slots import DtypesArg, LodArg, ShapesArg, as_instance
+from loader.io.slots import as_instance
 from loader.recordio import Scanner
 
 
 class RecordIOFileReader(FileReader):
     """Instances from a RecordIO file, read chunk by chunk."""
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        shapes: ShapesArg = None,
-        dtypes: DtypesArg = None,
-        lod_levels: LodArg = None,
-    ) -> None:
-        super().__init__(path, shapes, dtypes, lod_levels)
+    def _open(self) -> None:
         self._scanner = Scanner(self.path)
         self._keys: list[Any] | None = None  # dict samples: the keys, in slot order
 

@@ -9,31 +9,20 @@ a note naming the file and line number.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
 import numpy as np
 
 from loader.io.file_reader import FileReader
-from loader.io.slots import DtypesArg, LodArg, ShapesArg, as_instance
+from loader.io.slots import as_instance
 
 
 class TextFileReader(FileReader):
     """Instances parsed from the lines of a text file."""
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        shapes: ShapesArg = None,
-        dtypes: DtypesArg = None,
-        lod_levels: LodArg = None,
-        *,
-        parser: Callable[[str], Any] | None = None,
-        encoding: str = "utf-8",
-    ) -> None:
+    def _open(self, parser: Callable[[str], Any] | None = None, encoding: str = "utf-8") -> None:
         if parser is None or not callable(parser):
             raise ValueError("the text format needs parser=callable(line) -> sample")
-        super().__init__(path, shapes, dtypes, lod_levels)
         self._parser = parser
         self._file = open(self.path, "r", encoding=encoding)  # universal newlines: \r\n reads as \n
         self._line_no = 0

@@ -25,13 +25,14 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from loader._threads import StopRequested, ThreadPipeline
 from loader.io.base import ReaderBase
 from loader.io.decorated import MultiPassReader
+from loader.io.prefetch import END, Prefetcher
 from loader.io.registry import create_file_reader
 from loader.io.slots import DtypesArg, LodArg, ShapesArg, SlotChecker
 
@@ -123,14 +124,24 @@ class MultiFileReader(ReaderBase):
             raise ValueError(f"buffer_size must be > 0, got {self.buffer_size}")
         self._spec = {"shapes": shapes, "dtypes": dtypes, "lod_levels": lod_levels}
         self._names: list[str] | None = None
-        self._pipeline: ThreadPipeline | None = None
+        self._prefetcher = Prefetcher(self.buffer_size, "loader-open-files", self._spawner())
         self._reset_pass()
 
+    def _spawner(self) -> Callable[[ThreadPipeline], None]:
+        # A closure over plain values, not over self: dropping the reader stops its threads.
+        filenames, spec, thread_num = list(self.filenames), dict(self._spec), self.thread_num
+
+        def spawn(pipe: ThreadPipeline) -> None:
+            files = _FileQueue(filenames)  # a new queue, hence a full pass, every start
+            for _ in range(thread_num):
+                pipe.spawn(_read_files, files, spec)
+
+        return spawn
+
     def _reset_pass(self) -> None:
+        self._prefetcher.reset()
         self._block: list[np.ndarray] = []
         self._pos = self._len = 0
-        self._ended = False
-        self._failure: BaseException | None = None
 
     @property
     def slot_names(self) -> list[str]:
@@ -147,31 +158,12 @@ class MultiFileReader(ReaderBase):
                 return []
         return list(self._names)
 
-    def _start(self) -> ThreadPipeline:
-        pipe = ThreadPipeline(self.buffer_size, name="loader-open-files")
-        files = _FileQueue(self.filenames)
-        for _ in range(self.thread_num):
-            pipe.spawn(_read_files, files, self._spec)
-        self._pipeline = pipe
-        return pipe
-
     def _next_block(self) -> bool:
-        if self._failure is not None:
-            raise self._failure
-        if self._ended:
+        block = self._prefetcher.next()
+        if block is END:
             return False
-        pipe = self._pipeline or self._start()
-        try:
-            self._block = pipe.get()
-        except StopIteration:
-            self._ended = True
-            self._stop()
-            return False
-        except BaseException as exc:
-            self._failure = exc
-            self._stop()
-            raise
-        self._pos, self._len = 0, len(self._block[0])
+        self._block = block
+        self._pos, self._len = 0, len(block[0])
         return True
 
     def _read_next_impl(self) -> list[np.ndarray]:
@@ -200,25 +192,11 @@ class MultiFileReader(ReaderBase):
         self._pos = stop
         return [a[start:stop] for a in self._block]
 
-    def _stop(self) -> None:
-        if self._pipeline is not None:
-            self._pipeline.close()
-            self._pipeline = None
-
-    def __del__(self) -> None:
-        # A reader dropped without close() must not leave its threads polling forever.
-        # (The threads hold no reference to this object, so it can be collected.)
-        try:
-            self._stop()
-        except Exception:  # noqa: BLE001 - never raise from a finaliser
-            pass
-
     def _reinit_impl(self) -> None:
-        self._stop()
         self._reset_pass()
 
     def _close_impl(self) -> None:
-        self._stop()
+        self._prefetcher.stop()
         self._block = []
 
 

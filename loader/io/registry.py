@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import os
 import threading
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from loader.errors import UnknownFormatError
 from loader.io.base import ReaderBase
@@ -58,6 +58,27 @@ def register_file_reader(
         _factories[format_name] = factory
         for suffix in normalised:
             _suffixes[suffix] = format_name
+
+
+def register_formats(table: Mapping[str, Any]) -> list[str]:
+    """Register the formats of a config table; return their names.
+
+    Each entry is ``name = "package.module:factory"`` (suffix ``.name``) or
+    ``name = {factory = "...", suffixes = [".a", ".b"]}``, e.g. a ``[formats]``
+    table of a TOML file. Factories are imported on first use, so a worker
+    host that never reads such a file needs no import.
+    """
+    names = []
+    for name, entry in table.items():
+        if isinstance(entry, Mapping):
+            unknown = set(entry) - {"factory", "suffixes"}
+            if unknown or "factory" not in entry:
+                raise ValueError(f"format {name!r}: expected keys factory (and suffixes), got {sorted(entry)}")
+            register_file_reader(name, entry["factory"], entry.get("suffixes"))
+        else:
+            register_file_reader(name, entry)
+        names.append(name)
+    return names
 
 
 def unregister_file_reader(format_name: str) -> None:
@@ -138,6 +159,7 @@ _register_builtins()
 
 __all__ = [
     "register_file_reader",
+    "register_formats",
     "unregister_file_reader",
     "registered_formats",
     "create_file_reader",

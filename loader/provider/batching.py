@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from loader.errors import DataError
-from loader.feeder import LoDTensor
+from loader.lod_tensor import LoDTensor
 from loader.provider.types import DataType, InputType
 
 

@@ -42,18 +42,7 @@ from loader.reader.multiprocess import multiprocess_reader
 from loader.reader.pipe import PipeReader
 from loader.reader.xmap import xmap_readers
 
-__all__ = [
-    "map_readers",
-    "buffered",
-    "compose",
-    "ComposeNotAligned",
-    "chain",
-    "shuffle",
-    "firstn",
-    "xmap_readers",
-    "multiprocess_reader",
-    "cache",
-    "Fake",
-    "PipeReader",
-    "creator",
-]
+from loader.reader import decorators as _decorators
+
+# Everything the original ``paddle.reader`` exported (decorators.__all__ lists it), plus creator.
+__all__ = [*_decorators.__all__, "creator"]

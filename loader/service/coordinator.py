@@ -12,6 +12,11 @@ The coordinator decides, workers obey:
   (``job_finished``). When a worker dies (exit code, or heartbeats missing for
   ``heartbeat_timeout_s``) its unfinished jobs go back to the front of their
   queue and, for a worker this daemon started, a replacement is launched.
+* Heartbeats come from a thread of their own in the worker, so they say the
+  process is alive, not that it works. A worker holding a lease that sends no
+  data for ``progress_timeout_s`` (``LEASE_PROGRESS_TIMEOUT_S`` by default:
+  generous, since a worker sends a chunk at least every 50 ms while samples
+  flow) is hung, and is treated like a dead one.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ from typing import Any, Callable
 import numpy as np
 
 log = logging.getLogger("loader.coordinator")
+
+# A leased worker that sends no data for this long is hung (one sample may not take longer).
+LEASE_PROGRESS_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -49,6 +57,7 @@ class WorkerRecord:
     leases: dict[int, Job] = field(default_factory=dict)
     files_done: int = 0
     started: float = field(default_factory=time.monotonic)
+    progress_at: float = field(default_factory=time.monotonic)  # last lease granted or data received
 
     @property
     def alive(self) -> bool:
@@ -73,11 +82,13 @@ class Coordinator:
         shuffle_files: bool,
         heartbeat_timeout_s: float,
         may_lease: Callable[[int], bool] = lambda stream_id: True,
+        progress_timeout_s: float = LEASE_PROGRESS_TIMEOUT_S,
     ) -> None:
         self.files = list(files)
         self.seed = seed
         self.shuffle_files = shuffle_files
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.progress_timeout_s = progress_timeout_s
         self.may_lease = may_lease
         self.workers: dict[str, WorkerRecord] = {}
         self._queues: OrderedDict[int, deque[Job]] = OrderedDict()
@@ -116,6 +127,8 @@ class Coordinator:
                 continue
             job = jobs.popleft()
             self._queues.move_to_end(stream_id)
+            if not worker.leases:
+                worker.progress_at = time.monotonic()
             job.worker = worker.worker_id
             worker.leases[job.lease_id] = job
             worker.waiting = False
@@ -155,6 +168,12 @@ class Coordinator:
         record.peer, record.pid, record.last_seen = peer, pid, time.monotonic()
         return record
 
+    def progressed(self, worker_id: str | None) -> None:
+        """A worker sent data: it is working, whatever its heartbeats say."""
+        record = self.workers.get(worker_id) if worker_id is not None else None
+        if record is not None:
+            record.progress_at = time.monotonic()
+
     def by_peer(self, peer: bytes) -> WorkerRecord | None:
         for record in self.workers.values():
             if record.peer == peer:
@@ -171,6 +190,8 @@ class Coordinator:
                 dead.append((record, f"exited with code {proc.exitcode}"))
             elif record.peer is not None and now - record.last_seen > self.heartbeat_timeout_s:
                 dead.append((record, f"sent no heartbeat for {now - record.last_seen:.1f}s"))
+            elif record.leases and now - record.progress_at > self.progress_timeout_s:
+                dead.append((record, f"made no progress on its lease for {now - record.progress_at:.1f}s (hung?)"))
         return dead
 
     def remove_worker(self, record: WorkerRecord) -> list[Job]:

@@ -1,6 +1,6 @@
-"""The daemon: two sockets, one thread, coordinator + stage, and the worker processes it owns.
+"""The daemon: one loop over two message sources, coordinator + stage, and the clients it serves.
 
-Sockets (see docs/architecture.md, "Service"):
+Sources (see docs/architecture.md, "Service"):
 
 * ``config.service.bind`` (ROUTER): the one well-known endpoint. Workers say
   HELLO here and get WELCOME with the config and the data endpoint; clients say
@@ -8,55 +8,65 @@ Sockets (see docs/architecture.md, "Service"):
 * the data endpoint (PULL, next to the control endpoint): workers PUSH chunks,
   FILE_DONE and FILE_ERROR, so a file's end marker is ordered after its data.
 
+With ``config.workers.transport`` "pipe" or "queue" the daemon's own workers
+use a pipe link each instead (``mp_transport``): their control messages join
+the router (``SplitRouter``) and their data the data source (``LinkData``),
+so the loop below is the same for every transport.
+
 ``serve(stop_event)`` runs one loop with a poller: no locks, and the
-coordinator is never on the data path.
+coordinator is never on the data path. Worker management is ``WorkerPool``
+(``workforce.py``); this module serves clients.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
-import socket
 import threading
 import time
 from typing import Any
 
-from loader import processes
-from loader.errors import WorkerDiedError
+from loader.service import mp_transport
 from loader.service import protocol as P
 from loader.service import transport
-from loader.service.coordinator import Coordinator, WorkerRecord
-from loader.service.launcher import DEFAULT_WORKER_ENTRY, start_worker
+from loader.service.coordinator import LEASE_PROGRESS_TIMEOUT_S, Coordinator
+from loader.service.launcher import DEFAULT_WORKER_ENTRY
 from loader.service.stage import Session, Stage, Stream
+from loader.service.workforce import MAX_FILE_ATTEMPTS, WorkerPool
 
 log = logging.getLogger("loader.daemon")
 
 POLL_INTERVAL_S = 0.05
 HOUSEKEEPING_INTERVAL_S = 0.1
 MAX_DRAIN_MESSAGES = 64  # per socket per loop turn, so one busy socket cannot starve the other
-MAX_FILE_ATTEMPTS = 3  # worker deaths while holding one file before that file fails the epoch
 WORKER_JOIN_TIMEOUT_S = 2.0
+
+
+def _open_sources(transport_kind: str, bind: str) -> tuple[Any, Any, Any]:
+    """(router, data source, worker links or None) for ``config.workers.transport``."""
+    router = transport.Router(bind)
+    try:
+        if transport_kind in mp_transport.MP_TRANSPORTS:
+            links = mp_transport.WorkerLinks(transport_kind)
+            return mp_transport.SplitRouter(router, links.control), links.data, links
+        return router, transport.pull(transport.data_endpoint_for(router.endpoint)), None
+    except BaseException:
+        router.close()
+        raise
 
 
 class Daemon:
     """Coordinator, stage and workers behind one control endpoint. Context manager."""
 
     def __init__(self, config: Any, *, worker_entry: str = DEFAULT_WORKER_ENTRY, start_workers: bool = True,
-                 bind: str | None = None) -> None:
+                 bind: str | None = None, progress_timeout_s: float = LEASE_PROGRESS_TIMEOUT_S) -> None:
         self.config = config
         pipeline, workers = config.pipeline, config.workers
         self.files = config.source.expand_files()  # ConfigError for no match / empty list
         seed = pipeline.seed if pipeline.seed is not None else random.SystemRandom().randrange(2**32)
         self.heartbeat_timeout_s = float(workers.heartbeat_timeout_s)
-        self._worker_entry = worker_entry
         self._closed = False
-        self._router = transport.Router(bind or config.service.bind)
-        try:
-            self._data = transport.pull(transport.data_endpoint_for(self._router.endpoint))
-        except BaseException:
-            self._router.close()
-            raise
+        self._router, self._data, links = _open_sources(workers.transport, bind or config.service.bind)
         self.endpoint = self._router.endpoint
         self.data_endpoint = self._data.endpoint
         self._poller = transport.Poller()
@@ -69,15 +79,20 @@ class Daemon:
         self.coordinator = Coordinator(
             self.files, seed=seed, shuffle_files=pipeline.shuffle_buffer > 0,
             heartbeat_timeout_s=self.heartbeat_timeout_s, may_lease=self.stage.may_lease,
+            progress_timeout_s=progress_timeout_s,
         )
-        self._welcome = {"config": config.to_dict(), "data": self.data_endpoint}
-        self._attempts: dict[tuple[int, int], int] = {}
-        self._worker_seq = 0
+        self.pool = WorkerPool(
+            self.coordinator, send=self._router.send, welcome={"config": config.to_dict(), "data": self.data_endpoint},
+            endpoint=self.endpoint, entry=worker_entry, links=links, on_file_error=self.stage.on_file_error,
+        )
         self._started_at = time.monotonic()
         self._next_housekeeping = 0.0
-        if start_workers:
-            for _ in range(workers.count):
-                self._launch_worker()
+        try:
+            for _ in range(workers.count if start_workers else 0):
+                self.pool.launch()
+        except BaseException:
+            self.close()
+            raise
 
     # -- lifecycle ----------------------------------------------------------
     def serve(self, stop_event: threading.Event | None = None) -> None:
@@ -92,15 +107,9 @@ class Daemon:
             return
         self._closed = True
         bye = P.encode(P.BYE, {"reason": "daemon stopping"})
-        for record in self.coordinator.workers.values():
-            if record.peer is not None:
-                self._router.send(record.peer, bye)
         for session in list(self.stage.sessions.values()):
             self._router.send(session.peer, bye)
-        deadline = time.monotonic() + WORKER_JOIN_TIMEOUT_S
-        for record in list(self.coordinator.workers.values()):
-            if record.process is not None:
-                processes.stop_process(record.process, join_timeout_s=max(0.0, deadline - time.monotonic()))
+        self.pool.close(WORKER_JOIN_TIMEOUT_S)
         self._router.close()
         self._data.close()
 
@@ -129,11 +138,11 @@ class Daemon:
         self._handle_events()
         for session in list(self.stage.sessions.values()):
             self.stage.pump(session)
-        self._dispatch_leases()
+        self.pool.dispatch()
         now = time.monotonic()
         if now >= self._next_housekeeping:
             self._next_housekeeping = now + HOUSEKEEPING_INTERVAL_S
-            self._reap_workers()
+            self.pool.reap()
             self._reap_clients(now)
 
     def _on_data(self, frames: list[Any]) -> None:
@@ -143,6 +152,7 @@ class Daemon:
             log.warning("dropping malformed data message: %s", exc)
             return
         kind = head["k"]
+        self.coordinator.progressed(head.get("w"))
         if kind == P.CHUNK:
             self.stage.on_chunk(head, columns)
         elif kind == P.FILE_DONE:
@@ -159,14 +169,13 @@ class Daemon:
         kind = head["k"]
         worker = self.coordinator.by_peer(peer)
         if worker is not None:
-            self._on_worker(worker, kind, head)
+            self.pool.on_message(worker, kind, head)
             return
         session = self.stage.sessions.get(peer)
         if session is not None:
             session.last_seen = time.monotonic()
         if kind == P.HELLO:
-            record = self.coordinator.hello(str(head.get("worker") or peer.hex()), peer, head.get("pid"))
-            self._router.send(peer, P.encode(P.WELCOME, {**self._welcome, "worker": record.worker_id}))
+            self.pool.hello(peer, head)
         elif kind == P.CLIENT_HELLO:
             self._client_hello(peer, head)
         elif kind == P.STATUS:
@@ -177,17 +186,6 @@ class Daemon:
                                                           "message": "the daemon does not know this client (restarted?)"}))
         else:
             self._on_client(session, kind, head)
-
-    def _on_worker(self, worker: WorkerRecord, kind: str, head: dict[str, Any]) -> None:
-        worker.last_seen = time.monotonic()
-        if kind == P.LEASE_REQ:
-            worker.waiting = True
-        elif kind == P.HEARTBEAT:
-            self._router.send(worker.peer, P.encode(P.HEARTBEAT))
-        elif kind == P.BYE:
-            self._worker_gone(worker, "said goodbye")
-        elif kind == P.HELLO:  # a restarted worker reusing its id
-            self._router.send(worker.peer, P.encode(P.WELCOME, {**self._welcome, "worker": worker.worker_id}))
 
     # -- clients ------------------------------------------------------------
     def _client_hello(self, peer: bytes, head: dict[str, Any]) -> None:
@@ -217,14 +215,14 @@ class Daemon:
             self._drop_session(session, "said goodbye")
 
     def _start_epoch(self, session: Session, epoch: int, gen: int, credits: int, read_ahead: bool) -> None:
-        self._cancel(self.stage.drop_stream(session.current))
+        self.pool.cancel(self.stage.drop_stream(session.current))
         session.current = None
         ahead = session.ahead
         session.ahead = None
         if ahead is not None and ahead.epoch == epoch and not ahead.failed:
             stream = ahead
         else:
-            self._cancel(self.stage.drop_stream(ahead))
+            self.pool.cancel(self.stage.drop_stream(ahead))
             files = self.coordinator.share(epoch, session.rank, session.world_size)
             stream = self.stage.new_stream(session, epoch, files)
             self.coordinator.enqueue(stream.stream_id, epoch, files)
@@ -247,7 +245,7 @@ class Daemon:
     def _drop_session(self, session: Session, why: str) -> None:
         log.info("client %d detached: %s", session.session_id, why)
         for stream_id in self.stage.close_session(session):
-            self._cancel(stream_id)
+            self.pool.cancel(stream_id)
 
     def _send_client(self, peer: bytes, frames: list[Any]) -> bool:
         if self._router.send(peer, frames):
@@ -262,7 +260,7 @@ class Daemon:
             if now - session.last_seen > self.heartbeat_timeout_s:
                 self._drop_session(session, f"silent for {now - session.last_seen:.1f}s")
 
-    # -- events, leases, workers --------------------------------------------
+    # -- events ---------------------------------------------------------------
     def _handle_events(self) -> None:
         events, self.stage.events = self.stage.events, []
         for event in events:
@@ -275,56 +273,12 @@ class Daemon:
 
     def _fail_stream(self, session: Session, stream: Stream, error: dict[str, Any]) -> None:
         stream.failed = True
-        self._cancel(self.stage.drop_stream(stream))
+        self.pool.cancel(self.stage.drop_stream(stream))
         if session.current is stream:
             session.current = None
             self._router.send(session.peer, P.encode(P.ERROR, {"g": stream.gen, "error": error}))
         elif session.ahead is stream:
             session.ahead = None  # read ahead failed: the epoch is read again when asked for
-
-    def _cancel(self, stream_id: int | None) -> None:
-        if stream_id is None:
-            return
-        for worker_id, lease_id in self.coordinator.cancel_stream(stream_id):
-            record = self.coordinator.workers.get(worker_id)
-            if record is not None and record.peer is not None:
-                self._router.send(record.peer, P.encode(P.CANCEL, {"lease": lease_id}))
-
-    def _dispatch_leases(self) -> None:
-        for record in self.coordinator.workers.values():
-            if not record.waiting or record.peer is None:
-                continue
-            job = self.coordinator.next_job(record)
-            if job is None:
-                return  # nothing leasable now; no other worker would get anything either
-            self._router.send(record.peer, P.encode(P.LEASE, {
-                "lease": job.lease_id, "s": job.stream_id, "e": job.epoch, "f": job.file_index, "path": job.path,
-            }))
-
-    def _launch_worker(self) -> None:
-        self._worker_seq += 1
-        worker_id = f"{socket.gethostname()}-{os.getpid()}-{self._worker_seq}"
-        proc = start_worker(self.endpoint, worker_id, self._worker_entry)
-        self.coordinator.add_worker(worker_id, proc)
-
-    def _reap_workers(self) -> None:
-        for record, why in self.coordinator.find_dead():
-            self._worker_gone(record, why)
-
-    def _worker_gone(self, record: WorkerRecord, why: str) -> None:
-        log.warning("worker %s (pid %s) %s; re-leasing %d file(s)", record.worker_id, record.pid, why, len(record.leases))
-        exitcode = None
-        if record.process is not None:
-            exitcode = processes.stop_process(record.process, join_timeout_s=0.0)
-        for job in self.coordinator.remove_worker(record):
-            key = (job.stream_id, job.file_index)
-            self._attempts[key] = self._attempts.get(key, 0) + 1
-            if self._attempts[key] >= MAX_FILE_ATTEMPTS:
-                died = WorkerDiedError(f"worker {record.worker_id}", exitcode, worker=record.worker_id, file=job.path)
-                self.stage.on_file_error({"s": job.stream_id, "f": job.file_index, "error": died.to_dict()})
-        if record.process is not None and not self._closed and why != "said goodbye":
-            self.coordinator.restarts += 1
-            self._launch_worker()
 
     # -- status -------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -337,12 +291,8 @@ class Daemon:
             "uptime_s": round(elapsed, 3),
             "files": {"total": len(self.files), "leased": self.coordinator.leased(),
                       "queued": self.coordinator.queued()},
-            "workers": [
-                {"id": r.worker_id, "pid": r.pid, "alive": r.alive, "connected": r.peer is not None,
-                 "files_done": r.files_done, "leases": len(r.leases),
-                 "last_heartbeat_s": round(now - r.last_seen, 3)}
-                for r in self.coordinator.workers.values()
-            ],
+            "transport": self.config.workers.transport,
+            "workers": self.pool.describe(now),
             "worker_restarts": self.coordinator.restarts,
             "samples_in": self.stage.samples_in,
             "samples_per_s": round(self.stage.samples_in / elapsed, 1),
@@ -358,4 +308,4 @@ class Daemon:
         }
 
 
-__all__ = ["Daemon"]
+__all__ = ["Daemon", "MAX_FILE_ATTEMPTS"]

@@ -2,7 +2,9 @@
 
 The entry point travels as a ``"module:function"`` string, so ``loader`` never
 imports ``workers`` itself; the spawned child imports it. The function is
-called as ``function(connect, worker_id=...)`` and returns an exit code.
+called as ``function(connect, worker_id=...)`` and returns an exit code;
+``connect`` is the daemon's control address, or (transports "pipe" and
+"queue") the worker's end of its ``mp_transport`` link.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from loader._imports import import_object
 DEFAULT_WORKER_ENTRY = "workers.main:run_worker"
 
 
-def start_worker(connect: str, worker_id: str, entry: str = DEFAULT_WORKER_ENTRY) -> Any:
-    """Spawn one worker process that connects to the daemon at ``connect``."""
+def start_worker(connect: Any, worker_id: str, entry: str = DEFAULT_WORKER_ENTRY) -> Any:
+    """Spawn one worker process that connects to the daemon at ``connect`` (an address or a link)."""
     return processes.start_process(
         _worker_process,
         (entry, connect, worker_id),
@@ -26,7 +28,7 @@ def start_worker(connect: str, worker_id: str, entry: str = DEFAULT_WORKER_ENTRY
     )
 
 
-def _worker_process(entry: str, connect: str, worker_id: str) -> None:
+def _worker_process(entry: str, connect: Any, worker_id: str) -> None:
     run = import_object(entry, what="worker entry point")
     sys.exit(run(connect, worker_id=worker_id))
 

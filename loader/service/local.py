@@ -6,10 +6,13 @@ available), and a ``Client`` reads from it, so local and service mode share
 every line of the data path. Iterating a ``Loader`` runs
 ``config.pipeline.epochs`` epochs (0: until the caller stops).
 
-``config.workers.transport``: "zmq" is the data path described above. "pipe"
-and "queue" name the multiprocessing transports of ``multiprocess_reader``; this
-build runs them over the same private ipc socket (equivalent for a single host,
-and faster: see docs/architecture.md, "Service").
+``config.workers.transport`` picks how the workers reach the daemon: "zmq"
+(the private endpoint, as in service mode), or "pipe" / "queue" (a pipe link
+per worker made with ``multiprocessing``: see ``mp_transport``). The ``Client``
+inside a ``Loader`` always reaches its daemon thread over the private endpoint.
+
+``status()`` is asked of the daemon's loop over that endpoint, like
+``loader status``, so it never reads the loop's state from another thread.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ import tempfile
 import threading
 from typing import Any, Callable, Iterator
 
-from loader.service.client import Client
+from loader.service.client import Client, query_status
 from loader.service.daemon import Daemon
 from loader.service.launcher import DEFAULT_WORKER_ENTRY
 
 DAEMON_JOIN_TIMEOUT_S = 5.0
+STATUS_TIMEOUT_S = 5.0
 
 
 def _private_endpoint() -> tuple[str, str | None]:
@@ -82,9 +86,9 @@ class Loader:
         for _ in range(epochs) if epochs > 0 else itertools.count():
             yield from self.epoch()
 
-    def status(self) -> dict[str, Any]:
-        """The daemon's status (read from this thread: numbers may be a moment old)."""
-        return self._daemon.status()
+    def status(self, timeout_s: float = STATUS_TIMEOUT_S) -> dict[str, Any]:
+        """The daemon's status, answered by its loop thread (``ServiceUnavailableError`` after ``timeout_s``)."""
+        return query_status(self._daemon.endpoint, timeout_s=timeout_s)
 
     def close(self) -> None:
         """Stop the client, the daemon thread and the workers. Idempotent."""

@@ -1,6 +1,7 @@
 """Message transport: the ONLY module that imports ``zmq``.
 
-The rest of the service sees four small shapes:
+The rest of the service sees four small shapes (the pipe transport of the
+in-process ``Loader``, ``mp_transport``, has the same shapes):
 
 * ``Channel``: ``send(frames)`` / ``recv(timeout_s)`` of one peer-to-peer
   stream (a DEALER, PUSH or PULL socket; the in-process fake).
@@ -8,7 +9,8 @@ The rest of the service sees four small shapes:
   daemon's well-known endpoint that workers and clients talk to.
 * ``Poller``: wait until any registered channel (or a ``Waker``) is readable.
 * ``Waker``: a pipe another thread writes to, so a poller wakes without a
-  busy loop (the client's consumer returns credits through it).
+  busy loop (the client's consumer returns credits through it); it and the
+  in-process ``FakeChannel`` live in ``inproc`` and are re-exported here.
 
 Every socket has ``linger=0`` and is closed on every path; every receive takes a
 timeout; zmq errors become ``TransportError``/``ServiceUnavailableError`` naming
@@ -18,14 +20,12 @@ frames are used in place.
 
 from __future__ import annotations
 
-import os
-import queue
-import threading
 from typing import Any, Sequence
 
 import zmq
 
 from loader.errors import ServiceUnavailableError, TransportError
+from loader.service.inproc import FakeChannel, Waker
 
 SEND_TIMEOUT_S = 10.0
 # Frames at least this large are sent without copying (zmq keeps a reference).
@@ -193,119 +193,53 @@ def reachable_endpoint(announced: str, connect_address: str) -> str:
     return announced
 
 
-class Waker:
-    """A self-pipe: ``wake()`` from any thread makes a ``Poller`` waiting on it return."""
-
-    def __init__(self) -> None:
-        self._read_fd, self._write_fd = os.pipe()
-        os.set_blocking(self._read_fd, False)
-        os.set_blocking(self._write_fd, False)
-        self.closed = False
-
-    def fileno(self) -> int:
-        return self._read_fd
-
-    def fileno_obj(self) -> Any:
-        return self._read_fd
-
-    def wake(self) -> None:
-        try:
-            os.write(self._write_fd, b"\0")
-        except (BlockingIOError, OSError):
-            pass  # pipe full (already awake) or closed
-
-    def clear(self) -> None:
-        try:
-            while os.read(self._read_fd, 4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            os.close(self._read_fd)
-            os.close(self._write_fd)
-
-
 class Poller:
-    """Wait for any of several channels (or wakers) to become readable."""
+    """Wait for any of several channels (or wakers) to become readable.
+
+    An item is polled by its ``fileno_obj()`` (a zmq socket or a file descriptor),
+    or, for a group whose members change (the daemon's pipes to its workers), by
+    every key its ``poll_keys()`` returns at the start of each ``wait``.
+    """
 
     def __init__(self) -> None:
         self._poller = zmq.Poller()
+        self._items: list[Any] = []
         self._by_key: dict[Any, Any] = {}
 
     def register(self, item: Any) -> None:
-        key = item.fileno_obj()
-        self._by_key[key] = item
-        self._poller.register(key, zmq.POLLIN)
+        if item not in self._items:
+            self._items.append(item)
+        self._sync()
 
     def unregister(self, item: Any) -> None:
-        key = item.fileno_obj()
-        self._by_key.pop(key, None)
-        try:
+        if item in self._items:
+            self._items.remove(item)
+        self._sync()
+
+    def _sync(self) -> None:
+        wanted: dict[Any, Any] = {}
+        for item in self._items:
+            keys = item.poll_keys() if hasattr(item, "poll_keys") else [item.fileno_obj()]
+            wanted.update((key, item) for key in keys)
+        for key in self._by_key.keys() - wanted.keys():
             self._poller.unregister(key)
-        except KeyError:
-            pass
+        for key in wanted.keys() - self._by_key.keys():
+            self._poller.register(key, zmq.POLLIN)
+        self._by_key = wanted
 
     def wait(self, timeout_s: float) -> list[Any]:
-        """The registered items that are readable, waiting at most ``timeout_s``."""
+        """The registered items that are readable, each once, waiting at most ``timeout_s``."""
+        self._sync()
         try:
             events = self._poller.poll(int(max(0.0, timeout_s) * 1000))
         except zmq.ZMQError as exc:
             raise TransportError(f"poll failed: {exc}") from exc
-        return [self._by_key[key] for key, _ in events if key in self._by_key]
-
-
-class FakeChannel:
-    """In-process stand-in for a ``Channel``, for unit tests of client logic without sockets.
-
-    ``FakeChannel.pair()`` returns two connected ends; frames are passed as they are.
-    """
-
-    def __init__(self, inbox: "queue.Queue[list[Any]]", outbox: "queue.Queue[list[Any]]") -> None:
-        self._inbox, self._outbox = inbox, outbox
-        self.endpoint = "fake://"
-        self.closed = False
-        self._waker = Waker()
-        self._lock = threading.Lock()
-
-    @classmethod
-    def pair(cls) -> tuple["FakeChannel", "FakeChannel"]:
-        a: queue.Queue[list[Any]] = queue.Queue()
-        b: queue.Queue[list[Any]] = queue.Queue()
-        left, right = cls(a, b), cls(b, a)
-        left._peer, right._peer = right, left
-        return left, right
-
-    def fileno_obj(self) -> Any:
-        return self._waker.fileno()
-
-    def send(self, frames: Sequence[Any], timeout_s: float | None = None) -> None:
-        if self.closed or self._peer.closed:
-            raise ServiceUnavailableError("fake peer closed")
-        self._outbox.put([bytes(memoryview(f)) if not isinstance(f, bytes) else f for f in frames])
-        self._peer._waker.wake()
-
-    def try_send(self, frames: Sequence[Any], timeout_s: float) -> bool:
-        self.send(frames)
-        return True
-
-    def recv(self, timeout_s: float) -> list[Any] | None:
-        try:
-            frames = self._inbox.get(timeout=max(0.0, timeout_s)) if timeout_s > 0 else self._inbox.get_nowait()
-        except queue.Empty:
-            return None
-        # Clear first, then re-arm if more is queued, so a concurrent send is never missed.
-        self._waker.clear()
-        if not self._inbox.empty():
-            self._waker.wake()
-        return frames
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._waker.close()
+        ready: list[Any] = []
+        for key, _ in events:
+            item = self._by_key.get(key)
+            if item is not None and item not in ready:
+                ready.append(item)
+        return ready
 
 
 __all__ = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import multiprocessing.resource_tracker
 import threading
 from typing import Any, Iterator
 
@@ -12,6 +13,13 @@ import pytest
 from loader.config import LoaderConfig
 
 DAEMON_JOIN_TIMEOUT_S = 5.0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (a child that lives for the session) before any test,
+    so the first test that spawns a worker is not blamed for it by ``no_leaks``."""
+    multiprocessing.resource_tracker.ensure_running()
 
 
 def write_id_files(directory: Any, n_files: int, per_file: int | list[int]) -> list[int]:

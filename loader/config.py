@@ -1,0 +1,516 @@
+"""Service configuration: TOML -> frozen dataclasses, checked on creation.
+
+A config file has five tables, each one dataclass here::
+
+    [source]    what to read        -> SourceConfig
+    [pipeline]  what to do with it  -> PipelineConfig
+    [workers]   who does the work   -> WorkersConfig
+    [service]   where the daemon listens -> ServiceConfig
+    [client]    how a trainer receives   -> ClientConfig
+
+``configs/example.toml`` documents every key. Every check raises ``ConfigError``
+naming the key, the value and the file, e.g.
+``workers.count must be >= 1, got 0 (configs/train.toml)``; an unknown key is
+rejected with the closest known key as a suggestion.
+
+A config is plain data: ``"module:function"`` strings are kept as strings and
+only imported by ``resolve`` when a process needs them, and ``to_dict()`` is
+JSON/msgpack-able, so the coordinator can send it to a worker on another host
+(``LoaderConfig.from_dict(config.to_dict())`` gives an equal config).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import glob
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from loader._imports import import_object, is_spec
+from loader.errors import ConfigError
+
+DEFAULT_BIND = "tcp://127.0.0.1:5555"
+TRANSPORTS = ("zmq", "pipe", "queue")
+ON_ERROR_CHOICES = ("raise", "skip")
+BATCH_FORMATS = ("stacked", "list")
+DEFAULT_ORIGIN = "<dict>"
+
+# tcp://HOST:PORT (HOST may be [ipv6] or *; PORT may be * for "any free port"), or ipc://PATH
+_TCP_BIND = re.compile(r"^tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(?P<port>\d+|\*)$")
+_IPC_BIND = re.compile(r"^ipc://\S+$")
+_DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+|gpu|gpu:\d+)$")
+_LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
+
+
+def _origin_field() -> Any:
+    # Where the values came from (a file path), for messages only: not compared, not serialized.
+    return field(default=DEFAULT_ORIGIN, compare=False, repr=False)
+
+
+class _Check:
+    """Checks and normalizes the values of one section, raising ``ConfigError`` with key and origin."""
+
+    def __init__(self, obj: Any, section: str) -> None:
+        self.obj, self.section, self.origin = obj, section, obj.origin
+
+    def fail(self, key: str, reason: str) -> None:
+        raise ConfigError(f"{self.section}.{key} {reason} ({self.origin})")
+
+    def set(self, key: str, value: Any) -> None:
+        object.__setattr__(self.obj, key, value)  # normalizing a frozen dataclass in __post_init__
+
+    def integer(self, key: str, *, minimum: int | None = None) -> None:
+        value = getattr(self.obj, key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(key, f"must be an integer, got {_show(value)}")
+        if minimum is not None and value < minimum:
+            self.fail(key, f"must be >= {minimum}, got {value}")
+
+    def number(self, key: str, *, positive: bool = True) -> None:
+        value = getattr(self.obj, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(key, f"must be a number, got {_show(value)}")
+        if positive and not value > 0:
+            self.fail(key, f"must be > 0, got {value}")
+        self.set(key, float(value))
+
+    def boolean(self, key: str) -> None:
+        value = getattr(self.obj, key)
+        if not isinstance(value, bool):
+            self.fail(key, f"must be true or false, got {_show(value)}")
+
+    def text(self, key: str, *, optional: bool = False, choices: tuple[str, ...] | None = None) -> None:
+        value = getattr(self.obj, key)
+        if value is None and optional:
+            return
+        if not isinstance(value, str) or not value:
+            self.fail(key, f"must be a non-empty string, got {_show(value)}")
+        if choices is not None and value not in choices:
+            self.fail(key, f"must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
+
+    def texts(self, key: str, *, optional: bool = False) -> None:
+        value = getattr(self.obj, key)
+        if value is None and optional:
+            return
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            self.fail(key, f"must be a list of strings, got {_show(value)}")
+        for item in value:
+            if not isinstance(item, str) or not item:
+                self.fail(key, f"must be a list of non-empty strings, got item {_show(item)}")
+        self.set(key, tuple(value))
+
+    def spec(self, key: str, value: Any) -> None:
+        if value is not None and not is_spec(value):
+            self.fail(key, f"must look like 'module:function', got {_show(value)}")
+
+
+def _show(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """What to read: a file list and how to read each file."""
+
+    files: tuple[str, ...] = ()
+    list_file: str | None = None
+    format: str | None = None
+    reader: str | None = None
+    provider: str | None = None
+    fields: tuple[str, ...] | None = None
+    format_options: dict = field(default_factory=dict)
+    origin: str = _origin_field()
+
+    def __post_init__(self) -> None:
+        check = _Check(self, "source")
+        if isinstance(self.files, str):  # one glob written as a plain string
+            check.set("files", (self.files,))
+        # An explicitly empty list (the default is an empty tuple) is a mistake worth naming.
+        given_empty = isinstance(self.files, list) and not self.files
+        check.texts("files")
+        check.text("list_file", optional=True)
+        check.text("format", optional=True)
+        check.spec("reader", self.reader)
+        check.spec("provider", self.provider)
+        check.texts("fields", optional=True)
+        if not isinstance(self.format_options, Mapping):
+            check.fail("format_options", f"must be a table, got {_show(self.format_options)}")
+        check.set("format_options", _plain_copy(dict(self.format_options), "source.format_options", self.origin))
+        self._check_combinations(check, given_empty)
+
+    def _check_combinations(self, check: _Check, given_empty: bool) -> None:
+        if self.files and self.list_file is not None:
+            check.fail("files", "and source.list_file are exclusive: give exactly one of them")
+        if not self.files and self.list_file is None:
+            if given_empty:
+                check.fail("files", "is an empty list: give at least one path or glob")
+            check.fail("files", "or source.list_file is required: give exactly one of them")
+        if self.reader is not None and self.provider is not None:
+            check.fail("reader", "and source.provider are exclusive: give at most one of them")
+        custom = "reader" if self.reader is not None else "provider" if self.provider is not None else None
+        if custom and self.format is not None:
+            check.fail("format", f"has no effect with source.{custom}: remove one of them")
+        if custom and self.format_options:
+            check.fail("format_options", f"has no effect with source.{custom}: remove one of them")
+
+    def expand_files(self) -> list[str]:
+        """The files to read: sorted, deduplicated absolute paths.
+
+        Raises ``ConfigError`` naming the pattern that matched nothing, the list
+        file that is missing or empty, or the listed file that does not exist.
+        (With a ``provider``, listed names that are not files are passed through
+        as written: a PyDataProvider2 provider may take any names.)
+        """
+        found: set[str] = set()
+        if self.list_file is not None:
+            found.update(self._read_list_file())
+        for pattern in self.files:
+            matches = [p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p)]
+            if not matches:
+                if glob.has_magic(pattern):
+                    raise ConfigError(f"source.files pattern {pattern!r} matched no files ({self.origin})")
+                raise ConfigError(f"source.files: file {pattern!r} does not exist ({self.origin})")
+            found.update(os.path.abspath(p) for p in matches)
+        return sorted(found)
+
+    def _read_list_file(self) -> list[str]:
+        path = os.path.expanduser(str(self.list_file))
+        try:
+            with open(path, encoding="utf-8") as fh:
+                lines = [line.strip() for line in fh]
+        except OSError as exc:
+            raise ConfigError(f"source.list_file {path!r} cannot be read: {exc.strerror or exc} ({self.origin})") from exc
+        names = [line for line in lines if line and not line.startswith("#")]
+        if not names:
+            raise ConfigError(f"source.list_file {path!r} lists no files ({self.origin})")
+        # Relative entries are relative to the list file, so a dataset directory can move as a whole.
+        base = os.path.dirname(os.path.abspath(path))
+        paths = [os.path.abspath(os.path.join(base, os.path.expanduser(n))) for n in names]
+        if self.provider is not None:
+            # A provider may take names that are not files: those pass through as written.
+            return [full if os.path.exists(full) else name for name, full in zip(names, paths)]
+        for name, full in zip(names, paths):
+            if not os.path.isfile(full):
+                raise ConfigError(f"source.list_file {path!r} names {name!r}, which does not exist ({self.origin})")
+        return paths
+
+    def file_reader_options(self) -> dict[str, Any]:
+        """``format_options`` ready for ``loader.io.create_file_reader(path, format, **options)``.
+
+        A ``parser`` given as ``"module:function"`` (the text format's) is imported here.
+        """
+        options = copy.deepcopy(self.format_options)
+        if isinstance(options.get("parser"), str):
+            options["parser"] = import_object(options["parser"], what="source.format_options.parser")
+        return options
+
+    def resolve_reader(self) -> Any:
+        """The ``reader`` function (``function(path) -> reader``), or None."""
+        return None if self.reader is None else import_object(self.reader, what="source.reader")
+
+    def resolve_provider(self) -> Any:
+        """The ``provider`` object (a PyDataProvider2 provider), or None."""
+        return None if self.provider is None else import_object(self.provider, what="source.provider")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """What happens to samples between the file and the trainer."""
+
+    mappers: tuple[str, ...] = ()
+    shuffle_buffer: int = 0
+    batch_size: int = 32
+    drop_last: bool = False
+    seed: int | None = None
+    epochs: int = 1
+    on_error: str = "raise"
+    batch_format: str = "stacked"
+    origin: str = _origin_field()
+
+    def __post_init__(self) -> None:
+        check = _Check(self, "pipeline")
+        check.texts("mappers")
+        for spec in self.mappers:
+            check.spec("mappers", spec)
+        check.integer("shuffle_buffer", minimum=0)
+        check.integer("batch_size", minimum=1)
+        check.boolean("drop_last")
+        if self.seed is not None:
+            check.integer("seed", minimum=0)
+        check.integer("epochs", minimum=0)
+        check.text("on_error", choices=ON_ERROR_CHOICES)
+        check.text("batch_format", choices=BATCH_FORMATS)
+
+    def resolve_mappers(self) -> list[Any]:
+        """The mapper functions, in order (imported now)."""
+        return [import_object(spec, what="pipeline.mappers") for spec in self.mappers]
+
+
+@dataclass(frozen=True)
+class WorkersConfig:
+    """Worker processes and how they talk to the stage."""
+
+    count: int = 2
+    transport: str = "zmq"
+    samples_per_message: int = 256
+    heartbeat_interval_s: float = 0.5
+    heartbeat_timeout_s: float = 5.0
+    origin: str = _origin_field()
+
+    def __post_init__(self) -> None:
+        check = _Check(self, "workers")
+        check.integer("count", minimum=1)
+        check.text("transport", choices=TRANSPORTS)
+        check.integer("samples_per_message", minimum=1)
+        check.number("heartbeat_interval_s")
+        check.number("heartbeat_timeout_s")
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            check.fail(
+                "heartbeat_timeout_s",
+                f"must be greater than workers.heartbeat_interval_s ({self.heartbeat_interval_s}), "
+                f"got {self.heartbeat_timeout_s}",
+            )
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Where the daemon listens.
+
+    The default binds the loopback interface only; another address is used
+    only when a config (or ``--bind``) names it explicitly.
+    """
+
+    bind: str = DEFAULT_BIND
+    origin: str = _origin_field()
+
+    def __post_init__(self) -> None:
+        check = _Check(self, "service")
+        check.text("bind")
+        tcp = _TCP_BIND.match(self.bind)
+        if tcp is None and _IPC_BIND.match(self.bind) is None:
+            check.fail("bind", f"must look like 'tcp://HOST:PORT' or 'ipc://PATH', got {self.bind!r}")
+        if tcp is not None and tcp["port"] != "*" and not 0 <= int(tcp["port"]) <= 65535:
+            check.fail("bind", f"has a port outside 0..65535, got {self.bind!r}")
+
+    @property
+    def is_loopback(self) -> bool:
+        """True when only this host can connect (loopback TCP or an ipc:// path)."""
+        tcp = _TCP_BIND.match(self.bind)
+        return tcp is None or tcp["host"] in _LOOPBACK_HOSTS or tcp["host"].startswith("127.")
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Defaults for a trainer's ``Client``."""
+
+    prefetch: int = 4
+    device: str = "cpu"
+    timeout_s: float = 30.0
+    origin: str = _origin_field()
+
+    def __post_init__(self) -> None:
+        check = _Check(self, "client")
+        check.integer("prefetch", minimum=1)
+        check.text("device")
+        if not _DEVICE.match(self.device):
+            check.fail("device", f"must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        check.number("timeout_s")
+
+
+_SECTIONS: dict[str, type] = {
+    "source": SourceConfig,
+    "pipeline": PipelineConfig,
+    "workers": WorkersConfig,
+    "service": ServiceConfig,
+    "client": ClientConfig,
+}
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """A whole service config; build it with ``load_config`` or ``from_dict``."""
+
+    source: SourceConfig
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
+    service: ServiceConfig = field(default_factory=ServiceConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    origin: str = _origin_field()
+
+    @classmethod
+    def from_dict(
+        cls, mapping: Mapping[str, Any], origin: str = DEFAULT_ORIGIN, *, base_dir: str | None = None
+    ) -> "LoaderConfig":
+        """Build and check a config from nested mappings (a parsed TOML file, or ``to_dict()``).
+
+        Relative paths in ``source`` are made absolute against ``base_dir``
+        (the config file's directory for ``load_config``; the current directory
+        when None), so the config means the same thing in any process.
+        """
+        if not isinstance(mapping, Mapping):
+            raise ConfigError(f"a config must be a table of sections, got {_show(mapping)} ({origin})")
+        _reject_unknown(mapping.keys(), _SECTIONS, "", origin)
+        sections: dict[str, Any] = {}
+        for name, section_cls in _SECTIONS.items():
+            values = mapping.get(name, {})
+            if not isinstance(values, Mapping):
+                raise ConfigError(f"{name} must be a table, got {_show(values)} ({origin})")
+            known = {f.name for f in dataclasses.fields(section_cls)} - {"origin"}
+            _reject_unknown(values.keys(), known, f"{name}.", origin)
+            values = dict(values)
+            if name == "source":
+                values = _absolute_paths(values, base_dir)
+            sections[name] = _build(section_cls, values, origin)
+        return cls(**sections, origin=origin)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dicts, lists and scalars (JSON- and msgpack-able); ``from_dict`` reverses it."""
+        out: dict[str, Any] = {}
+        for name in _SECTIONS:
+            section = getattr(self, name)
+            out[name] = {
+                f.name: _plain(getattr(section, f.name)) for f in dataclasses.fields(section) if f.name != "origin"
+            }
+        return out
+
+    def override(self, changes: Mapping[str, Any], *, origin: str = "command line") -> "LoaderConfig":
+        """A copy with dotted keys replaced (``{"workers.count": 4}``), checked like a file.
+
+        Errors name ``origin`` (the values came from there); the copy keeps this config's origin.
+        """
+        data = self.to_dict()
+        for dotted, value in changes.items():
+            section, _, key = dotted.partition(".")
+            _reject_unknown([section], _SECTIONS, "", origin)
+            _reject_unknown([key], set(data[section]), f"{section}.", origin)
+            data[section][key] = value
+        LoaderConfig.from_dict(data, origin=origin)
+        return LoaderConfig.from_dict(data, origin=self.origin)
+
+    def check_imports(self) -> None:
+        """Import every ``"module:function"`` and look up ``source.format`` now.
+
+        So a typo fails at start-up (``loader serve``, ``loader check``), not in
+        every worker. Not called on creation: a config may name code that only
+        the worker hosts have.
+        """
+        if self.source.format is not None:
+            from loader.io.registry import registered_formats
+
+            known = registered_formats()
+            if self.source.format not in known:
+                raise ConfigError(
+                    f"source.format {self.source.format!r} is not a registered format "
+                    f"(known: {', '.join(sorted(known))}) ({self.origin})"
+                )
+        self.source.resolve_reader()
+        self.source.resolve_provider()
+        self.pipeline.resolve_mappers()
+        self.source.file_reader_options()
+
+
+def load_config(path: str | os.PathLike[str]) -> LoaderConfig:
+    """Read and check a TOML config file."""
+    origin = os.fspath(path)
+    try:
+        with open(origin, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {origin!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {origin!r} is a directory") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {origin!r} cannot be read: {exc.strerror or exc}") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {origin!r} is not valid TOML: {exc}") from exc
+    return LoaderConfig.from_dict(data, origin=origin, base_dir=os.path.dirname(os.path.abspath(origin)))
+
+
+def resolve(spec: str, what: str = "object") -> Any:
+    """Import a ``"module:function"`` string (``ConfigError`` when it cannot)."""
+    return import_object(spec, what=what)
+
+
+def _build(section_cls: type, values: dict[str, Any], origin: str) -> Any:
+    try:
+        return section_cls(**values, origin=origin)
+    except TypeError as exc:  # pragma: no cover - unknown keys are rejected before this
+        raise ConfigError(f"{exc} ({origin})") from exc
+
+
+def _absolute_paths(values: dict[str, Any], base_dir: str | None) -> dict[str, Any]:
+    base = os.path.abspath(base_dir) if base_dir is not None else os.getcwd()
+
+    def absolute(path: Any) -> Any:
+        if not isinstance(path, str) or not path:
+            return path  # left for the section's own type check
+        path = os.path.expanduser(path)
+        return path if os.path.isabs(path) else os.path.normpath(os.path.join(base, path))
+
+    files = values.get("files")
+    if isinstance(files, str):
+        values["files"] = absolute(files)
+    elif isinstance(files, (list, tuple)):
+        values["files"] = [absolute(p) for p in files]
+    if values.get("list_file") is not None:
+        values["list_file"] = absolute(values["list_file"])
+    return values
+
+
+def _reject_unknown(keys: Any, known: Any, prefix: str, origin: str) -> None:
+    known = sorted(known)
+    for key in keys:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.5)
+        hint = f"; did you mean {prefix}{close[0]}?" if close else f"; known keys: {', '.join(prefix + k for k in known)}"
+        what = "section" if not prefix else "key"
+        raise ConfigError(f"unknown {what} {prefix}{key} ({origin}){hint}")
+
+
+_PLAIN_TYPES = (str, int, float, bool, type(None))
+
+
+def _plain_copy(value: Any, key: str, origin: str) -> Any:
+    """A deep copy of a TOML value that must stay JSON/msgpack-able (no dates, no objects)."""
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ConfigError(f"{key} keys must be strings, got {_show(k)} ({origin})")
+            out[k] = _plain_copy(v, f"{key}.{k}", origin)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain_copy(v, key, origin) for v in value]
+    if isinstance(value, _PLAIN_TYPES):
+        return value
+    raise ConfigError(f"{key} must hold only strings, numbers, booleans, lists and tables, got {_show(value)} ({origin})")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    return copy.deepcopy(value)
+
+
+__all__ = [
+    "LoaderConfig",
+    "SourceConfig",
+    "PipelineConfig",
+    "WorkersConfig",
+    "ServiceConfig",
+    "ClientConfig",
+    "load_config",
+    "resolve",
+    "DEFAULT_BIND",
+]

@@ -1,0 +1,138 @@
+"""RecordIO chunks: the header, the compressors, and packing/unpacking one chunk.
+
+::
+
+    chunk  = header payload
+    header = 5 x uint32 little-endian: magic 0x01020304, num_records,
+             crc32 of the stored payload, compressor id, stored payload size
+    payload (before compression) = (uint32 LE length, record bytes)*
+
+Every kind of damage found while unpacking raises ``CorruptFileError`` naming the
+file and the byte offset of the chunk (``chunk_error``).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import struct
+import zlib
+from typing import BinaryIO
+
+from loader.errors import CorruptFileError
+
+MAGIC = 0x01020304
+HEADER = struct.Struct("<5I")  # magic, num_records, checksum, compressor, stored size
+RECORD_LEN = struct.Struct("<I")
+MAX_UINT32 = 0xFFFFFFFF
+ZLIB_LEVEL = 1  # fast end of zlib: reading speed matters more than the last few percent
+
+
+class Compressor(enum.IntEnum):
+    """Compressor ids stored in each chunk header (the original's numbering)."""
+
+    NONE = 0
+    SNAPPY = 1  # read and written by the original; refused here (no stdlib codec)
+    ZLIB = 2  # the original's "gzip" slot
+    GZIP = 2  # alias of ZLIB, the original's name for the slot
+    NoCompress = 0  # alias of NONE, the original's name
+
+
+# NONE by default: training data is mostly float arrays or already-compressed media,
+# which deflate barely shrinks, while inflating every chunk costs reading time on
+# the CPU that also feeds the model. Choose ZLIB for text-like or sparse data.
+DEFAULT_COMPRESSOR = Compressor.NONE
+
+
+def compress(compressor: Compressor, payload: bytes) -> bytes:
+    """The stored form of ``payload``; ``ValueError`` for a compressor we cannot write."""
+    if compressor == Compressor.NONE:
+        return payload
+    if compressor == Compressor.ZLIB:
+        return zlib.compress(payload, ZLIB_LEVEL)
+    raise ValueError(f"compressor {compressor.name} is not supported; use Compressor.NONE or Compressor.ZLIB")
+
+
+def pack_chunk(records: list[bytes], compressor: Compressor) -> bytes:
+    """Header and stored payload of one chunk holding ``records`` (raw bytes each)."""
+    parts = []
+    for record in records:
+        parts.append(RECORD_LEN.pack(len(record)))
+        parts.append(record)
+    stored = compress(compressor, b"".join(parts))
+    if len(stored) > MAX_UINT32:
+        raise ValueError(f"a compressed chunk of {len(stored)} bytes does not fit its uint32 size field")
+    return HEADER.pack(MAGIC, len(records), zlib.crc32(stored), int(compressor), len(stored)) + stored
+
+
+def chunk_error(name: str, offset: int, reason: str) -> CorruptFileError:
+    return CorruptFileError(f"RecordIO file {name}: corrupt chunk at byte offset {offset}: {reason}")
+
+
+def parse_header(name: str, offset: int, head: bytes) -> tuple[int, int, int, int]:
+    """``(num_records, checksum, compressor, stored size)`` of a complete 20-byte header."""
+    if len(head) < HEADER.size:
+        raise chunk_error(name, offset, f"truncated header ({len(head)} of {HEADER.size} bytes)")
+    magic, count, checksum, compressor, size = HEADER.unpack(head)
+    if magic != MAGIC:
+        raise chunk_error(name, offset, f"bad magic number 0x{magic:08x} (expected 0x{MAGIC:08x})")
+    return count, checksum, compressor, size
+
+
+def unpack_payload(name: str, offset: int, count: int, checksum: int, compressor: int, stored: bytes) -> list[memoryview]:
+    """Check and inflate a chunk's stored payload and split it into its ``count`` records."""
+    if zlib.crc32(stored) != checksum:
+        raise chunk_error(name, offset, f"CRC32 mismatch (stored 0x{checksum:08x}, computed 0x{zlib.crc32(stored):08x})")
+    payload = _decompress(name, offset, compressor, stored)
+    view = memoryview(payload)
+    records: list[memoryview] = []
+    pos, end = 0, len(payload)
+    for index in range(count):
+        if pos + RECORD_LEN.size > end:
+            raise chunk_error(name, offset, f"header claims {count} records, payload ends after {index}")
+        (length,) = RECORD_LEN.unpack_from(payload, pos)
+        pos += RECORD_LEN.size
+        if pos + length > end:
+            raise chunk_error(name, offset, f"record {index} of the chunk overruns the payload")
+        records.append(view[pos : pos + length])
+        pos += length
+    if pos != end:
+        raise chunk_error(name, offset, f"{end - pos} bytes left over after {count} records")
+    return records
+
+
+def _decompress(name: str, offset: int, compressor: int, stored: bytes) -> bytes:
+    if compressor == Compressor.NONE:
+        return stored
+    if compressor == Compressor.ZLIB:
+        try:
+            return zlib.decompress(stored)
+        except zlib.error as exc:
+            raise chunk_error(name, offset, f"zlib payload does not inflate ({exc})") from exc
+    if compressor == Compressor.SNAPPY:
+        raise chunk_error(name, offset, "Snappy-compressed chunks are not supported (rewrite with NONE or ZLIB)")
+    raise chunk_error(name, offset, f"unknown compressor id {compressor}")
+
+
+def open_target(target: str | os.PathLike[str] | BinaryIO, mode: str) -> tuple[str, BinaryIO, bool]:
+    """``(name, file, owned)``: a path is opened (and owned by the caller); a file object is used as is."""
+    if isinstance(target, (str, os.PathLike)):
+        name = os.fspath(target)
+        return name, open(name, mode), True  # noqa: SIM115 - closed by the owner's close()
+    return str(getattr(target, "name", "<stream>")), target, False
+
+
+__all__ = [
+    "open_target",
+    "MAGIC",
+    "HEADER",
+    "RECORD_LEN",
+    "MAX_UINT32",
+    "Compressor",
+    "DEFAULT_COMPRESSOR",
+    "compress",
+    "pack_chunk",
+    "chunk_error",
+    "parse_header",
+    "unpack_payload",
+]

@@ -1,0 +1,135 @@
+"""``Scanner``: read a RecordIO file chunk by chunk, checking each chunk as it is loaded."""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any, BinaryIO, Iterator
+
+from loader import codec
+from loader.errors import ClosedError
+from loader.recordio.chunks import HEADER, chunk_error, open_target, parse_header, unpack_payload
+
+
+class Scanner:
+    """Reads a RecordIO file chunk by chunk.
+
+    Iterating yields decoded samples; :meth:`raw_records` yields the record
+    bytes. Each iteration continues from where the last stopped; :meth:`reset`
+    goes back to the first record. ``source`` is a path (owned) or a seekable
+    binary file object (left open by ``close()``). One chunk is in memory at a time.
+    """
+
+    def __init__(self, source: str | os.PathLike[str] | BinaryIO) -> None:
+        self.name, self._file, self._owns_file = open_target(source, "rb")
+        self._closed = False
+        self.reset()
+
+    # -- position -------------------------------------------------------------
+    def reset(self) -> None:
+        """Start again from the first record of the file."""
+        self._check_open()
+        self._file.seek(0)
+        self._offset = 0  # byte offset of the next chunk header
+        self._chunk: list[memoryview] = []
+        self._chunk_offset = 0  # byte offset of the chunk now in _chunk
+        self._pos = 0  # next record within _chunk
+        self.record_index = 0  # index in the file of the next record
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"RecordIO scanner for {self.name} is closed")
+
+    # -- records --------------------------------------------------------------
+    def next_raw(self) -> bytes | None:
+        """The next record's bytes, or ``None`` at the end of the file."""
+        self._check_open()
+        while self._pos >= len(self._chunk):
+            if not self._load_chunk():
+                return None
+        record = self._chunk[self._pos]
+        self._pos += 1
+        self.record_index += 1
+        return bytes(record)
+
+    def next_sample(self) -> tuple[bool, Any]:
+        """``(True, sample)`` for the next record, ``(False, None)`` at the end."""
+        raw = self.next_raw()
+        if raw is None:
+            return False, None
+        try:
+            return True, codec.unpack(raw)
+        except Exception as exc:  # noqa: BLE001 - file bytes are untrusted; any failure is corruption
+            reason = f"record {self.record_index - 1} cannot be decoded ({exc})"
+            raise chunk_error(self.name, self._chunk_offset, reason) from exc
+
+    def raw_records(self) -> Iterator[bytes]:
+        """Yield the remaining records as bytes."""
+        while True:
+            raw = self.next_raw()
+            if raw is None:
+                return
+            yield raw
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            found, sample = self.next_sample()
+            if not found:
+                return
+            yield sample
+
+    # -- chunks ---------------------------------------------------------------
+    def _load_chunk(self) -> bool:
+        """Read, check and split the chunk at ``self._offset``; False at a clean end of file."""
+        offset = self._offset
+        # Seek every time: after a CorruptFileError the file position is wherever the
+        # failed read left it, and a retry must report the same chunk again.
+        self._file.seek(offset)
+        head = self._file.read(HEADER.size)
+        if not head:
+            self._chunk, self._pos = [], 0
+            return False
+        count, checksum, compressor, size = parse_header(self.name, offset, head)
+        stored = self._read_payload(offset, size)
+        self._chunk = unpack_payload(self.name, offset, count, checksum, compressor, stored)
+        self._chunk_offset, self._pos = offset, 0
+        self._offset = offset + HEADER.size + size
+        return True
+
+    def _read_payload(self, offset: int, size: int) -> bytes:
+        # Compare with the bytes really left before reading, so a damaged size field
+        # cannot make us allocate gigabytes.
+        left = self._bytes_left()
+        if left is not None and size > left:
+            raise chunk_error(self.name, offset, f"truncated payload ({left} of {size} bytes present)")
+        stored = self._file.read(size)
+        if len(stored) < size:
+            raise chunk_error(self.name, offset, f"truncated payload ({len(stored)} of {size} bytes present)")
+        return stored
+
+    def _bytes_left(self) -> int | None:
+        try:
+            here = self._file.tell()
+            end = os.fstat(self._file.fileno()).st_size
+        except (OSError, AttributeError, io.UnsupportedOperation):
+            return None
+        return max(0, end - here)
+
+    # -- lifetime -------------------------------------------------------------
+    def close(self) -> None:
+        """Release the file (when the scanner opened it). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._chunk = []
+        if self._owns_file:
+            self._file.close()
+
+    def __enter__(self) -> "Scanner":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+__all__ = ["Scanner"]

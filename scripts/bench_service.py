@@ -1,0 +1,458 @@
+"""The service benchmark: ``loader serve`` + ``Client`` against ``torch.utils.data.DataLoader``.
+
+``run(quick=False) -> list[dict]``, one dict per measurement with the keys
+``name, ours, peer, unit, ratio, target, passed, detail`` (the ``scripts/bench``
+driver prints them). Run alone: ``python scripts/bench_service.py [--quick]``.
+
+How it is kept honest (both sides in one run, same files, same work):
+
+* Data is written once by ``loader._datagen`` into a temp dir; both sides read
+  the same files. Small samples: uncompressed ``.npz`` (``x`` float32[64] +
+  ``label`` int64), which our reader memory-maps; torch's map-style Dataset
+  loads the same two arrays with ``np.load`` (in RAM: if anything faster than
+  our memory map). 1 MiB samples: ``.npy``, memory-mapped on both sides.
+* Ours: a real daemon (``python -m loader.cli serve``) in its own process
+  with N worker processes, and a ``Client`` in a fresh Python process (this
+  script re-run with ``--child``), so this process never holds a ZeroMQ
+  context that torch's forked workers would inherit. Torch: a
+  ``DataLoader`` with the same batch size and ``num_workers=N``, default
+  collate, no shuffling on either side (``shuffle_buffer = 0``), no pinning.
+* ``persistent_workers=True`` for torch: its workers then stay up between
+  epochs as our daemon's do, which is the faster, fairer choice for the peer
+  (without it every epoch pays a fork of N workers).
+* One full warm-up epoch on each side is excluded; then ``E`` epochs run back
+  to back and the rate is total samples (or bytes) over their total time, as a
+  training loop would see it. The consumer only counts rows on both sides.
+* Each side is measured ``trials`` times (3 in a full run, 1 in a quick one),
+  alternating ours/peer, and the best of each is kept: on a shared machine the
+  best run is the one least disturbed by other load, for both sides alike.
+* 1 MiB samples: ``workers.samples_per_message = 8`` (one batch per message),
+  the setting the config documents for large samples; the default 256 would
+  make 256 MiB messages.
+* The CPU-heavy mapper is ``loader.examples:cpu_heavy`` on both sides
+  (~0.3 ms of numpy per sample), applied per sample inside the workers.
+* Time to first batch: a fresh ``Client`` against a warm daemon (workers up,
+  one epoch served), median of several; the peer figure is torch's
+  ``iter(DataLoader)`` to first batch with non-persistent workers.
+
+BLAS/OpenMP threads are pinned to 1 in every process so neither side gets
+hidden parallelism. On a shared or 2-core machine the figures move with load:
+read ``detail`` and rerun before trusting a near miss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # before torch/numpy start thread pools; inherited by children
+
+from loader import _datagen  # noqa: E402
+from loader.examples import cpu_heavy  # noqa: E402
+
+SERVE_START_TIMEOUT_S = 30.0
+SERVE_STOP_TIMEOUT_S = 15.0
+CLIENT_TIMEOUT_S = 60.0
+CHILD_TIMEOUT_S = 300.0
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Sizes:
+    small_files: int
+    small_samples: int  # per file
+    heavy_files: int
+    heavy_samples: int
+    large_files: int
+    large_samples: int  # 1 MiB each
+    epochs: int  # measured, after one warm-up epoch
+    first_batch_tries: int
+    trials: int  # each side measured this many times, alternating; the best of each is kept
+
+
+QUICK = Sizes(4, 16384, 4, 768, 4, 48, 2, 3, 2)
+FULL = Sizes(8, 32768, 8, 1024, 8, 32, 3, 7, 3)
+
+
+# -- results ------------------------------------------------------------------------
+
+
+def result(name: str, ours: float, peer: float | None, unit: str, target: str, passed: bool, detail: str,
+           ratio: float | None = None) -> dict[str, Any]:
+    if ratio is None and peer:
+        ratio = ours / peer
+    return {"name": name, "ours": round(ours, 4), "peer": None if peer is None else round(peer, 4), "unit": unit,
+            "ratio": None if ratio is None else round(ratio, 3), "target": target, "passed": bool(passed),
+            "detail": detail}
+
+
+# -- counting what a consumer receives ------------------------------------------------
+
+
+def rows_in(batch: Any) -> int:
+    """Samples in a batch from either side: a dict of columns, a tuple/list of tensors, or an array."""
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    if isinstance(batch, (list, tuple)):
+        batch = batch[0]
+    return int(batch.shape[0])
+
+
+def stream_rate(epochs: Callable[[], Iterable[Any]], count: int) -> tuple[float, int, float]:
+    """Run ``count`` epochs back to back: (samples per second, samples, seconds)."""
+    samples = 0
+    start = time.perf_counter()
+    for _ in range(count):
+        for batch in epochs():
+            samples += rows_in(batch)
+    seconds = time.perf_counter() - start
+    return samples / seconds, samples, seconds
+
+
+# -- our side: a daemon process and a client ----------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+CONFIG = """\
+[source]
+files = [{files}]
+
+[pipeline]
+batch_size = {batch_size}
+mappers = [{mappers}]
+shuffle_buffer = 0
+epochs = 0
+
+[workers]
+count = {workers}
+samples_per_message = {samples_per_message}
+
+[service]
+bind = "{bind}"
+"""
+
+
+class Daemon:
+    """``loader serve`` in a child process; stopped with SIGTERM (killed if it will not stop)."""
+
+    def __init__(self, work: str, files: list[str], *, batch_size: int, workers: int, mappers: Iterable[str] = (),
+                 samples_per_message: int = 256, ipc: bool = False) -> None:
+        name = f"bench-{os.getpid()}-{time.monotonic_ns()}"
+        self.address = f"ipc://{work}/{name}.sock" if ipc else f"tcp://127.0.0.1:{free_port()}"
+        config = os.path.join(work, f"{name}.toml")
+        with open(config, "w", encoding="utf-8") as fh:
+            fh.write(CONFIG.format(files=", ".join(json.dumps(f) for f in files), batch_size=batch_size,
+                                   mappers=", ".join(json.dumps(m) for m in mappers), workers=workers,
+                                   samples_per_message=samples_per_message, bind=self.address))
+        self.proc = subprocess.Popen([sys.executable, "-m", "loader.cli", "serve", config, "--log-level", "warning"])
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_ready(self) -> None:
+        from loader.errors import LoaderError
+        from loader.service.client import query_status
+
+        deadline = time.monotonic() + SERVE_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"loader serve exited with code {self.proc.returncode}")
+            try:
+                status = query_status(self.address, timeout_s=0.5)
+            except LoaderError:
+                time.sleep(0.1)
+                continue
+            if sum(1 for w in status.get("workers", []) if w.get("connected")) >= 1:
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"loader serve did not become ready on {self.address}")
+
+    def close(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=SERVE_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=SERVE_STOP_TIMEOUT_S)
+        return self.proc.returncode
+
+    def __enter__(self) -> "Daemon":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def in_child(func: str, **kwargs: Any) -> tuple[float, str]:
+    """Run one of our measurements in a fresh Python process and return its (figure, detail).
+
+    Our client then lives in its own process, as torch's consumer lives in this
+    one; and this process never holds a ZeroMQ context, which torch's forked
+    workers would inherit (forking a live ZeroMQ context is unsupported).
+    """
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps({"func": func, "kwargs": kwargs})]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"]
+        raise RuntimeError(f"{func} failed: {lines[-1]}")
+    figure, detail = json.loads(proc.stdout.strip().splitlines()[-1])
+    return float(figure), str(detail)
+
+
+def _child_main(spec: str) -> int:
+    call = json.loads(spec)
+    func = {"ours_rate": ours_rate_here, "ours_first_batch": ours_first_batch_here}[call["func"]]
+    print(json.dumps(list(func(**call["kwargs"]))))
+    return 0
+
+
+def ours_rate(work: str, files: list[str], **kwargs: Any) -> tuple[float, str]:
+    return in_child("ours_rate", work=work, files=files, **kwargs)
+
+
+def ours_first_batch(work: str, files: list[str], **kwargs: Any) -> tuple[float, str]:
+    return in_child("ours_first_batch", work=work, files=files, **kwargs)
+
+
+def ours_rate_here(work: str, files: list[str], *, batch_size: int, workers: int, epochs: int, **daemon_options: Any
+                   ) -> tuple[float, str]:
+    from loader.service.client import Client
+
+    with Daemon(work, files, batch_size=batch_size, workers=workers, **daemon_options) as daemon:
+        with Client(daemon.address, timeout_s=CLIENT_TIMEOUT_S) as client:
+            stream_rate(client.epoch, 1)  # warm-up: workers import, open files, page cache
+            rate, samples, seconds = stream_rate(client.epoch, epochs)
+    return rate, f"ours {samples} samples in {seconds:.2f}s"
+
+
+def ours_first_batch_here(work: str, files: list[str], *, batch_size: int, workers: int, tries: int
+                          ) -> tuple[float, str]:
+    from loader.service.client import Client
+
+    times = []
+    with Daemon(work, files, batch_size=batch_size, workers=workers) as daemon:
+        with Client(daemon.address, timeout_s=CLIENT_TIMEOUT_S) as client:
+            stream_rate(client.epoch, 1)  # the daemon is warm: workers connected, files seen once
+        for _ in range(tries):
+            start = time.perf_counter()
+            with Client(daemon.address, timeout_s=CLIENT_TIMEOUT_S) as client:
+                batches = client.epoch()
+                next(batches)
+                times.append(time.perf_counter() - start)
+                batches.close()
+    return statistics.median(times), f"ours: {', '.join(f'{t * 1000:.0f}' for t in times)} ms"
+
+
+# -- the peer: torch DataLoader --------------------------------------------------------
+
+
+class NpzDataset:
+    """Map-style: sample i = (x[i], label[i]) over the same .npz files, optionally mapped."""
+
+    def __init__(self, files: list[str], mapper: Callable[[Any], Any] | None = None) -> None:
+        xs, labels = [], []
+        for path in files:
+            with np.load(path) as archive:
+                xs.append(archive["x"])
+                labels.append(archive["label"])
+        self.x, self.label = np.concatenate(xs), np.concatenate(labels)
+        self.mapper = mapper
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> Any:
+        sample = (self.x[i], self.label[i])
+        return tuple(self.mapper(sample)) if self.mapper is not None else sample
+
+
+class NpyDataset:
+    """Map-style: sample i = row i of the concatenated, memory-mapped .npy files."""
+
+    def __init__(self, files: list[str]) -> None:
+        self.arrays = [np.load(path, mmap_mode="r") for path in files]
+        self.offsets = np.cumsum([0] + [len(a) for a in self.arrays])
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def __getitem__(self, i: int) -> Any:
+        f = int(np.searchsorted(self.offsets, i, side="right")) - 1
+        return self.arrays[f][i - self.offsets[f]]
+
+
+def torch_loader(dataset: Any, *, batch_size: int, workers: int, persistent: bool = True) -> Any:
+    from torch.utils.data import DataLoader
+
+    return DataLoader(dataset, batch_size=batch_size, num_workers=workers, shuffle=False,
+                      persistent_workers=persistent and workers > 0, pin_memory=False)
+
+
+def peer_rate(dataset: Any, *, batch_size: int, workers: int, epochs: int) -> tuple[float, str]:
+    loader = torch_loader(dataset, batch_size=batch_size, workers=workers)
+    stream_rate(lambda: iter(loader), 1)  # warm-up, as on our side
+    rate, samples, seconds = stream_rate(lambda: iter(loader), epochs)
+    del loader  # persistent workers stop with the last reference
+    return rate, f"torch {samples} samples in {seconds:.2f}s"
+
+
+def peer_first_batch(dataset: Any, *, batch_size: int, workers: int, tries: int) -> tuple[float, str]:
+    times = []
+    for _ in range(tries):
+        loader = torch_loader(dataset, batch_size=batch_size, workers=workers, persistent=False)
+        start = time.perf_counter()
+        batches = iter(loader)
+        next(batches)
+        times.append(time.perf_counter() - start)
+        del batches, loader
+    return statistics.median(times), f"torch: {', '.join(f'{t * 1000:.0f}' for t in times)} ms"
+
+
+# -- the cases -------------------------------------------------------------------------
+
+
+def best_of(trials: int, *sides: Callable[[], tuple[float, str]]) -> list[tuple[float, str]]:
+    """Run each side ``trials`` times, alternating; the best (rate, detail) of each side."""
+    runs: list[list[tuple[float, str]]] = [[] for _ in sides]
+    for _ in range(trials):
+        for i, side in enumerate(sides):
+            runs[i].append(side())
+    return [max(r, key=lambda item: item[0]) for r in runs]
+
+
+def bench_small(work: str, size: Sizes) -> list[dict[str, Any]]:
+    files = _datagen.generate(os.path.join(work, "small"), format="npz", files=size.small_files,
+                              samples=size.small_samples, dim=64)
+    dataset = NpzDataset(files)
+    (peer, peer_detail), (ours, ours_detail) = best_of(
+        size.trials,
+        lambda: peer_rate(dataset, batch_size=256, workers=2, epochs=size.epochs),
+        lambda: ours_rate(work, files, batch_size=256, workers=2, epochs=size.epochs),
+    )
+    ratio = ours / peer
+    return [result("small_samples_2_workers", ours, peer, "samples/s", ">= 2.0x torch", ratio >= 2.0,
+                   f"64 float32 + int64 label, batch 256; {ours_detail}; {peer_detail}")]
+
+
+def bench_cpu_heavy(work: str, size: Sizes, quick: bool) -> list[dict[str, Any]]:
+    files = _datagen.generate(os.path.join(work, "heavy"), format="npz", files=size.heavy_files,
+                              samples=size.heavy_samples, dim=64)
+    mapper = "loader.examples:cpu_heavy"
+    dataset = NpzDataset(files, cpu_heavy)
+
+    def ours(workers: int) -> Callable[[], tuple[float, str]]:
+        return lambda: ours_rate(work, files, batch_size=256, workers=workers, epochs=size.epochs, mappers=[mapper])
+
+    def peer(workers: int) -> Callable[[], tuple[float, str]]:
+        return lambda: peer_rate(dataset, batch_size=256, workers=workers, epochs=size.epochs)
+
+    sides = [peer(2), ours(2), ours(1)] + ([] if quick else [peer(1)])
+    measured = best_of(size.trials, *sides)
+    (peer2, peer_detail), (ours2, ours2_detail), (ours1, ours1_detail) = measured[:3]
+    speedup = ours2 / ours1
+    peer_speedup = None if quick else peer2 / measured[3][0]
+    return [
+        result("cpu_heavy_mapper_2_workers", ours2, peer2, "samples/s", ">= 1.0x torch", ours2 >= peer2,
+               f"{mapper} (~0.3 ms/sample) on both sides, batch 256; {ours2_detail}; {peer_detail}"),
+        result("cpu_heavy_scaling_1_to_2_workers", speedup, peer_speedup, "x", ">= 1.7x (ours, 1 -> 2 workers)",
+               speedup >= 1.7,
+               f"ratio = our speedup; peer = torch's speedup (full run only); 1 worker: {ours1:,.0f} samples/s "
+               f"({ours1_detail}), 2 workers: {ours2:,.0f} samples/s",
+               ratio=speedup),
+    ]
+
+
+def bench_large(work: str, size: Sizes) -> list[dict[str, Any]]:
+    files = _datagen.generate(os.path.join(work, "large"), format="npy", files=size.large_files,
+                              samples=size.large_samples, dim=MIB // 4)
+    with warnings.catch_warnings():
+        # torch.as_tensor on a read-only memory map warns once per worker; the data is never written.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        (peer, peer_detail), (ours, ours_detail) = best_of(
+            size.trials,
+            lambda: peer_rate(NpyDataset(files), batch_size=8, workers=2, epochs=size.epochs),
+            lambda: ours_rate(work, files, batch_size=8, workers=2, epochs=size.epochs, samples_per_message=8),
+        )
+    ours_b, peer_b = ours * MIB / 1e6, peer * MIB / 1e6
+    return [result("large_samples_1MiB_2_workers", ours_b, peer_b, "MB/s", ">= 1.5x torch", ours_b >= 1.5 * peer_b,
+                   f"1 MiB float32 rows from .npy, batch 8; {ours_detail}; {peer_detail}")]
+
+
+def bench_first_batch(work: str, size: Sizes) -> list[dict[str, Any]]:
+    files = _datagen.generate(os.path.join(work, "small"), format="npz", files=size.small_files,
+                              samples=size.small_samples, dim=64)  # the same files bench_small wrote
+    tries = size.first_batch_tries
+    ours, ours_detail = ours_first_batch(work, files, batch_size=256, workers=2, tries=tries)
+    peer, peer_detail = peer_first_batch(NpzDataset(files), batch_size=256, workers=2, tries=tries)
+    return [result("first_batch_warm_daemon", ours, peer, "s", "< 0.5 s", ours < 0.5,
+                   f"median; Client(...) -> first batch; peer = iter(DataLoader) -> first batch "
+                   f"(fresh workers); {ours_detail}; {peer_detail}",
+                   ratio=peer / ours if ours > 0 else None)]
+
+
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    """Every measurement, both sides in this one run. ``quick`` uses smaller data (about 30 s)."""
+    size = QUICK if quick else FULL
+    results: list[dict[str, Any]] = []
+    cases: list[tuple[str, Callable[[str], list[dict[str, Any]]]]] = [
+        ("small_samples_2_workers", lambda work: bench_small(work, size)),
+        ("first_batch_warm_daemon", lambda work: bench_first_batch(work, size)),
+        ("cpu_heavy_mapper_2_workers", lambda work: bench_cpu_heavy(work, size, quick)),
+        ("large_samples_1MiB_2_workers", lambda work: bench_large(work, size)),
+    ]
+    with tempfile.TemporaryDirectory(prefix="loader-bench-service-") as work:
+        for name, case in cases:
+            try:
+                results += case(work)
+            except Exception as exc:  # one broken case is reported as failed; the others still run
+                line = " ".join(str(exc).split("--- original traceback ---")[0].split())
+                results.append(result(name, 0.0, None, "-", "runs", False, f"error: {type(exc).__name__}: {line}"))
+    return results
+
+
+def _print(results: list[dict[str, Any]]) -> None:
+    for r in results:
+        peer = "-" if r["peer"] is None else f"{r['peer']:,.3f}"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        print(f"{'PASS' if r['passed'] else 'FAIL'}  {r['name']:<34} ours {r['ours']:>12,.3f}  peer {peer:>12} "
+              f"{r['unit']:<10} ratio {ratio:>6}  target {r['target']}")
+        print(f"      {r['detail']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="loader service vs torch DataLoader")
+    parser.add_argument("--quick", action="store_true", help="smaller data, about 30 s")
+    parser.add_argument("--json", action="store_true", help="print the result dicts as JSON")
+    parser.add_argument("--child", metavar="SPEC", help=argparse.SUPPRESS)  # internal: see in_child
+    args = parser.parse_args(argv)
+    if args.child:
+        return _child_main(args.child)
+    results = run(quick=args.quick)
+    print(json.dumps(results, indent=2)) if args.json else _print(results)
+    return 0 if all(r["passed"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

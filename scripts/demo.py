@@ -1,0 +1,173 @@
+"""The demo behind ``scripts/demo``: a dataset, a daemon, a client, two epochs, a clean stop.
+
+1. write a few thousand samples in several ``.npy`` files to a temp dir
+   (``loader._datagen``, the same code as ``loader gen-data``);
+2. start ``loader serve`` on them (a config written next to the data, a free port);
+3. read two epochs with ``loader.Client`` and print batches and samples/s per epoch;
+4. print ``loader status`` as a trainer's operator would see it;
+5. stop the daemon with SIGTERM and check that it exits 0.
+
+``--local`` runs the same pipeline in this process with the reader toolkit
+(creator -> shuffle -> batch), without the service.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from loader import _datagen
+
+FILES = 6
+SAMPLES_PER_FILE = 1000
+DIM = 64
+BATCH_SIZE = 128
+EPOCHS = 2
+WORKERS = 2
+SERVE_START_TIMEOUT_S = 20.0
+SERVE_STOP_TIMEOUT_S = 15.0
+STATUS_TIMEOUT_S = 5.0
+
+CONFIG = """\
+# written by scripts/demo.py
+[source]
+files = ["part-*.npy"]
+
+[pipeline]
+batch_size = {batch_size}
+shuffle_buffer = 2048
+seed = 0
+epochs = {epochs}
+
+[workers]
+count = {workers}
+
+[service]
+bind = "{bind}"
+"""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def timed_epoch(batches: Iterable[Any]) -> tuple[int, int, float]:
+    """Consume one epoch: (batches, samples, seconds)."""
+    count = samples = 0
+    start = time.perf_counter()
+    for batch in batches:
+        count += 1
+        samples += batch_length(batch)
+    return count, samples, time.perf_counter() - start
+
+
+def batch_length(batch: Any) -> int:
+    """Samples in a batch: stacked (arrays / dict of arrays) or a list of samples."""
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    if isinstance(batch, np.ndarray):
+        return int(batch.shape[0])
+    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], np.ndarray) and len(batch) < 8:
+        return int(batch[0].shape[0])  # a list of per-slot arrays
+    return len(batch)
+
+
+def report(epoch: int, batches: int, samples: int, seconds: float) -> None:
+    rate = samples / seconds if seconds > 0 else float("inf")
+    print(f"epoch {epoch}: {batches} batches, {samples} samples in {seconds:.2f} s ({rate:,.0f} samples/s)")
+
+
+def run_local(data_dir: str) -> int:
+    """The same pipeline in-process with the reader toolkit (no daemon)."""
+    import loader
+    from loader import reader
+
+    files = sorted(p for p in os.listdir(data_dir) if p.endswith(".npy"))
+
+    def rows() -> Iterable[np.ndarray]:
+        for name in files:
+            yield from np.load(os.path.join(data_dir, name), mmap_mode="r")
+
+    batches = loader.batch(reader.shuffle(rows, buf_size=2048, seed=0), BATCH_SIZE)
+    for epoch in range(EPOCHS):
+        report(epoch, *timed_epoch(batches()))
+    return 0
+
+
+def run_service(data_dir: str) -> int:
+    from loader.service.client import Client
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    config_path = os.path.join(data_dir, "demo.toml")
+    with open(config_path, "w", encoding="utf-8") as fh:
+        fh.write(CONFIG.format(batch_size=BATCH_SIZE, epochs=EPOCHS, workers=WORKERS, bind=address))
+    print(f"$ loader serve {config_path}   (in the background)")
+    daemon = subprocess.Popen([sys.executable, "-m", "loader.cli", "serve", config_path, "--log-level", "warning"])
+    try:
+        wait_ready(address, daemon)
+        with Client(address, timeout_s=30.0) as client:
+            for epoch in range(EPOCHS):
+                report(epoch, *timed_epoch(client.epoch()))
+        show_status(address)
+        return stop(daemon)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(timeout=SERVE_STOP_TIMEOUT_S)
+
+
+def wait_ready(address: str, daemon: subprocess.Popen) -> None:
+    from loader.errors import LoaderError
+    from loader.service.client import query_status
+
+    deadline = time.monotonic() + SERVE_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if daemon.poll() is not None:
+            raise SystemExit(f"demo: loader serve exited with code {daemon.returncode}")
+        try:
+            query_status(address, timeout_s=0.5)
+            return
+        except LoaderError:
+            time.sleep(0.1)
+    raise SystemExit(f"demo: the daemon did not answer on {address} within {SERVE_START_TIMEOUT_S:.0f} s")
+
+
+def show_status(address: str) -> None:
+    print(f"$ loader status {address}")
+    sys.stdout.flush()
+    subprocess.run([sys.executable, "-m", "loader.cli", "status", address], timeout=STATUS_TIMEOUT_S * 3, check=True)
+
+
+def stop(daemon: subprocess.Popen) -> int:
+    daemon.send_signal(signal.SIGTERM)
+    start = time.perf_counter()
+    code = daemon.wait(timeout=SERVE_STOP_TIMEOUT_S)
+    print(f"daemon stopped by SIGTERM in {time.perf_counter() - start:.2f} s, exit code {code}")
+    return 0 if code == 0 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--local", action="store_true", help="run the pipeline in-process, without the daemon")
+    args = parser.parse_args(argv)
+    run: Callable[[str], int] = run_local if args.local else run_service
+    with tempfile.TemporaryDirectory(prefix="loader-demo-") as data_dir:
+        _datagen.generate(data_dir, format="npy", files=FILES, samples=SAMPLES_PER_FILE, dim=DIM)
+        total = FILES * SAMPLES_PER_FILE
+        print(f"dataset: {FILES} .npy files, {total} samples of {DIM} float32 in {data_dir}")
+        return run(data_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

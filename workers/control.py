@@ -1,0 +1,127 @@
+"""The worker's control channel, owned by a small thread so heartbeats flow while user code runs.
+
+After the handshake the worker hands its control channel to a ``ControlLink``.
+Its thread is the only one that touches the channel from then on: it sends
+what the main loop queues (``send``), a heartbeat every
+``heartbeat_interval_s``, and puts every message from the daemon except
+heartbeat answers in an inbox (``recv``). A daemon silent for
+``heartbeat_timeout_s`` (or a channel that fails) sets ``lost``; the main loop
+checks it between samples and stops.
+
+Because heartbeats no longer depend on the main loop, a slow reader or mapper
+keeps its worker alive however long one call takes; a worker that hangs is
+found by the coordinator's per-lease progress timeout instead
+(``coordinator.LEASE_PROGRESS_TIMEOUT_S``).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+from loader.errors import TransportError
+from loader.service import protocol as P
+from loader.service import transport
+
+LINK_JOIN_TIMEOUT_S = 2.0
+
+
+def open_channels(connect: Any) -> tuple[Any, Any, str]:
+    """(control channel, data channel or None, address) for a daemon address or a pipe link."""
+    opener = getattr(connect, "open_channels", None)
+    if opener is not None:
+        control, data = opener()
+        return control, data, str(connect)
+    # Over zmq the data endpoint is learnt from WELCOME.
+    return transport.dealer(connect), None, str(connect)
+
+
+class ControlLink:
+    """Owns ``channel`` on a thread from ``start()`` to ``close()`` (which also closes the channel)."""
+
+    def __init__(self, channel: Any, interval_s: float, timeout_s: float) -> None:
+        self._channel = channel
+        self.interval_s, self.timeout_s = interval_s, timeout_s
+        self._inbox: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._outbox: queue.Queue[list[Any]] = queue.Queue()
+        self._waker = transport.Waker()
+        self._stop = threading.Event()
+        self.lost: str | None = None
+        self._last_sent = self._last_heard = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="loader-worker-control", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def send(self, kind: str, header: dict[str, Any] | None = None) -> None:
+        """Queue a message for the daemon; the link thread sends it at once."""
+        self._outbox.put(P.encode(kind, header))
+        self._waker.wake()
+
+    def recv(self, timeout_s: float) -> dict[str, Any] | None:
+        """The next message header from the daemon, or None after ``timeout_s``."""
+        try:
+            return self._inbox.get(timeout=timeout_s) if timeout_s > 0 else self._inbox.get_nowait()
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        """Send what is queued (a final BYE), stop the thread (bounded wait), close the channel."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._waker.wake()
+        if self._thread.is_alive():
+            self._thread.join(LINK_JOIN_TIMEOUT_S)
+        if not self._thread.is_alive():
+            self._channel.close()
+            self._waker.close()
+
+    # -- the thread ---------------------------------------------------------
+    def _run(self) -> None:
+        poller = transport.Poller()
+        poller.register(self._channel)
+        poller.register(self._waker)
+        try:
+            while True:
+                self._waker.clear()
+                self._flush()
+                if self._stop.is_set():
+                    return  # after the flush, so the main loop's last words go out
+                now = time.monotonic()
+                if now - self._last_sent >= self.interval_s:
+                    self._send(P.encode(P.HEARTBEAT))
+                if now - self._last_heard > self.timeout_s:
+                    self.lost = f"daemon silent for {now - self._last_heard:.1f}s"
+                    return
+                if self._channel in poller.wait(self.interval_s / 2):
+                    self._drain()
+        except TransportError as exc:
+            self.lost = f"lost the daemon: {exc}"
+
+    def _send(self, frames: list[Any]) -> None:
+        self._channel.send(frames, timeout_s=self.interval_s)
+        self._last_sent = time.monotonic()
+
+    def _flush(self) -> None:
+        while True:
+            try:
+                frames = self._outbox.get_nowait()
+            except queue.Empty:
+                return
+            self._send(frames)
+
+    def _drain(self) -> None:
+        while True:
+            frames = self._channel.recv(0)
+            if frames is None:
+                return
+            self._last_heard = time.monotonic()
+            head, _ = P.decode(frames)
+            if head["k"] != P.HEARTBEAT:
+                self._inbox.put(head)
+
+
+__all__ = ["ControlLink", "open_channels"]
