@@ -138,6 +138,20 @@ def test_batch_of_npy_rows_has_shape_n_by_4(tmp_path):
     np.testing.assert_array_equal(np.concatenate([b[0] for b in batches]), np.arange(32).reshape(8, 4))
 
 
+def test_original_mnist_shapes_give_n_by_784_and_n_by_1_batches(tmp_path):
+    path = str(tmp_path / "mnist.recordio")
+    with Writer(path) as writer:
+        for i in range(10):
+            writer.write((np.full(784, i, np.float32), np.int64(i % 10)))  # a scalar label
+    reader = lio.open_files([path], shapes=[[-1, 784], [-1, 1]], dtypes=["float32", "int64"])
+    with lio.BatchReader(reader, 4) as batches:
+        got = list(batches)
+    assert [[a.shape for a in b] for b in got] == [[(4, 784), (4, 1)]] * 2 + [[(2, 784), (2, 1)]]
+    assert np.concatenate([b[1] for b in got]).ravel().tolist() == list(range(10))
+    with pytest.raises(ShapeMismatchError):  # a scalar does not fit [-1, 2]
+        list(lio.FileReader(path, [[-1, 784], [-1, 2]], ["float32", "int64"]))
+
+
 # --- decorated readers ---------------------------------------------------------------------
 
 

@@ -6,7 +6,8 @@ one instance (write ``-1``).
 
 * ``lod_level == 0``: an instance has the rest of the shape, ``shape[1:]``. An
   instance of the full rank whose first size is 1 (``(1, 784)``) is accepted too
-  and delivered without that axis (``(784,)``), so batching stacks it.
+  and delivered without that axis (``(784,)``), so batching stacks it; so is a
+  scalar where the rest is all ones (a label for ``[-1, 1]`` is delivered as ``(1,)``).
 * ``lod_level == 1``: an instance is a sequence of the full rank: its first size is
   the sequence length (any), the rest is checked.
 
@@ -93,6 +94,10 @@ class SlotChecker:
             got = array.shape
         elif array.ndim == len(declared) and array.shape[0] == 1:
             got, array = array.shape[1:], array[0]
+        elif array.ndim == 0 and rest and all(want == 1 for want in rest):
+            # A scalar label for a [-1, 1] slot (the original's MNIST shapes): same size, so
+            # it is delivered as (1,) and batches as (N, 1), as the declaration says.
+            got, array = tuple(rest), array.reshape(rest)
         else:
             got = None
         if got is None or any(want != -1 and want != have for want, have in zip(rest, got)):

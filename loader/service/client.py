@@ -7,7 +7,8 @@ placement (``Placer.finish``) and, for every batch it takes, returns one credit
 to the daemon through a ``Waker`` so the receiver sends it at once. The daemon
 sends at most ``prefetch`` batches ahead, so memory is bounded on both sides.
 
-The receiver pings the daemon while idle; a daemon silent for ``timeout_s``
+The receiver pings the daemon while idle (every ``PING_INTERVAL_S``, or the
+daemon's heartbeat interval when shorter); a daemon silent for ``timeout_s``
 (or one that says BYE) ends the iterator with ``ServiceUnavailableError``.
 Worker failures arrive as ``WorkerError`` naming the file and the record.
 """
@@ -73,6 +74,7 @@ class Client:
             self._waker.close()
             raise
         self.batch_format = self.info.get("batch_format", "stacked")
+        self._ping_interval_s = min(PING_INTERVAL_S, float(self.info.get("ping_s", PING_INTERVAL_S)))
         self._thread = threading.Thread(target=self._receive_loop, name="loader-client", daemon=True)
         self._thread.start()
 
@@ -172,7 +174,7 @@ class Client:
                     if item is self._channel:
                         self._drain(state)
                 now = time.monotonic()
-                if now - state.last_ping >= PING_INTERVAL_S:
+                if now - state.last_ping >= self._ping_interval_s:
                     self._channel.send(P.encode(P.PING), timeout_s=self.timeout_s)
                     state.last_ping = now
                 if now - state.last_heard > self.timeout_s:

@@ -199,6 +199,8 @@ class Daemon:
         self._router.send(peer, P.encode(P.CLIENT_WELCOME, {
             "session": session.session_id, "batch_size": pipeline.batch_size,
             "batch_format": pipeline.batch_format, "files": len(self.files),
+            # Clients are dropped after heartbeat_timeout_s of silence: they ping at the workers' pace.
+            "ping_s": self.config.workers.heartbeat_interval_s,
         }))
 
     def _on_client(self, session: Session, kind: str, head: dict[str, Any]) -> None:

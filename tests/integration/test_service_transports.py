@@ -74,7 +74,7 @@ def test_mapper_slower_than_heartbeat_timeout_keeps_its_worker(tmp_path, transpo
     ids = write_id_files(tmp_path, 2, 50)
     config = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:sleep_1500ms_on_7"]},
                          workers={"transport": transport, "count": 1,
-                                  "heartbeat_interval_s": 0.1, "heartbeat_timeout_s": 0.5})
+                                  "heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 1.0})
     with loader.Loader(config) as local:
         assert collections.Counter(collect_ids(local.epoch())) == collections.Counter(ids)
         assert local.status()["worker_restarts"] == 0
