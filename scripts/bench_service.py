@@ -55,7 +55,7 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -315,22 +315,22 @@ def torch_loader(dataset: Any, *, batch_size: int, workers: int, persistent: boo
 
 
 def peer_rate(dataset: Any, *, batch_size: int, workers: int, epochs: int) -> tuple[float, str]:
-    loader = torch_loader(dataset, batch_size=batch_size, workers=workers)
-    stream_rate(lambda: iter(loader), 1)  # warm-up, as on our side
-    rate, samples, seconds = stream_rate(lambda: iter(loader), epochs)
-    del loader  # persistent workers stop with the last reference
+    # Persistent workers stop when the DataLoader is dropped, on return.
+    data_loader = torch_loader(dataset, batch_size=batch_size, workers=workers)
+    stream_rate(lambda: iter(data_loader), 1)  # warm-up, as on our side
+    rate, samples, seconds = stream_rate(lambda: iter(data_loader), epochs)
     return rate, f"torch {samples} samples in {seconds:.2f}s"
 
 
 def peer_first_batch(dataset: Any, *, batch_size: int, workers: int, tries: int) -> tuple[float, str]:
     times = []
     for _ in range(tries):
-        loader = torch_loader(dataset, batch_size=batch_size, workers=workers, persistent=False)
+        data_loader = torch_loader(dataset, batch_size=batch_size, workers=workers, persistent=False)
         start = time.perf_counter()
-        batches = iter(loader)
+        batches = iter(data_loader)
         next(batches)
         times.append(time.perf_counter() - start)
-        del batches, loader
+        del batches  # shuts its workers down before the next try
     return statistics.median(times), f"torch: {', '.join(f'{t * 1000:.0f}' for t in times)} ms"
 
 

@@ -136,11 +136,15 @@ def wait_ready(address: str, daemon: subprocess.Popen) -> None:
         if daemon.poll() is not None:
             raise SystemExit(f"demo: loader serve exited with code {daemon.returncode}")
         try:
-            query_status(address, timeout_s=0.5)
-            return
+            status = query_status(address, timeout_s=0.5)
         except LoaderError:
             time.sleep(0.1)
-    raise SystemExit(f"demo: the daemon did not answer on {address} within {SERVE_START_TIMEOUT_S:.0f} s")
+            continue
+        # Wait for the workers too, so epoch 0 times reading, not process start-up.
+        if sum(1 for w in status.get("workers", []) if w.get("connected")) >= WORKERS:
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"demo: the daemon and its workers were not ready on {address} within {SERVE_START_TIMEOUT_S:.0f} s")
 
 
 def show_status(address: str) -> None:

@@ -154,10 +154,14 @@ class Stage:
         return stream.stream_id
 
     # -- data from workers --------------------------------------------------
+    def _addressed(self, head: dict[str, Any]) -> tuple[Session, Stream] | None:
+        """The (session, stream) a worker message is for; None for a cancelled stream or a client that left."""
+        return self.streams.get(head.get("s", -1))
+
     def on_chunk(self, head: dict[str, Any], columns: Block) -> None:
-        entry = self.streams.get(head.get("s", -1))
+        entry = self._addressed(head)
         if entry is None:
-            return  # a cancelled stream, or a client that left
+            return
         session, stream = entry
         ledger = stream.files.get(head["f"])
         if ledger is None or stream.failed:
@@ -178,7 +182,7 @@ class Stage:
         self._check_file(session, stream, head["f"])
 
     def on_done(self, head: dict[str, Any]) -> None:
-        entry = self.streams.get(head.get("s", -1))
+        entry = self._addressed(head)
         if entry is None:
             return
         session, stream = entry
@@ -189,7 +193,7 @@ class Stage:
         self._check_file(session, stream, head["f"])
 
     def on_file_error(self, head: dict[str, Any]) -> None:
-        entry = self.streams.get(head.get("s", -1))
+        entry = self._addressed(head)
         if entry is None:
             return
         session, stream = entry
