@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import glob
 import os
 import re
@@ -36,7 +35,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from loader._imports import import_object, is_spec
+from loader._config_checks import Check, plain, plain_copy, reject_unknown, show
+from loader._imports import import_object
 from loader.errors import ConfigError
 
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
@@ -57,67 +57,6 @@ def _origin_field() -> Any:
     return field(default=DEFAULT_ORIGIN, compare=False, repr=False)
 
 
-class _Check:
-    """Checks and normalizes the values of one section, raising ``ConfigError`` with key and origin."""
-
-    def __init__(self, obj: Any, section: str) -> None:
-        self.obj, self.section, self.origin = obj, section, obj.origin
-
-    def fail(self, key: str, reason: str) -> None:
-        raise ConfigError(f"{self.section}.{key} {reason} ({self.origin})")
-
-    def set(self, key: str, value: Any) -> None:
-        object.__setattr__(self.obj, key, value)  # normalizing a frozen dataclass in __post_init__
-
-    def integer(self, key: str, *, minimum: int | None = None) -> None:
-        value = getattr(self.obj, key)
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(key, f"must be an integer, got {_show(value)}")
-        if minimum is not None and value < minimum:
-            self.fail(key, f"must be >= {minimum}, got {value}")
-
-    def number(self, key: str, *, positive: bool = True) -> None:
-        value = getattr(self.obj, key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.fail(key, f"must be a number, got {_show(value)}")
-        if positive and not value > 0:
-            self.fail(key, f"must be > 0, got {value}")
-        self.set(key, float(value))
-
-    def boolean(self, key: str) -> None:
-        value = getattr(self.obj, key)
-        if not isinstance(value, bool):
-            self.fail(key, f"must be true or false, got {_show(value)}")
-
-    def text(self, key: str, *, optional: bool = False, choices: tuple[str, ...] | None = None) -> None:
-        value = getattr(self.obj, key)
-        if value is None and optional:
-            return
-        if not isinstance(value, str) or not value:
-            self.fail(key, f"must be a non-empty string, got {_show(value)}")
-        if choices is not None and value not in choices:
-            self.fail(key, f"must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
-
-    def texts(self, key: str, *, optional: bool = False) -> None:
-        value = getattr(self.obj, key)
-        if value is None and optional:
-            return
-        if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            self.fail(key, f"must be a list of strings, got {_show(value)}")
-        for item in value:
-            if not isinstance(item, str) or not item:
-                self.fail(key, f"must be a list of non-empty strings, got item {_show(item)}")
-        self.set(key, tuple(value))
-
-    def spec(self, key: str, value: Any) -> None:
-        if value is not None and not is_spec(value):
-            self.fail(key, f"must look like 'module:function', got {_show(value)}")
-
-
-def _show(value: Any) -> str:
-    return f"{value!r} ({type(value).__name__})"
-
-
 @dataclass(frozen=True)
 class SourceConfig:
     """What to read: a file list and how to read each file."""
@@ -129,10 +68,12 @@ class SourceConfig:
     provider: str | None = None
     fields: tuple[str, ...] | None = None
     format_options: dict = field(default_factory=dict)
+    # Extra file formats: name -> "module:factory" or {factory = "...", suffixes = [...]}.
+    formats: dict = field(default_factory=dict)
     origin: str = _origin_field()
 
     def __post_init__(self) -> None:
-        check = _Check(self, "source")
+        check = Check(self, "source")
         if isinstance(self.files, str):  # one glob written as a plain string
             check.set("files", (self.files,))
         # An explicitly empty list (the default is an empty tuple) is a mistake worth naming.
@@ -144,11 +85,38 @@ class SourceConfig:
         check.spec("provider", self.provider)
         check.texts("fields", optional=True)
         if not isinstance(self.format_options, Mapping):
-            check.fail("format_options", f"must be a table, got {_show(self.format_options)}")
-        check.set("format_options", _plain_copy(dict(self.format_options), "source.format_options", self.origin))
+            check.fail("format_options", f"must be a table, got {show(self.format_options)}")
+        check.set("format_options", plain_copy(dict(self.format_options), "source.format_options", self.origin))
+        self._check_formats(check)
         self._check_combinations(check, given_empty)
 
-    def _check_combinations(self, check: _Check, given_empty: bool) -> None:
+    def _check_formats(self, check: Check) -> None:
+        if not isinstance(self.formats, Mapping):
+            check.fail("formats", f"must be a table of format name -> factory, got {show(self.formats)}")
+        for name, entry in self.formats.items():
+            spec = entry.get("factory") if isinstance(entry, Mapping) else entry
+            if not isinstance(spec, str) or ":" not in spec:
+                check.fail(f"formats.{name}", f"must be 'module:factory' or a table with factory, got {show(entry)}")
+            if isinstance(entry, Mapping):
+                unknown = set(entry) - {"factory", "suffixes"}
+                if unknown:
+                    check.fail(f"formats.{name}", f"has unknown keys {sorted(unknown)}; known: factory, suffixes")
+                suffixes = entry.get("suffixes", [])
+                if isinstance(suffixes, str) or not all(isinstance(x, str) and x for x in suffixes):
+                    check.fail(f"formats.{name}.suffixes", f"must be a list of suffixes, got {show(suffixes)}")
+        check.set("formats", plain_copy(dict(self.formats), "source.formats", self.origin))
+
+    def register_formats(self) -> None:
+        """Register ``formats`` with ``loader.io`` (in this process; workers call it too)."""
+        if self.formats:
+            from loader.io.registry import register_formats
+
+            try:
+                register_formats(self.formats)
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"source.formats: {exc} ({self.origin})") from exc
+
+    def _check_combinations(self, check: Check, given_empty: bool) -> None:
         if self.files and self.list_file is not None:
             check.fail("files", "and source.list_file are exclusive: give exactly one of them")
         if not self.files and self.list_file is None:
@@ -238,7 +206,7 @@ class PipelineConfig:
     origin: str = _origin_field()
 
     def __post_init__(self) -> None:
-        check = _Check(self, "pipeline")
+        check = Check(self, "pipeline")
         check.texts("mappers")
         for spec in self.mappers:
             check.spec("mappers", spec)
@@ -268,7 +236,7 @@ class WorkersConfig:
     origin: str = _origin_field()
 
     def __post_init__(self) -> None:
-        check = _Check(self, "workers")
+        check = Check(self, "workers")
         check.integer("count", minimum=1)
         check.text("transport", choices=TRANSPORTS)
         check.integer("samples_per_message", minimum=1)
@@ -294,7 +262,7 @@ class ServiceConfig:
     origin: str = _origin_field()
 
     def __post_init__(self) -> None:
-        check = _Check(self, "service")
+        check = Check(self, "service")
         check.text("bind")
         tcp = _TCP_BIND.match(self.bind)
         if tcp is None and _IPC_BIND.match(self.bind) is None:
@@ -319,7 +287,7 @@ class ClientConfig:
     origin: str = _origin_field()
 
     def __post_init__(self) -> None:
-        check = _Check(self, "client")
+        check = Check(self, "client")
         check.integer("prefetch", minimum=1)
         check.text("device")
         if not _DEVICE.match(self.device):
@@ -358,15 +326,15 @@ class LoaderConfig:
         when None), so the config means the same thing in any process.
         """
         if not isinstance(mapping, Mapping):
-            raise ConfigError(f"a config must be a table of sections, got {_show(mapping)} ({origin})")
-        _reject_unknown(mapping.keys(), _SECTIONS, "", origin)
+            raise ConfigError(f"a config must be a table of sections, got {show(mapping)} ({origin})")
+        reject_unknown(mapping.keys(), _SECTIONS, "", origin)
         sections: dict[str, Any] = {}
         for name, section_cls in _SECTIONS.items():
             values = mapping.get(name, {})
             if not isinstance(values, Mapping):
-                raise ConfigError(f"{name} must be a table, got {_show(values)} ({origin})")
+                raise ConfigError(f"{name} must be a table, got {show(values)} ({origin})")
             known = {f.name for f in dataclasses.fields(section_cls)} - {"origin"}
-            _reject_unknown(values.keys(), known, f"{name}.", origin)
+            reject_unknown(values.keys(), known, f"{name}.", origin)
             values = dict(values)
             if name == "source":
                 values = _absolute_paths(values, base_dir)
@@ -379,7 +347,7 @@ class LoaderConfig:
         for name in _SECTIONS:
             section = getattr(self, name)
             out[name] = {
-                f.name: _plain(getattr(section, f.name)) for f in dataclasses.fields(section) if f.name != "origin"
+                f.name: plain(getattr(section, f.name)) for f in dataclasses.fields(section) if f.name != "origin"
             }
         return out
 
@@ -391,8 +359,8 @@ class LoaderConfig:
         data = self.to_dict()
         for dotted, value in changes.items():
             section, _, key = dotted.partition(".")
-            _reject_unknown([section], _SECTIONS, "", origin)
-            _reject_unknown([key], set(data[section]), f"{section}.", origin)
+            reject_unknown([section], _SECTIONS, "", origin)
+            reject_unknown([key], set(data[section]), f"{section}.", origin)
             data[section][key] = value
         LoaderConfig.from_dict(data, origin=origin)
         return LoaderConfig.from_dict(data, origin=self.origin)
@@ -404,6 +372,7 @@ class LoaderConfig:
         every worker. Not called on creation: a config may name code that only
         the worker hosts have.
         """
+        self.source.register_formats()
         if self.source.format is not None:
             from loader.io.registry import registered_formats
 
@@ -465,42 +434,6 @@ def _absolute_paths(values: dict[str, Any], base_dir: str | None) -> dict[str, A
     if values.get("list_file") is not None:
         values["list_file"] = absolute(values["list_file"])
     return values
-
-
-def _reject_unknown(keys: Any, known: Any, prefix: str, origin: str) -> None:
-    known = sorted(known)
-    for key in keys:
-        if key in known:
-            continue
-        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.5)
-        hint = f"; did you mean {prefix}{close[0]}?" if close else f"; known keys: {', '.join(prefix + k for k in known)}"
-        what = "section" if not prefix else "key"
-        raise ConfigError(f"unknown {what} {prefix}{key} ({origin}){hint}")
-
-
-_PLAIN_TYPES = (str, int, float, bool, type(None))
-
-
-def _plain_copy(value: Any, key: str, origin: str) -> Any:
-    """A deep copy of a TOML value that must stay JSON/msgpack-able (no dates, no objects)."""
-    if isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise ConfigError(f"{key} keys must be strings, got {_show(k)} ({origin})")
-            out[k] = _plain_copy(v, f"{key}.{k}", origin)
-        return out
-    if isinstance(value, (list, tuple)):
-        return [_plain_copy(v, key, origin) for v in value]
-    if isinstance(value, _PLAIN_TYPES):
-        return value
-    raise ConfigError(f"{key} must hold only strings, numbers, booleans, lists and tables, got {_show(value)} ({origin})")
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return list(value)
-    return copy.deepcopy(value)
 
 
 __all__ = [

@@ -352,3 +352,41 @@ def test_check_imports_looks_up_the_format() -> None:
     make({"files": ["a"], "format": "npy"}).check_imports()
     with pytest.raises(ConfigError, match=r"source.format 'nyp' is not a registered format \(known: .*npy.*\) \(configs/train.toml\)"):
         make({"files": ["a"], "format": "nyp"}).check_imports()
+
+
+def test_formats_table_registers_user_formats(tmp_path) -> None:
+    from loader.io.registry import create_file_reader, registered_formats, unregister_file_reader
+
+    config = make(
+        {
+            "files": [str(tmp_path / "*.rows")],
+            "formats": {"rowsfmt": {"factory": "loader.io.formats_numpy:NpyFileReader", "suffixes": [".rows"]}},
+        }
+    )
+    assert config.source.formats["rowsfmt"]["suffixes"] == [".rows"]
+    assert LoaderConfig.from_dict(config.to_dict()) == config
+    try:
+        config.check_imports()
+        assert registered_formats()["rowsfmt"] == [".rows"]
+        import numpy as np
+
+        path = tmp_path / "a.rows"
+        with open(path, "wb") as fh:
+            np.save(fh, np.arange(6, dtype=np.float32).reshape(3, 2))
+        with create_file_reader(str(path)) as reader:
+            assert [row[0].tolist() for row in reader] == [[0, 1], [2, 3], [4, 5]]
+    finally:
+        unregister_file_reader("rowsfmt")
+
+
+@pytest.mark.parametrize(
+    "formats, match",
+    [
+        ({"x": 3}, r"source\.formats\.x must be 'module:factory'"),
+        ({"x": {"factory": "a:b", "suffix": [".x"]}}, r"source\.formats\.x has unknown keys"),
+        ({"x": {"factory": "a:b", "suffixes": ".x"}}, r"source\.formats\.x\.suffixes must be a list"),
+        ([1], r"source\.formats must be a table"),
+    ],
+)
+def test_bad_formats_are_rejected(formats, match) -> None:
+    rejects(match, {"files": ["x"], "formats": formats})
