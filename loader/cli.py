@@ -24,7 +24,7 @@ import threading
 from typing import Any, Callable, Iterator
 
 from loader import __version__
-from loader.errors import LoaderError, WorkerError
+from loader.errors import LoaderError, ServiceUnavailableError, WorkerError
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -59,11 +59,17 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from workers.main import run_worker
+    from workers.main import EXIT_NO_DAEMON, run_worker
 
     stop = threading.Event()
     with _stop_on_signals(stop):
-        return int(run_worker(args.connect, worker_id=args.id, stop_event=stop) or 0)
+        code = int(
+            run_worker(args.connect, worker_id=args.id, stop_event=stop, connect_timeout_s=args.connect_timeout)
+            or 0
+        )
+    if code == EXIT_NO_DAEMON:
+        raise ServiceUnavailableError(f"no loader daemon answered at {args.connect} within {args.connect_timeout:g} s")
+    return code
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -193,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("worker", cmd_worker, "run one worker that serves the daemon at --connect")
     p.add_argument("--connect", required=True, metavar="ADDR", help="the daemon's address, e.g. tcp://HOST:5555")
     p.add_argument("--id", default=None, help="a name for this worker (default: chosen by the daemon)")
+    p.add_argument(
+        "--connect-timeout", type=float, default=30.0, metavar="S",
+        help="give up when no daemon answers within S seconds (default 30)",
+    )
 
     p = add("check", cmd_check, "validate a config: keys, values, imports and the file list")
     p.add_argument("config", metavar="CONFIG")

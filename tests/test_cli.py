@@ -169,6 +169,8 @@ def test_serve_status_and_sigterm(tmp_path) -> None:
     _datagen.generate(str(tmp_path), files=3, samples=200, dim=8)
     address = f"tcp://127.0.0.1:{free_port()}"
     cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n[pipeline]\nbatch_size = 50\n')
+    # Children that earlier tests left on purpose (multiprocessing's resource tracker).
+    children_before = child_pids()
     daemon = subprocess.Popen(
         [sys.executable, "-m", "loader.cli", "serve", cfg, "--bind", address, "--workers", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -202,7 +204,7 @@ def test_serve_status_and_sigterm(tmp_path) -> None:
         assert time.monotonic() - start < STOP_TIMEOUT_S
         assert wait_until(lambda: not any(_alive(pid) for pid in workers), timeout_s=5.0), "orphan workers"
         assert "Traceback" not in daemon.communicate(timeout=STOP_TIMEOUT_S)[1]
-        assert not child_pids() - {daemon.pid}
+        assert not child_pids() - children_before - {daemon.pid}
     finally:
         if daemon.poll() is None:
             daemon.kill()
@@ -282,3 +284,8 @@ def test_hand_started_worker_joins_and_stops_on_sigterm(tmp_path) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=STOP_TIMEOUT_S)
+
+
+def test_worker_without_a_daemon_is_one_line(port) -> None:
+    result = loader_cmd("worker", "--connect", f"tcp://127.0.0.1:{port}", "--connect-timeout", "1")
+    assert_one_line_error(result, "no loader daemon answered")

@@ -38,6 +38,7 @@ log = logging.getLogger("loader.worker")
 
 HELLO_RETRY_S = 0.5
 CONNECT_TIMEOUT_S = 30.0  # how long a worker waits for a daemon that does not answer at all
+EXIT_NO_DAEMON = 3  # run_worker's exit code when no daemon answered (the CLI turns it into one error line)
 CONTROL_CHECK_INTERVAL_S = 0.05
 
 
@@ -49,9 +50,19 @@ class _Cancelled(Exception):
     """The current lease was cancelled by the coordinator."""
 
 
-def run_worker(connect: Any, *, worker_id: str | None = None, stop_event: threading.Event | None = None) -> int:
-    """Serve the daemon at ``connect`` (an address, or a pipe link) until told to stop; returns an exit code."""
+def run_worker(
+    connect: Any,
+    *,
+    worker_id: str | None = None,
+    stop_event: threading.Event | None = None,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+) -> int:
+    """Serve the daemon at ``connect`` (an address, or a pipe link) until told to stop; returns an exit code.
+
+    ``EXIT_NO_DAEMON`` when no daemon answered within ``connect_timeout_s``.
+    """
     worker = Worker(connect, worker_id or f"{socket.gethostname()}-{os.getpid()}", stop_event)
+    worker.connect_timeout_s = connect_timeout_s
     try:
         return worker.run()
     finally:
@@ -70,12 +81,13 @@ class Worker:
         self.next_check = 0.0
         self.lease: dict[str, Any] | None = None
         self.pending: list[dict[str, Any]] = []
+        self.connect_timeout_s = CONNECT_TIMEOUT_S
 
     # -- lifecycle ----------------------------------------------------------
     def run(self) -> int:
         if not self._handshake():
-            log.error("no loader daemon answered at %s within %.0fs", self.connect, CONNECT_TIMEOUT_S)
-            return 1
+            log.debug("no loader daemon answered at %s within %.0fs", self.connect, self.connect_timeout_s)
+            return EXIT_NO_DAEMON
         self.link = ControlLink(self.ctl, self.hb_interval_s, self.config.workers.heartbeat_timeout_s)
         self.link.start()
         try:
@@ -106,7 +118,7 @@ class Worker:
         return {"worker": self.worker_id, "pid": os.getpid(), "v": P.PROTOCOL_VERSION}
 
     def _handshake(self) -> bool:
-        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        deadline = time.monotonic() + self.connect_timeout_s
         while time.monotonic() < deadline and not self.stop_event.is_set():
             try:
                 self.ctl.send(P.encode(P.HELLO, self._hello()), timeout_s=HELLO_RETRY_S)

@@ -76,35 +76,14 @@ def _reader_instances(reader: Any) -> Iterator[tuple[Any, ...]]:
 
 
 def _open_file_reader(path: str, source: Any) -> Any:
-    try:
-        from loader.io import create_file_reader
-    except ImportError:  # loader.io not installed in this build: plain .npy only
-        return _NpyReader(path)
-    return create_file_reader(path, format=source.format, **dict(source.format_options))
+    from loader.io import create_file_reader
 
-
-class _NpyReader:
-    """Minimal stand-in for ``loader.io``'s .npy reader (memory-mapped, sliced in blocks)."""
-
-    slot_names = ["data"]
-
-    def __init__(self, path: str) -> None:
-        self._array = np.load(path, mmap_mode="r")
-        self._pos = 0
-
-    def read_next(self) -> list[np.ndarray]:
-        block = self.read_block(1)
-        return [block[0][0]] if block else []
-
-    def read_block(self, max_rows: int) -> list[np.ndarray]:
-        if self._pos >= len(self._array):
-            return []
-        block = self._array[self._pos : self._pos + max_rows]
-        self._pos += len(block)
-        return [block]
-
-    def close(self) -> None:
-        self._array = None
+    # User formats from the config's [source.formats] table must exist in this
+    # process too (registering again is cheap and replaces the same entry).
+    source.register_formats()
+    # file_reader_options() imports a "module:function" text parser; passing the raw
+    # options would hand the reader a string where it needs a callable.
+    return create_file_reader(path, format=source.format, **source.file_reader_options())
 
 
 __all__ = ["FileSource"]

@@ -240,6 +240,10 @@ class Daemon:
         if not session.read_ahead or session.ahead is not None or session.current is not finished:
             return
         epoch = finished.epoch + 1
+        if 0 < self.config.pipeline.epochs <= epoch:
+            # The config says training stops after `epochs` (numbered from 0); a client
+            # may still ask for more, but reading them ahead would be wasted work.
+            return
         files = self.coordinator.share(epoch, session.rank, session.world_size)
         session.ahead = self.stage.new_stream(session, epoch, files)
         self.coordinator.enqueue(session.ahead.stream_id, epoch, files)

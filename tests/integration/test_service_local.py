@@ -46,3 +46,41 @@ def test_loader_reader_is_paddle_style(tmp_path):
         batches = list(local.reader()())
     assert all(b["data"].shape == (10,) for b in batches)
     assert len(batches) == 10 and set(np.concatenate([b["data"] for b in batches]).tolist()) == set(ids)
+
+
+def test_loader_text_format_with_a_parser_named_in_the_config(tmp_path, no_leaks):
+    # The parser travels to the workers as a "module:function" string and is imported there.
+    lines = [f"{i % 10}\t{' '.join(str(i * 0.5) for _ in range(3))}" for i in range(60)]
+    for part in range(3):
+        (tmp_path / f"part{part}.txt").write_text("\n".join(lines[part * 20 : part * 20 + 20]) + "\n")
+    config = LoaderConfig.from_dict({
+        "source": {"files": [str(tmp_path / "*.txt")], "format": "text",
+                   "format_options": {"parser": "loader.examples:parse_labeled_line"}},
+        "pipeline": {"batch_size": 8},
+        "workers": {"count": 2},
+    })
+    with loader.Loader(config) as local:
+        batches = list(local.epoch())
+    labels = np.concatenate([np.asarray(b["label"]).reshape(-1) for b in batches])
+    assert sorted(labels.tolist()) == sorted(i % 10 for i in range(60))
+
+
+def test_loader_reads_a_user_format_from_the_config_formats_table(tmp_path, no_leaks):
+    for part in range(2):
+        np.save(tmp_path / f"p{part}.npy", np.arange(part * 30, part * 30 + 30, dtype=np.int64))
+        (tmp_path / f"p{part}.npy").rename(tmp_path / f"p{part}.rows")
+    config = LoaderConfig.from_dict({
+        "source": {"files": [str(tmp_path / "*.rows")],
+                   "formats": {"rowsfmt": {"factory": "loader.io.formats_numpy:NpyFileReader",
+                                           "suffixes": [".rows"]}}},
+        "pipeline": {"batch_size": 7},
+        "workers": {"count": 1},
+    })
+    try:
+        with loader.Loader(config) as local:
+            got = np.concatenate([b["data"] for b in local.epoch()])
+        assert sorted(got.tolist()) == list(range(60))
+    finally:
+        from loader.io.registry import unregister_file_reader
+
+        unregister_file_reader("rowsfmt")
