@@ -32,6 +32,7 @@ from loader.service import transport
 from loader.service.batching import block_nbytes, block_rows
 from workers.columns import ChunkBuilder, rows_for_bytes
 from workers.control import ControlLink, open_channels
+from workers.shm import ArenaWriter
 from workers.sources import FileSource
 
 log = logging.getLogger("loader.worker")
@@ -81,6 +82,7 @@ class Worker:
         self.next_check = 0.0
         self.lease: dict[str, Any] | None = None
         self.pending: list[dict[str, Any]] = []
+        self.arena: ArenaWriter | None = None  # the shared-memory fast path for large rows (workers/shm.py)
         self.connect_timeout_s = CONNECT_TIMEOUT_S
 
     # -- lifecycle ----------------------------------------------------------
@@ -109,6 +111,9 @@ class Worker:
         # The data channel first: a queued channel flushes, so the daemon has our data before BYE.
         if self.data is not None:
             self.data.close()
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
         if self.link is not None:
             self.link.close()  # sends the BYE, then closes the control channel
         else:
@@ -137,6 +142,9 @@ class Worker:
         self.worker_id = head.get("worker", self.worker_id)
         self.config = LoaderConfig.from_dict(head["config"], origin=f"daemon at {self.connect}")
         self.hb_interval_s = self.config.workers.heartbeat_interval_s
+        if self.arena is not None:
+            self.arena.close()  # a re-welcome names a fresh arena; what we sent from the old one stays valid
+        self.arena = ArenaWriter.from_welcome(head.get(P.SHM))
         if self.data is None:
             self.data = transport.push(transport.reachable_endpoint(head["data"], self.connect))
 
@@ -252,7 +260,7 @@ class Worker:
             if block is None:
                 return record, 0
             n = block_rows(block)
-            self._send_data(P.encode(P.CHUNK, self._tag(lease, r=record, n=n, sk="tuple"), block))
+            self._send_chunk(self._tag(lease, r=record, n=n, sk="tuple"), dict(block))
             record += n
             rows = rows_for_bytes(block_nbytes(block) // max(1, n), wanted, batch_size)
 
@@ -292,8 +300,18 @@ class Worker:
         head = self._tag(lease, r=int(records[0]), n=n, sk=builder.kind)
         if int(records[-1]) - int(records[0]) + 1 != n:
             columns[P.INDEX_COLUMN] = records  # records were skipped inside this chunk
-        self._send_data(P.encode(P.CHUNK, head, columns))
+        self._send_chunk(head, columns)
         return n
+
+    def _send_chunk(self, head: dict[str, Any], columns: dict[str, Any]) -> None:
+        """Send a chunk, its large columns as arena references when they fit."""
+        written = self.arena.put(head, columns) if self.arena is not None else []
+        try:
+            self._send_data(P.encode(P.CHUNK, head, columns))
+        except BaseException:
+            if written and self.arena is not None:
+                self.arena.free(written)  # cancelled or stopping while the stage was busy: never sent
+            raise
 
 
 __all__ = ["run_worker", "Worker"]

@@ -92,6 +92,15 @@ class ShuffleBuffer:
             return []
         return [self._emit(keep=0)]
 
+    def drain(self) -> list[Block]:
+        """Everything buffered, unpermuted, and the buffer empty (a dropped stream frees its rows)."""
+        out, self._pending, self.rows = self._pending, [], 0
+        return out
+
+    def blocks(self) -> list[Block]:
+        """What is buffered, left in place."""
+        return list(self._pending)
+
     def _emit(self, keep: int) -> Block:
         pool = concat(self._pending)
         total = block_rows(pool)
@@ -131,6 +140,19 @@ class Batcher:
             self._pieces, self._offset, self.rows = [], 0, 0
             return None
         return self._cut(self.rows)
+
+    def drain(self) -> list[Block]:
+        """The rows not yet handed out, and the batcher empty (a dropped stream frees its rows)."""
+        out = self.blocks()
+        self._pieces, self._offset, self.rows = [], 0, 0
+        return out
+
+    def blocks(self) -> list[Block]:
+        """The rows not yet handed out, left in place."""
+        if not self._pieces:
+            return []
+        first = self._pieces[0]
+        return [rows_slice(first, self._offset, block_rows(first)), *self._pieces[1:]]
 
     def _cut(self, count: int) -> Block:
         parts: list[Block] = []

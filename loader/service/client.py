@@ -11,6 +11,15 @@ The receiver pings the daemon while idle (every ``PING_INTERVAL_S``, or the
 daemon's heartbeat interval when shorter); a daemon silent for ``timeout_s``
 (or one that says BYE) ends the iterator with ``ServiceUnavailableError``.
 Worker failures arrive as ``WorkerError`` naming the file and the record.
+
+Large rows may arrive as references into the daemon's shared-memory arenas
+(``refs.py``). The client says in each EPOCH whether it maps them (its
+``ArenaCache.probe`` found the daemon's probe file with the daemon's token);
+if so, the receiver copies each batch's referenced rows into one fresh array
+per column as the batch arrives (``refs.gather``: the one copy of the fast
+path, and where pinned memory could be used) and the daemon frees the blocks
+once the consumer has taken the batch (the credit says so). Otherwise the
+daemon sends those columns inline.
 """
 
 from __future__ import annotations
@@ -26,7 +35,9 @@ import numpy as np
 from loader.device import Placer
 from loader.errors import ClosedError, LoaderError, ServiceUnavailableError, TransportError, WorkerError
 from loader.service import protocol as P
+from loader.service import refs as R
 from loader.service import transport
+from loader.service.shm import ArenaCache
 
 DEFAULT_PREFETCH = 4
 DEFAULT_TIMEOUT_S = 30.0
@@ -49,6 +60,7 @@ class Client:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         read_ahead: bool = True,
         channel: Any = None,
+        shm: bool = True,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
@@ -74,6 +86,8 @@ class Client:
             self._waker.close()
             raise
         self.batch_format = self.info.get("batch_format", "stacked")
+        # Owned by the receiver thread from here on (it maps, reads and closes the arenas).
+        self._arenas = _arena_cache(self.info.get(P.SHM)) if shm else None
         self._ping_interval_s = min(PING_INTERVAL_S, float(self.info.get("ping_s", PING_INTERVAL_S)))
         self._thread = threading.Thread(target=self._receive_loop, name="loader-client", daemon=True)
         self._thread.start()
@@ -174,6 +188,8 @@ class Client:
                     if item is self._channel:
                         self._drain(state)
                 now = time.monotonic()
+                if self._arenas is not None:
+                    self._arenas.evict_idle(now)
                 if now - state.last_ping >= self._ping_interval_s:
                     self._channel.send(P.encode(P.PING), timeout_s=self.timeout_s)
                     state.last_ping = now
@@ -191,6 +207,8 @@ class Client:
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
             self._channel.close()
+            if self._arenas is not None:
+                self._arenas.close()
 
     def _run_commands(self, state: "_ReceiverState") -> None:
         while True:
@@ -201,7 +219,8 @@ class Client:
             _, number, gen = command
             state.gen = gen
             state.credited = self._consumed
-            head = {"e": number, "g": gen, "credit": self.prefetch, "ahead": self.read_ahead}
+            head = {"e": number, "g": gen, "credit": self.prefetch, "ahead": self.read_ahead,
+                    P.SHM: self._arenas is not None}
             self._channel.send(P.encode(P.EPOCH, head), timeout_s=self.timeout_s)
 
     def _return_credits(self, state: "_ReceiverState") -> None:
@@ -219,6 +238,10 @@ class Client:
             head, columns = P.decode(frames)
             kind, gen = head["k"], head.get("g")
             if kind == P.BATCH:
+                if head.get(P.REFS):
+                    if gen != state.gen:
+                        continue  # an abandoned epoch's batch: never read, the daemon frees it
+                    self._gather(head[P.REFS], columns)
                 batch = to_batch(columns, head.get("sk", "tuple"), self.batch_format)
                 self._out.put(("batch", gen, self._placer.stage(batch)))
             elif kind == P.END:
@@ -230,6 +253,28 @@ class Client:
                 self._out.put(("error", gen, WorkerError.from_dict(info)))
             elif kind == P.BYE:
                 raise ServiceUnavailableError(f"the loader daemon at {self.address} stopped ({head.get('reason')})")
+
+
+    def _gather(self, described: dict[str, Any], columns: dict[str, np.ndarray]) -> None:
+        """Replace reference columns by fresh arrays copied out of the arenas (the daemon frees them)."""
+        if self._arenas is None:
+            raise TransportError(f"the loader daemon at {self.address} sent references to a client without arenas")
+        for name, specs in described.items():
+            refs = columns[name]
+            if refs.ndim != 2 or refs.shape[1] != 3:
+                raise TransportError(f"reference column {name!r} from {self.address} is malformed")
+            columns[name] = R.gather(refs, R.parse_specs(specs), self._arenas.get, free=False)
+
+
+def _arena_cache(info: Any) -> ArenaCache | None:
+    """A cache of the daemon's arenas when this process can map them (same host), else None."""
+    if not isinstance(info, dict):
+        return None
+    try:
+        cache = ArenaCache(info)
+    except (KeyError, ValueError, TypeError):
+        return None
+    return cache if cache.probe() else None
 
 
 class _ReceiverState:

@@ -16,6 +16,11 @@ so the loop below is the same for every transport.
 ``serve(stop_event)`` runs one loop with a poller: no locks, and the
 coordinator is never on the data path. Worker management is ``WorkerPool``
 (``workforce.py``); this module serves clients.
+
+Shared-memory fast path (``shm=True``, the default): the daemon owns an
+``ArenaPool`` (``shm.py``); each worker writes its large rows into its own
+arena and sends references, the stage moves references, and a client on this
+host copies the rows out of the arenas (see docs/architecture.md, "Service").
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from loader.service import protocol as P
 from loader.service import transport
 from loader.service.coordinator import LEASE_PROGRESS_TIMEOUT_S, Coordinator
 from loader.service.launcher import DEFAULT_WORKER_ENTRY
+from loader.service.shm import DEFAULT_ARENA_BYTES, open_pool
 from loader.service.stage import Session, Stage, Stream
 from loader.service.workforce import MAX_FILE_ATTEMPTS, WorkerPool
 
@@ -40,6 +46,8 @@ POLL_INTERVAL_S = 0.05
 HOUSEKEEPING_INTERVAL_S = 0.1
 MAX_DRAIN_MESSAGES = 64  # per socket per loop turn, so one busy socket cannot starve the other
 WORKER_JOIN_TIMEOUT_S = 2.0
+# The shared-memory fast path for large rows; Daemon(shm=False) or this turns it off.
+SHM_ENABLED = True
 
 
 def _open_sources(transport_kind: str, bind: str) -> tuple[Any, Any, Any]:
@@ -59,14 +67,21 @@ class Daemon:
     """Coordinator, stage and workers behind one control endpoint. Context manager."""
 
     def __init__(self, config: Any, *, worker_entry: str = DEFAULT_WORKER_ENTRY, start_workers: bool = True,
-                 bind: str | None = None, progress_timeout_s: float = LEASE_PROGRESS_TIMEOUT_S) -> None:
+                 bind: str | None = None, progress_timeout_s: float = LEASE_PROGRESS_TIMEOUT_S,
+                 shm: bool | None = None, arena_bytes: int = DEFAULT_ARENA_BYTES) -> None:
         self.config = config
         pipeline, workers = config.pipeline, config.workers
         self.files = config.source.expand_files()  # ConfigError for no match / empty list
         seed = pipeline.seed if pipeline.seed is not None else random.SystemRandom().randrange(2**32)
         self.heartbeat_timeout_s = float(workers.heartbeat_timeout_s)
         self._closed = False
-        self._router, self._data, links = _open_sources(workers.transport, bind or config.service.bind)
+        self.arenas = open_pool(SHM_ENABLED if shm is None else shm, arena_bytes)
+        try:
+            self._router, self._data, links = _open_sources(workers.transport, bind or config.service.bind)
+        except BaseException:
+            if self.arenas is not None:
+                self.arenas.close()
+            raise
         self.endpoint = self._router.endpoint
         self.data_endpoint = self._data.endpoint
         self._poller = transport.Poller()
@@ -75,6 +90,7 @@ class Daemon:
         self.stage = Stage(
             batch_size=pipeline.batch_size, drop_last=pipeline.drop_last, shuffle_buffer=pipeline.shuffle_buffer,
             seed=seed, samples_per_message=workers.samples_per_message, send=self._send_client,
+            arenas=self.arenas,
         )
         self.coordinator = Coordinator(
             self.files, seed=seed, shuffle_files=pipeline.shuffle_buffer > 0,
@@ -84,6 +100,7 @@ class Daemon:
         self.pool = WorkerPool(
             self.coordinator, send=self._router.send, welcome={"config": config.to_dict(), "data": self.data_endpoint},
             endpoint=self.endpoint, entry=worker_entry, links=links, on_file_error=self.stage.on_file_error,
+            arenas=self.arenas,
         )
         self._started_at = time.monotonic()
         self._next_housekeeping = 0.0
@@ -112,6 +129,8 @@ class Daemon:
         self.pool.close(WORKER_JOIN_TIMEOUT_S)
         self._router.close()
         self._data.close()
+        if self.arenas is not None:
+            self.arenas.close()  # after the workers: nothing in /dev/shm outlives the daemon
 
     def __enter__(self) -> "Daemon":
         return self
@@ -144,6 +163,8 @@ class Daemon:
             self._next_housekeeping = now + HOUSEKEEPING_INTERVAL_S
             self.pool.reap()
             self._reap_clients(now)
+            if self.arenas is not None and self.arenas.has_retired:
+                self.arenas.collect(self.stage.arenas_held(), now)
 
     def _on_data(self, frames: list[Any]) -> None:
         try:
@@ -196,21 +217,26 @@ class Daemon:
         session = self.stage.open_session(peer, rank, world_size, int(head.get("prefetch", 4)))
         log.info("client %d attached (rank %d of %d)", session.session_id, rank, world_size)
         pipeline = self.config.pipeline
-        self._router.send(peer, P.encode(P.CLIENT_WELCOME, {
+        welcome = {
             "session": session.session_id, "batch_size": pipeline.batch_size,
             "batch_format": pipeline.batch_format, "files": len(self.files),
             # Clients are dropped after heartbeat_timeout_s of silence: they ping at the workers' pace.
             "ping_s": self.config.workers.heartbeat_interval_s,
-        }))
+        }
+        if self.arenas is not None:
+            welcome[P.SHM] = self.arenas.describe()  # the client probes, and answers in each EPOCH
+        self._router.send(peer, P.encode(P.CLIENT_WELCOME, welcome))
 
     def _on_client(self, session: Session, kind: str, head: dict[str, Any]) -> None:
         if kind == P.CREDIT:
             # Credits for an epoch the client abandoned must not inflate the next one's window.
             if session.current is not None and head.get("g") == session.current.gen:
                 session.credits += int(head.get("n", 1))
+            self.stage.on_credit(session, head.get("g"), int(head.get("n", 1)))
         elif kind == P.PING:
             self._router.send(session.peer, P.encode(P.PONG))
         elif kind == P.EPOCH:
+            self.stage.on_epoch_request(session, bool(head.get(P.SHM, False)))
             self._start_epoch(session, int(head["e"]), int(head["g"]), int(head.get("credit", session.prefetch)),
                               bool(head.get("ahead", True)))
         elif kind == P.BYE:
@@ -305,6 +331,7 @@ class Daemon:
             "buffered_samples": self.stage.buffered_rows(),
             "duplicates_dropped": self.stage.dropped_duplicates,
             "skipped_records": self.stage.skipped_records,
+            "shm_arenas": len(self.arenas.arenas) if self.arenas is not None else 0,
             "clients": [
                 {"session": s.session_id, "rank": s.rank, "world_size": s.world_size, "credits": s.credits,
                  "epoch": s.current.epoch if s.current else None, "batches_sent": s.batches_sent,
@@ -314,4 +341,4 @@ class Daemon:
         }
 
 
-__all__ = ["Daemon", "MAX_FILE_ATTEMPTS"]
+__all__ = ["Daemon", "MAX_FILE_ATTEMPTS", "SHM_ENABLED"]

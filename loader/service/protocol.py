@@ -6,6 +6,10 @@ A message is a list of frames. Frame 0 is a msgpack map with at least ``"k"``
 with ``np.frombuffer`` (no copy); nothing is ever unpickled. A column whose
 values do not stack into one fixed-dtype array (ragged shapes, mixed types)
 travels as dtype ``"|O"`` with its frame holding ``loader.codec.pack(values)``.
+A column named in the header's ``"refs"`` map (``{name: {spec id: [dtype,
+row shape]}}``) is a reference column: an int64 ``(n, 3)`` frame of ``[arena,
+first block, spec id]`` per row whose bytes lie in a shared-memory arena
+(``loader.service.refs``); the receiver resolves it, never this module.
 
 Message kinds (direction in brackets; W worker, C coordinator, S stage, K client):
 
@@ -64,6 +68,10 @@ PONG = "pong"
 STATUS = "status"
 
 OBJECT_DTYPE = "|O"
+# Header key naming the reference columns of a CHUNK or BATCH and their row specs.
+REFS = "refs"
+# Header key of the shared-memory arena info in WELCOME / CLIENT_WELCOME, and a client's answer in EPOCH.
+SHM = "shm"
 # Name of the optional per-sample record index column in a CHUNK.
 INDEX_COLUMN = "__idx__"
 
@@ -155,4 +163,6 @@ __all__ = [
     "object_array",
     "OBJECT_DTYPE",
     "INDEX_COLUMN",
+    "REFS",
+    "SHM",
 ]

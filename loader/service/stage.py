@@ -17,6 +17,10 @@ configured depths plus one file in flight per worker.
 
 The stage never touches a socket: it calls ``send(peer, frames) -> bool`` and
 appends events (file complete, input complete, stream failed) for the daemon.
+
+Large rows may arrive as references into shared-memory arenas (``refs.py``);
+``RefKeeper`` (``refkeeper.py``) adopts them, and the stage hands every row it
+drops (a duplicate, a cancelled stream, ``drop_last``) back to it for freeing.
 """
 
 from __future__ import annotations
@@ -24,14 +28,17 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 from loader.service import protocol as P
+from loader.service.arena import ArenaError
 from loader.service.batching import Batcher, Block, ShuffleBuffer, block_rows, select
 from loader.service.ledger import FileLedger
+from loader.service.refkeeper import RefKeeper
 
 log = logging.getLogger("loader.stage")
 
@@ -54,10 +61,14 @@ class Stream:
     failed: bool = False
     batches_sent: int = 0
     samples_sent: int = 0
+    ref_columns: frozenset[str] | None = None  # decided by the first chunk (refkeeper.py)
 
     @property
     def rows_buffered(self) -> int:
         return self.shuffle.rows + self.batcher.rows
+
+    def buffered_blocks(self) -> list[Block]:
+        return self.shuffle.blocks() + self.batcher.blocks()
 
 
 @dataclass
@@ -74,6 +85,9 @@ class Session:
     read_ahead: bool = True
     batches_sent: int = 0
     samples_sent: int = 0
+    shm: bool = False  # the client maps the daemon's arenas (it says so with each EPOCH)
+    # (request id, reference arrays) per batch sent and not yet taken by the consumer
+    outstanding: deque = field(default_factory=deque)
 
 
 class Stage:
@@ -88,6 +102,7 @@ class Stage:
         seed: int,
         samples_per_message: int,
         send: SendFn,
+        arenas: Any = None,
     ) -> None:
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -102,6 +117,7 @@ class Stage:
         self.skipped_records = 0
         self.samples_in = 0
         self.dropped_duplicates = 0
+        self.refs = RefKeeper(arenas)
 
     # -- sessions -----------------------------------------------------------
     def open_session(self, peer: bytes, rank: int, world_size: int, prefetch: int) -> Session:
@@ -115,11 +131,12 @@ class Stage:
     def close_session(self, session: Session) -> list[int]:
         """Forget a session; returns the stream ids whose jobs must be cancelled."""
         self.sessions.pop(session.peer, None)
-        dropped = [s.stream_id for s in (session.current, session.ahead) if s is not None]
-        for stream_id in dropped:
-            self.streams.pop(stream_id, None)
+        streams = [s for s in (session.current, session.ahead) if s is not None]
+        for stream in streams:
+            self.drop_stream(stream)
         session.current = session.ahead = None
-        return dropped
+        self.refs.release_outstanding(session)
+        return [s.stream_id for s in streams]
 
     def buffer_limit_rows(self, session: Session) -> int:
         return 2 * self.shuffle_buffer + self.batch_size * (session.prefetch + 2) + self.samples_per_message
@@ -151,6 +168,8 @@ class Stage:
         if stream is None:
             return None
         self.streams.pop(stream.stream_id, None)
+        if stream.ref_columns:
+            self.refs.release_blocks(stream.shuffle.drain() + stream.batcher.drain(), stream.ref_columns)
         return stream.stream_id
 
     # -- data from workers --------------------------------------------------
@@ -159,23 +178,33 @@ class Stage:
         return self.streams.get(head.get("s", -1))
 
     def on_chunk(self, head: dict[str, Any], columns: Block) -> None:
+        try:
+            names = self.refs.adopt(head, columns)
+        except ArenaError as exc:
+            log.warning("dropping a chunk of file index %s: %s", head.get("f"), exc)
+            return
         entry = self._addressed(head)
-        if entry is None:
+        ledger = entry[1].files.get(head["f"]) if entry is not None else None
+        if entry is None or ledger is None or entry[1].failed:
+            self.refs.release_blocks([columns], names)
             return
         session, stream = entry
-        ledger = stream.files.get(head["f"])
-        if ledger is None or stream.failed:
-            return
         indexes = columns.pop(P.INDEX_COLUMN, None)
         count = int(head["n"])
         keep = ledger.accept(int(head.get("r", 0)), count, indexes)
         if keep is not None:
             kept = int(keep.sum())
             self.dropped_duplicates += count - kept
+            if kept != count:
+                self.refs.release_blocks([select(columns, ~keep)], names)
             if kept == 0:
                 return
             if kept != count:
                 columns = select(columns, keep)
+        if stream.ref_columns is None:
+            stream.ref_columns = names
+        if names or stream.ref_columns:
+            columns = self.refs.conform(stream.ref_columns, columns, names)
         stream.sample_kind = head.get("sk", stream.sample_kind)
         self.samples_in += block_rows(columns)
         stream.batcher.extend(stream.shuffle.add(columns))
@@ -225,6 +254,8 @@ class Stage:
         while session.credits > 0:
             batch = stream.batcher.pop()
             if batch is None and stream.input_done:
+                if self.drop_last and stream.ref_columns:
+                    self.refs.release_blocks(stream.batcher.drain(), stream.ref_columns)
                 batch = stream.batcher.flush()
             if batch is None:
                 break
@@ -238,6 +269,8 @@ class Stage:
     def _send_batch(self, session: Session, stream: Stream, batch: Block) -> None:
         n = block_rows(batch)
         head = {"e": stream.epoch, "g": stream.gen, "n": n, "sk": stream.sample_kind}
+        # Recorded as outstanding before sending: a failed send drops the session, which frees it.
+        batch = self.refs.outbound(session, batch, stream.ref_columns or frozenset(), head)
         self.send(session.peer, P.encode(P.BATCH, head, batch))
         session.credits -= 1
         stream.batches_sent += 1
@@ -247,6 +280,21 @@ class Stage:
 
     def buffered_rows(self) -> int:
         return sum(stream.rows_buffered for _, stream in self.streams.values())
+
+    # -- references ---------------------------------------------------------
+    def on_credit(self, session: Session, gen: Any, count: int) -> None:
+        self.refs.credited(session, gen, count)
+
+    def on_epoch_request(self, session: Session, shm: bool) -> None:
+        """A client asks for an epoch: every batch it will still read has been copied, so free them all."""
+        session.shm = shm and self.refs.arenas is not None
+        self.refs.release_outstanding(session)
+
+    def arenas_held(self) -> set[int]:
+        """Arena ids of the references buffered or outstanding (a retired arena waits for these)."""
+        pairs = [(block, stream.ref_columns) for _, stream in self.streams.values() if stream.ref_columns
+                 for block in stream.buffered_blocks()]
+        return self.refs.held([b for b, _ in pairs], [n for _, n in pairs], self.sessions.values())
 
 
 __all__ = ["Stage", "Session", "Stream"]

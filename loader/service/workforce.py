@@ -7,6 +7,11 @@ started: a dead or hung one (``Coordinator.find_dead``) is stopped, its
 files are re-leased and a replacement is started. Workers are reached by the
 daemon's control address (zmq), or by a pipe link made for each of them
 (``mp_transport.WorkerLinks``, transports "pipe" and "queue").
+
+With the shared-memory fast path on (``arenas``, an ``shm.ArenaPool``) every
+HELLO gets a fresh arena named in its WELCOME, and the worker's previous one,
+if any, is retired (unlinked once nothing refers to it): an arena has one
+writer at a time, and the blocks a killed writer had taken die with its arena.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ class WorkerPool:
     """Workers of one daemon; see the module docstring."""
 
     def __init__(self, coordinator: Coordinator, *, send: SendFn, welcome: dict[str, Any], endpoint: str,
-                 entry: str, links: Any = None, on_file_error: Callable[[dict[str, Any]], None]) -> None:
+                 entry: str, links: Any = None, on_file_error: Callable[[dict[str, Any]], None],
+                 arenas: Any = None) -> None:
         self.coordinator = coordinator
         self._send = send
         self._welcome = welcome
@@ -43,6 +49,8 @@ class WorkerPool:
         self._links = links
         self._on_file_error = on_file_error
         self._attempts: dict[tuple[int, int], int] = {}
+        self._arenas = arenas
+        self._arena_of: dict[str, int] = {}  # worker id -> its arena id
         self._seq = 0
         self.closing = False
 
@@ -71,6 +79,8 @@ class WorkerPool:
             exitcode = processes.stop_process(record.process, join_timeout_s=0.0)
         if self._links is not None and record.peer is not None:
             self._links.control.drop(record.peer)
+        if self._arenas is not None:
+            self._arenas.retire(self._arena_of.pop(record.worker_id, None))
         for job in self.coordinator.remove_worker(record):
             key = (job.stream_id, job.file_index)
             self._attempts[key] = self._attempts.get(key, 0) + 1
@@ -96,7 +106,17 @@ class WorkerPool:
     # -- messages -----------------------------------------------------------
     def hello(self, peer: bytes, head: dict[str, Any]) -> None:
         record = self.coordinator.hello(str(head.get("worker") or peer.hex()), peer, head.get("pid"))
-        self._send(peer, P.encode(P.WELCOME, {**self._welcome, "worker": record.worker_id}))
+        welcome = {**self._welcome, "worker": record.worker_id}
+        if self._arenas is not None:
+            self._arenas.retire(self._arena_of.pop(record.worker_id, None))
+            try:
+                arena = self._arenas.create()
+            except OSError as exc:  # /dev/shm full or unusable: this worker sends inline frames
+                log.warning("no shared-memory arena for worker %s: %s", record.worker_id, exc)
+            else:
+                self._arena_of[record.worker_id] = arena.arena_id
+                welcome[P.SHM] = {**self._arenas.describe(), "arena": arena.arena_id}
+        self._send(peer, P.encode(P.WELCOME, welcome))
 
     def on_message(self, worker: WorkerRecord, kind: str, head: dict[str, Any]) -> None:
         worker.last_seen = time.monotonic()

@@ -1,0 +1,179 @@
+"""Who owns arenas: ``ArenaPool`` (the daemon: creates, retires, unlinks) and ``ArenaCache`` (a reader).
+
+The daemon makes one arena per worker hello (a replacement or a re-introduced
+worker gets a fresh one, so every arena has had one writer at a time) and a
+header-only probe file, all named ``<dir>/<prefix>-<id>``. Peers learn
+``{"dir", "prefix", "token"}`` from their welcome: a client maps the probe
+to learn whether it shares the daemon's host (``ArenaCache.probe``), and a
+worker maps the arena the welcome names.
+
+A dead worker's arena is *retired*, not unlinked at once: references to it
+may still sit in the stage, or be on their way to a client that has not
+mapped it yet (unlinking removes the name that client needs). It is unlinked
+once the stage holds none of its references and either all its blocks are
+free or ``RETIRED_ARENA_GRACE_S`` has passed since the stage last sent one
+(a client maps an arena when the batch arrives, well inside that), and never
+before ``RETIRED_MIN_AGE_S``. ``close``
+unlinks everything: nothing outlives the daemon.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import secrets
+import time
+from typing import Any, Iterable
+
+from loader.service.arena import Arena, ArenaError, shm_directory, new_token
+
+log = logging.getLogger("loader.daemon")
+
+# Bytes of blocks per worker arena. Suggested config key: workers.shm_arena_mib (0 disables the fast path).
+DEFAULT_ARENA_BYTES = 256 * 1024 * 1024
+RETIRED_ARENA_GRACE_S = 30.0
+# A retired arena is kept at least this long: a re-introduced worker may write to it until its new WELCOME lands.
+RETIRED_MIN_AGE_S = 5.0
+PROBE_ID = 0
+CLIENT_ARENA_IDLE_S = 30.0  # a reader unmaps an arena it has not used for this long (retired ones pin memory)
+
+
+def arena_path(directory: str, prefix: str, arena_id: int) -> str:
+    return os.path.join(directory, f"{prefix}-{arena_id}")
+
+
+class ArenaPool:
+    """The daemon's arenas; see the module docstring. Context manager; ``close`` is idempotent."""
+
+    def __init__(self, arena_bytes: int = DEFAULT_ARENA_BYTES, directory: str | None = None) -> None:
+        self.arena_bytes = int(arena_bytes)
+        self.directory = directory or shm_directory()
+        self.prefix = f"loader-{os.getpid()}-{secrets.token_hex(4)}"
+        self.token = new_token()
+        self._ids = itertools.count(PROBE_ID + 1)
+        self.arenas: dict[int, Arena] = {}
+        self._retired: dict[int, float] = {}  # arena id -> when
+        self._last_sent: dict[int, float] = {}
+        self._probe: Arena | None = Arena.create(
+            self.directory, os.path.basename(arena_path(self.directory, self.prefix, PROBE_ID)), PROBE_ID, 0, self.token)
+
+    def describe(self) -> dict[str, Any]:
+        """What a peer needs to find and check arenas (goes into welcomes)."""
+        return {"dir": self.directory, "prefix": self.prefix, "token": self.token.hex()}
+
+    def create(self) -> Arena:
+        """A fresh arena for one worker."""
+        arena_id = next(self._ids)
+        name = os.path.basename(arena_path(self.directory, self.prefix, arena_id))
+        arena = Arena.create(self.directory, name, arena_id, self.arena_bytes, self.token)
+        self.arenas[arena_id] = arena
+        return arena
+
+    def get(self, arena_id: int) -> Arena | None:
+        return self.arenas.get(arena_id)
+
+    def retire(self, arena_id: int | None, now: float | None = None) -> None:
+        """Its writer is gone: unlink it later (``collect``)."""
+        if arena_id in self.arenas and arena_id not in self._retired:
+            self._retired[arena_id] = time.monotonic() if now is None else now
+
+    @property
+    def has_retired(self) -> bool:
+        return bool(self._retired)
+
+    def sent(self, arena_ids: Iterable[int], now: float) -> None:
+        """The stage sent references into these arenas to a client."""
+        for arena_id in arena_ids:
+            self._last_sent[arena_id] = now
+
+    def collect(self, held: set[int], now: float | None = None) -> list[int]:
+        """Unlink and unmap retired arenas nobody can need any more; returns their ids."""
+        now = time.monotonic() if now is None else now
+        done = []
+        for arena_id, since in list(self._retired.items()):
+            arena = self.arenas[arena_id]
+            if arena_id in held or now - since < RETIRED_MIN_AGE_S:
+                continue
+            quiet = now - max(since, self._last_sent.get(arena_id, since)) >= RETIRED_ARENA_GRACE_S
+            if arena.used_blocks() == 0 or quiet:
+                arena.close()
+                del self.arenas[arena_id], self._retired[arena_id]
+                self._last_sent.pop(arena_id, None)
+                done.append(arena_id)
+        return done
+
+    def close(self) -> None:
+        """Unlink every arena and the probe. Idempotent."""
+        for arena in self.arenas.values():
+            arena.close()
+        self.arenas.clear()
+        self._retired.clear()
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
+
+    def __enter__(self) -> "ArenaPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def open_pool(enabled: bool, arena_bytes: int = DEFAULT_ARENA_BYTES) -> ArenaPool | None:
+    """The daemon's arenas, or None (fast path off, or no usable shared-memory directory)."""
+    if not enabled or arena_bytes <= 0:
+        return None
+    try:
+        return ArenaPool(arena_bytes)
+    except OSError as exc:
+        log.warning("shared-memory fast path off: %s", exc)
+        return None
+
+
+class ArenaCache:
+    """A reader's mappings of one daemon's arenas, opened on first use and dropped when idle."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        self.directory, self.prefix = str(info["dir"]), str(info["prefix"])
+        self.token = bytes.fromhex(str(info["token"]))
+        self._arenas: dict[int, Arena] = {}
+        self._used: dict[int, float] = {}
+        self._next_evict = 0.0
+
+    def probe(self) -> bool:
+        """True when this process maps the daemon's files (same host, same ``/dev/shm``)."""
+        try:
+            Arena.open(arena_path(self.directory, self.prefix, PROBE_ID), PROBE_ID, self.token).close()
+        except (ArenaError, OSError, ValueError):
+            return False
+        return True
+
+    def get(self, arena_id: int) -> Arena:
+        """The mapping of ``arena_id``; ``ArenaError`` when it cannot be opened."""
+        arena = self._arenas.get(arena_id)
+        if arena is None:
+            arena = Arena.open(arena_path(self.directory, self.prefix, arena_id), arena_id, self.token)
+            self._arenas[arena_id] = arena
+        self._used[arena_id] = time.monotonic()
+        return arena
+
+    def evict_idle(self, now: float | None = None) -> None:
+        """Unmap arenas unused for ``CLIENT_ARENA_IDLE_S`` (a retired arena's memory goes with the last map)."""
+        now = time.monotonic() if now is None else now
+        if now < self._next_evict:
+            return
+        self._next_evict = now + 1.0
+        for arena_id, used in list(self._used.items()):
+            if now - used >= CLIENT_ARENA_IDLE_S:
+                self._arenas.pop(arena_id).close()
+                del self._used[arena_id]
+
+    def close(self) -> None:
+        for arena in self._arenas.values():
+            arena.close()
+        self._arenas.clear()
+        self._used.clear()
+
+
+__all__ = ["ArenaPool", "ArenaCache", "open_pool", "arena_path", "DEFAULT_ARENA_BYTES", "RETIRED_ARENA_GRACE_S"]

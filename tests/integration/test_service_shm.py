@@ -1,0 +1,158 @@
+"""The shared-memory fast path end to end: large rows through arenas, exactly once, faults, cleanup."""
+
+from __future__ import annotations
+
+import collections
+import glob
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import loader
+from loader import Client
+from loader.service import client as client_mod
+from loader.service.client import query_status
+from loader.service.shm import ArenaCache
+from tests.helpers import wait_until
+from tests.integration.conftest import make_config, running_daemon
+
+pytestmark = pytest.mark.integration
+
+ROW_FLOATS = 20_000  # 80 KiB rows: above the reference threshold, two blocks each
+
+
+def write_large_files(directory, n_files: int, per_file: int) -> list[int]:
+    """``f<i>.npy`` of float32 rows whose first value is a unique id; returns the ids."""
+    ids = []
+    for i in range(n_files):
+        rows = np.random.default_rng(i).random((per_file, ROW_FLOATS), dtype=np.float32)
+        rows[:, 0] = np.arange(i * 1000, i * 1000 + per_file)
+        np.save(directory / f"f{i:03d}.npy", rows)
+        ids.extend(range(i * 1000, i * 1000 + per_file))
+    return ids
+
+
+def expected_rows(directory) -> dict[int, np.ndarray]:
+    rows = np.concatenate([np.load(p) for p in sorted(glob.glob(str(directory / "*.npy")))])
+    return {int(r[0]): r for r in rows}
+
+
+def batch_ids(batch) -> list[int]:
+    return batch["data"][:, 0].astype(int).tolist()
+
+
+def arena_files(daemon) -> list[str]:
+    return glob.glob(os.path.join(daemon.arenas.directory, daemon.arenas.prefix + "-*"))
+
+
+def _connected(endpoint: str) -> int:
+    return sum(1 for w in query_status(endpoint)["workers"] if w["connected"])
+
+
+@pytest.mark.parametrize("transport", ["zmq", "pipe"])
+def test_loader_large_rows_exactly_once_through_arenas_then_unlinked(tmp_path, no_leaks, transport):
+    ids = write_large_files(tmp_path, 4, 30)
+    rows = expected_rows(tmp_path)
+    config = make_config(tmp_path, pipeline={"epochs": 2, "shuffle_buffer": 16, "batch_size": 8},
+                         workers={"samples_per_message": 8, "transport": transport})
+    with loader.Loader(config) as local:
+        daemon = local._daemon
+        got = []
+        for batch in local:
+            assert batch["data"].dtype == np.float32 and batch["data"].flags.c_contiguous
+            for row in batch["data"]:
+                assert np.array_equal(row, rows[int(row[0])])
+            got.extend(batch_ids(batch))
+        assert daemon.stage.refs.specs.specs, "no chunk came through an arena"
+        assert arena_files(daemon)
+    assert collections.Counter(got) == collections.Counter(ids * 2)
+    assert arena_files(daemon) == []
+
+
+def test_daemon_client_exactly_once_with_a_mapper_and_the_same_data_inline(tmp_path, monkeypatch):
+    ids = write_large_files(tmp_path, 3, 40)
+    config = make_config(tmp_path, pipeline={"shuffle_buffer": 20, "batch_size": 8,
+                                             "mappers": ["tests.helpers:identity_mapper"]},
+                         workers={"count": 1, "samples_per_message": 8})
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=10, read_ahead=False) as fast:
+            assert fast._arenas is not None
+            fast_batches = [b["data"] for b in fast.epoch()]
+        assert daemon.stage.refs.specs.specs
+
+        class OtherHost(ArenaCache):  # what a client on another host finds: another token at that path
+            def __init__(self, info):
+                super().__init__({**info, "token": (b"\x01" * 16).hex()})
+
+        monkeypatch.setattr(client_mod, "ArenaCache", OtherHost)
+        with Client(daemon.endpoint, timeout_s=10, read_ahead=False) as inline:
+            assert inline._arenas is None
+            inline_batches = []
+            for batch in inline.epoch():
+                assert not any(s.shm for s in daemon.stage.sessions.values())
+                inline_batches.append(batch["data"])
+        files = arena_files(daemon)
+    assert collections.Counter(np.concatenate(fast_batches)[:, 0].astype(int).tolist()) == collections.Counter(ids)
+    # One worker and a seeded shuffle: both clients see the same batches, byte for byte.
+    assert len(fast_batches) == len(inline_batches)
+    assert all(np.array_equal(a, b) for a, b in zip(fast_batches, inline_batches))
+    assert files and not any(os.path.exists(f) for f in files)
+
+
+def test_killed_worker_mid_epoch_with_arenas_is_exactly_once(tmp_path):
+    ids = write_large_files(tmp_path, 4, 60)
+    rows = expected_rows(tmp_path)
+    config = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:slow_sample_2ms"], "batch_size": 8},
+                         workers={"samples_per_message": 8})
+    with running_daemon(config) as daemon:
+        assert wait_until(lambda: _connected(daemon.endpoint) == 2, timeout_s=20)
+        with Client(daemon.endpoint, timeout_s=10) as client:
+            got, killed = [], None
+            for i, batch in enumerate(client.epoch()):
+                for row in batch["data"]:
+                    assert np.array_equal(row, rows[int(row[0])])
+                got.extend(batch_ids(batch))
+                if i == 3:
+                    victim = [w for w in query_status(daemon.endpoint)["workers"] if w["leases"]][0]
+                    killed = victim["pid"]
+                    os.kill(killed, signal.SIGKILL)
+            assert killed is not None
+            assert collections.Counter(got) == collections.Counter(ids)
+            assert query_status(daemon.endpoint)["worker_restarts"] >= 1
+            assert wait_until(lambda: _connected(daemon.endpoint) == 2, timeout_s=20)
+            # The dead worker's arena is retired, and unlinked once none of its rows is in use.
+            assert wait_until(lambda: len(daemon.arenas.arenas) == 2, timeout_s=10)
+            second = [i for batch in client.epoch() for i in batch_ids(batch)]
+            assert collections.Counter(second) == collections.Counter(ids)
+        files = arena_files(daemon)
+    assert len(files) == 3 and not any(os.path.exists(f) for f in files)  # two arenas and the probe
+
+
+def test_small_arenas_mix_references_and_inline_rows_exactly_once(tmp_path):
+    # 2 MiB arenas hold one chunk of 8 rows of 80 KiB at a time (16 blocks of 32): the others go inline.
+    ids = write_large_files(tmp_path, 4, 48)
+    rows = expected_rows(tmp_path)
+    config = make_config(tmp_path, pipeline={"shuffle_buffer": 12, "batch_size": 8}, workers={"samples_per_message": 8})
+    with running_daemon(config, arena_bytes=2 * 1024 * 1024) as daemon:
+        with Client(daemon.endpoint, timeout_s=10, prefetch=2) as client:
+            for _ in range(2):
+                got = []
+                for batch in client.epoch():
+                    for row in batch["data"]:
+                        assert np.array_equal(row, rows[int(row[0])])
+                    got.extend(batch_ids(batch))
+                assert collections.Counter(got) == collections.Counter(ids)
+        assert daemon.stage.refs.specs.specs
+
+
+def test_fast_path_off_sends_everything_inline(tmp_path):
+    ids = write_large_files(tmp_path, 2, 20)
+    config = make_config(tmp_path, pipeline={"batch_size": 8}, workers={"count": 1, "samples_per_message": 8})
+    with running_daemon(config, shm=False) as daemon:
+        assert daemon.arenas is None
+        with Client(daemon.endpoint, timeout_s=10) as client:
+            got = [i for batch in client.epoch() for i in batch_ids(batch)]
+        assert not daemon.stage.refs.specs.specs
+    assert sorted(got) == sorted(ids)
