@@ -233,10 +233,13 @@ class WorkersConfig:
     samples_per_message: int = 256
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 5.0
+    # Shared memory per worker for large arrays (MiB, reserved as used); 0 turns the fast path off.
+    shm_arena_mib: int = 256
     origin: str = _origin_field()
 
     def __post_init__(self) -> None:
         check = Check(self, "workers")
+        check.integer("shm_arena_mib", minimum=0)
         check.integer("count", minimum=1)
         check.text("transport", choices=TRANSPORTS)
         check.integer("samples_per_message", minimum=1)

@@ -36,7 +36,7 @@ from loader.service import protocol as P
 from loader.service import transport
 from loader.service.coordinator import LEASE_PROGRESS_TIMEOUT_S, Coordinator
 from loader.service.launcher import DEFAULT_WORKER_ENTRY
-from loader.service.shm import DEFAULT_ARENA_BYTES, open_pool
+from loader.service.shm import open_pool
 from loader.service.stage import Session, Stage, Stream
 from loader.service.workforce import MAX_FILE_ATTEMPTS, WorkerPool
 
@@ -68,13 +68,15 @@ class Daemon:
 
     def __init__(self, config: Any, *, worker_entry: str = DEFAULT_WORKER_ENTRY, start_workers: bool = True,
                  bind: str | None = None, progress_timeout_s: float = LEASE_PROGRESS_TIMEOUT_S,
-                 shm: bool | None = None, arena_bytes: int = DEFAULT_ARENA_BYTES) -> None:
+                 shm: bool | None = None, arena_bytes: int | None = None) -> None:
         self.config = config
         pipeline, workers = config.pipeline, config.workers
         self.files = config.source.expand_files()  # ConfigError for no match / empty list
         seed = pipeline.seed if pipeline.seed is not None else random.SystemRandom().randrange(2**32)
         self.heartbeat_timeout_s = float(workers.heartbeat_timeout_s)
         self._closed = False
+        if arena_bytes is None:
+            arena_bytes = config.workers.shm_arena_mib * 1024 * 1024
         self.arenas = open_pool(SHM_ENABLED if shm is None else shm, arena_bytes)
         try:
             self._router, self._data, links = _open_sources(workers.transport, bind or config.service.bind)
