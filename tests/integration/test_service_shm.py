@@ -156,3 +156,14 @@ def test_fast_path_off_sends_everything_inline(tmp_path):
             got = [i for batch in client.epoch() for i in batch_ids(batch)]
         assert not daemon.stage.refs.specs.specs
     assert sorted(got) == sorted(ids)
+
+
+def test_config_shm_arena_mib_zero_turns_the_fast_path_off(tmp_path):
+    ids = write_large_files(tmp_path, 2, 10)
+    config = make_config(tmp_path, pipeline={"batch_size": 4},
+                         workers={"count": 1, "samples_per_message": 4, "shm_arena_mib": 0})
+    with running_daemon(config) as daemon:
+        assert daemon.arenas is None
+        with Client(daemon.endpoint, timeout_s=10) as client:
+            got = [i for batch in client.epoch() for i in batch_ids(batch)]
+    assert sorted(got) == sorted(ids)
