@@ -40,7 +40,7 @@ def test_bad_batch_size_raises_when_made(size):
 
 
 def test_non_numeric_batch_size():
-    with pytest.raises((ValueError, TypeError)):
+    with pytest.raises(ValueError):  # int("many")
         loader.batch(RangeReader(3), "many")
     with pytest.raises(TypeError):
         loader.batch(RangeReader(3), None)

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import loader.io as lio
-from loader.errors import CorruptFileError, ShapeMismatchError
+from loader.errors import ClosedError, CorruptFileError, ShapeMismatchError
 from loader.io.multi_file import MultiFileReader
 from loader.recordio import Writer
 
@@ -160,7 +160,10 @@ def test_read_block_hands_over_views_and_mixes_with_read_next(workdir, no_leaks)
             item = reader.read_next()
             if item:
                 got.append(tuple(item[0].tolist()))
+        assert not reader.has_next() and reader.read_block(5) == []  # a looked-ahead end stays the end
     assert got == _expected(sizes)
+    with pytest.raises(ClosedError):
+        reader.read_block(5)
 
 
 @pytest.mark.timeout(TIMEOUT_S)

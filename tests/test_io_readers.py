@@ -252,13 +252,19 @@ def test_has_next_reinit_close_and_read_block(tmp_path):
 def test_npy_read_block_after_has_next_gives_the_row_back(tmp_path):
     np.save(tmp_path / "a.npy", np.arange(6))
     reader = lio.create_file_reader(tmp_path / "a.npy")
-    assert reader.has_next()
+    assert reader.has_next() and reader.record_index == 0
     assert reader.read_block(4)[0].tolist() == [0, 1, 2, 3]
+    assert reader.record_index == 4
     assert reader.read_next()[0] == 4
     assert reader.read_block(4)[0].tolist() == [5]
     assert not reader.has_next() and reader.read_block(4) == []
     with pytest.raises(ValueError):
         reader.read_block(0)
+    reader.reinit()
+    assert reader.record_index == 0 and reader.read_block(2)[0].tolist() == [0, 1]
+    reader.close()
+    with pytest.raises(ClosedError):
+        reader.read_block(1)
 
 
 # -- registry ---------------------------------------------------------------------

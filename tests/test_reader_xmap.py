@@ -87,8 +87,8 @@ def test_xmap_source_error(order, no_leaks):
             got.append(x)
     if order:
         assert got == [1, 2, 3, 4, 5]
-    else:
-        assert len(got) <= 5
+    else:  # items mapped before the failure may arrive, each once, and nothing else
+        assert len(got) == len(set(got)) and set(got) <= {1, 2, 3, 4, 5}
 
 
 def test_xmap_source_slow_then_abandoned(no_leaks):

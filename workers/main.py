@@ -62,8 +62,7 @@ def run_worker(
 
     ``EXIT_NO_DAEMON`` when no daemon answered within ``connect_timeout_s``.
     """
-    worker = Worker(connect, worker_id or f"{socket.gethostname()}-{os.getpid()}", stop_event)
-    worker.connect_timeout_s = connect_timeout_s
+    worker = Worker(connect, worker_id or f"{socket.gethostname()}-{os.getpid()}", stop_event, connect_timeout_s)
     try:
         return worker.run()
     finally:
@@ -71,7 +70,8 @@ def run_worker(
 
 
 class Worker:
-    def __init__(self, connect: Any, worker_id: str, stop_event: threading.Event | None) -> None:
+    def __init__(self, connect: Any, worker_id: str, stop_event: threading.Event | None,
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         self.worker_id = worker_id
         self.stop_event = stop_event or threading.Event()
         self.ctl, self.data, self.connect = open_channels(connect)
@@ -83,7 +83,7 @@ class Worker:
         self.lease: dict[str, Any] | None = None
         self.pending: list[dict[str, Any]] = []
         self.arena: ArenaWriter | None = None  # the shared-memory fast path for large rows (workers/shm.py)
-        self.connect_timeout_s = CONNECT_TIMEOUT_S
+        self.connect_timeout_s = connect_timeout_s
 
     # -- lifecycle ----------------------------------------------------------
     def run(self) -> int:
@@ -125,11 +125,14 @@ class Worker:
     def _handshake(self) -> bool:
         deadline = time.monotonic() + self.connect_timeout_s
         while time.monotonic() < deadline and not self.stop_event.is_set():
+            tried_at = time.monotonic()
             try:
                 self.ctl.send(P.encode(P.HELLO, self._hello()), timeout_s=HELLO_RETRY_S)
+                frames = self.ctl.recv(HELLO_RETRY_S)
             except TransportError:
-                continue  # no room yet: the daemon is not there
-            frames = self.ctl.recv(HELLO_RETRY_S)
+                # The daemon is not there (no room), or its end is closed (a pipe fails at once: no busy loop).
+                self.stop_event.wait(max(0.0, tried_at + HELLO_RETRY_S - time.monotonic()))
+                continue
             if frames is None:
                 continue
             head, _ = P.decode(frames)

@@ -54,22 +54,19 @@ class ReaderBase:
         if peeked is not None:
             self._peeked = None
             return peeked
-        if self._closed:
-            raise ClosedError(f"{type(self).__name__} is closed")
+        self._check_open()
         return self._read_next_impl()
 
     def has_next(self) -> bool:
         """Whether ``read_next`` would return data; reads ahead one item at most."""
         if self._peeked is None:
-            if self._closed:
-                raise ClosedError(f"{type(self).__name__} is closed")
+            self._check_open()
             self._peeked = self._read_next_impl()
         return bool(self._peeked)
 
     def reinit(self) -> None:
         """Start again from the beginning of the data (a clean pass, even mid-pass)."""
-        if self._closed:
-            raise ClosedError(f"{type(self).__name__} is closed")
+        self._check_open()
         self._peeked = None
         self._reinit_impl()
 
@@ -85,6 +82,10 @@ class ReaderBase:
     def closed(self) -> bool:
         return self._closed
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"{type(self).__name__} is closed")
+
     def read_block(self, max_instances: int) -> list[np.ndarray]:
         """Up to ``max_instances`` items at once: one array per slot with a leading axis of
         ``n`` items (``1 <= n <= max_instances``), or ``[]`` at the end.
@@ -94,8 +95,7 @@ class ReaderBase:
         data then comes in short blocks, never as an error). Readers that hold
         their data as arrays (``.npy``, ``.npz``) return slices without copying.
         """
-        if max_instances < 1:
-            raise ValueError(f"max_instances must be >= 1, got {max_instances}")
+        _check_block_size(max_instances)
         first = self.read_next()
         if not first:
             return []
@@ -107,6 +107,19 @@ class ReaderBase:
                 break
             items.append(self.read_next())
         return [np.stack([item[i] for item in items]) for i in range(len(first))]
+
+    def _start_slicing_block(self, max_instances: int) -> bool:
+        """What a ``read_block`` that slices rows out of arrays does first.
+
+        Checks the arguments and takes back the item ``has_next()`` looked ahead
+        at. Returns True when that item was a row, which the caller gives back by
+        stepping its row cursor back one; a looked-ahead end needs nothing, since
+        a reader stays at its end.
+        """
+        _check_block_size(max_instances)
+        self._check_open()
+        peeked, self._peeked = self._peeked, None
+        return bool(peeked)
 
     def __iter__(self) -> Iterator[list[np.ndarray]]:
         while True:
@@ -120,6 +133,11 @@ class ReaderBase:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _check_block_size(max_instances: int) -> None:
+    if max_instances < 1:
+        raise ValueError(f"max_instances must be >= 1, got {max_instances}")
 
 
 def _same_layout(a: list[np.ndarray], b: list[np.ndarray]) -> bool:

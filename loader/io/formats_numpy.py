@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from loader.errors import ClosedError, DataError, ShapeMismatchError
+from loader.errors import DataError, ShapeMismatchError
 from loader.io.file_reader import FileReader
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., file name length, extra field length
@@ -50,7 +50,6 @@ class ArrayFileReader(FileReader):
         self._sources = sources
         self._arrays: list[np.ndarray] | None = None
         self._length = next(iter(lengths.values()))
-        self._pos = 0
 
     def _load(self) -> list[np.ndarray]:
         if self._arrays is None:
@@ -58,34 +57,28 @@ class ArrayFileReader(FileReader):
             self._arrays = self._checker.check_rows(arrays, self.path, self._names)
         return self._arrays
 
+    # The row cursor is FileReader's ``_index`` (the next record), which its reinit() zeroes.
     def _read_next_impl(self) -> list[np.ndarray]:
-        pos = self._pos
+        pos = self._index
         if pos >= self._length:
             return []
         arrays = self._arrays if self._arrays is not None else self._load()
-        self._pos = self._index = pos + 1
+        self._index = pos + 1
         return [a[pos, ...] for a in arrays]
 
     def read_block(self, max_instances: int) -> list[np.ndarray]:
-        if max_instances < 1:
-            raise ValueError(f"max_instances must be >= 1, got {max_instances}")
-        if self._closed:
-            raise ClosedError(f"{type(self).__name__} is closed")
-        if self._peeked is not None:
-            peeked, self._peeked = self._peeked, None
-            if not peeked:  # has_next() already saw the end
-                return []
-            self._pos -= 1  # give the looked-ahead row back
-        start = self._pos
+        if self._start_slicing_block(max_instances):
+            self._index -= 1  # give the looked-ahead row back
+        start = self._index
         if start >= self._length:
             return []
         stop = min(self._length, start + max_instances)
         arrays = self._load()
-        self._pos = self._index = stop
+        self._index = stop
         return [a[start:stop] for a in arrays]
 
     def _rewind(self) -> None:
-        self._pos = 0
+        pass  # FileReader.reinit() already set the cursor (_index) to 0
 
     def _close_file(self) -> None:
         # The mapping itself is released when the last row view handed out is gone.

@@ -35,6 +35,7 @@ from loader.io.decorated import MultiPassReader
 from loader.io.prefetch import END, Prefetcher
 from loader.io.registry import create_file_reader
 from loader.io.slots import DtypesArg, LodArg, ShapesArg, SlotChecker
+from loader.processes import cpu_count
 
 BLOCK_FIRST_INSTANCES = 16  # before the instance size of a file is known
 BLOCK_MAX_INSTANCES = 256
@@ -90,7 +91,7 @@ def _put_blocks(pipe: ThreadPipeline, reader: ReaderBase) -> None:
             return
         pipe.put(block)
         rows = len(block[0])
-        per_instance = max(1, sum(a.nbytes for a in block) // max(rows, 1))
+        per_instance = max(1, sum(a.nbytes for a in block) // rows)
         count = max(1, min(BLOCK_MAX_INSTANCES, BLOCK_TARGET_BYTES // per_instance))
 
 
@@ -115,7 +116,7 @@ class MultiFileReader(ReaderBase):
         self.shapes, self.dtypes, self.lod_levels = checker.shapes, checker.dtypes, checker.lod_levels
         self.is_test = bool(is_test)
         if thread_num is None:
-            thread_num = min(len(self.filenames), os.cpu_count() or 1)
+            thread_num = min(len(self.filenames), cpu_count())
         if thread_num <= 0:
             raise ValueError(f"thread_num must be > 0, got {thread_num}")
         self.thread_num = 1 if self.is_test else thread_num
@@ -177,15 +178,8 @@ class MultiFileReader(ReaderBase):
 
     def read_block(self, max_instances: int) -> list[np.ndarray]:
         """The rest of the current block, at most ``max_instances`` rows (views, no copy)."""
-        if max_instances < 1:
-            raise ValueError(f"max_instances must be >= 1, got {max_instances}")
-        if self._peeked is not None:
-            peeked, self._peeked = self._peeked, None
-            if not peeked:  # has_next() already saw the end
-                return []
+        if self._start_slicing_block(max_instances):
             self._pos -= 1  # the looked-ahead row is still in the current block: give it back
-        elif self._closed:
-            return super().read_block(max_instances)  # raises ClosedError
         if self._pos >= self._len and not self._next_block():
             return []
         start, stop = self._pos, min(self._len, self._pos + max_instances)

@@ -34,12 +34,12 @@ import sys
 from typing import Any, Iterator, Sequence
 
 from loader import codec
+from loader._threads import POLL_INTERVAL_S  # idle wait between checks; also the child's credit poll
 from loader.errors import WorkerDiedError, WorkerError
 from loader.processes import PROCESS_JOIN_TIMEOUT_S, context, start_process, stop_process, terminate_now
 from loader.reader._util import Reader, as_count, check_reader
 
 TURN_PATIENCE_S = 1.0  # how long a reader may keep its round-robin turn waiting
-POLL_INTERVAL_S = 0.05  # idle wait between checks; also the child's credit poll
 
 _SAMPLE = b"s"
 _END = b"e"
@@ -84,8 +84,7 @@ class _Children:
         self._conns: list[Any] = []
         self._procs: list[Any] = []
         self._names = [f"multiprocess_reader[{i}]" for i in range(len(readers))]
-        self._done: set[int] = set()
-        self.active: list[int] = []
+        self.active: list[int] = []  # started children that have not sent their end yet
         try:
             for index, reader in enumerate(readers):
                 self._start(ctx, index, reader)
@@ -116,7 +115,6 @@ class _Children:
                 self._credits.release()
             return True, codec.unpack(body)
         if tag == _END:
-            self._done.add(index)
             self.active.remove(index)
             return False, None
         if tag == _ERROR:
@@ -141,7 +139,7 @@ class _Children:
         for conn in self._conns:
             conn.close()
         for index, proc in enumerate(self._procs):
-            if index in self._done:
+            if index not in self.active:
                 stop_process(proc)  # it said goodbye; it is exiting by itself
             else:
                 terminate_now(proc)

@@ -41,8 +41,8 @@ class Scanner:
             raise ClosedError(f"RecordIO scanner for {self.name} is closed")
 
     # -- records --------------------------------------------------------------
-    def next_raw(self) -> bytes | None:
-        """The next record's bytes, or ``None`` at the end of the file."""
+    def _next_view(self) -> memoryview | None:
+        """The next record, as a view of the loaded chunk, or ``None`` at the end of the file."""
         self._check_open()
         while self._pos >= len(self._chunk):
             if not self._load_chunk():
@@ -50,11 +50,16 @@ class Scanner:
         record = self._chunk[self._pos]
         self._pos += 1
         self.record_index += 1
-        return bytes(record)
+        return record
+
+    def next_raw(self) -> bytes | None:
+        """The next record's bytes, or ``None`` at the end of the file."""
+        record = self._next_view()
+        return None if record is None else bytes(record)
 
     def next_sample(self) -> tuple[bool, Any]:
         """``(True, sample)`` for the next record, ``(False, None)`` at the end."""
-        raw = self.next_raw()
+        raw = self._next_view()  # decoded straight from the chunk: no copy of the record
         if raw is None:
             return False, None
         try:

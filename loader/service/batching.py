@@ -3,6 +3,8 @@
 A block is ``dict field -> array`` whose arrays share a leading axis of n
 samples (object arrays hold ragged values). Nothing here loops over samples in
 Python: blocks are concatenated, permuted with ``np.take`` and sliced.
+``to_batch`` (the client's view of a received batch) builds per-sample
+objects only for ``batch_format = "list"``, which asks for them.
 
 The shuffle buffer is a block shuffle: incoming blocks accumulate until there
 are ``2 * capacity`` rows; then all rows are permuted and every row beyond
@@ -13,7 +15,7 @@ number of times on average, and the mixing matches a classic shuffle buffer of
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -172,4 +174,26 @@ class Batcher:
         return concat(parts)
 
 
-__all__ = ["Block", "ShuffleBuffer", "Batcher", "concat", "take", "select", "block_rows", "rows_slice"]
+def to_batch(columns: dict[str, np.ndarray], sample_kind: str, batch_format: str) -> Any:
+    """A received batch as the user sees it: stacked dict, or a list of samples."""
+    if batch_format == "list":
+        names = list(columns)
+        n = len(next(iter(columns.values()))) if columns else 0
+        if sample_kind == "dict":
+            return [{name: columns[name][i] for name in names} for i in range(n)]
+        if sample_kind == "value" and len(names) == 1:
+            return list(columns[names[0]])
+        return [tuple(columns[name][i] for name in names) for i in range(n)]
+    return {name: _stack_objects(values) for name, values in columns.items()}
+
+
+def _stack_objects(values: np.ndarray) -> Any:
+    if not values.dtype.hasobject:
+        return values
+    try:
+        return np.stack([np.asarray(v) for v in values])
+    except (ValueError, TypeError):
+        return list(values)  # ragged: a list of per-sample values
+
+
+__all__ = ["to_batch", "Block", "ShuffleBuffer", "Batcher", "concat", "take", "select", "block_rows", "rows_slice"]

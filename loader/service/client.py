@@ -37,6 +37,7 @@ from loader.errors import ClosedError, LoaderError, ServiceUnavailableError, Tra
 from loader.service import protocol as P
 from loader.service import refs as R
 from loader.service import transport
+from loader.service.batching import to_batch
 from loader.service.shm import ArenaCache
 
 DEFAULT_PREFETCH = 4
@@ -161,18 +162,12 @@ class Client:
     # -- receiver thread ----------------------------------------------------
     def _handshake(self) -> dict[str, Any]:
         hello = {"rank": self.rank, "world_size": self.world_size, "prefetch": self.prefetch}
-        self._channel.send(P.encode(P.CLIENT_HELLO, hello), timeout_s=self.timeout_s)
-        deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline:
-            frames = self._channel.recv(min(RECEIVER_POLL_S, max(0.0, deadline - time.monotonic())))
-            if frames is None:
-                continue
-            head, _ = P.decode(frames)
-            if head["k"] == P.CLIENT_WELCOME:
-                return head
-            if head["k"] == P.ERROR:
-                raise LoaderError(f"the daemon at {self.address} refused the client: {head.get('message')}")
-        raise ServiceUnavailableError(f"no loader daemon answered at {self.address} within {self.timeout_s:g}s")
+        head = _request(self._channel, P.encode(P.CLIENT_HELLO, hello), (P.CLIENT_WELCOME, P.ERROR), self.timeout_s)
+        if head is None:
+            raise ServiceUnavailableError(f"no loader daemon answered at {self.address} within {self.timeout_s:g}s")
+        if head["k"] == P.ERROR:
+            raise LoaderError(f"the daemon at {self.address} refused the client: {head.get('message')}")
+        return head
 
     def _receive_loop(self) -> None:
         state = _ReceiverState(time.monotonic())
@@ -197,9 +192,7 @@ class Client:
                     raise ServiceUnavailableError(
                         f"the loader daemon at {self.address} has been silent for {now - state.last_heard:.1f}s"
                     )
-        except (LoaderError, TransportError) as exc:
-            self._out.put(("fatal", None, exc))
-        except BaseException as exc:  # noqa: BLE001 - anything else still reaches the consumer
+        except BaseException as exc:  # noqa: BLE001 - whatever stops the receiver reaches the consumer
             self._out.put(("fatal", None, exc))
         finally:
             try:
@@ -254,7 +247,6 @@ class Client:
             elif kind == P.BYE:
                 raise ServiceUnavailableError(f"the loader daemon at {self.address} stopped ({head.get('reason')})")
 
-
     def _gather(self, described: dict[str, Any], columns: dict[str, np.ndarray]) -> None:
         """Replace reference columns by fresh arrays copied out of the arenas (the daemon frees them)."""
         if self._arenas is None:
@@ -285,44 +277,32 @@ class _ReceiverState:
         self.credited = 0
 
 
-def to_batch(columns: dict[str, np.ndarray], sample_kind: str, batch_format: str) -> Any:
-    """A received batch as the user sees it: stacked dict, or a list of samples."""
-    if batch_format == "list":
-        names = list(columns)
-        n = len(next(iter(columns.values()))) if columns else 0
-        if sample_kind == "dict":
-            return [{name: columns[name][i] for name in names} for i in range(n)]
-        if sample_kind == "value" and len(names) == 1:
-            return list(columns[names[0]])
-        return [tuple(columns[name][i] for name in names) for i in range(n)]
-    return {name: _stack_objects(values) for name, values in columns.items()}
-
-
-def _stack_objects(values: np.ndarray) -> Any:
-    if not values.dtype.hasobject:
-        return values
-    try:
-        return np.stack([np.asarray(v) for v in values])
-    except (ValueError, TypeError):
-        return list(values)  # ragged: a list of per-sample values
-
-
 def query_status(address: str, timeout_s: float = 5.0) -> dict[str, Any]:
     """The daemon's ``status()`` dict; ``ServiceUnavailableError`` when it does not answer."""
     channel = transport.dealer(address)
     try:
-        channel.send(P.encode(P.STATUS), timeout_s=timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            frames = channel.recv(max(0.0, deadline - time.monotonic()))
-            if frames is None:
-                break
-            head, _ = P.decode(frames)
-            if head["k"] == P.STATUS:
-                return dict(head.get("status") or {})
-        raise ServiceUnavailableError(f"no loader daemon answered at {address} within {timeout_s:g}s")
+        head = _request(channel, P.encode(P.STATUS), (P.STATUS,), timeout_s)
     finally:
         channel.close()
+    if head is None:
+        raise ServiceUnavailableError(f"no loader daemon answered at {address} within {timeout_s:g}s")
+    return dict(head.get("status") or {})
+
+
+def _request(channel: Any, frames: list[Any], answers: tuple[str, ...], timeout_s: float) -> dict[str, Any] | None:
+    """Send ``frames`` and wait for a message of one of the ``answers`` kinds (others are skipped);
+    its header, or None when none came within ``timeout_s``."""
+    channel.send(frames, timeout_s=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        got = channel.recv(min(RECEIVER_POLL_S, left))
+        if got is not None:
+            head, _ = P.decode(got)
+            if head["k"] in answers:
+                return head
 
 
 __all__ = ["Client", "query_status", "to_batch"]

@@ -14,8 +14,9 @@ the router (``SplitRouter``) and their data the data source (``LinkData``),
 so the loop below is the same for every transport.
 
 ``serve(stop_event)`` runs one loop with a poller: no locks, and the
-coordinator is never on the data path. Worker management is ``WorkerPool``
-(``workforce.py``); this module serves clients.
+coordinator is never on the data path. Workers are managed by ``WorkerPool``
+(``workforce.py``) and clients served by ``ClientDesk`` (``clients.py``); this
+module is the loop that hands each message to one of them.
 
 Shared-memory fast path (``shm=True``, the default): the daemon owns an
 ``ArenaPool`` (``shm.py``); each worker writes its large rows into its own
@@ -34,10 +35,11 @@ from typing import Any
 from loader.service import mp_transport
 from loader.service import protocol as P
 from loader.service import transport
+from loader.service.clients import ClientDesk
 from loader.service.coordinator import LEASE_PROGRESS_TIMEOUT_S, Coordinator
 from loader.service.launcher import DEFAULT_WORKER_ENTRY
 from loader.service.shm import open_pool
-from loader.service.stage import Session, Stage, Stream
+from loader.service.stage import Stage
 from loader.service.workforce import MAX_FILE_ATTEMPTS, WorkerPool
 
 log = logging.getLogger("loader.daemon")
@@ -73,7 +75,6 @@ class Daemon:
         pipeline, workers = config.pipeline, config.workers
         self.files = config.source.expand_files()  # ConfigError for no match / empty list
         seed = pipeline.seed if pipeline.seed is not None else random.SystemRandom().randrange(2**32)
-        self.heartbeat_timeout_s = float(workers.heartbeat_timeout_s)
         self._closed = False
         if arena_bytes is None:
             arena_bytes = config.workers.shm_arena_mib * 1024 * 1024
@@ -91,12 +92,12 @@ class Daemon:
         self._poller.register(self._data)
         self.stage = Stage(
             batch_size=pipeline.batch_size, drop_last=pipeline.drop_last, shuffle_buffer=pipeline.shuffle_buffer,
-            seed=seed, samples_per_message=workers.samples_per_message, send=self._send_client,
-            arenas=self.arenas,
+            seed=seed, samples_per_message=workers.samples_per_message,
+            send=lambda peer, frames: self.clients.send(peer, frames), arenas=self.arenas,
         )
         self.coordinator = Coordinator(
             self.files, seed=seed, shuffle_files=pipeline.shuffle_buffer > 0,
-            heartbeat_timeout_s=self.heartbeat_timeout_s, may_lease=self.stage.may_lease,
+            heartbeat_timeout_s=float(workers.heartbeat_timeout_s), may_lease=self.stage.may_lease,
             progress_timeout_s=progress_timeout_s,
         )
         self.pool = WorkerPool(
@@ -104,6 +105,8 @@ class Daemon:
             endpoint=self.endpoint, entry=worker_entry, links=links, on_file_error=self.stage.on_file_error,
             arenas=self.arenas,
         )
+        self.clients = ClientDesk(config, router=self._router, stage=self.stage, coordinator=self.coordinator,
+                                  pool=self.pool, file_count=len(self.files), arenas=self.arenas)
         self._started_at = time.monotonic()
         self._next_housekeeping = 0.0
         try:
@@ -156,7 +159,7 @@ class Daemon:
                 if got is None:
                     break
                 self._on_control(*got)
-        self._handle_events()
+        self.clients.handle_events()
         for session in list(self.stage.sessions.values()):
             self.stage.pump(session)
         self.pool.dispatch()
@@ -164,7 +167,7 @@ class Daemon:
         if now >= self._next_housekeeping:
             self._next_housekeeping = now + HOUSEKEEPING_INTERVAL_S
             self.pool.reap()
-            self._reap_clients(now)
+            self.clients.reap(now)
             if self.arenas is not None and self.arenas.has_retired:
                 self.arenas.collect(self.stage.arenas_held(), now)
 
@@ -200,125 +203,21 @@ class Daemon:
         if kind == P.HELLO:
             self.pool.hello(peer, head)
         elif kind == P.CLIENT_HELLO:
-            self._client_hello(peer, head)
+            self.clients.hello(peer, head)
         elif kind == P.STATUS:
             self._router.send(peer, P.encode(P.STATUS, {"status": self.status()}))
         elif session is None:
-            if kind not in (P.BYE,):
+            if kind != P.BYE:
                 self._router.send(peer, P.encode(P.ERROR, {"unknown_session": True,
                                                           "message": "the daemon does not know this client (restarted?)"}))
         else:
-            self._on_client(session, kind, head)
-
-    # -- clients ------------------------------------------------------------
-    def _client_hello(self, peer: bytes, head: dict[str, Any]) -> None:
-        rank, world_size = int(head.get("rank", 0)), int(head.get("world_size", 1))
-        if not 0 <= rank < world_size:
-            self._router.send(peer, P.encode(P.ERROR, {"message": f"rank {rank} is outside world_size {world_size}"}))
-            return
-        session = self.stage.open_session(peer, rank, world_size, int(head.get("prefetch", 4)))
-        log.info("client %d attached (rank %d of %d)", session.session_id, rank, world_size)
-        pipeline = self.config.pipeline
-        welcome = {
-            "session": session.session_id, "batch_size": pipeline.batch_size,
-            "batch_format": pipeline.batch_format, "files": len(self.files),
-            # Clients are dropped after heartbeat_timeout_s of silence: they ping at the workers' pace.
-            "ping_s": self.config.workers.heartbeat_interval_s,
-        }
-        if self.arenas is not None:
-            welcome[P.SHM] = self.arenas.describe()  # the client probes, and answers in each EPOCH
-        self._router.send(peer, P.encode(P.CLIENT_WELCOME, welcome))
-
-    def _on_client(self, session: Session, kind: str, head: dict[str, Any]) -> None:
-        if kind == P.CREDIT:
-            # Credits for an epoch the client abandoned must not inflate the next one's window.
-            if session.current is not None and head.get("g") == session.current.gen:
-                session.credits += int(head.get("n", 1))
-            self.stage.on_credit(session, head.get("g"), int(head.get("n", 1)))
-        elif kind == P.PING:
-            self._router.send(session.peer, P.encode(P.PONG))
-        elif kind == P.EPOCH:
-            self.stage.on_epoch_request(session, bool(head.get(P.SHM, False)))
-            self._start_epoch(session, int(head["e"]), int(head["g"]), int(head.get("credit", session.prefetch)),
-                              bool(head.get("ahead", True)))
-        elif kind == P.BYE:
-            self._drop_session(session, "said goodbye")
-
-    def _start_epoch(self, session: Session, epoch: int, gen: int, credits: int, read_ahead: bool) -> None:
-        self.pool.cancel(self.stage.drop_stream(session.current))
-        session.current = None
-        ahead = session.ahead
-        session.ahead = None
-        if ahead is not None and ahead.epoch == epoch and not ahead.failed:
-            stream = ahead
-        else:
-            self.pool.cancel(self.stage.drop_stream(ahead))
-            files = self.coordinator.share(epoch, session.rank, session.world_size)
-            stream = self.stage.new_stream(session, epoch, files)
-            self.coordinator.enqueue(stream.stream_id, epoch, files)
-        stream.gen = gen
-        session.current = stream
-        session.credits = credits
-        session.read_ahead = read_ahead
-        if stream.input_done:
-            self._read_ahead(session, stream)
-
-    def _read_ahead(self, session: Session, finished: Stream) -> None:
-        """Warm start: once an epoch's input is all in, start reading the next one."""
-        if not session.read_ahead or session.ahead is not None or session.current is not finished:
-            return
-        epoch = finished.epoch + 1
-        if 0 < self.config.pipeline.epochs <= epoch:
-            # The config says training stops after `epochs` (numbered from 0); a client
-            # may still ask for more, but reading them ahead would be wasted work.
-            return
-        files = self.coordinator.share(epoch, session.rank, session.world_size)
-        session.ahead = self.stage.new_stream(session, epoch, files)
-        self.coordinator.enqueue(session.ahead.stream_id, epoch, files)
-
-    def _drop_session(self, session: Session, why: str) -> None:
-        log.info("client %d detached: %s", session.session_id, why)
-        for stream_id in self.stage.close_session(session):
-            self.pool.cancel(stream_id)
-
-    def _send_client(self, peer: bytes, frames: list[Any]) -> bool:
-        if self._router.send(peer, frames):
-            return True
-        session = self.stage.sessions.get(peer)
-        if session is not None:
-            self._drop_session(session, "unreachable")
-        return False
-
-    def _reap_clients(self, now: float) -> None:
-        for session in list(self.stage.sessions.values()):
-            if now - session.last_seen > self.heartbeat_timeout_s:
-                self._drop_session(session, f"silent for {now - session.last_seen:.1f}s")
-
-    # -- events ---------------------------------------------------------------
-    def _handle_events(self) -> None:
-        events, self.stage.events = self.stage.events, []
-        for event in events:
-            if event[0] == "file_complete":
-                self.coordinator.job_finished(event[1], event[2])
-            elif event[0] == "input_complete":
-                self._read_ahead(event[1], event[2])
-            elif event[0] == "failed":
-                self._fail_stream(event[1], event[2], event[3])
-
-    def _fail_stream(self, session: Session, stream: Stream, error: dict[str, Any]) -> None:
-        stream.failed = True
-        self.pool.cancel(self.stage.drop_stream(stream))
-        if session.current is stream:
-            session.current = None
-            self._router.send(session.peer, P.encode(P.ERROR, {"g": stream.gen, "error": error}))
-        elif session.ahead is stream:
-            session.ahead = None  # read ahead failed: the epoch is read again when asked for
+            self.clients.on_message(session, kind, head)
 
     # -- status -------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         """A JSON-able snapshot: workers, files, rates, queue depths, clients, skipped records."""
-        elapsed = max(1e-9, time.monotonic() - self._started_at)
         now = time.monotonic()
+        elapsed = max(1e-9, now - self._started_at)
         return {
             "endpoint": self.endpoint,
             "data_endpoint": self.data_endpoint,

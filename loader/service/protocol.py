@@ -16,12 +16,13 @@ Message kinds (direction in brackets; W worker, C coordinator, S stage, K client
 * control, on the well-known ROUTER endpoint:
   ``HELLO`` [W->C], ``WELCOME`` [C->W: worker settings, data endpoint],
   ``LEASE_REQ`` [W->C], ``LEASE`` [C->W], ``HEARTBEAT`` [both ways],
-  ``PAUSE``/``RESUME``/``CANCEL`` [C->W], ``BYE`` [both ways], ``ERROR`` [W->C,
-  a worker-level failure outside any file].
+  ``CANCEL`` [C->W], ``BYE`` [both ways], ``ERROR`` [C->W or C->K with
+  ``"unknown_session"``: the daemon does not know the peer, which says HELLO again].
 * data, worker PUSH -> stage PULL (ordered per worker): ``CHUNK`` (columnar
-  samples tagged session, epoch, file, first record and count, or per-sample
-  record indexes in the ``"idx"`` column), ``FILE_DONE`` (records sent and
-  skipped), ``FILE_ERROR`` (``WorkerError.to_dict()`` naming file and record).
+  samples tagged stream, file, first record and count, and per-sample record
+  indexes in the ``INDEX_COLUMN`` column when records were skipped),
+  ``FILE_DONE`` (records sent and skipped), ``FILE_ERROR``
+  (``WorkerError.to_dict()`` naming file and record).
 * client, on the same ROUTER endpoint: ``CLIENT_HELLO`` [K->S: rank,
   world_size], ``CLIENT_WELCOME`` [S->K], ``EPOCH`` [K->S: start an epoch share,
   with initial credits], ``CREDIT`` [K->S], ``BATCH`` [S->K], ``END`` [S->K],
@@ -47,8 +48,6 @@ WELCOME = "welcome"
 LEASE_REQ = "lease_req"
 LEASE = "lease"
 HEARTBEAT = "hb"
-PAUSE = "pause"
-RESUME = "resume"
 CANCEL = "cancel"
 BYE = "bye"
 ERROR = "error"

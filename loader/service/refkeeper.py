@@ -156,10 +156,11 @@ class RefKeeper:
             for refs in session.outstanding.popleft()[1]:
                 self.release(refs)
 
-    def held(self, blocks: Iterable[Block], names_of: Iterable[frozenset[str]], sessions: Iterable[Any]) -> set[int]:
-        """Arena ids the stage still holds references into (buffers and outstanding batches)."""
+    def held(self, buffered: Iterable[tuple[Block, frozenset[str]]], sessions: Iterable[Any]) -> set[int]:
+        """Arena ids the stage still holds references into: buffered (block, reference column names)
+        pairs and the sessions' outstanding batches."""
         ids: set[int] = set()
-        for block, names in zip(blocks, names_of):
+        for block, names in buffered:
             for name in names:
                 if name in block:
                     ids.update(np.unique(block[name][:, 0]).tolist())

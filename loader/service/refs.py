@@ -131,7 +131,6 @@ def free_refs(refs: np.ndarray, specs: Mapping[int, Spec], arena_of: ArenaOf) ->
     if len(refs) == 0:
         return
     for arena_id, spec_id in np.unique(refs[:, [0, 2]], axis=0).tolist():
-        rows = refs[(refs[:, 0] == arena_id) & (refs[:, 2] == spec_id)]
         if arena_id == LOCAL_ARENA:
             continue
         try:
@@ -139,7 +138,8 @@ def free_refs(refs: np.ndarray, specs: Mapping[int, Spec], arena_of: ArenaOf) ->
         except ArenaError:
             continue
         if arena is not None and not arena.closed:
-            arena.free(rows[:, 1], arena.blocks_for(row_nbytes(specs[spec_id])))
+            starts = refs[(refs[:, 0] == arena_id) & (refs[:, 2] == spec_id), 1]
+            arena.free(starts, arena.blocks_for(row_nbytes(specs[spec_id])))
 
 
 def _arena(arena_of: ArenaOf, arena_id: int) -> Arena:

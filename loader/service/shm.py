@@ -30,7 +30,7 @@ from loader.service.arena import Arena, ArenaError, shm_directory, new_token
 
 log = logging.getLogger("loader.daemon")
 
-# Bytes of blocks per worker arena. Suggested config key: workers.shm_arena_mib (0 disables the fast path).
+# Bytes of blocks per worker arena when none is given (the daemon passes workers.shm_arena_mib; 0 disables).
 DEFAULT_ARENA_BYTES = 256 * 1024 * 1024
 RETIRED_ARENA_GRACE_S = 30.0
 # A retired arena is kept at least this long: a re-introduced worker may write to it until its new WELCOME lands.

@@ -57,11 +57,15 @@ class Stream:
     gen: int | None = None  # the client's request id; None while read ahead
     incomplete: set[int] = field(default_factory=set)
     sample_kind: str = "tuple"
-    input_done: bool = False
     failed: bool = False
     batches_sent: int = 0
     samples_sent: int = 0
     ref_columns: frozenset[str] | None = None  # decided by the first chunk (refkeeper.py)
+
+    @property
+    def input_done(self) -> bool:
+        """Every file of the share has its FILE_DONE marker and all its records."""
+        return not self.incomplete
 
     @property
     def rows_buffered(self) -> int:
@@ -160,8 +164,6 @@ class Stage:
             incomplete=set(file_indexes),
         )
         self.streams[stream.stream_id] = (session, stream)
-        if not file_indexes:
-            stream.input_done = True
         return stream
 
     def drop_stream(self, stream: Stream | None) -> int | None:
@@ -241,7 +243,6 @@ class Stage:
             log.warning("skipped %d bad record(s) in file index %d (epoch %d)", ledger.skipped, file_index, stream.epoch)
         self.events.append(("file_complete", stream.stream_id, file_index))
         if not stream.incomplete:
-            stream.input_done = True
             stream.batcher.extend(stream.shuffle.flush())
             self.events.append(("input_complete", session, stream))
 
@@ -283,6 +284,10 @@ class Stage:
 
     # -- references ---------------------------------------------------------
     def on_credit(self, session: Session, gen: Any, count: int) -> None:
+        """The client's consumer took ``count`` batches of request ``gen``: more credits, their rows freed."""
+        # Credits for an epoch the client abandoned must not inflate the next one's window.
+        if session.current is not None and gen == session.current.gen:
+            session.credits += count
         self.refs.credited(session, gen, count)
 
     def on_epoch_request(self, session: Session, shm: bool) -> None:
@@ -292,9 +297,9 @@ class Stage:
 
     def arenas_held(self) -> set[int]:
         """Arena ids of the references buffered or outstanding (a retired arena waits for these)."""
-        pairs = [(block, stream.ref_columns) for _, stream in self.streams.values() if stream.ref_columns
-                 for block in stream.buffered_blocks()]
-        return self.refs.held([b for b, _ in pairs], [n for _, n in pairs], self.sessions.values())
+        buffered = [(block, stream.ref_columns) for _, stream in self.streams.values() if stream.ref_columns
+                    for block in stream.buffered_blocks()]
+        return self.refs.held(buffered, self.sessions.values())
 
 
 __all__ = ["Stage", "Session", "Stream"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing.resource_tracker
+import os
+import signal
 import threading
 from typing import Any, Iterator
 
@@ -62,6 +64,20 @@ def running_daemon(config: LoaderConfig, **kwargs: Any) -> Iterator[Any]:
         stop.set()
         thread.join(DAEMON_JOIN_TIMEOUT_S)
         daemon.close()
+
+
+def connected_workers(endpoint: str) -> int:
+    """How many workers the daemon at ``endpoint`` has heard from (its ``status()``)."""
+    from loader.service.client import query_status
+
+    return sum(1 for w in query_status(endpoint)["workers"] if w["connected"])
+
+
+def kill_leased_worker(status: dict[str, Any]) -> int:
+    """SIGKILL a worker that holds a lease in this ``status()`` snapshot; its pid."""
+    pid = [w for w in status["workers"] if w["leases"]][0]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    return pid
 
 
 def collect_ids(batches: Any, field: str = "data") -> list[int]:

@@ -89,7 +89,10 @@ def test_status_reports_workers_and_clients(served):
     with Client(daemon.endpoint):
         status = query_status(daemon.endpoint, timeout_s=5)
         assert status["files"]["total"] == 7
+        assert {"leased", "queued"} <= set(status["files"])  # files done are per worker
         assert len(status["workers"]) == 2 and all(w["alive"] for w in status["workers"])
+        assert all({"files_done", "leases", "last_heartbeat_s"} <= set(w) for w in status["workers"])
+        assert status["samples_per_s"] >= 0 and status["buffered_samples"] >= 0  # rate and queue depth
         assert len(status["clients"]) >= 1
         assert status["skipped_records"] == 0
 
@@ -105,6 +108,9 @@ def test_vanished_client_is_dropped_and_a_new_one_is_served(served):
     before = len(query_status(daemon.endpoint)["clients"])
     ghost.close()
     assert wait_until(lambda: len(query_status(daemon.endpoint)["clients"]) == before - 1, timeout_s=8)
+    # Its share is freed: nothing of its epoch stays buffered, leased or queued.
+    assert wait_until(lambda: (lambda s: s["buffered_samples"] == 0 and s["files"]["leased"] == 0
+                                         and s["files"]["queued"] == 0)(query_status(daemon.endpoint)), timeout_s=8)
     with Client(daemon.endpoint) as client:
         assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
 

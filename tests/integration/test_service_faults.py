@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import collections
-import os
-import signal
+import logging
 import socket
 import time
 
@@ -17,13 +16,16 @@ from loader.errors import ConfigError, ServiceUnavailableError, TransportError, 
 from loader.service.client import query_status
 from loader.service.daemon import Daemon
 from tests.helpers import child_pids, wait_until
-from tests.integration.conftest import collect_ids, make_config, running_daemon, write_id_files
+from tests.integration.conftest import (
+    collect_ids,
+    connected_workers,
+    kill_leased_worker,
+    make_config,
+    running_daemon,
+    write_id_files,
+)
 
 pytestmark = pytest.mark.integration
-
-
-def _connected_workers(endpoint: str) -> list[dict]:
-    return [w for w in query_status(endpoint)["workers"] if w["connected"]]
 
 
 def test_killed_worker_is_replaced_and_epoch_is_exactly_once(tmp_path):
@@ -31,21 +33,19 @@ def test_killed_worker_is_replaced_and_epoch_is_exactly_once(tmp_path):
     config = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:slow_sample_2ms"], "batch_size": 40},
                          workers={"samples_per_message": 16})
     with running_daemon(config) as daemon:
-        assert wait_until(lambda: len(_connected_workers(daemon.endpoint)) == 2, timeout_s=20)
+        assert wait_until(lambda: connected_workers(daemon.endpoint) == 2, timeout_s=20)
         with Client(daemon.endpoint, timeout_s=10) as client:
             got, killed = [], None
             for i, batch in enumerate(client.epoch()):
                 got.extend(batch["data"].tolist())
                 if i == 3:
-                    victim = [w for w in query_status(daemon.endpoint)["workers"] if w["leases"]][0]
-                    killed = victim["pid"]
-                    os.kill(killed, signal.SIGKILL)
+                    killed = kill_leased_worker(query_status(daemon.endpoint))
             assert killed is not None
             assert collections.Counter(got) == collections.Counter(ids)
             status = query_status(daemon.endpoint)
             assert status["worker_restarts"] >= 1
             assert killed not in [w["pid"] for w in status["workers"]]
-            assert wait_until(lambda: len(_connected_workers(daemon.endpoint)) == 2, timeout_s=20)
+            assert wait_until(lambda: connected_workers(daemon.endpoint) == 2, timeout_s=20)
             # The next epoch is complete too, with the replacement in service.
             assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
 
@@ -65,7 +65,8 @@ def test_mapper_error_names_file_record_and_cause(tmp_path):
             collect_ids(client.epoch())
 
 
-def test_skip_mode_skips_counts_and_reports(tmp_path):
+def test_skip_mode_skips_counts_and_reports(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="loader.stage")
     ids = write_id_files(tmp_path, 3, 1300)
     (tmp_path / "f999.npy").write_bytes(b"this is not a numpy file")
     config = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:fail_on_1234"], "on_error": "skip"})
@@ -74,6 +75,7 @@ def test_skip_mode_skips_counts_and_reports(tmp_path):
         got = collect_ids(client.epoch())
         assert collections.Counter(got) == collections.Counter(i for i in ids if i != 1234)
         assert query_status(daemon.endpoint)["skipped_records"] == 2  # one record, one unreadable file
+    assert "skipped 1 bad record(s)" in caplog.text  # and the daemon's log says so
 
 
 def test_corrupt_file_raises_naming_the_file(tmp_path):

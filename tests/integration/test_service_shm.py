@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import glob
 import os
-import signal
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from loader.service import client as client_mod
 from loader.service.client import query_status
 from loader.service.shm import ArenaCache
 from tests.helpers import wait_until
-from tests.integration.conftest import make_config, running_daemon
+from tests.integration.conftest import connected_workers, kill_leased_worker, make_config, running_daemon
 
 pytestmark = pytest.mark.integration
 
@@ -45,10 +44,6 @@ def batch_ids(batch) -> list[int]:
 
 def arena_files(daemon) -> list[str]:
     return glob.glob(os.path.join(daemon.arenas.directory, daemon.arenas.prefix + "-*"))
-
-
-def _connected(endpoint: str) -> int:
-    return sum(1 for w in query_status(endpoint)["workers"] if w["connected"])
 
 
 @pytest.mark.parametrize("transport", ["zmq", "pipe"])
@@ -107,7 +102,7 @@ def test_killed_worker_mid_epoch_with_arenas_is_exactly_once(tmp_path):
     config = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:slow_sample_2ms"], "batch_size": 8},
                          workers={"samples_per_message": 8})
     with running_daemon(config) as daemon:
-        assert wait_until(lambda: _connected(daemon.endpoint) == 2, timeout_s=20)
+        assert wait_until(lambda: connected_workers(daemon.endpoint) == 2, timeout_s=20)
         with Client(daemon.endpoint, timeout_s=10) as client:
             got, killed = [], None
             for i, batch in enumerate(client.epoch()):
@@ -115,13 +110,11 @@ def test_killed_worker_mid_epoch_with_arenas_is_exactly_once(tmp_path):
                     assert np.array_equal(row, rows[int(row[0])])
                 got.extend(batch_ids(batch))
                 if i == 3:
-                    victim = [w for w in query_status(daemon.endpoint)["workers"] if w["leases"]][0]
-                    killed = victim["pid"]
-                    os.kill(killed, signal.SIGKILL)
+                    killed = kill_leased_worker(query_status(daemon.endpoint))
             assert killed is not None
             assert collections.Counter(got) == collections.Counter(ids)
             assert query_status(daemon.endpoint)["worker_restarts"] >= 1
-            assert wait_until(lambda: _connected(daemon.endpoint) == 2, timeout_s=20)
+            assert wait_until(lambda: connected_workers(daemon.endpoint) == 2, timeout_s=20)
             # The dead worker's arena is retired, and unlinked once none of its rows is in use.
             assert wait_until(lambda: len(daemon.arenas.arenas) == 2, timeout_s=10)
             second = [i for batch in client.epoch() for i in batch_ids(batch)]

@@ -8,8 +8,6 @@ provider works as a source.
 from __future__ import annotations
 
 import collections
-import os
-import signal
 
 import pytest
 
@@ -17,7 +15,7 @@ import loader
 from loader.config import LoaderConfig
 from loader.errors import WorkerError
 from tests.helpers import wait_until
-from tests.integration.conftest import collect_ids, make_config, running_daemon, write_id_files
+from tests.integration.conftest import collect_ids, kill_leased_worker, make_config, running_daemon, write_id_files
 
 pytestmark = pytest.mark.integration
 
@@ -46,8 +44,7 @@ def test_killed_worker_is_replaced_and_epoch_is_exactly_once(tmp_path, transport
         for i, batch in enumerate(local.epoch()):
             got.extend(batch["data"].tolist())
             if i == 3:
-                killed = [w for w in local.status()["workers"] if w["leases"]][0]["pid"]
-                os.kill(killed, signal.SIGKILL)
+                killed = kill_leased_worker(local.status())
         assert killed is not None
         assert collections.Counter(got) == collections.Counter(ids)
         status = local.status()
