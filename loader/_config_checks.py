@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 from typing import Any, Mapping
 
 from loader._imports import is_spec
 from loader.errors import ConfigError
+
+DEFAULT_ORIGIN = "<dict>"
+
+
+def origin_field() -> Any:
+    """A section's ``origin`` (the file its values came from): for messages only, not compared or serialized."""
+    return dataclasses.field(default=DEFAULT_ORIGIN, compare=False, repr=False)
 
 
 class Check:

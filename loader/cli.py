@@ -41,7 +41,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     with _stop_on_signals(stop):
         with Daemon(config) as daemon:
-            endpoint = getattr(daemon, "endpoint", config.service.bind)  # the real port when bound to "*"
+            endpoint = daemon.endpoint  # the real port when bound to "*"
             log.info("serving %s on %s with %d workers", args.config, endpoint, config.workers.count)
             if not config.service.is_loopback:
                 log.warning("%s is reachable from other hosts: anyone who can connect can read the data", endpoint)
@@ -63,10 +63,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     stop = threading.Event()
     with _stop_on_signals(stop):
-        code = int(
-            run_worker(args.connect, worker_id=args.id, stop_event=stop, connect_timeout_s=args.connect_timeout)
-            or 0
-        )
+        code = run_worker(args.connect, worker_id=args.id, stop_event=stop, connect_timeout_s=args.connect_timeout)
     if code == EXIT_NO_DAEMON:
         raise ServiceUnavailableError(f"no loader daemon answered at {args.connect} within {args.connect_timeout:g} s")
     return code

@@ -46,8 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -62,9 +60,11 @@ import numpy as np
 from loader import _datagen
 from loader.examples import cpu_heavy
 
+# scripts/demo.py (this directory is on sys.path): starting, awaiting and stopping `loader serve`.
+from demo import free_port, start_daemon, stop_daemon, wait_ready  # noqa: E402
+
 ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 SERVE_START_TIMEOUT_S = 30.0
-SERVE_STOP_TIMEOUT_S = 15.0
 CLIENT_TIMEOUT_S = 60.0
 CHILD_TIMEOUT_S = 300.0
 MIB = 1024 * 1024
@@ -130,12 +130,6 @@ def stream_rate(epochs: Callable[[], Iterable[Any]], count: int) -> tuple[float,
 # -- our side: a daemon process and a client ----------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 CONFIG = """\
 [source]
 files = [{files}]
@@ -167,40 +161,15 @@ class Daemon:
             fh.write(CONFIG.format(files=", ".join(json.dumps(f) for f in files), batch_size=batch_size,
                                    mappers=", ".join(json.dumps(m) for m in mappers), workers=workers,
                                    samples_per_message=samples_per_message, bind=self.address))
-        self.proc = subprocess.Popen([sys.executable, "-m", "loader.cli", "serve", config, "--log-level", "warning"])
+        self.proc = start_daemon(config)
         try:
-            self._wait_ready()
+            wait_ready(self.address, self.proc, 1, SERVE_START_TIMEOUT_S)
         except BaseException:
             self.close()
             raise
 
-    def _wait_ready(self) -> None:
-        from loader.errors import LoaderError
-        from loader.service.client import query_status
-
-        deadline = time.monotonic() + SERVE_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"loader serve exited with code {self.proc.returncode}")
-            try:
-                status = query_status(self.address, timeout_s=0.5)
-            except LoaderError:
-                time.sleep(0.1)
-                continue
-            if sum(1 for w in status.get("workers", []) if w.get("connected")) >= 1:
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"loader serve did not become ready on {self.address}")
-
     def close(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=SERVE_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=SERVE_STOP_TIMEOUT_S)
-        return self.proc.returncode
+        return stop_daemon(self.proc)
 
     def __enter__(self) -> "Daemon":
         return self

@@ -113,38 +113,64 @@ def run_service(data_dir: str) -> int:
     with open(config_path, "w", encoding="utf-8") as fh:
         fh.write(CONFIG.format(batch_size=BATCH_SIZE, epochs=EPOCHS, workers=WORKERS, bind=address))
     print(f"$ loader serve {config_path}   (in the background)")
-    daemon = subprocess.Popen([sys.executable, "-m", "loader.cli", "serve", config_path, "--log-level", "warning"])
+    daemon = start_daemon(config_path)
     try:
-        wait_ready(address, daemon)
+        wait_ready(address, daemon, WORKERS, SERVE_START_TIMEOUT_S)
         with Client(address, timeout_s=30.0) as client:
             for epoch in range(EPOCHS):
                 report(epoch, *timed_epoch(client.epoch()))
         show_status(address)
-        return stop(daemon)
+        start = time.perf_counter()
+        code = stop_daemon(daemon)
+        print(f"daemon stopped by SIGTERM in {time.perf_counter() - start:.2f} s, exit code {code}")
+        return 0 if code == 0 else 1
     finally:
-        if daemon.poll() is None:
-            daemon.kill()
-            daemon.wait(timeout=SERVE_STOP_TIMEOUT_S)
+        stop_daemon(daemon)  # on an error or an interrupt: the daemon never outlives the demo
 
 
-def wait_ready(address: str, daemon: subprocess.Popen) -> None:
+# -- a daemon in a child process (scripts/bench_service.py uses these too) ----------------
+
+
+class DaemonNotReady(RuntimeError):
+    """``loader serve`` exited, or did not answer with its workers in time."""
+
+
+def start_daemon(config_path: str) -> subprocess.Popen:
+    """``loader serve CONFIG`` in a child process; stop it with ``stop_daemon``."""
+    return subprocess.Popen([sys.executable, "-m", "loader.cli", "serve", config_path, "--log-level", "warning"])
+
+
+def wait_ready(address: str, daemon: subprocess.Popen, workers: int, timeout_s: float) -> None:
+    """Wait until the daemon answers and ``workers`` workers are connected (``DaemonNotReady`` if not)."""
     from loader.errors import LoaderError
     from loader.service.client import query_status
 
-    deadline = time.monotonic() + SERVE_START_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if daemon.poll() is not None:
-            raise SystemExit(f"demo: loader serve exited with code {daemon.returncode}")
+            raise DaemonNotReady(f"loader serve exited with code {daemon.returncode}")
         try:
             status = query_status(address, timeout_s=0.5)
         except LoaderError:
             time.sleep(0.1)
             continue
-        # Wait for the workers too, so epoch 0 times reading, not process start-up.
-        if sum(1 for w in status.get("workers", []) if w.get("connected")) >= WORKERS:
+        # Wait for the workers too, so a first epoch times reading, not process start-up.
+        if sum(1 for w in status.get("workers", []) if w.get("connected")) >= workers:
             return
         time.sleep(0.05)
-    raise SystemExit(f"demo: the daemon and its workers were not ready on {address} within {SERVE_START_TIMEOUT_S:.0f} s")
+    raise DaemonNotReady(f"the daemon and its workers were not ready on {address} within {timeout_s:.0f} s")
+
+
+def stop_daemon(daemon: subprocess.Popen) -> int:
+    """SIGTERM (a clean stop), a bounded wait, then SIGKILL; returns the exit code."""
+    if daemon.poll() is None:
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(timeout=SERVE_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait(timeout=SERVE_STOP_TIMEOUT_S)
+    return daemon.returncode
 
 
 def show_status(address: str) -> None:
@@ -153,24 +179,22 @@ def show_status(address: str) -> None:
     subprocess.run([sys.executable, "-m", "loader.cli", "status", address], timeout=STATUS_TIMEOUT_S * 3, check=True)
 
 
-def stop(daemon: subprocess.Popen) -> int:
-    daemon.send_signal(signal.SIGTERM)
-    start = time.perf_counter()
-    code = daemon.wait(timeout=SERVE_STOP_TIMEOUT_S)
-    print(f"daemon stopped by SIGTERM in {time.perf_counter() - start:.2f} s, exit code {code}")
-    return 0 if code == 0 else 1
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--local", action="store_true", help="run the pipeline in-process, without the daemon")
     args = parser.parse_args(argv)
     run: Callable[[str], int] = run_local if args.local else run_service
+    # SIGTERM unwinds like Ctrl-C, so run_service's finally stops the daemon.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with tempfile.TemporaryDirectory(prefix="loader-demo-") as data_dir:
         _datagen.generate(data_dir, format="npy", files=FILES, samples=SAMPLES_PER_FILE, dim=DIM)
         total = FILES * SAMPLES_PER_FILE
         print(f"dataset: {FILES} .npy files, {total} samples of {DIM} float32 in {data_dir}")
-        return run(data_dir)
+        try:
+            return run(data_dir)
+        except DaemonNotReady as exc:
+            print(f"demo: {exc}", file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":

@@ -8,11 +8,13 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
 from loader import __version__, _datagen
 from loader.cli import format_status, main
+from loader.errors import LoaderError
 from tests.helpers import free_port, wait_until
 
 CMD_TIMEOUT_S = 60.0
@@ -129,8 +131,9 @@ def test_unexpected_exception_is_one_line_with_a_hint(monkeypatch, capsys) -> No
 
 
 def test_status_of_nothing_is_one_line() -> None:
-    result = loader_cmd("status", f"tcp://127.0.0.1:{free_port()}", "--timeout", "0.5")
-    assert_one_line_error(result, "")
+    address = f"tcp://127.0.0.1:{free_port()}"
+    result = loader_cmd("status", address, "--timeout", "0.5")
+    assert_one_line_error(result, f"no loader daemon answered at {address}")
 
 
 def test_format_status_tables() -> None:
@@ -160,10 +163,26 @@ def test_format_status_tables() -> None:
 # -- serve + status + SIGTERM -------------------------------------------------------
 
 
+def start_serve(cfg: str, address: str, workers: int, **popen: Any) -> subprocess.Popen:
+    """``loader serve CFG`` in a child process (the caller stops it)."""
+    command = [sys.executable, "-m", "loader.cli", "serve", cfg, "--bind", address, "--workers", str(workers)]
+    return subprocess.Popen(command, **popen)
+
+
+def status_or_none(address: str) -> dict[str, Any] | None:
+    """The daemon's status, or None while nothing answers at ``address``."""
+    from loader.service.client import query_status
+
+    try:
+        return query_status(address, timeout_s=0.5)
+    except LoaderError:
+        return None
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_serve_status_and_sigterm(tmp_path) -> None:
-    from loader.service.client import Client, query_status
+    from loader.service.client import Client
     from tests.helpers import child_pids
 
     _datagen.generate(str(tmp_path), files=3, samples=200, dim=8)
@@ -171,18 +190,11 @@ def test_serve_status_and_sigterm(tmp_path) -> None:
     cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n[pipeline]\nbatch_size = 50\n')
     # Children that earlier tests left on purpose (multiprocessing's resource tracker).
     children_before = child_pids()
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "loader.cli", "serve", cfg, "--bind", address, "--workers", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    daemon = start_serve(cfg, address, 2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         def reachable() -> bool:
             assert daemon.poll() is None, daemon.communicate(timeout=STOP_TIMEOUT_S)
-            try:
-                query_status(address, timeout_s=0.5)
-                return True
-            except Exception:
-                return False
+            return status_or_none(address) is not None
 
         assert wait_until(reachable, timeout_s=SERVE_READY_TIMEOUT_S, interval_s=0.2)
         with Client(address, timeout_s=30.0) as client:
@@ -250,25 +262,21 @@ def _alive(pid: int) -> bool:
 @pytest.mark.integration
 @pytest.mark.slow
 def test_hand_started_worker_joins_and_stops_on_sigterm(tmp_path) -> None:
-    from loader.service.client import Client, query_status
+    from loader.service.client import Client
 
     _datagen.generate(str(tmp_path), files=4, samples=100, dim=4)
     address = f"tcp://127.0.0.1:{free_port()}"
     cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n[pipeline]\nbatch_size = 100\n')
     procs = []
     try:
-        daemon = subprocess.Popen([sys.executable, "-m", "loader.cli", "serve", cfg, "--bind", address, "--workers", "1"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        daemon = start_serve(cfg, address, 1, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(daemon)
         worker = subprocess.Popen([sys.executable, "-m", "loader.cli", "worker", "--connect", address, "--id", "by-hand"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         procs.append(worker)
 
         def joined() -> bool:
-            try:
-                workers = query_status(address, timeout_s=0.5).get("workers", [])
-            except Exception:
-                return False
+            workers = (status_or_none(address) or {}).get("workers", [])
             return any(w.get("id") == "by-hand" and w.get("connected") for w in workers)
 
         assert wait_until(joined, timeout_s=SERVE_READY_TIMEOUT_S, interval_s=0.2)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import os
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+from loader._imports import import_object
 from loader.provider.session import DEFAULT_MAX_OPEN_FILES, BatchReader, ProviderSession
 from loader.provider.types import CacheType, InputType
 
@@ -79,7 +79,7 @@ class DataProvider:
         return self.process(settings, filename)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_resolve, (self.__module__, self.__qualname__))
+        return (import_object, (f"{self.__module__}:{self.__qualname__}",))
 
     def __repr__(self) -> str:
         return f"<provider {self.__module__}.{self.__qualname__}>"
@@ -152,13 +152,6 @@ def _resolve_slots(settings: Settings, input_order: Sequence[str] | None, name: 
         raise ValueError(f"provider {name}: slot names must be unique, got {names}")
     settings.slot_names, settings.slot_types = names, slot_types
     settings.dict_mode = isinstance(types, Mapping)
-
-
-def _resolve(module: str, qualname: str) -> DataProvider:
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def provider(

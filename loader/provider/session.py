@@ -220,8 +220,7 @@ class ProviderSession:
         # numpy integers are accepted (operator.index), bools and floats are not.
         if isinstance(weight, bool) or not hasattr(weight, "__index__") or operator.index(weight) < 0:
             raise DataError(f"{filename}: sample {index}: calc_batch_size returned {weight!r}, not an int >= 0")
-        weight = operator.index(weight)
-        return weight
+        return operator.index(weight)
 
     def _report(self, stats: _PassStats, where: str) -> None:
         if stats.dropped:
