@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -32,3 +33,25 @@ def no_leaks():
         time.sleep(0.05)
     assert not extra_threads, f"leaked threads: {[t.name for t in extra_threads]}"
     assert not extra_children, f"leaked child processes: {sorted(extra_children)}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_shared_memory_left_behind():
+    """The daemon unlinks its arenas on close: after the whole suite, none of ours may remain."""
+    from loader.service.arena import shm_directory
+
+    directory = shm_directory()
+
+    def ours() -> set[str]:
+        try:
+            return {name for name in os.listdir(directory) if name.startswith("loader-")}
+        except OSError:
+            return set()
+
+    before = ours()
+    yield
+    deadline = time.monotonic() + LEAK_GRACE_S
+    while (ours() - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = ours() - before
+    assert not left, f"shared-memory files left in {directory}: {sorted(left)}"

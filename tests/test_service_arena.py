@@ -177,18 +177,15 @@ def test_pool_close_unlinks_everything(tmp_path):
 
 def test_retired_arena_waits_for_references(pool):
     arena = pool.create()
-    starts = arena.alloc(1, 1)
+    arena.alloc(1, 1)  # a block its (now dead) writer never sent: garbage once retired
     pool.retire(arena.arena_id, now=0.0)
     assert pool.collect(held={arena.arena_id}, now=10.0) == []  # the stage still holds a reference
-    assert pool.collect(held=set(), now=10.0) == []  # a used block may be on its way to a client
-    arena.free(starts, 1)
-    assert pool.collect(held=set(), now=1.0) == []  # too young: its writer may not know it is retired
+    assert os.path.exists(arena.path)
+    assert pool.collect(held=set(), now=1.0) == []  # too young: chunks of its writer may still be queued
+    assert os.path.exists(arena.path)
     assert pool.collect(held=set(), now=10.0) == [arena.arena_id]
     assert not os.path.exists(arena.path)
-    other = pool.create()
-    other.alloc(1, 1)
-    pool.retire(other.arena_id, now=0.0)
-    assert pool.collect(held=set(), now=1000.0) == [other.arena_id]  # leaked by a killed writer: grace ends it
+    assert arena.arena_id not in pool.arenas
 
 
 def test_default_directory_falls_back_without_dev_shm(monkeypatch, tmp_path):

@@ -24,7 +24,6 @@ touched). Its rules:
 from __future__ import annotations
 
 import itertools
-import time
 from collections import deque
 from typing import Any, Iterable
 
@@ -137,8 +136,6 @@ class RefKeeper:
                 batch[name] = self.materialize(refs)
         if described:
             head[P.REFS] = described
-            if self.arenas is not None:
-                self.arenas.sent(np.unique(np.concatenate([r[:, 0] for r in sent])).tolist(), time.monotonic())
         session.outstanding.append((head.get("g"), sent))
         return batch
 

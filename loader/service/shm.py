@@ -10,11 +10,13 @@ worker maps the arena the welcome names.
 A dead worker's arena is *retired*, not unlinked at once: references to it
 may still sit in the stage, or be on their way to a client that has not
 mapped it yet (unlinking removes the name that client needs). It is unlinked
-once the stage holds none of its references and either all its blocks are
-free or ``RETIRED_ARENA_GRACE_S`` has passed since the stage last sent one
-(a client maps an arena when the batch arrives, well inside that), and never
-before ``RETIRED_MIN_AGE_S``. ``close``
-unlinks everything: nothing outlives the daemon.
+once the stage holds none of its references (buffered, or sent to a client
+whose credit for that batch has not come back: a client copies a batch before
+it returns the credit) and it is at least ``RETIRED_MIN_AGE_S`` old, which
+covers chunks of the dead writer still queued in the daemon's socket. Blocks
+the dead writer allocated but never sent are garbage then, so their state
+bytes are not waited for. ``close`` unlinks everything: nothing outlives the
+daemon.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ log = logging.getLogger("loader.daemon")
 
 # Bytes of blocks per worker arena when none is given (the daemon passes workers.shm_arena_mib; 0 disables).
 DEFAULT_ARENA_BYTES = 256 * 1024 * 1024
-RETIRED_ARENA_GRACE_S = 30.0
 # A retired arena is kept at least this long: a re-introduced worker may write to it until its new WELCOME lands.
 RETIRED_MIN_AGE_S = 5.0
 PROBE_ID = 0
@@ -54,7 +55,6 @@ class ArenaPool:
         self._ids = itertools.count(PROBE_ID + 1)
         self.arenas: dict[int, Arena] = {}
         self._retired: dict[int, float] = {}  # arena id -> when
-        self._last_sent: dict[int, float] = {}
         self._probe: Arena | None = Arena.create(
             self.directory, os.path.basename(arena_path(self.directory, self.prefix, PROBE_ID)), PROBE_ID, 0, self.token)
 
@@ -82,11 +82,6 @@ class ArenaPool:
     def has_retired(self) -> bool:
         return bool(self._retired)
 
-    def sent(self, arena_ids: Iterable[int], now: float) -> None:
-        """The stage sent references into these arenas to a client."""
-        for arena_id in arena_ids:
-            self._last_sent[arena_id] = now
-
     def collect(self, held: set[int], now: float | None = None) -> list[int]:
         """Unlink and unmap retired arenas nobody can need any more; returns their ids."""
         now = time.monotonic() if now is None else now
@@ -95,12 +90,9 @@ class ArenaPool:
             arena = self.arenas[arena_id]
             if arena_id in held or now - since < RETIRED_MIN_AGE_S:
                 continue
-            quiet = now - max(since, self._last_sent.get(arena_id, since)) >= RETIRED_ARENA_GRACE_S
-            if arena.used_blocks() == 0 or quiet:
-                arena.close()
-                del self.arenas[arena_id], self._retired[arena_id]
-                self._last_sent.pop(arena_id, None)
-                done.append(arena_id)
+            arena.close()
+            del self.arenas[arena_id], self._retired[arena_id]
+            done.append(arena_id)
         return done
 
     def close(self) -> None:
@@ -176,4 +168,4 @@ class ArenaCache:
         self._used.clear()
 
 
-__all__ = ["ArenaPool", "ArenaCache", "open_pool", "arena_path", "DEFAULT_ARENA_BYTES", "RETIRED_ARENA_GRACE_S"]
+__all__ = ["ArenaPool", "ArenaCache", "open_pool", "arena_path", "DEFAULT_ARENA_BYTES", "RETIRED_MIN_AGE_S"]
