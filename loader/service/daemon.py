@@ -39,6 +39,7 @@ from loader.service.clients import ClientDesk
 from loader.service.coordinator import LEASE_PROGRESS_TIMEOUT_S, Coordinator
 from loader.service.launcher import DEFAULT_WORKER_ENTRY
 from loader.service.shm import open_pool
+from loader.service.rate import RecentRate
 from loader.service.stage import Stage
 from loader.service.workforce import MAX_FILE_ATTEMPTS, WorkerPool
 
@@ -108,6 +109,7 @@ class Daemon:
         self.clients = ClientDesk(config, router=self._router, stage=self.stage, coordinator=self.coordinator,
                                   pool=self.pool, file_count=len(self.files), arenas=self.arenas)
         self._started_at = time.monotonic()
+        self._rate = RecentRate()
         self._next_housekeeping = 0.0
         try:
             for _ in range(workers.count if start_workers else 0):
@@ -166,6 +168,7 @@ class Daemon:
         now = time.monotonic()
         if now >= self._next_housekeeping:
             self._next_housekeeping = now + HOUSEKEEPING_INTERVAL_S
+            self._rate.record(now, self.stage.samples_in)
             self.pool.reap()
             self.clients.reap(now)
             if self.arenas is not None and self.arenas.has_retired:
@@ -228,7 +231,8 @@ class Daemon:
             "workers": self.pool.describe(now),
             "worker_restarts": self.coordinator.restarts,
             "samples_in": self.stage.samples_in,
-            "samples_per_s": round(self.stage.samples_in / elapsed, 1),
+            "samples_per_s": round(self._rate.per_second(now, self.stage.samples_in), 1),  # last ~10 s
+            "samples_per_s_average": round(self.stage.samples_in / elapsed, 1),  # since the daemon started
             "buffered_samples": self.stage.buffered_rows(),
             "duplicates_dropped": self.stage.dropped_duplicates,
             "skipped_records": self.stage.skipped_records,
