@@ -3,9 +3,11 @@
 ``ClientDesk`` is the client-facing half of the daemon (``daemon.Daemon`` is
 the loop; ``workforce.WorkerPool`` the worker-facing half). Each client is a
 ``stage.Session``; each epoch it asks for is a ``stage.Stream`` whose files the
-coordinator leases. When a stream's input is complete the next epoch is read
-ahead (unless the client said ``read_ahead=False`` or the config's ``epochs``
-says training stops there). A client that says BYE, cannot be reached, or is
+coordinator leases. Once every file of a client's current epoch is leased, the
+next epoch is read ahead (unless the client said ``read_ahead=False`` or the
+config's ``epochs`` says training stops there), so a worker that finishes its
+last file early starts on the next epoch instead of idling until the slowest
+file is in; the stage's lease gate still bounds what is buffered. A client that says BYE, cannot be reached, or is
 silent for ``heartbeat_timeout_s`` is dropped and its streams' leases are
 cancelled.
 """
@@ -88,8 +90,15 @@ class ClientDesk:
         if stream.input_done:
             self._read_ahead(session, stream)
 
+    def read_ahead_when_leased(self) -> None:
+        """Read ahead for every client whose current epoch has no file left to lease."""
+        for session in self.stage.sessions.values():
+            current = session.current
+            if current is not None and session.ahead is None and self.coordinator.queued(current.stream_id) == 0:
+                self._read_ahead(session, current)
+
     def _read_ahead(self, session: Session, finished: Stream) -> None:
-        """Warm start: once an epoch's input is all in, start reading the next one."""
+        """Warm start: lease the epoch after ``finished`` (the client's current one)."""
         if not session.read_ahead or session.ahead is not None or session.current is not finished:
             return
         epoch = finished.epoch + 1

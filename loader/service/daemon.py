@@ -165,6 +165,7 @@ class Daemon:
         for session in list(self.stage.sessions.values()):
             self.stage.pump(session)
         self.pool.dispatch()
+        self.clients.read_ahead_when_leased()
         now = time.monotonic()
         if now >= self._next_housekeeping:
             self._next_housekeeping = now + HOUSEKEEPING_INTERVAL_S

@@ -125,3 +125,26 @@ def test_client_without_daemon_fails_fast(port):
 def test_query_status_without_daemon_fails_fast(port):
     with pytest.raises(ServiceUnavailableError):
         query_status(f"tcp://127.0.0.1:{port}", timeout_s=0.3)
+
+
+def test_next_epoch_is_read_ahead_once_every_file_is_leased(tmp_path):
+    # One worker, two slow files: once the second file of epoch 0 is leased, epoch 1's files
+    # must be queued while that file is still being read, so an idle worker never waits for
+    # the slowest file of the epoch.
+    ids = write_id_files(tmp_path, 2, 60)
+    config = make_config(tmp_path, pipeline={"batch_size": 10, "epochs": 0,
+                                             "mappers": ["tests.helpers:slow_sample_2ms"]},
+                         workers={"count": 1, "samples_per_message": 10})
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=10) as client:
+            epoch = client.epoch()
+            got = list(next(epoch)["data"])
+
+            def read_ahead_while_reading() -> bool:
+                status = query_status(daemon.endpoint, timeout_s=5)
+                return status["files"]["queued"] >= 2 and status["samples_in"] < len(ids)
+
+            assert wait_until(read_ahead_while_reading, timeout_s=10, interval_s=0.005)
+            got.extend(i for batch in epoch for i in batch["data"])
+            assert sorted(got) == sorted(ids)
+            assert sorted(i for batch in client.epoch() for i in batch["data"]) == sorted(ids)
