@@ -148,3 +148,14 @@ def test_next_epoch_is_read_ahead_once_every_file_is_leased(tmp_path):
             got.extend(i for batch in epoch for i in batch["data"])
             assert sorted(got) == sorted(ids)
             assert sorted(i for batch in client.epoch() for i in batch["data"]) == sorted(ids)
+
+
+def test_client_places_batches_with_its_device(served):
+    # The client's double buffer goes through loader.device.Placer: stage() on the receiver
+    # thread, finish() on the consumer. "torch:cpu" exercises that path without a GPU.
+    torch = pytest.importorskip("torch")
+    daemon, ids = served
+    with Client(daemon.endpoint, device="torch:cpu", timeout_s=10) as client:
+        batches = list(client.epoch())
+    assert all(isinstance(b["data"], torch.Tensor) for b in batches)
+    assert sorted(int(i) for b in batches for i in b["data"]) == sorted(ids)
