@@ -104,22 +104,33 @@ def live_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.is_alive()}
 
 
-def child_pids() -> set[int]:
-    """Live child processes of this process (Linux /proc), zombies excluded."""
-    me = os.getpid()
+def _proc_state(pid: int | str) -> tuple[bytes, int] | None:
+    """(state letter, parent pid) of a process from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[1])
+
+
+def child_pids(parent: int | None = None) -> set[int]:
+    """Live child processes of ``parent`` (default: this process), zombies excluded (Linux /proc)."""
+    parent = os.getpid() if parent is None else parent
     found: set[int] = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        state, ppid = fields[0], int(fields[1])
-        if ppid == me and state != b"Z":
+        state = _proc_state(entry)
+        if state is not None and state[1] == parent and state[0] != b"Z":
             found.add(int(entry))
     return found
+
+
+def is_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    state = _proc_state(pid)
+    return state is not None and state[0] != b"Z"
 
 
 def open_fd_count() -> int:

@@ -183,7 +183,7 @@ def status_or_none(address: str) -> dict[str, Any] | None:
 @pytest.mark.slow
 def test_serve_status_and_sigterm(tmp_path) -> None:
     from loader.service.client import Client
-    from tests.helpers import child_pids
+    from tests.helpers import child_pids, is_alive
 
     _datagen.generate(str(tmp_path), files=3, samples=200, dim=8)
     address = f"tcp://127.0.0.1:{free_port()}"
@@ -207,14 +207,14 @@ def test_serve_status_and_sigterm(tmp_path) -> None:
         table = loader_cmd("status", address)
         assert table.returncode == 0 and "workers:" in table.stdout
 
-        workers = _children_of(daemon.pid)
+        workers = child_pids(daemon.pid)
         assert len(workers) >= 2
         daemon.send_signal(signal.SIGTERM)
         start = time.monotonic()
         code = daemon.wait(timeout=STOP_TIMEOUT_S)
         assert code == 0, daemon.communicate(timeout=STOP_TIMEOUT_S)
         assert time.monotonic() - start < STOP_TIMEOUT_S
-        assert wait_until(lambda: not any(_alive(pid) for pid in workers), timeout_s=5.0), "orphan workers"
+        assert wait_until(lambda: not any(is_alive(pid) for pid in workers), timeout_s=5.0), "orphan workers"
         assert "Traceback" not in daemon.communicate(timeout=STOP_TIMEOUT_S)[1]
         assert not child_pids() - children_before - {daemon.pid}
     finally:
@@ -235,28 +235,6 @@ def test_port_in_use_is_one_line(tmp_path) -> None:
         port = sock.getsockname()[1]
         result = loader_cmd("serve", cfg, "--bind", f"tcp://127.0.0.1:{port}")
     assert_one_line_error(result, str(port))
-
-
-def _children_of(pid: int) -> set[int]:
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as fh:
-                    fields = fh.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != b"Z":
-                found.add(int(entry))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.integration

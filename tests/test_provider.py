@@ -15,7 +15,6 @@ from loader.provider import (
     SequenceType,
     SparseBatch,
     dense_vector,
-    integer_value,
     integer_value_sub_sequence,
     iter_file_samples,
     provider,

@@ -4,12 +4,13 @@
 the loop; ``workforce.WorkerPool`` the worker-facing half). Each client is a
 ``stage.Session``; each epoch it asks for is a ``stage.Stream`` whose files the
 coordinator leases. Once every file of a client's current epoch is leased, the
-next epoch is read ahead (unless the client said ``read_ahead=False`` or the
-config's ``epochs`` says training stops there), so a worker that finishes its
-last file early starts on the next epoch instead of idling until the slowest
-file is in; the stage's lease gate still bounds what is buffered. A client that says BYE, cannot be reached, or is
-silent for ``heartbeat_timeout_s`` is dropped and its streams' leases are
-cancelled.
+next epoch is read ahead (``read_ahead_when_leased``, each loop iteration;
+unless the client said ``read_ahead=False`` or the config's ``epochs`` says
+training stops there), so a worker that finishes its last file early starts on
+the next epoch instead of idling until the slowest file is in; the stage's
+lease gate still bounds what is buffered. A client that says BYE, cannot be
+reached, or is silent for ``heartbeat_timeout_s`` is dropped and its streams'
+leases are cancelled.
 """
 
 from __future__ import annotations
@@ -87,8 +88,6 @@ class ClientDesk:
         session.current = stream
         session.credits = credits
         session.read_ahead = read_ahead
-        if stream.input_done:
-            self._read_ahead(session, stream)
 
     def read_ahead_when_leased(self) -> None:
         """Read ahead for every client whose current epoch has no file left to lease."""
@@ -133,13 +132,11 @@ class ClientDesk:
 
     # -- stage events ---------------------------------------------------------
     def handle_events(self) -> None:
-        """Act on what the stage reported: files complete, inputs complete, streams failed."""
+        """Act on what the stage reported: files complete, streams failed."""
         events, self.stage.events = self.stage.events, []
         for event in events:
             if event[0] == "file_complete":
                 self.coordinator.job_finished(event[1], event[2])
-            elif event[0] == "input_complete":
-                self._read_ahead(event[1], event[2])
             elif event[0] == "failed":
                 self._fail_stream(event[1], event[2], event[3])
 

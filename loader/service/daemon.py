@@ -38,8 +38,8 @@ from loader.service import transport
 from loader.service.clients import ClientDesk
 from loader.service.coordinator import LEASE_PROGRESS_TIMEOUT_S, Coordinator
 from loader.service.launcher import DEFAULT_WORKER_ENTRY
-from loader.service.shm import open_pool
 from loader.service.rate import RecentRate
+from loader.service.shm import open_pool
 from loader.service.stage import Stage
 from loader.service.workforce import MAX_FILE_ATTEMPTS, WorkerPool
 

@@ -26,7 +26,7 @@ import logging
 import os
 import secrets
 import time
-from typing import Any, Iterable
+from typing import Any
 
 from loader.service.arena import Arena, ArenaError, shm_directory, new_token
 

@@ -16,7 +16,7 @@ while its buffer is over ``buffer_limit_rows``: memory is bounded by the
 configured depths plus one file in flight per worker.
 
 The stage never touches a socket: it calls ``send(peer, frames) -> bool`` and
-appends events (file complete, input complete, stream failed) for the daemon.
+appends events (file complete, stream failed) for the daemon.
 
 Large rows may arrive as references into shared-memory arenas (``refs.py``);
 ``RefKeeper`` (``refkeeper.py``) adopts them, and the stage hands every row it
@@ -190,7 +190,7 @@ class Stage:
         if entry is None or ledger is None or entry[1].failed:
             self.refs.release_blocks([columns], names)
             return
-        session, stream = entry
+        _, stream = entry
         indexes = columns.pop(P.INDEX_COLUMN, None)
         count = int(head["n"])
         keep = ledger.accept(int(head.get("r", 0)), count, indexes)
@@ -210,18 +210,18 @@ class Stage:
         stream.sample_kind = head.get("sk", stream.sample_kind)
         self.samples_in += block_rows(columns)
         stream.batcher.extend(stream.shuffle.add(columns))
-        self._check_file(session, stream, head["f"])
+        self._check_file(stream, head["f"])
 
     def on_done(self, head: dict[str, Any]) -> None:
         entry = self._addressed(head)
         if entry is None:
             return
-        session, stream = entry
+        _, stream = entry
         ledger = stream.files.get(head["f"])
         if ledger is None:
             return
         ledger.mark_done(int(head["sent"]), int(head.get("skipped", 0)))
-        self._check_file(session, stream, head["f"])
+        self._check_file(stream, head["f"])
 
     def on_file_error(self, head: dict[str, Any]) -> None:
         entry = self._addressed(head)
@@ -233,7 +233,7 @@ class Stage:
         stream.failed = True
         self.events.append(("failed", session, stream, head.get("error") or {}))
 
-    def _check_file(self, session: Session, stream: Stream, file_index: int) -> None:
+    def _check_file(self, stream: Stream, file_index: int) -> None:
         ledger = stream.files[file_index]
         if file_index not in stream.incomplete or not ledger.complete:
             return
@@ -244,7 +244,6 @@ class Stage:
         self.events.append(("file_complete", stream.stream_id, file_index))
         if not stream.incomplete:
             stream.batcher.extend(stream.shuffle.flush())
-            self.events.append(("input_complete", session, stream))
 
     # -- batches to clients -------------------------------------------------
     def pump(self, session: Session) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import threading
 import time
 
 import numpy as np

@@ -7,7 +7,6 @@ import logging
 import socket
 import time
 
-import numpy as np
 import pytest
 
 from loader import Client
