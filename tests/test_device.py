@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import inspect
 import sys
 import threading
 import types
@@ -72,10 +73,25 @@ class _FakeTensor:
         self.log.append(("record_stream", stream.name))
 
 
-def _fake_torch(log):
+def _checked(real: object, fake):
+    """``fake``, refusing any call that ``real`` (the installed torch's function) would not accept."""
+    if real is None:
+        return fake
+    signature = inspect.signature(real)
+
+    def call(*args, **kwargs):
+        signature.bind(*args, **kwargs)
+        return fake(*args, **kwargs)
+
+    return call
+
+
+def _fake_torch(log, real=None):
+    """A torch whose CUDA calls are logged; with ``real``, each call is checked against its signature."""
     torch = types.ModuleType("torch")
     current = ["default"]
     _FakeTensor.log_stream = current
+    cuda = getattr(real, "cuda", None)
 
     class Device:
         def __init__(self, kind, index=None):
@@ -101,24 +117,33 @@ def _fake_torch(log):
         finally:
             current[0] = previous
 
+    if cuda is not None:
+        Stream.wait_event = _checked(cuda.Stream.wait_event, Stream.wait_event)
+        Event.record = _checked(cuda.Event.record, Event.record)
     Device.__module__ = "torch"
     torch.device, torch.Tensor = Device, _FakeTensor
     torch.from_numpy = lambda a: _FakeTensor(a, log)
     torch.cuda = types.SimpleNamespace(
         is_available=lambda: True,
         device_count=lambda: 2,
-        Stream=Stream,
-        Event=Event,
-        stream=use_stream,
-        device=lambda d: contextlib.nullcontext(),
-        current_stream=lambda d: Stream(name="consumer"),
+        Stream=_checked(cuda and cuda.Stream, Stream),
+        Event=_checked(cuda and cuda.Event, Event),
+        stream=_checked(cuda and cuda.stream, use_stream),
+        device=_checked(cuda and cuda.device, lambda d: contextlib.nullcontext()),
+        current_stream=_checked(cuda and cuda.current_stream, lambda d: Stream(name="consumer")),
     )
     return torch
 
 
+def _installed_torch():
+    return importlib.import_module("torch") if importlib.util.find_spec("torch") else None
+
+
 def test_cuda_path_pins_copies_on_a_side_stream_and_the_consumer_waits(monkeypatch):
+    # With torch installed, every torch.cuda call the placer makes is also checked
+    # against the installed torch's signatures (the fake cannot drift from the real API).
     log: list = []
-    monkeypatch.setitem(sys.modules, "torch", _fake_torch(log))
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(log, _installed_torch()))
     placer = Placer("cuda:1")
     assert placer.library == "torch" and placer.place == "cuda:1"
     batch = {"x": np.arange(4, dtype=np.float32)[::2], "t": LoDTensor(np.ones(2), [[2]]), "s": np.array(["a"])}
@@ -160,6 +185,17 @@ def test_torch_cpu_place_gives_tensors():
     assert isinstance(out["x"], torch.Tensor) and out["x"].tolist() == [0, 1, 2]
     assert out["r"].tolist() == [0, 2]
     assert Placer(torch.device("cpu")).place == "torch:cpu"
+
+
+@pytest.mark.skipif(not _HAS_TORCH, reason="torch is not installed")
+def test_the_tensor_methods_the_cuda_path_uses_exist_in_torch():
+    # The C-implemented methods have no inspectable signatures: call what runs on a CPU.
+    import torch
+
+    tensor = torch.from_numpy(np.arange(3, dtype=np.float32))
+    assert tensor.to(torch.device("cpu"), non_blocking=True).tolist() == [0, 1, 2]
+    assert callable(tensor.pin_memory) and callable(tensor.record_stream) and tensor.is_cuda is False
+    assert torch.device("cuda", 1).index == 1 and torch.device("cuda", 1).type == "cuda"
 
 
 @pytest.mark.gpu
