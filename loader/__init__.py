@@ -17,6 +17,7 @@ from loader.errors import (
     CorruptFileError,
     DataError,
     LoaderError,
+    ProtocolVersionError,
     ServiceUnavailableError,
     ShapeMismatchError,
     TransportError,

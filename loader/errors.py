@@ -19,7 +19,8 @@ person needs to act on them.
     │   │                                         type name, message and traceback text
     │   └── WorkerDiedError                       a child process died without a word
     ├── TransportError                            the socket or pipe failed
-    │   └── ServiceUnavailableError               the daemon is unreachable or went away
+    │   ├── ServiceUnavailableError               the daemon is unreachable or went away
+    │   └── ProtocolVersionError                  the peer runs another loader protocol version
     └── ClosedError                               used after close()
 
 End of data is ``StopIteration``, never an error.
@@ -65,6 +66,10 @@ class TransportError(LoaderError):
 
 class ServiceUnavailableError(TransportError):
     """The loader daemon did not answer in time, or stopped."""
+
+
+class ProtocolVersionError(TransportError):
+    """The peer speaks another protocol version; the message names both versions."""
 
 
 class ClosedError(LoaderError):
@@ -200,5 +205,6 @@ __all__ = [
     "WorkerDiedError",
     "TransportError",
     "ServiceUnavailableError",
+    "ProtocolVersionError",
     "ClosedError",
 ]

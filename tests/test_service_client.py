@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from loader.errors import ServiceUnavailableError, WorkerError
+from loader.errors import ProtocolVersionError, ServiceUnavailableError, WorkerError
 from loader.service import protocol as P
 from loader.service.client import Client, to_batch
 from loader.service.transport import FakeChannel
@@ -17,8 +17,10 @@ from loader.service.transport import FakeChannel
 class FakeDaemon:
     """Answers hello, then serves ``batches`` batches per epoch honouring credits."""
 
-    def __init__(self, channel, batches=5, fail=False, silent_after_hello=False):
+    def __init__(self, channel, batches=5, fail=False, silent_after_hello=False, welcome=None):
         self.channel, self.batches, self.fail, self.silent = channel, batches, fail, silent_after_hello
+        self.welcome = welcome or {}
+        self.hello = None
         self.max_outstanding = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -32,7 +34,8 @@ class FakeDaemon:
                 head, _ = P.decode(frames)
                 kind = head["k"]
                 if kind == P.CLIENT_HELLO:
-                    self.channel.send(P.encode(P.CLIENT_WELCOME, {"batch_format": "stacked"}))
+                    self.hello = head
+                    self.channel.send(P.encode(P.CLIENT_WELCOME, {"batch_format": "stacked", **self.welcome}))
                     if self.silent:
                         return
                 elif kind == P.EPOCH:
@@ -109,3 +112,15 @@ def test_list_batch_format_rebuilds_samples():
     assert to_batch(cols, "dict", "list")[0]["a"] == 1
     ragged = to_batch({"s": P.object_array([np.zeros(1), np.zeros(3)])}, "tuple", "stacked")
     assert isinstance(ragged["s"], list)
+
+
+def test_client_says_its_protocol_version_and_refuses_a_daemon_of_another():
+    near, far = FakeChannel.pair()
+    daemon = FakeDaemon(far, welcome={"v": P.PROTOCOL_VERSION + 1, "lv": "9.9"})
+    with pytest.raises(ProtocolVersionError) as info:
+        Client("fake://daemon", channel=near, timeout_s=1.0)
+    daemon.stop.set()
+    assert daemon.hello["v"] == P.PROTOCOL_VERSION
+    message = str(info.value)
+    assert message.startswith(f"the daemon at fake://daemon speaks loader protocol {P.PROTOCOL_VERSION + 1} (loader 9.9)")
+    assert f"this side speaks {P.PROTOCOL_VERSION}" in message and "\n" not in message

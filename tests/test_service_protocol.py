@@ -66,3 +66,16 @@ def test_error_dicts_travel_in_headers():
     head, _ = P.decode(P.encode(P.FILE_ERROR, {"error": err.to_dict()}))
     back = WorkerError.from_dict(head["error"])
     assert (back.type_name, back.file, back.record, back.worker) == ("Boom", "/d/f.npy", 7, "w1")
+
+
+def test_versioned_headers_and_mismatch_lines():
+    import loader
+
+    head = P.versioned({"worker": "w1"})
+    assert head == {"worker": "w1", "v": P.PROTOCOL_VERSION, "lv": loader.__version__}
+    assert P.version_mismatch(head, "worker w1") is None
+    assert P.version_mismatch({}, "an old peer") is None  # peers from before the check spoke version 1
+    line = P.version_mismatch({"v": 7, "lv": "3.0"}, "worker w2")
+    assert line is not None and "\n" not in line
+    assert line.startswith("worker w2 speaks loader protocol 7 (loader 3.0)")
+    assert f"this side speaks {P.PROTOCOL_VERSION} (loader {loader.__version__})" in line

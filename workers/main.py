@@ -9,11 +9,12 @@ declared dead; a hung one is found by the coordinator's per-lease progress
 timeout. The main thread checks for control messages (cancel, bye) between
 samples, at most every ``CONTROL_CHECK_INTERVAL_S``.
 
-Every exception while opening, reading or mapping is caught and reported as
-FILE_ERROR naming the file and record (``on_error = "raise"``), or the record
-is skipped and counted in FILE_DONE (``on_error = "skip"``). The worker exits
-on BYE, on its stop event, or when the daemon has been silent for
-``heartbeat_timeout_s``.
+Each lease is read by a ``FileJob`` (``workers/file_job.py``), which reports
+every failure as a message. The worker exits on BYE, on its stop event, or
+when the daemon has been silent for ``heartbeat_timeout_s``. A daemon that
+speaks another protocol version refuses the worker's HELLO (or the worker
+refuses its WELCOME): ``run_worker`` raises ``ProtocolVersionError`` saying both
+versions.
 """
 
 from __future__ import annotations
@@ -26,14 +27,12 @@ import time
 from typing import Any
 
 from loader.config import LoaderConfig
-from loader.errors import TransportError, WorkerError
+from loader.errors import ProtocolVersionError, TransportError
 from loader.service import protocol as P
 from loader.service import transport
-from loader.service.batching import block_nbytes, block_rows
-from workers.columns import ChunkBuilder, rows_for_bytes
 from workers.control import ControlLink, open_channels
+from workers.file_job import FileJob
 from workers.shm import ArenaWriter
-from workers.sources import FileSource
 
 log = logging.getLogger("loader.worker")
 
@@ -60,7 +59,8 @@ def run_worker(
 ) -> int:
     """Serve the daemon at ``connect`` (an address, or a pipe link) until told to stop; returns an exit code.
 
-    ``EXIT_NO_DAEMON`` when no daemon answered within ``connect_timeout_s``.
+    ``EXIT_NO_DAEMON`` when no daemon answered within ``connect_timeout_s``; raises
+    ``ProtocolVersionError`` when the daemon speaks another protocol version.
     """
     worker = Worker(connect, worker_id or f"{socket.gethostname()}-{os.getpid()}", stop_event, connect_timeout_s)
     try:
@@ -102,6 +102,8 @@ class Worker:
                 self._tick()
         except _Stop as stop:
             log.info("worker %s stopping: %s", self.worker_id, stop)
+        except ProtocolVersionError:
+            raise
         except TransportError as exc:
             log.warning("worker %s lost the daemon: %s", self.worker_id, exc)
         self._send_ctl(P.BYE)
@@ -120,7 +122,16 @@ class Worker:
             self.ctl.close()
 
     def _hello(self) -> dict[str, Any]:
-        return {"worker": self.worker_id, "pid": os.getpid(), "v": P.PROTOCOL_VERSION}
+        return P.versioned({"worker": self.worker_id, "pid": os.getpid()})
+
+    def _check_version(self, head: dict[str, Any]) -> None:
+        """Raise ``ProtocolVersionError`` for a refusal or a welcome of another protocol version."""
+        if head["k"] == P.ERROR and head.get("refused") == "version":
+            raise ProtocolVersionError(f"the daemon at {self.connect} refused this worker: {head.get('message')}")
+        if head["k"] == P.WELCOME:
+            mismatch = P.version_mismatch(head, f"the daemon at {self.connect}")
+            if mismatch is not None:
+                raise ProtocolVersionError(mismatch)
 
     def _handshake(self) -> bool:
         deadline = time.monotonic() + self.connect_timeout_s
@@ -136,6 +147,7 @@ class Worker:
             if frames is None:
                 continue
             head, _ = P.decode(frames)
+            self._check_version(head)
             if head["k"] == P.WELCOME:
                 self._configure(head)
                 return True
@@ -161,6 +173,7 @@ class Worker:
         head = self.link.recv(timeout_s)
         if head is None:
             return None
+        self._check_version(head)
         kind = head["k"]
         if kind == P.BYE:
             raise _Stop(head.get("reason", "daemon said goodbye"))
@@ -207,114 +220,20 @@ class Worker:
     # -- one file -----------------------------------------------------------
     def _serve_lease(self, lease: dict[str, Any]) -> None:
         self.lease = lease
+        job = FileJob(lease, config=self.config, worker_id=self.worker_id, mappers=self._resolved_mappers,
+                      arena=self.arena, send_data=self._send_data, check=self._check)
         try:
-            self._read_file(lease)
+            job.run()
         except _Cancelled:
             log.info("worker %s: lease %s cancelled", self.worker_id, lease["lease"])
         finally:
             self.lease = None
 
-    def _tag(self, lease: dict[str, Any], **extra: Any) -> dict[str, Any]:
-        return {"s": lease["s"], "f": lease["f"], "l": lease["lease"], "w": self.worker_id, **extra}
-
-    def _read_file(self, lease: dict[str, Any]) -> None:
-        path = lease["path"]
-        try:
-            source = FileSource(self.config, path)
-            if not self.mappers and self.config.pipeline.mappers:
-                self.mappers = self.config.pipeline.resolve_mappers()
-        except Exception as exc:  # noqa: BLE001 - every failure travels as a message
-            if self._failed(lease, exc, None):
-                self._send_data(P.encode(P.FILE_DONE, self._tag(lease, sent=0, skipped=1)))
-            return
-        try:
-            if source.can_read_blocks and not self.config.pipeline.mappers:
-                counts = self._send_blocks(lease, source)
-            else:
-                counts = self._send_samples(lease, source)
-        finally:
-            source.close()
-        if counts is not None:
-            sent, skipped = counts
-            self._send_data(P.encode(P.FILE_DONE, self._tag(lease, sent=sent, skipped=skipped)))
-
-    def _failed(self, lease: dict[str, Any], exc: BaseException, record: int | None) -> bool:
-        """Report a failure; True when the record is skipped (on_error = "skip")."""
-        error = WorkerError.from_exception(exc, worker=self.worker_id, file=lease["path"], record=record)
-        if self.config.pipeline.on_error == "skip":
-            log.warning("skipping record %s of %s: %s: %s", record, lease["path"], type(exc).__name__, exc)
-            return True
-        self._send_data(P.encode(P.FILE_ERROR, self._tag(lease, error=error.to_dict())))
-        return False
-
-    def _send_blocks(self, lease: dict[str, Any], source: FileSource) -> tuple[int, int] | None:
-        wanted = self.config.workers.samples_per_message
-        batch_size = self.config.pipeline.batch_size
-        # A first block of one row tells the row size, so big rows never make a huge first message.
-        rows, record = 1, 0
-        while True:
-            self._check()
-            try:
-                block = source.read_block(rows)
-            except Exception as exc:  # noqa: BLE001
-                if not self._failed(lease, exc, record):
-                    return None
-                return record, 1  # a reader that failed cannot go on: the rest of the file is skipped
-            if block is None:
-                return record, 0
-            n = block_rows(block)
-            self._send_chunk(self._tag(lease, r=record, n=n, sk="tuple"), dict(block))
-            record += n
-            rows = rows_for_bytes(block_nbytes(block) // max(1, n), wanted, batch_size)
-
-    def _send_samples(self, lease: dict[str, Any], source: FileSource) -> tuple[int, int] | None:
-        builder = ChunkBuilder(source.fields, self.config.workers.samples_per_message)
-        samples = source.samples()
-        record = sent = skipped = 0
-        while True:
-            self._check()
-            try:
-                sample = next(samples)
-            except StopIteration:
-                break
-            except Exception as exc:  # noqa: BLE001
-                if not self._failed(lease, exc, record):
-                    return None
-                skipped += 1
-                break  # a reader that raised cannot go on
-            try:
-                for mapper in self.mappers:
-                    sample = mapper(sample)
-                builder.add(record, sample)
-            except Exception as exc:  # noqa: BLE001
-                if not self._failed(lease, exc, record):
-                    return None
-                skipped += 1
-            record += 1
-            if builder.due:
-                sent += self._flush(lease, builder)
-        if len(builder):
-            sent += self._flush(lease, builder)
-        return sent, skipped
-
-    def _flush(self, lease: dict[str, Any], builder: ChunkBuilder) -> int:
-        columns, records = builder.take()
-        n = int(records.size)
-        head = self._tag(lease, r=int(records[0]), n=n, sk=builder.kind)
-        if int(records[-1]) - int(records[0]) + 1 != n:
-            columns[P.INDEX_COLUMN] = records  # records were skipped inside this chunk
-        self._send_chunk(head, columns)
-        return n
-
-    def _send_chunk(self, head: dict[str, Any], columns: dict[str, Any]) -> None:
-        """Send a chunk, its large columns as arena references when they fit."""
-        written = self.arena.put(head, columns) if self.arena is not None else []
-        try:
-            self._send_data(P.encode(P.CHUNK, head, columns))
-        except BaseException:
-            if written and self.arena is not None:
-                self.arena.free(written)  # cancelled or stopping while the stage was busy: never sent
-            raise
+    def _resolved_mappers(self) -> list[Any]:
+        # Resolved on the first lease, inside the job, so an import error is reported like a file error.
+        if not self.mappers and self.config.pipeline.mappers:
+            self.mappers = self.config.pipeline.resolve_mappers()
+        return self.mappers
 
 
 __all__ = ["run_worker", "Worker"]

@@ -33,7 +33,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from loader.device import Placer
-from loader.errors import ClosedError, LoaderError, ServiceUnavailableError, TransportError, WorkerError
+from loader.errors import (ClosedError, LoaderError, ProtocolVersionError, ServiceUnavailableError, TransportError,
+                           WorkerError)
 from loader.service import protocol as P
 from loader.service import refs as R
 from loader.service import transport
@@ -161,12 +162,17 @@ class Client:
 
     # -- receiver thread ----------------------------------------------------
     def _handshake(self) -> dict[str, Any]:
-        hello = {"rank": self.rank, "world_size": self.world_size, "prefetch": self.prefetch}
+        hello = P.versioned({"rank": self.rank, "world_size": self.world_size, "prefetch": self.prefetch})
         head = _request(self._channel, P.encode(P.CLIENT_HELLO, hello), (P.CLIENT_WELCOME, P.ERROR), self.timeout_s)
         if head is None:
             raise ServiceUnavailableError(f"no loader daemon answered at {self.address} within {self.timeout_s:g}s")
         if head["k"] == P.ERROR:
-            raise LoaderError(f"the daemon at {self.address} refused the client: {head.get('message')}")
+            error = ProtocolVersionError if head.get("refused") == "version" else LoaderError
+            raise error(f"the daemon at {self.address} refused the client: {head.get('message')}")
+        mismatch = P.version_mismatch(head, f"the daemon at {self.address}")
+        if mismatch is not None:
+            self._channel.try_send(P.encode(P.BYE), timeout_s=0.0)  # it opened a session for us: end it now
+            raise ProtocolVersionError(mismatch)
         return head
 
     def _receive_loop(self) -> None:

@@ -42,6 +42,11 @@ class ClientDesk:
 
     def hello(self, peer: bytes, head: dict[str, Any]) -> None:
         """CLIENT_HELLO: open a session (replacing this peer's old one) and answer CLIENT_WELCOME."""
+        mismatch = P.version_mismatch(head, "the client")
+        if mismatch is not None:
+            log.error("refused %s", mismatch)
+            self._router.send(peer, P.encode(P.ERROR, P.versioned({"refused": "version", "message": mismatch})))
+            return
         rank, world_size = int(head.get("rank", 0)), int(head.get("world_size", 1))
         if not 0 <= rank < world_size:
             self._router.send(peer, P.encode(P.ERROR, {"message": f"rank {rank} is outside world_size {world_size}"}))
@@ -49,12 +54,12 @@ class ClientDesk:
         session = self.stage.open_session(peer, rank, world_size, int(head.get("prefetch", 4)))
         log.info("client %d attached (rank %d of %d)", session.session_id, rank, world_size)
         pipeline = self.config.pipeline
-        welcome = {
+        welcome = P.versioned({
             "session": session.session_id, "batch_size": pipeline.batch_size,
             "batch_format": pipeline.batch_format, "files": self._file_count,
             # Clients are dropped after heartbeat_timeout_s of silence: they ping at the workers' pace.
             "ping_s": self.config.workers.heartbeat_interval_s,
-        }
+        })
         if self._arenas is not None:
             welcome[P.SHM] = self._arenas.describe()  # the client probes, and answers in each EPOCH
         self._router.send(peer, P.encode(P.CLIENT_WELCOME, welcome))

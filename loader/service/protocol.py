@@ -40,7 +40,11 @@ import numpy as np
 from loader import codec
 from loader.errors import TransportError
 
+# Every HELLO, CLIENT_HELLO, WELCOME and CLIENT_WELCOME carries it as "v" (with the package version
+# as "lv"); a peer that speaks another version is refused with one line saying both. Bump it on any
+# change a peer of the old version would misread. Peers from before the check sent no "v": that was 1.
 PROTOCOL_VERSION = 1
+VERSION_KEY = "v"
 
 # control plane
 HELLO = "hello"
@@ -76,6 +80,24 @@ INDEX_COLUMN = "__idx__"
 
 Frame = Any  # bytes, memoryview, numpy array or zmq.Frame: anything with the buffer protocol
 Columns = dict[str, np.ndarray]
+
+
+def versioned(header: Mapping[str, Any]) -> dict[str, Any]:
+    """``header`` with this side's protocol and package versions (for hellos and welcomes)."""
+    from loader import __version__  # at call time: loader/__init__ may still be importing this module
+
+    return {**header, VERSION_KEY: PROTOCOL_VERSION, "lv": __version__}
+
+
+def version_mismatch(head: Mapping[str, Any], peer: str) -> str | None:
+    """None when ``head`` (a hello or welcome) speaks this protocol version, else one line saying why not."""
+    theirs = head.get(VERSION_KEY, 1)
+    if theirs == PROTOCOL_VERSION:
+        return None
+    from loader import __version__
+
+    return (f"{peer} speaks loader protocol {theirs} (loader {head.get('lv', 'unknown')}), this side speaks "
+            f"{PROTOCOL_VERSION} (loader {__version__}): run the same loader version on both sides")
 
 
 def _buffer(frame: Frame) -> memoryview:
@@ -157,6 +179,8 @@ def object_array(items: Sequence[Any]) -> np.ndarray:
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "versioned",
+    "version_mismatch",
     "encode",
     "decode",
     "object_array",

@@ -105,8 +105,13 @@ class WorkerPool:
 
     # -- messages -----------------------------------------------------------
     def hello(self, peer: bytes, head: dict[str, Any]) -> None:
+        mismatch = P.version_mismatch(head, f"worker {head.get('worker') or peer.hex()} (pid {head.get('pid')})")
+        if mismatch is not None:
+            log.error("refused %s", mismatch)
+            self._send(peer, P.encode(P.ERROR, P.versioned({"refused": "version", "message": mismatch})))
+            return
         record = self.coordinator.hello(str(head.get("worker") or peer.hex()), peer, head.get("pid"))
-        welcome = {**self._welcome, "worker": record.worker_id}
+        welcome = P.versioned({**self._welcome, "worker": record.worker_id})
         if self._arenas is not None:
             self._arenas.retire(self._arena_of.pop(record.worker_id, None))
             try:

@@ -114,6 +114,26 @@ def test_vanished_client_is_dropped_and_a_new_one_is_served(served):
         assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
 
 
+def test_peers_of_another_protocol_version_are_refused_with_both_versions(served):
+    daemon, ids = served
+    other = P.PROTOCOL_VERSION + 1
+    hellos = {P.HELLO: {"worker": "old-worker", "pid": 1}, P.CLIENT_HELLO: {"rank": 0, "world_size": 1}}
+    for kind, hello in hellos.items():
+        peer = transport.dealer(daemon.endpoint)
+        try:
+            peer.send(P.encode(kind, {**hello, "v": other, "lv": "9.9"}))
+            frames = peer.recv(5.0)
+        finally:
+            peer.close()
+        assert frames is not None
+        head, _ = P.decode(frames)
+        assert head["k"] == P.ERROR and head["refused"] == "version", head
+        assert f"speaks loader protocol {other} (loader 9.9), this side speaks {P.PROTOCOL_VERSION}" in head["message"]
+    assert "old-worker" not in {w["id"] for w in query_status(daemon.endpoint)["workers"]}
+    with Client(daemon.endpoint) as client:  # the daemon still serves its own version
+        assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
+
+
 def test_client_without_daemon_fails_fast(port):
     start = time.monotonic()
     with pytest.raises(ServiceUnavailableError, match=str(port)):

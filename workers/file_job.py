@@ -1,0 +1,147 @@
+"""One lease: read its file and send the daemon its chunks, then FILE_DONE or FILE_ERROR.
+
+A ``FileJob`` belongs to the worker's main thread and lives for one lease. It
+does not touch the control channel: between samples it calls the worker's
+``check`` (which raises to cancel or stop the job), and it sends through the
+worker's ``send_data`` (which waits for room while still obeying cancel and
+stop).
+
+Every exception while opening, reading or mapping is caught and reported as
+FILE_ERROR naming the file and record (``on_error = "raise"``), or the record
+is skipped and counted in FILE_DONE (``on_error = "skip"``). A reader that
+raised cannot go on, so the rest of its file is skipped; a mapper that raised
+skips only its record.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from loader.errors import WorkerError
+from loader.service import protocol as P
+from loader.service.batching import block_nbytes, block_rows
+from workers.columns import ChunkBuilder, rows_for_bytes
+from workers.shm import ArenaWriter
+from workers.sources import FileSource
+
+log = logging.getLogger("loader.worker")
+
+
+class FileJob:
+    """Reads the file of one lease and sends it; ``run()`` once."""
+
+    def __init__(self, lease: dict[str, Any], *, config: Any, worker_id: str,
+                 mappers: Callable[[], list[Any]], arena: ArenaWriter | None,
+                 send_data: Callable[[list[Any]], None], check: Callable[[], None]) -> None:
+        self.lease, self.config, self.worker_id = lease, config, worker_id
+        self._mappers, self._arena = mappers, arena
+        self._send_data, self._check = send_data, check
+
+    def run(self) -> None:
+        path = self.lease["path"]
+        try:
+            source = FileSource(self.config, path)
+            mappers = self._mappers()
+        except Exception as exc:  # noqa: BLE001 - every failure travels as a message
+            if self._failed(exc, None):
+                self._done(sent=0, skipped=1)
+            return
+        try:
+            if source.can_read_blocks and not mappers:
+                counts = self._send_blocks(source)
+            else:
+                counts = self._send_samples(source, mappers)
+        finally:
+            source.close()
+        if counts is not None:
+            self._done(*counts)
+
+    def _tag(self, **extra: Any) -> dict[str, Any]:
+        lease = self.lease
+        return {"s": lease["s"], "f": lease["f"], "l": lease["lease"], "w": self.worker_id, **extra}
+
+    def _done(self, sent: int, skipped: int) -> None:
+        self._send_data(P.encode(P.FILE_DONE, self._tag(sent=sent, skipped=skipped)))
+
+    def _failed(self, exc: BaseException, record: int | None) -> bool:
+        """Report a failure; True when the record is skipped (on_error = "skip")."""
+        path = self.lease["path"]
+        error = WorkerError.from_exception(exc, worker=self.worker_id, file=path, record=record)
+        if self.config.pipeline.on_error == "skip":
+            log.warning("skipping record %s of %s: %s: %s", record, path, type(exc).__name__, exc)
+            return True
+        self._send_data(P.encode(P.FILE_ERROR, self._tag(error=error.to_dict())))
+        return False
+
+    def _send_blocks(self, source: FileSource) -> tuple[int, int] | None:
+        wanted = self.config.workers.samples_per_message
+        batch_size = self.config.pipeline.batch_size
+        # A first block of one row tells the row size, so big rows never make a huge first message.
+        rows, record = 1, 0
+        while True:
+            self._check()
+            try:
+                block = source.read_block(rows)
+            except Exception as exc:  # noqa: BLE001
+                if not self._failed(exc, record):
+                    return None
+                return record, 1
+            if block is None:
+                return record, 0
+            n = block_rows(block)
+            self._send_chunk(self._tag(r=record, n=n, sk="tuple"), dict(block))
+            record += n
+            rows = rows_for_bytes(block_nbytes(block) // max(1, n), wanted, batch_size)
+
+    def _send_samples(self, source: FileSource, mappers: list[Any]) -> tuple[int, int] | None:
+        builder = ChunkBuilder(source.fields, self.config.workers.samples_per_message)
+        samples = source.samples()
+        record = sent = skipped = 0
+        while True:
+            self._check()
+            try:
+                sample = next(samples)
+            except StopIteration:
+                break
+            except Exception as exc:  # noqa: BLE001
+                if not self._failed(exc, record):
+                    return None
+                skipped += 1
+                break
+            try:
+                for mapper in mappers:
+                    sample = mapper(sample)
+                builder.add(record, sample)
+            except Exception as exc:  # noqa: BLE001
+                if not self._failed(exc, record):
+                    return None
+                skipped += 1
+            record += 1
+            if builder.due:
+                sent += self._flush(builder)
+        if len(builder):
+            sent += self._flush(builder)
+        return sent, skipped
+
+    def _flush(self, builder: ChunkBuilder) -> int:
+        columns, records = builder.take()
+        n = int(records.size)
+        head = self._tag(r=int(records[0]), n=n, sk=builder.kind)
+        if int(records[-1]) - int(records[0]) + 1 != n:
+            columns[P.INDEX_COLUMN] = records  # records were skipped inside this chunk
+        self._send_chunk(head, columns)
+        return n
+
+    def _send_chunk(self, head: dict[str, Any], columns: dict[str, Any]) -> None:
+        """Send a chunk, its large columns as arena references when they fit."""
+        written = self._arena.put(head, columns) if self._arena is not None else []
+        try:
+            self._send_data(P.encode(P.CHUNK, head, columns))
+        except BaseException:
+            if written and self._arena is not None:
+                self._arena.free(written)  # cancelled or stopping while the stage was busy: never sent
+            raise
+
+
+__all__ = ["FileJob"]
