@@ -17,10 +17,12 @@ import multiprocessing
 import multiprocessing.context
 import os
 import sys
+import threading
 from typing import Any, Callable
 
 PROCESS_JOIN_TIMEOUT_S = 5.0
 PROCESS_KILL_TIMEOUT_S = 2.0
+PARENT_CHECK_INTERVAL_S = 0.5
 
 
 def _context(method: str) -> multiprocessing.context.BaseContext:
@@ -78,6 +80,27 @@ def terminate_now(proc: multiprocessing.process.BaseProcess) -> int | None:
     return stop_process(proc, join_timeout_s=0.0)
 
 
+def stop_when_orphaned(stop: threading.Event, parent_pid: int,
+                       interval_s: float = PARENT_CHECK_INTERVAL_S) -> threading.Thread:
+    """Set ``stop`` once this process's parent ``parent_pid`` has died (it was reparented); call in the child.
+
+    A parent killed with SIGKILL cannot stop its children, and a child that is still
+    looking for its parent (a worker retrying its hello) would wait out its own timeout.
+    The parent passes its pid because it may die before the child gets here. The
+    thread ends when ``stop`` is set, by this check or by anyone else.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            if stop.wait(interval_s):
+                return
+        stop.set()
+
+    thread = threading.Thread(target=watch, name="loader-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def cpu_count() -> int:
     """Cores this process may use (respects affinity masks, unlike os.cpu_count)."""
     try:
@@ -86,4 +109,4 @@ def cpu_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-__all__ = ["start_process", "stop_process", "terminate_now", "context", "cpu_count"]
+__all__ = ["start_process", "stop_process", "terminate_now", "context", "cpu_count", "stop_when_orphaned"]

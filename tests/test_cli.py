@@ -224,6 +224,49 @@ def test_serve_status_and_sigterm(tmp_path) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
+def test_files_of_a_daemon_killed_with_sigkill_are_removed_by_the_next(tmp_path) -> None:
+    from loader.service.arena import shm_directory
+    from tests.helpers import is_alive
+
+    _datagen.generate(str(tmp_path), files=2, samples=50, dim=4)
+    # Orphaned workers notice the silent daemon after heartbeat_timeout_s and exit.
+    cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n[workers]\nheartbeat_timeout_s = 2.0\n')
+    shm = shm_directory()
+
+    def files_of(pid: int) -> list[str]:
+        return [name for name in os.listdir(shm) if name.startswith("loader-") and f"-{pid}-" in name]
+
+    addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    first = start_serve(cfg, addresses[0], 1, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    second = None
+    try:
+        assert wait_until(lambda: len((status_or_none(addresses[0]) or {}).get("workers", [])) == 1,
+                          timeout_s=SERVE_READY_TIMEOUT_S, interval_s=0.2)
+        workers = [w["pid"] for w in status_or_none(addresses[0])["workers"]]
+        left = files_of(first.pid)
+        assert left, "the daemon made no shared-memory files"
+        first.kill()
+        first.wait(timeout=STOP_TIMEOUT_S)
+        assert files_of(first.pid) == left  # SIGKILL: nothing could unlink them
+        second = start_serve(cfg, addresses[1], 1, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        assert wait_until(lambda: status_or_none(addresses[1]) is not None, timeout_s=SERVE_READY_TIMEOUT_S,
+                          interval_s=0.2)
+        assert files_of(first.pid) == []
+        assert files_of(second.pid)  # its own are there
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=STOP_TIMEOUT_S) == 0
+        assert "removed" in second.communicate(timeout=STOP_TIMEOUT_S)[1]
+        assert files_of(second.pid) == []
+        assert wait_until(lambda: not any(is_alive(pid) for pid in workers), timeout_s=10.0), "orphan workers"
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=STOP_TIMEOUT_S)
+
+
+@pytest.mark.integration
 def test_port_in_use_is_one_line(tmp_path) -> None:
     import socket
 

@@ -16,7 +16,8 @@ it returns the credit) and it is at least ``RETIRED_MIN_AGE_S`` old, which
 covers chunks of the dead writer still queued in the daemon's socket. Blocks
 the dead writer allocated but never sent are garbage then, so their state
 bytes are not waited for. ``close`` unlinks everything: nothing outlives the
-daemon.
+daemon. Files of a daemon killed with SIGKILL are removed by the next daemon
+that starts (``stale_shm.sweep``).
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import secrets
 import time
 from typing import Any
 
+from loader.service import stale_shm
 from loader.service.arena import Arena, ArenaError, shm_directory, new_token
 
 log = logging.getLogger("loader.daemon")
@@ -50,7 +51,8 @@ class ArenaPool:
     def __init__(self, arena_bytes: int = DEFAULT_ARENA_BYTES, directory: str | None = None) -> None:
         self.arena_bytes = int(arena_bytes)
         self.directory = directory or shm_directory()
-        self.prefix = f"loader-{os.getpid()}-{secrets.token_hex(4)}"
+        self.prefix = stale_shm.owner_prefix()
+        stale_shm.sweep(self.directory)  # before creating ours: files of daemons killed with SIGKILL
         self.token = new_token()
         self._ids = itertools.count(PROBE_ID + 1)
         self.arenas: dict[int, Arena] = {}

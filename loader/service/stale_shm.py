@@ -1,0 +1,87 @@
+"""Names of a daemon's shared-memory files, and the sweep of those whose daemon is dead.
+
+A daemon's arena files are named ``loader-<pid namespace>-<pid>-<8 hex>-<id>``
+(``owner_prefix`` makes the part before ``-<id>``). ``close`` unlinks them, but
+a daemon killed with SIGKILL cannot, and ``/dev/shm`` is memory: its files
+would pin RAM until reboot. So a daemon starting up removes the files of
+daemons that are provably dead:
+
+* only names of exactly this shape (nothing else in the directory is touched);
+* only from this daemon's own pid namespace: another container sharing
+  ``/dev/shm`` has its own pid numbers, where "no such pid here" proves
+  nothing (without a readable ``/proc/self/ns/pid`` nothing is swept);
+* only when no process of that pid exists (``kill(pid, 0)``). A pid reused by
+  a live process keeps the old files: a leak, never a deletion of a live
+  daemon's arena.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+
+log = logging.getLogger("loader.daemon")
+
+_NAME = re.compile(r"^loader-(\d+)-(\d+)-[0-9a-f]{8}-\d+$")
+
+
+def pid_namespace() -> int | None:
+    """The inode of this process's pid namespace, or None when it cannot be read."""
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return None
+    match = re.search(r"\[(\d+)\]", link)
+    return int(match.group(1)) if match else None
+
+
+def owner_prefix() -> str:
+    """A fresh prefix for this process's arena files (see the module docstring)."""
+    return f"loader-{pid_namespace() or 0}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def sweep(directory: str) -> list[str]:
+    """Unlink the arena files in ``directory`` of dead daemons of this pid namespace; returns their names."""
+    namespace = pid_namespace()
+    if namespace is None:
+        return []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    removed, dead = [], set()
+    for name in sorted(names):
+        match = _NAME.match(name)
+        if match is None or int(match.group(1)) != namespace:
+            continue
+        pid = int(match.group(2))
+        if pid == os.getpid() or (pid not in dead and _pid_alive(pid)):
+            continue
+        dead.add(pid)
+        try:
+            os.unlink(os.path.join(directory, name))
+        except FileNotFoundError:
+            continue  # another daemon starting beside us swept it first
+        except OSError as exc:
+            log.warning("cannot remove stale shared-memory file %s: %s", os.path.join(directory, name), exc)
+            continue
+        removed.append(name)
+    if removed:
+        log.info("removed %d shared-memory file(s) left in %s by dead loader daemon(s) (pids %s)",
+                 len(removed), directory, ", ".join(str(p) for p in sorted(dead)))
+    return removed
+
+
+__all__ = ["owner_prefix", "pid_namespace", "sweep"]
