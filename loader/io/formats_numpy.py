@@ -16,6 +16,7 @@ dtypes are checked once per file, since every row of an array shares them.
 from __future__ import annotations
 
 import struct
+import threading
 import zipfile
 from typing import Callable
 
@@ -25,6 +26,11 @@ from loader.errors import DataError, ShapeMismatchError
 from loader.io.file_reader import FileReader
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., file name length, extra field length
+# numpy parses .npy headers with ast.literal_eval, and on CPython 3.11 (seen here on 3.11.7,
+# with open_files threads) AST construction racing in several threads can raise "SystemError:
+# AST constructor recursion depth mismatch" (cpython gh-106905). Headers are tiny: parse them
+# one at a time.
+_HEADER_LOCK = threading.Lock()
 _ArraySource = Callable[[], np.ndarray]
 
 
@@ -91,7 +97,8 @@ class NpyFileReader(ArrayFileReader):
 
     def _open(self) -> None:
         try:
-            array = np.load(self.path, mmap_mode="r", allow_pickle=False)
+            with _HEADER_LOCK:
+                array = np.load(self.path, mmap_mode="r", allow_pickle=False)
         except ValueError as exc:  # object arrays, bad headers
             raise DataError(f"{self.path}: not a readable .npy array ({exc})") from exc
         self._use_arrays(["data"], [(array.shape, array.dtype)], [lambda: array])
@@ -118,12 +125,13 @@ class NpzFileReader(ArrayFileReader):
     def _member(self, raw, archive: zipfile.ZipFile, info: zipfile.ZipInfo):  # type: ignore[no-untyped-def]
         with archive.open(info) as member:
             version = np.lib.format.read_magic(member)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
-            else:
-                raise ValueError(f"member {info.filename!r}: unsupported .npy format version {version}")
+            with _HEADER_LOCK:
+                if version == (1, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
+                elif version == (2, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
+                else:
+                    raise ValueError(f"member {info.filename!r}: unsupported .npy format version {version}")
             header_len = member.tell()
         if dtype.hasobject:
             raise ValueError(f"member {info.filename!r} holds Python objects, which are never unpickled")
