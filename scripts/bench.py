@@ -2,7 +2,7 @@
 
 Each group is a module ``scripts/bench_<group>.py`` exposing
 ``run(quick: bool) -> list[dict]`` with keys name, ours, peer, unit, ratio,
-target, passed, detail. Ratios are measured in one run against the named peer;
+target, passed (None for a row that has no target), detail. Ratios are measured in one run against the named peer;
 the machine is shared and noisy, so read them as figures, not as test results.
 """
 
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-GROUPS = ("io", "service")
+GROUPS = ("io", "service", "recordio")
 HERE = Path(__file__).resolve().parent
 
 
@@ -49,10 +49,14 @@ def _print_table(rows: list[dict]) -> None:
     for row in rows:
         print(
             f"{row['name']:<52} {row['ours']:>12.4g} {row['peer']:>12.4g} {row['unit']:<12} "
-            f"{row['ratio']:>7.2f}  {row['target']:<22} {'yes' if row['passed'] else 'NO'}"
+            f"{row['ratio']:>7.2f}  {row['target']:<22} {_verdict(row['passed'])}"
         )
         if row.get("detail"):
             print(f"    {row['detail']}")
+
+
+def _verdict(passed: bool | None) -> str:
+    return "-" if passed is None else ("yes" if passed else "NO")
 
 
 def _write(rows: list[dict], path: Path, *, quick: bool) -> None:

@@ -24,7 +24,7 @@ from loader.recordio import (
 )
 from tests.helpers import ListReader, RangeReader
 
-COMPRESSORS = [Compressor.NONE, Compressor.ZLIB]
+COMPRESSORS = [Compressor.NONE, Compressor.ZLIB, Compressor.SNAPPY]
 
 SAMPLES = [
     None,
@@ -193,11 +193,13 @@ def test_exit_by_exception_keeps_records_written(tmp_path):
         assert list(scanner) == ["kept"]
 
 
-def test_unsupported_compressors_are_refused_early():
-    with pytest.raises(ValueError, match="SNAPPY"):
-        Writer(io.BytesIO(), Compressor.SNAPPY)
+def test_unknown_compressors_are_refused_early():
     with pytest.raises(ValueError):
         Writer(io.BytesIO(), 7)
+
+
+def test_default_compressor_is_none():
+    assert recordio.DEFAULT_COMPRESSOR is Compressor.NONE
 
 
 def test_objects_are_never_pickled(tmp_path):
@@ -296,6 +298,27 @@ def test_huge_size_field_does_not_allocate(tmp_path):
     path, offsets = _three_chunks(tmp_path)
     _patch(path, offsets[0] + 16, struct.pack("<I", 0xFFFFFFF0))
     _expect_corrupt(path, offsets[0], "truncated payload")
+
+
+def _raw_chunk(path, count: int, compressor: Compressor, stored: bytes) -> None:
+    """A file of one chunk whose stored bytes are ``stored``, with a valid CRC."""
+    path.write_bytes(HEADER.pack(MAGIC, count, zlib.crc32(stored), int(compressor), len(stored)) + stored)
+
+
+def test_zlib_payload_is_inflated_only_up_to_the_format_limit(tmp_path, monkeypatch):
+    from loader.recordio import chunks
+
+    payload = struct.pack("<I", 4000) + bytes(4000)  # one record of 4000 zero bytes: a 1:100 deflate
+    path = tmp_path / "bomb.recordio"
+    _raw_chunk(path, 1, Compressor.ZLIB, zlib.compress(payload))
+    monkeypatch.setattr(chunks, "MAX_UINT32", 1000)  # stands for the real 4 GiB bound
+    _expect_corrupt(path, 0, "zlib payload inflates past 1000 bytes")
+
+
+def test_cut_off_zlib_stream_with_a_valid_checksum(tmp_path):
+    path = tmp_path / "cut.recordio"
+    _raw_chunk(path, 1, Compressor.ZLIB, zlib.compress(struct.pack("<I", 3) + b"abc")[:-4])
+    _expect_corrupt(path, 0, "zlib payload does not inflate")
 
 
 def test_record_count_mismatch(tmp_path):

@@ -7,8 +7,11 @@
              crc32 of the stored payload, compressor id, stored payload size
     payload (before compression) = (uint32 LE length, record bytes)*
 
-Every kind of damage found while unpacking raises ``CorruptFileError`` naming the
-file and the byte offset of the chunk (``chunk_error``).
+Stored payloads: NONE is the payload itself, ZLIB a zlib stream, SNAPPY a
+hoxnox/snappystream stream of Snappy blocks (:mod:`loader.recordio.snappystream`,
+codec in pure Python). Every kind of damage found while unpacking raises
+``CorruptFileError`` naming the file and the byte offset of the chunk
+(``chunk_error``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import zlib
 from typing import BinaryIO
 
 from loader.errors import CorruptFileError
+from loader.recordio import snappystream
+from loader.recordio.snappy import SnappyError
 
 MAGIC = 0x01020304
 HEADER = struct.Struct("<5I")  # magic, num_records, checksum, compressor, stored size
@@ -32,7 +37,7 @@ class Compressor(enum.IntEnum):
     """Compressor ids stored in each chunk header (the original's numbering)."""
 
     NONE = 0
-    SNAPPY = 1  # read and written by the original; refused here (no stdlib codec)
+    SNAPPY = 1  # the original's default: a snappystream of Snappy blocks (pure Python here)
     ZLIB = 2  # the original's "gzip" slot
     GZIP = 2  # alias of ZLIB, the original's name for the slot
     NoCompress = 0  # alias of NONE, the original's name
@@ -40,7 +45,9 @@ class Compressor(enum.IntEnum):
 
 # NONE by default: training data is mostly float arrays or already-compressed media,
 # which deflate barely shrinks, while inflating every chunk costs reading time on
-# the CPU that also feeds the model. Choose ZLIB for text-like or sparse data.
+# the CPU that also feeds the model. Choose ZLIB for text-like or sparse data;
+# SNAPPY (the original's default) is for files the original must read, since our
+# Snappy codec is pure Python and so slower than zlib's C.
 DEFAULT_COMPRESSOR = Compressor.NONE
 
 
@@ -50,7 +57,9 @@ def compress(compressor: Compressor, payload: bytes) -> bytes:
         return payload
     if compressor == Compressor.ZLIB:
         return zlib.compress(payload, ZLIB_LEVEL)
-    raise ValueError(f"compressor {compressor.name} is not supported; use Compressor.NONE or Compressor.ZLIB")
+    if compressor == Compressor.SNAPPY:
+        return snappystream.encode(payload)
+    raise ValueError(f"compressor {compressor!r} is not supported")
 
 
 def pack_chunk(records: list[bytes], compressor: Compressor) -> bytes:
@@ -105,12 +114,23 @@ def _decompress(name: str, offset: int, compressor: int, stored: bytes) -> bytes
     if compressor == Compressor.NONE:
         return stored
     if compressor == Compressor.ZLIB:
+        # Bounded: a writer never makes a payload over MAX_UINT32 bytes (its records' lengths are
+        # uint32 and so is an uncompressed chunk's size), and a crafted chunk could inflate ~1000x.
+        inflater = zlib.decompressobj()
         try:
-            return zlib.decompress(stored)
+            payload = inflater.decompress(stored, MAX_UINT32)
         except zlib.error as exc:
             raise chunk_error(name, offset, f"zlib payload does not inflate ({exc})") from exc
+        if inflater.unconsumed_tail:
+            raise chunk_error(name, offset, f"zlib payload inflates past {MAX_UINT32} bytes")
+        if not inflater.eof:
+            raise chunk_error(name, offset, "zlib payload does not inflate (the stream is cut off)")
+        return payload
     if compressor == Compressor.SNAPPY:
-        raise chunk_error(name, offset, "Snappy-compressed chunks are not supported (rewrite with NONE or ZLIB)")
+        try:
+            return snappystream.decode(stored)
+        except SnappyError as exc:
+            raise chunk_error(name, offset, f"Snappy payload: {exc}") from exc
     raise chunk_error(name, offset, f"unknown compressor id {compressor}")
 
 
