@@ -16,6 +16,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.context
 import os
+import signal
 import sys
 import threading
 from typing import Any, Callable
@@ -63,6 +64,7 @@ def stop_process(
     proc.join(timeout=join_timeout_s)
     if proc.is_alive():
         proc.terminate()
+        _resume(proc.pid)  # a stopped process (SIGSTOP, a debugger) acts on SIGTERM only once resumed
         proc.join(timeout=PROCESS_KILL_TIMEOUT_S)
     if proc.is_alive():
         proc.kill()
@@ -73,6 +75,16 @@ def stop_process(
     except ValueError:
         pass  # still running after SIGKILL (a zombie the kernel has not reaped yet)
     return code
+
+
+def _resume(pid: int | None) -> None:
+    sigcont = getattr(signal, "SIGCONT", None)  # POSIX only
+    if pid is None or sigcont is None:
+        return
+    try:
+        os.kill(pid, sigcont)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone
 
 
 def terminate_now(proc: multiprocessing.process.BaseProcess) -> int | None:

@@ -26,3 +26,22 @@ def test_a_live_parent_leaves_stop_alone_and_the_watch_ends_with_stop():
     stop.set()
     thread.join(WATCH_JOIN_TIMEOUT_S)
     assert not thread.is_alive()
+
+
+def _sleep_forever() -> None:
+    import time
+
+    while True:
+        time.sleep(1)
+
+
+def test_a_stopped_process_is_stopped_by_sigterm_without_waiting_for_sigkill():
+    import signal
+    import time
+
+    proc = processes.start_process(_sleep_forever, name="loader-test-stopped", method="spawn")
+    os.kill(proc.pid, signal.SIGSTOP)
+    start = time.monotonic()
+    code = processes.stop_process(proc, join_timeout_s=0.0)  # always ends it (SIGKILL at worst)
+    assert code == -signal.SIGTERM  # SIGTERM acted: SIGKILL was not needed
+    assert time.monotonic() - start < processes.PROCESS_KILL_TIMEOUT_S

@@ -8,8 +8,8 @@ before the worker is spawned and handed to it as process arguments:
 * data: one one-way Pipe, worker -> daemon (``CHUNK``, ``FILE_DONE``, ``FILE_ERROR``).
 
 Only bytes cross a link: a multipart message of protocol frames is sent with
-``send_bytes`` as one small length-prefixed concatenation and received with
-``recv_bytes`` (``pipes.py``); nothing is pickled, so nothing is unpickled.
+``send_bytes`` as one small length-prefixed concatenation (``pipes.py``);
+nothing is pickled, so nothing is unpickled.
 
 Transports (``config.workers.transport``):
 
@@ -24,22 +24,50 @@ Transports (``config.workers.transport``):
 
 Clients (and ``loader status``) still talk to the daemon over its ZeroMQ
 endpoint: ``SplitRouter`` sends to a worker's pipe or to the zmq router by peer.
-The daemon reads a link only when it is readable; a worker writes each message
-in one uninterrupted call, so a read waits only for the rest of a message that
-a live writer is writing, and a killed writer ends it with end-of-file.
+
+The daemon's ends are non-blocking and never wait for bytes: each link
+reassembles its messages from whatever has arrived (``pipe_frames.FrameReader``) and
+hands one out only once it is complete, so a worker frozen mid-message (SIGSTOP,
+a debugger) holds up nobody but itself; the coordinator's progress and
+heartbeat timeouts then replace it. A link is dropped, with the part of a
+message it holds, at end-of-file (a worker that exited or was killed) and at
+a length no worker sends (over ``MAX_MESSAGE_BYTES``, or garbled): a dropped
+link is never read again. A control message to a worker is never waited for
+nor interleaved with another (``pipe_frames.FrameWriter``): one that the worker's
+pipe takes only in part keeps its rest, written first at the next loop turn.
 """
 
 from __future__ import annotations
 
 import itertools
-import multiprocessing.connection
+import logging
+import math
+import os
+import select
+import time
 from typing import Any, Sequence
 
 from loader import processes
 from loader.errors import TransportError
-from loader.service.pipes import PipeChannel, QueuedChannel, grow_pipe, pack_frames, unpack_frames, writable
+from loader.service.pipe_frames import FrameReader, FrameWriter
+from loader.service.pipes import (
+    PipeChannel,
+    QueuedChannel,
+    grow_pipe,
+    pack_frames,
+    unpack_frames,
+)
+
+log = logging.getLogger("loader.daemon")
 
 MP_TRANSPORTS = ("pipe", "queue")
+# The longest message the daemon takes from a worker's data link. A chunk is at most 4 MiB, or one
+# batch of big rows up to 64 MiB (workers/columns.py), or a single sample bigger than that: this leaves
+# room for any sample that should travel through a pipe. A longer length is a garbled link, dropped.
+# Buffers grow as the bytes arrive (pipe_frames.FrameReader), so the limit is never allocated up front.
+MAX_MESSAGE_BYTES = 4 * 1024**3
+# Control messages from a worker (hello, lease requests, heartbeats, bye) are a few hundred bytes.
+MAX_CONTROL_MESSAGE_BYTES = 1024**2
 
 
 # -- the worker's end --------------------------------------------------------
@@ -65,66 +93,125 @@ class WorkerEnd:
 
 
 # -- the daemon's end --------------------------------------------------------
+class _Link:
+    """The daemon's end of one link of one kind: its Connection (which owns the fd), reader and writer."""
+
+    def __init__(self, conn: Any, max_bytes: int, writes: bool) -> None:
+        self.conn, self.fd = conn, conn.fileno()
+        # Non-blocking, so no read or write of the daemon's can wait on a worker; O_NONBLOCK belongs to
+        # this end's open file, not to the worker's end.
+        os.set_blocking(self.fd, False)
+        self.reader = FrameReader(self.fd, max_bytes)
+        self.writer = FrameWriter(self.fd) if writes else None
+
+
 class _LinkGroup:
     """The daemon's ends of one kind (control or data) of every link, polled as one item."""
 
+    max_message_bytes = MAX_MESSAGE_BYTES
+    writes = False
+
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
-        self._conns: dict[bytes, Any] = {}
+        self._links: dict[bytes, _Link] = {}
+        self._by_fd: dict[int, bytes] = {}
+        self._poll = select.poll()
         self._ready: list[bytes] = []
 
     def poll_keys(self) -> list[int]:
-        return [conn.fileno() for conn in self._conns.values()]
+        return list(self._by_fd)
 
     def add(self, peer: bytes, conn: Any) -> None:
-        self._conns[peer] = conn
+        link = _Link(conn, self.max_message_bytes, self.writes)
+        self._links[peer] = link
+        self._by_fd[link.fd] = peer
+        self._poll.register(link.fd, select.POLLIN)
 
     def owns(self, peer: bytes) -> bool:
-        return peer in self._conns
+        return peer in self._links
+
+    def pending_bytes(self, peer: bytes) -> int:
+        """Bytes of an unfinished message held for ``peer`` (0 between messages, or for no such link)."""
+        link = self._links.get(peer)
+        return link.reader.pending_bytes if link is not None else 0
 
     def drop(self, peer: bytes) -> None:
-        conn = self._conns.pop(peer, None)
-        if conn is not None:
-            conn.close()
+        """Forget a link and the part of a message it holds; nothing more is read from it."""
+        link = self._links.pop(peer, None)
+        if link is not None:
+            self._poll.unregister(link.fd)
+            del self._by_fd[link.fd]
+            link.conn.close()
 
     def recv_from(self, timeout_s: float) -> tuple[bytes, list[Any]] | None:
-        """(peer, frames) of one waiting message, taking ready links in turn; a closed link is dropped."""
-        if not self._ready:
-            by_conn = {id(conn): peer for peer, conn in self._conns.items()}
-            ready = multiprocessing.connection.wait(list(self._conns.values()), max(0.0, timeout_s))
-            self._ready = [by_conn[id(conn)] for conn in ready]
-        while self._ready:
-            peer = self._ready.pop()
-            conn = self._conns.get(peer)
-            if conn is None:
-                continue
-            try:
-                return peer, unpack_frames(conn.recv_bytes())
-            except (EOFError, OSError):
-                self.drop(peer)  # the worker exited or was killed; the daemon reaps it by exit code
-            except TransportError:
-                self.drop(peer)  # a garbled link cannot be resynchronised
+        """(peer, frames) of one complete message, taking ready links in turn; None when none is
+        complete within ``timeout_s`` (at once when no link is left). Never waits past that."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            if not self._ready:
+                self._ready = self._readable(deadline - time.monotonic())
+            while self._ready:
+                got = self._read(self._ready.pop())
+                if got is not None:
+                    return got
+            if not self._links or time.monotonic() >= deadline:
+                return None
+
+    def _readable(self, timeout_s: float) -> list[bytes]:
+        timeout_ms = math.ceil(timeout_s * 1000) if timeout_s > 0 else 0
+        return [self._by_fd[fd] for fd, _ in self._poll.poll(timeout_ms) if fd in self._by_fd]
+
+    def _read(self, peer: bytes) -> tuple[bytes, list[Any]] | None:
+        link = self._links.get(peer)
+        if link is None:
+            return None
+        try:
+            blob = link.reader.read()
+            return None if blob is None else (peer, unpack_frames(blob))
+        except (EOFError, OSError) as exc:
+            # The worker exited or was killed; the daemon reaps it by exit code.
+            log.debug("%s: link %s closed: %s", self.endpoint, peer.decode(errors="replace"), exc)
+        except TransportError as exc:
+            log.warning("%s: dropping the link of %s: %s", self.endpoint, peer.decode(errors="replace"), exc)
+        self.drop(peer)  # a closed or garbled link cannot be resynchronised
         return None
 
     def close(self) -> None:
-        for peer in list(self._conns):
+        for peer in list(self._links):
             self.drop(peer)
 
 
 class LinkRouter(_LinkGroup):
     """Control ends, with the ``Router`` shape: ``send(peer, frames)``, ``recv() -> (peer, frames)``."""
 
+    max_message_bytes = MAX_CONTROL_MESSAGE_BYTES
+    writes = True
+
     def send(self, peer: bytes, frames: Sequence[Any]) -> bool:
         """Send without waiting for room; False when the worker is gone or not reading."""
-        conn = self._conns.get(peer)
-        if conn is None or not writable(conn, 0.0):
+        link = self._links.get(peer)
+        if link is None or link.writer is None:
             return False
         try:
-            conn.send_bytes(pack_frames(frames))
+            return link.writer.send(pack_frames(frames))
         except OSError:
             self.drop(peer)
             return False
-        return True
+
+    def poll_keys(self) -> list[int]:
+        # The daemon's poller asks for the keys at every loop turn, whatever the workers send: the
+        # rest of a control message that did not fit goes out here (a worker waits for it whole).
+        self.flush()
+        return super().poll_keys()
+
+    def flush(self) -> None:
+        """Write the rest of every control message a worker's pipe took only part of."""
+        for peer, link in list(self._links.items()):
+            try:
+                if link.writer is not None:
+                    link.writer.flush()
+            except OSError:
+                self.drop(peer)
 
     def recv(self, timeout_s: float) -> tuple[bytes, list[Any]] | None:
         return self.recv_from(timeout_s)
@@ -189,6 +276,8 @@ class SplitRouter:
 
 __all__ = [
     "MP_TRANSPORTS",
+    "MAX_MESSAGE_BYTES",
+    "MAX_CONTROL_MESSAGE_BYTES",
     "pack_frames",
     "unpack_frames",
     "WorkerEnd",

@@ -8,7 +8,11 @@ arrays are ``np.frombuffer`` views as over ZeroMQ. Nothing is pickled.
 ``PipeChannel`` has the ``Channel`` shape (``send``/``try_send``/``recv``/
 ``close``); ``QueuedChannel`` is the "queue" transport's data channel: a
 ``try_send`` hands the packed message to a feeder thread, as
-``multiprocessing.Queue.put`` does. See ``mp_transport`` for the links.
+``multiprocessing.Queue.put`` does. Both are the worker's end and block (with
+timeouts) like any worker call.
+
+The daemon's end never waits for bytes (``pipe_frames``). See ``mp_transport``
+for the links.
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ FEEDER_FLUSH_TIMEOUT_S = 5.0
 
 _COUNT = struct.Struct("<I")
 _LENGTH = struct.Struct("<Q")
-
 
 # -- framing -----------------------------------------------------------------
 def pack_frames(frames: Sequence[Any]) -> bytes:
@@ -171,7 +174,6 @@ class QueuedChannel(PipeChannel):
         self._stop.set()
         self._thread.join(FEEDER_FLUSH_TIMEOUT_S + FEEDER_POLL_S)
         super().close()
-
 
 
 __all__ = ["pack_frames", "unpack_frames", "writable", "grow_pipe", "PipeChannel", "QueuedChannel"]
