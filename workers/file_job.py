@@ -32,9 +32,11 @@ class FileJob:
     """Reads the file of one lease and sends it; ``run()`` once."""
 
     def __init__(self, lease: dict[str, Any], *, config: Any, worker_id: str,
-                 mappers: Callable[[], list[Any]], arena: ArenaWriter | None,
+                 mappers: Callable[[], list[Any]], arena: Callable[[], ArenaWriter | None],
                  send_data: Callable[[list[Any]], None], check: Callable[[], None]) -> None:
         self.lease, self.config, self.worker_id = lease, config, worker_id
+        # The arena is asked for at each chunk: a re-WELCOME during the lease (handled inside
+        # ``check``) closes the worker's arena and names a fresh one.
         self._mappers, self._arena = mappers, arena
         self._send_data, self._check = send_data, check
 
@@ -135,12 +137,14 @@ class FileJob:
 
     def _send_chunk(self, head: dict[str, Any], columns: dict[str, Any]) -> None:
         """Send a chunk, its large columns as arena references when they fit."""
-        written = self._arena.put(head, columns) if self._arena is not None else []
+        arena = self._arena()
+        written = arena.put(head, columns) if arena is not None else []
         try:
             self._send_data(P.encode(P.CHUNK, head, columns))
         except BaseException:
-            if written and self._arena is not None:
-                self._arena.free(written)  # cancelled or stopping while the stage was busy: never sent
+            current = self._arena()  # after a re-WELCOME, refs into the old arena are not its to free
+            if written and current is not None:
+                current.free(written)  # cancelled or stopping while the stage was busy: never sent
             raise
 
 

@@ -221,7 +221,7 @@ class Worker:
     def _serve_lease(self, lease: dict[str, Any]) -> None:
         self.lease = lease
         job = FileJob(lease, config=self.config, worker_id=self.worker_id, mappers=self._resolved_mappers,
-                      arena=self.arena, send_data=self._send_data, check=self._check)
+                      arena=lambda: self.arena, send_data=self._send_data, check=self._check)
         try:
             job.run()
         except _Cancelled:
