@@ -135,10 +135,31 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _open_link(links: WorkerLinks) -> tuple[bytes, PipeChannel, PipeChannel]:
-    end = links.new_link()
-    control, data = end.open_channels()
-    return end.endpoint.split("://")[1].encode(), control, data
+class _PipeLinks:
+    """A "pipe" ``WorkerLinks`` (``.links``) whose worker ends, made by ``open()``, close with it."""
+
+    def __init__(self) -> None:
+        self.links = WorkerLinks("pipe")
+        self._channels: list[PipeChannel] = []
+
+    def open(self) -> tuple[bytes, PipeChannel, PipeChannel]:
+        """(peer, control, data): the worker's channels of a fresh link."""
+        end = self.links.new_link()
+        control, data = end.open_channels()
+        self._channels += [data, control]
+        return end.endpoint.split("://")[1].encode(), control, data
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+        self.links.close()
+
+
+@pytest.fixture
+def pipe_links():
+    made = _PipeLinks()
+    yield made
+    made.close()
 
 
 def test_reader_reassembles_send_bytes_messages_from_any_pieces():
@@ -211,50 +232,40 @@ def test_writer_writes_send_bytes_framing_keeping_the_rest_of_a_message():
 
 
 @pytest.mark.parametrize("split", [2, 4, 5000])
-def test_half_a_message_is_held_without_waiting_for_the_rest(split):
-    links = WorkerLinks("pipe")
-    peer, control, data = _open_link(links)
+def test_half_a_message_is_held_without_waiting_for_the_rest(split, pipe_links):
+    links = pipe_links.links
+    peer, _, data = pipe_links.open()
     frames = P.encode(P.CHUNK, {"i": 1}, {"x": np.arange(4000)})
     framed = _send_bytes_output(pack_frames(frames))
-    try:
-        _write_all(data.fileno_obj(), framed[:split])
-        start = time.monotonic()
-        assert links.data.recv(0.2) is None
-        assert time.monotonic() - start < 2  # waited for its timeout, not for the writer
-        assert links.data.pending_bytes(peer) == split
-        _write_all(data.fileno_obj(), framed[split:])
-        head, columns = P.decode(links.data.recv(5))
-        assert head["i"] == 1 and np.array_equal(columns["x"], np.arange(4000))
-        assert links.data.pending_bytes(peer) == 0
-    finally:
-        data.close()
-        control.close()
-        links.close()
+    _write_all(data.fileno_obj(), framed[:split])
+    start = time.monotonic()
+    assert links.data.recv(0.2) is None
+    assert time.monotonic() - start < 2  # waited for its timeout, not for the writer
+    assert links.data.pending_bytes(peer) == split
+    _write_all(data.fileno_obj(), framed[split:])
+    head, columns = P.decode(links.data.recv(5))
+    assert head["i"] == 1 and np.array_equal(columns["x"], np.arange(4000))
+    assert links.data.pending_bytes(peer) == 0
 
 
-def test_a_link_stalled_mid_message_holds_up_no_other():
-    links = WorkerLinks("pipe")
-    stalled, control_a, data_a = _open_link(links)
-    _, control_b, data_b = _open_link(links)
+def test_a_link_stalled_mid_message_holds_up_no_other(pipe_links):
+    links = pipe_links.links
+    stalled, _, data_a = pipe_links.open()
+    _, _, data_b = pipe_links.open()
     framed = _send_bytes_output(pack_frames(P.encode(P.CHUNK, {"who": "a"}, {"x": np.zeros(10_000)})))
-    try:
-        _write_all(data_a.fileno_obj(), framed[: len(framed) // 2])
-        for i in range(50):
-            assert data_b.try_send(P.encode(P.CHUNK, {"who": "b", "i": i}), timeout_s=5)
-        got = [P.decode(links.data.recv(5))[0] for _ in range(50)]
-        assert [h["i"] for h in got] == list(range(50)) and {h["who"] for h in got} == {"b"}
-        assert links.data.recv(0.1) is None and links.data.pending_bytes(stalled) == len(framed) // 2
-        _write_all(data_a.fileno_obj(), framed[len(framed) // 2 :])
-        assert P.decode(links.data.recv(5))[0]["who"] == "a"
-    finally:
-        for channel in (data_a, control_a, data_b, control_b):
-            channel.close()
-        links.close()
+    _write_all(data_a.fileno_obj(), framed[: len(framed) // 2])
+    for i in range(50):
+        assert data_b.try_send(P.encode(P.CHUNK, {"who": "b", "i": i}), timeout_s=5)
+    got = [P.decode(links.data.recv(5))[0] for _ in range(50)]
+    assert [h["i"] for h in got] == list(range(50)) and {h["who"] for h in got} == {"b"}
+    assert links.data.recv(0.1) is None and links.data.pending_bytes(stalled) == len(framed) // 2
+    _write_all(data_a.fileno_obj(), framed[len(framed) // 2 :])
+    assert P.decode(links.data.recv(5))[0]["who"] == "a"
 
 
-def test_end_of_file_mid_message_drops_the_link_and_its_part():
-    links = WorkerLinks("pipe")
-    peer, control, data = _open_link(links)
+def test_end_of_file_mid_message_drops_the_link_and_its_part(pipe_links):
+    links = pipe_links.links
+    peer, control, data = pipe_links.open()
     framed = _send_bytes_output(pack_frames([b"h", bytes(10_000)]))
     _write_all(data.fileno_obj(), framed[:6000])
     assert links.data.recv(0.1) is None and links.data.pending_bytes(peer) == 6000
@@ -262,24 +273,18 @@ def test_end_of_file_mid_message_drops_the_link_and_its_part():
     control.close()
     assert links.data.recv(1) is None
     assert not links.data.owns(peer) and links.data.poll_keys() == [] and links.data.pending_bytes(peer) == 0
-    links.close()
 
 
-def test_a_dropped_link_never_delivers_the_rest_of_its_message():
-    links = WorkerLinks("pipe")
-    peer, control, data = _open_link(links)
+def test_a_dropped_link_never_delivers_the_rest_of_its_message(pipe_links):
+    links = pipe_links.links
+    peer, _, data = pipe_links.open()
     framed = _send_bytes_output(pack_frames([b"h", bytes(10_000)]))
-    try:
-        _write_all(data.fileno_obj(), framed[:6000])
-        assert links.data.recv(0.1) is None and links.data.pending_bytes(peer) == 6000
-        links.data.drop(peer)  # as the daemon gives up on a worker
-        with pytest.raises(BrokenPipeError):
-            _write_all(data.fileno_obj(), framed[6000:])  # the worker finishes it: nobody reads it
-        assert links.data.recv(0.1) is None and not links.data.owns(peer)
-    finally:
-        data.close()
-        control.close()
-        links.close()
+    _write_all(data.fileno_obj(), framed[:6000])
+    assert links.data.recv(0.1) is None and links.data.pending_bytes(peer) == 6000
+    links.data.drop(peer)  # as the daemon gives up on a worker
+    with pytest.raises(BrokenPipeError):
+        _write_all(data.fileno_obj(), framed[6000:])  # the worker finishes it: nobody reads it
+    assert links.data.recv(0.1) is None and not links.data.owns(peer)
 
 
 @pytest.mark.parametrize("header", [
@@ -287,62 +292,47 @@ def test_a_dropped_link_never_delivers_the_rest_of_its_message():
     struct.pack("!iQ", -1, MAX_MESSAGE_BYTES + 1),
     struct.pack("!i", -7),
 ], ids=["absurd", "over-limit", "negative"])
-def test_garbled_length_drops_the_link_with_a_log_line(header, caplog):
+def test_garbled_length_drops_the_link_with_a_log_line(header, caplog, pipe_links):
     caplog.set_level(logging.WARNING, logger="loader.daemon")
-    links = WorkerLinks("pipe")
-    peer, control, data = _open_link(links)
+    links = pipe_links.links
+    peer, _, data = pipe_links.open()
+    _write_all(data.fileno_obj(), header + b"rest of the garbage")
+    tracemalloc.start()
     try:
-        _write_all(data.fileno_obj(), header + b"rest of the garbage")
-        tracemalloc.start()
-        try:
-            assert links.data.recv(1) is None
-            assert tracemalloc.get_traced_memory()[1] < 1 << 20  # nothing the length asked for
-        finally:
-            tracemalloc.stop()
-        assert not links.data.owns(peer) and links.data.poll_keys() == []
-        assert "garbled or over the limit" in caplog.text
+        assert links.data.recv(1) is None
+        assert tracemalloc.get_traced_memory()[1] < 1 << 20  # nothing the length asked for
     finally:
-        data.close()
-        control.close()
-        links.close()
+        tracemalloc.stop()
+    assert not links.data.owns(peer) and links.data.poll_keys() == []
+    assert "garbled or over the limit" in caplog.text
 
 
-def test_a_long_length_under_the_limit_allocates_only_as_bytes_arrive():
-    links = WorkerLinks("pipe")
-    peer, control, data = _open_link(links)
+def test_a_long_length_under_the_limit_allocates_only_as_bytes_arrive(pipe_links):
+    links = pipe_links.links
+    peer, _, data = pipe_links.open()
+    _write_all(data.fileno_obj(), struct.pack("!iQ", -1, 3 << 30) + bytes(1000))  # says 3 GiB, sends 1000 B
+    tracemalloc.start()
     try:
-        _write_all(data.fileno_obj(), struct.pack("!iQ", -1, 3 << 30) + bytes(1000))  # says 3 GiB, sends 1000 B
-        tracemalloc.start()
-        try:
-            assert links.data.recv(0.1) is None
-            assert tracemalloc.get_traced_memory()[1] <= FIRST_BUFFER_MAX_BYTES + (1 << 20)
-        finally:
-            tracemalloc.stop()
-        assert links.data.pending_bytes(peer) == 12 + 1000
+        assert links.data.recv(0.1) is None
+        assert tracemalloc.get_traced_memory()[1] <= FIRST_BUFFER_MAX_BYTES + (1 << 20)
     finally:
-        data.close()
-        control.close()
-        links.close()
+        tracemalloc.stop()
+    assert links.data.pending_bytes(peer) == 12 + 1000
 
 
-def test_control_message_bigger_than_the_socket_buffer_arrives_whole():
-    links = WorkerLinks("pipe")
-    peer, control, data = _open_link(links)
+def test_control_message_bigger_than_the_socket_buffer_arrives_whole(pipe_links):
+    links = pipe_links.links
+    peer, control, data = pipe_links.open()
     big = P.encode(P.WELCOME, {"pad": "x" * (4 << 20)})
     received: list[Any] = []
-    try:
-        assert links.control.send(peer, big)  # the worker is not reading: taken in part, without waiting
-        assert not links.control.send(peer, P.encode(P.LEASE))  # not before the rest of the first
-        reader = threading.Thread(target=lambda: received.append(control.recv(10)), daemon=True)
-        reader.start()
-        deadline = time.monotonic() + 10
-        while reader.is_alive() and time.monotonic() < deadline:
-            links.control.poll_keys()  # the daemon's loop asks for these every turn: the rest goes out
-            reader.join(0.01)
-        assert len(P.decode(received[0])[0]["pad"]) == 4 << 20
-        assert links.control.send(peer, P.encode(P.LEASE))
-        assert P.decode(control.recv(5))[0]["k"] == P.LEASE
-    finally:
-        data.close()
-        control.close()
-        links.close()
+    assert links.control.send(peer, big)  # the worker is not reading: taken in part, without waiting
+    assert not links.control.send(peer, P.encode(P.LEASE))  # not before the rest of the first
+    reader = threading.Thread(target=lambda: received.append(control.recv(10)), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 10
+    while reader.is_alive() and time.monotonic() < deadline:
+        links.control.poll_keys()  # the daemon's loop asks for these every turn: the rest goes out
+        reader.join(0.01)
+    assert len(P.decode(received[0])[0]["pad"]) == 4 << 20
+    assert links.control.send(peer, P.encode(P.LEASE))
+    assert P.decode(control.recv(5))[0]["k"] == P.LEASE
