@@ -28,7 +28,7 @@ from loader.errors import (
 
 # Eager, and from a private module: a public submodule named ``batch`` would replace
 # this function on ``loader`` as soon as anything imported ``loader.batch``.
-from loader._batch import batch
+from loader.reader.batching import batch
 
 __version__ = "0.1.0"
 
@@ -37,7 +37,7 @@ _LAZY = {
     "DataFeeder": "loader.feeder",
     "Field": "loader.feeder",
     "LoDTensor": "loader.feeder",
-    "Client": "loader.service.client",
+    "Client": "loader.service.client.client",
     "Loader": "loader.service.local",
     "load_config": "loader.config",
 }

@@ -36,7 +36,7 @@ log = logging.getLogger("loader.cli")
 
 def cmd_serve(args: argparse.Namespace) -> int:
     config = _load_checked(args.config, {"service.bind": args.bind, "workers.count": args.workers})
-    from loader.service.daemon import Daemon  # after the config checks: they need no zmq
+    from loader.service.daemon.loop import Daemon  # after the config checks: they need no zmq
 
     stop = threading.Event()
     with _stop_on_signals(stop):
@@ -51,7 +51,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from loader.service.client import query_status
+    from loader.service.client.client import query_status
 
     status = query_status(args.address, timeout_s=args.timeout)
     print(json.dumps(status, indent=2, sort_keys=True, default=str) if args.json else format_status(status))
@@ -77,7 +77,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_gen_data(args: argparse.Namespace) -> int:
-    from loader._datagen import generate
+    from loader.examples.datagen import generate
 
     paths = generate(
         args.dir, format=args.format, files=args.files, samples=args.samples, dim=args.dim, seed=args.seed

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from loader import codec
+from loader.runtime import codec
 from loader.recordio import Compressor, chunks, crc32c
 
 BLOCK_BYTES = 32768

@@ -6,7 +6,7 @@ driver prints them). Run alone: ``python scripts/bench_service.py [--quick]``.
 
 How it is kept honest (both sides in one run, same files, same work):
 
-* Data is written once by ``loader._datagen`` into a temp dir; both sides read
+* Data is written once by ``loader.examples.datagen`` into a temp dir; both sides read
   the same files. Small samples: uncompressed ``.npz`` (``x`` float32[64] +
   ``label`` int64), which our reader memory-maps; torch's map-style Dataset
   loads the same two arrays with ``np.load`` (in RAM: if anything faster than
@@ -57,7 +57,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from loader import _datagen
+from loader.examples import datagen as _datagen
 from loader.examples import cpu_heavy
 
 # scripts/demo.py (this directory is on sys.path): starting, awaiting and stopping `loader serve`.
@@ -211,7 +211,7 @@ def ours_first_batch(work: str, files: list[str], **kwargs: Any) -> tuple[float,
 
 def ours_rate_here(work: str, files: list[str], *, batch_size: int, workers: int, epochs: int, **daemon_options: Any
                    ) -> tuple[float, str]:
-    from loader.service.client import Client
+    from loader.service.client.client import Client
 
     with Daemon(work, files, batch_size=batch_size, workers=workers, **daemon_options) as daemon:
         with Client(daemon.address, timeout_s=CLIENT_TIMEOUT_S) as client:
@@ -222,7 +222,7 @@ def ours_rate_here(work: str, files: list[str], *, batch_size: int, workers: int
 
 def ours_first_batch_here(work: str, files: list[str], *, batch_size: int, workers: int, tries: int
                           ) -> tuple[float, str]:
-    from loader.service.client import Client
+    from loader.service.client.client import Client
 
     times = []
     with Daemon(work, files, batch_size=batch_size, workers=workers) as daemon:

@@ -1,7 +1,7 @@
 """The demo behind ``scripts/demo``: a dataset, a daemon, a client, two epochs, a clean stop.
 
 1. write a few thousand samples in several ``.npy`` files to a temp dir
-   (``loader._datagen``, the same code as ``loader gen-data``);
+   (``loader.examples.datagen``, the same code as ``loader gen-data``);
 2. start ``loader serve`` on them (a config written next to the data, a free port);
 3. read two epochs with ``loader.Client`` and print batches and samples/s per epoch;
 4. print ``loader status`` as a trainer's operator would see it;
@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from loader import _datagen
+from loader.examples import datagen as _datagen
 
 FILES = 6
 SAMPLES_PER_FILE = 1000
@@ -106,7 +106,7 @@ def run_local(data_dir: str) -> int:
 
 
 def run_service(data_dir: str) -> int:
-    from loader.service.client import Client
+    from loader.service.client.client import Client
 
     address = f"tcp://127.0.0.1:{free_port()}"
     config_path = os.path.join(data_dir, "demo.toml")
@@ -143,7 +143,7 @@ def start_daemon(config_path: str) -> subprocess.Popen:
 def wait_ready(address: str, daemon: subprocess.Popen, workers: int, timeout_s: float) -> None:
     """Wait until the daemon answers and ``workers`` workers are connected (``DaemonNotReady`` if not)."""
     from loader.errors import LoaderError
-    from loader.service.client import query_status
+    from loader.service.client.client import query_status
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from loader import processes
+from loader.runtime import processes
 from loader.service import transport
-from loader.service.mp_transport import WorkerLinks
+from loader.service.transport.links import WorkerLinks
 
 CASES = [  # (name, payload bytes per message, messages)
     ("1 MiB x 2048 (2 GiB)", 1 << 20, 2048),

@@ -38,7 +38,7 @@ def no_leaks():
 @pytest.fixture(scope="session", autouse=True)
 def no_shared_memory_left_behind():
     """The daemon unlinks its arenas on close: after the whole suite, none of ours may remain."""
-    from loader.service.arena import shm_directory
+    from loader.service.shm.arena import shm_directory
 
     directory = shm_directory()
 

@@ -12,6 +12,9 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
+# The repository's root, for tests that read shipped files (configs, scripts).
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 class Boom(RuntimeError):
     """The exception the injectors raise, so tests can match it exactly."""

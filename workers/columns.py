@@ -4,7 +4,7 @@ A sample is a tuple/list of parts (named by ``fields``, the reader's slot
 names, or "0", "1", ...), a dict (named by its keys), or a single value (named
 ``fields[0]`` or "data"). Parts of equal shape and a fixed dtype stack into one
 array; anything else (ragged sequences, mixed types) becomes an object column,
-which the protocol sends through ``loader.codec``.
+which the protocol sends through ``loader.runtime.codec``.
 """
 
 from __future__ import annotations

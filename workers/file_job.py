@@ -20,9 +20,9 @@ from typing import Any, Callable
 
 from loader.errors import WorkerError
 from loader.service import protocol as P
-from loader.service.batching import block_nbytes, block_rows
+from loader.service.blocks import block_nbytes, block_rows
 from workers.columns import ChunkBuilder, rows_for_bytes
-from workers.shm import ArenaWriter
+from workers.arena_writer import ArenaWriter
 from workers.sources import FileSource
 
 log = logging.getLogger("loader.worker")

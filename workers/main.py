@@ -32,7 +32,7 @@ from loader.service import protocol as P
 from loader.service import transport
 from workers.control import ControlLink, open_channels
 from workers.file_job import FileJob
-from workers.shm import ArenaWriter
+from workers.arena_writer import ArenaWriter
 
 log = logging.getLogger("loader.worker")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loader._threads import ThreadPipeline
+from loader.runtime.threads import ThreadPipeline
 from loader.device import Placer
 from loader.io.base import DecoratedReader, ReaderBase
 from loader.io.prefetch import END, Prefetcher

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from loader._threads import ThreadPipeline
+from loader.runtime.threads import ThreadPipeline
 
 #: Returned by ``Prefetcher.next`` at the end of the data (items may be any object).
 END = object()

@@ -7,7 +7,7 @@ import logging
 import os
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from loader._imports import import_object
+from loader.runtime.imports import import_object
 from loader.provider.session import DEFAULT_MAX_OPEN_FILES, BatchReader, ProviderSession
 from loader.provider.types import CacheType, InputType
 

@@ -25,7 +25,7 @@ docstring has the details):
   fine) and rejects unknown keyword arguments; ``chain`` calls each source when
   it is reached; ``firstn`` pulls no extra item; ``Fake`` keeps no state shared
   between the readers it makes; ``shuffle`` takes a ``seed``;
-* ``multiprocess_reader`` keeps sample types (``loader.codec``, not JSON),
+* ``multiprocess_reader`` keeps sample types (``loader.runtime.codec``, not JSON),
   accepts ``None`` samples, and does not let a stalled reader block the others;
 * ``PipeReader`` splits commands like a shell, starts lazily, yields the last
   unterminated line, decodes UTF-8 across reads and every gzip member, and

@@ -88,7 +88,7 @@ def recordio(
     ``paths`` is a path, a list of paths, or a comma-separated string; each may
     be a glob pattern (matched when iteration starts, sorted). Files are read in
     order with ``loader.recordio.Scanner``; records are decoded by
-    ``loader.codec`` (never unpickled, unlike the original).
+    ``loader.runtime.codec`` (never unpickled, unlike the original).
     """
     from loader.recordio import Scanner  # as in the original, a missing module fails here
 

@@ -19,7 +19,7 @@ import random
 import threading
 from typing import Any, Callable, Iterator
 
-from loader._threads import ThreadPipeline
+from loader.runtime.threads import ThreadPipeline
 from loader.errors import ComposeNotAligned, DataError
 from loader.reader._util import Reader, as_count, check_reader, close_quietly, open_source
 from loader.reader.multiprocess import multiprocess_reader

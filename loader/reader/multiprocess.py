@@ -2,9 +2,9 @@
 
 Each call of the returned reader forks one process per input reader (``fork``,
 because users pass closures and lambdas, as with the original) through
-``loader.processes``. Every child has its own one-way ``Pipe`` and sends
+``loader.runtime.processes``. Every child has its own one-way ``Pipe`` and sends
 messages with ``send_bytes``: a tag byte and, for samples and errors, a body
-encoded by ``loader.codec`` (never pickle, never JSON), so tuples stay tuples,
+encoded by ``loader.runtime.codec`` (never pickle, never JSON), so tuples stay tuples,
 numpy arrays stay arrays and dict keys keep their types.
 
 * ``use_pipe=True``: round-robin in list order (r0, r1, r2, r0, ...; a finished
@@ -33,10 +33,10 @@ import os
 import sys
 from typing import Any, Iterator, Sequence
 
-from loader import codec
-from loader._threads import POLL_INTERVAL_S  # idle wait between checks; also the child's credit poll
+from loader.runtime import codec
+from loader.runtime.threads import POLL_INTERVAL_S  # idle wait between checks; also the child's credit poll
 from loader.errors import WorkerDiedError, WorkerError
-from loader.processes import PROCESS_JOIN_TIMEOUT_S, context, start_process, stop_process, terminate_now
+from loader.runtime.processes import PROCESS_JOIN_TIMEOUT_S, context, start_process, stop_process, terminate_now
 from loader.reader._util import Reader, as_count, check_reader
 
 TURN_PATIENCE_S = 1.0  # how long a reader may keep its round-robin turn waiting
@@ -190,7 +190,7 @@ def multiprocess_reader(readers: Sequence[Reader], use_pipe: bool = True, queue_
     ``ValueError`` here otherwise; the original used ``assert``).
     ``use_pipe`` (truthy) merges round-robin, otherwise in arrival order with at
     most ``queue_size`` samples in flight (``<= 0``: no bound). Samples must be
-    encodable by ``loader.codec``; an unencodable one fails in the child and
+    encodable by ``loader.runtime.codec``; an unencodable one fails in the child and
     arrives as ``WorkerError`` naming ``TypeError``.
     """
     if sys.platform == "win32":

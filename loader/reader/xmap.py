@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Iterator
 
-from loader._threads import POLL_INTERVAL_S, StopRequested, ThreadPipeline
+from loader.runtime.threads import POLL_INTERVAL_S, StopRequested, ThreadPipeline
 from loader.reader._util import Reader, as_count, check_reader, close_quietly, open_source
 
 

@@ -19,7 +19,7 @@ chunks decode at roughly 10-35 MB/s, zlib inflates at over 150), so prefer
 ``NONE`` or ``ZLIB`` for files that only this package reads.
 
 Records written by :meth:`Writer.write` are samples encoded with
-:mod:`loader.codec` (msgpack, numpy arrays as dtype + shape + bytes), never
+:mod:`loader.runtime.codec` (msgpack, numpy arrays as dtype + shape + bytes), never
 pickle, so reading a file cannot run code.
 
 Unlike the original, every kind of damage is reported the same way: a bad

@@ -6,7 +6,7 @@ import io
 import os
 from typing import Any, BinaryIO, Iterator
 
-from loader import codec
+from loader.runtime import codec
 from loader.errors import ClosedError
 from loader.recordio.chunks import HEADER, chunk_error, open_target, parse_header, unpack_payload
 

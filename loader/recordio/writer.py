@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, BinaryIO
 
-from loader import codec
+from loader.runtime import codec
 from loader.errors import ClosedError
 from loader.recordio.chunks import (
     DEFAULT_COMPRESSOR,
@@ -55,7 +55,7 @@ class Writer:
         self.num_records = 0  # records accepted so far
 
     def write(self, sample: Any) -> None:
-        """Encode ``sample`` with :func:`loader.codec.pack` and append it as one record."""
+        """Encode ``sample`` with :func:`loader.runtime.codec.pack` and append it as one record."""
         self.write_raw(codec.pack(sample))
 
     def write_raw(self, record: bytes | bytearray | memoryview) -> None:

@@ -25,9 +25,9 @@ import tempfile
 import threading
 from typing import Any, Callable, Iterator
 
-from loader.service.client import Client, query_status
-from loader.service.daemon import Daemon
-from loader.service.launcher import DEFAULT_WORKER_ENTRY
+from loader.service.client.client import Client, query_status
+from loader.service.daemon.loop import Daemon
+from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
 
 DAEMON_JOIN_TIMEOUT_S = 5.0
 STATUS_TIMEOUT_S = 5.0

@@ -5,11 +5,11 @@ A message is a list of frames. Frame 0 is a msgpack map with at least ``"k"``
 ``"cols"`` as ``[name, dtype_str, shape]`` in frame order. Arrays are received
 with ``np.frombuffer`` (no copy); nothing is ever unpickled. A column whose
 values do not stack into one fixed-dtype array (ragged shapes, mixed types)
-travels as dtype ``"|O"`` with its frame holding ``loader.codec.pack(values)``.
+travels as dtype ``"|O"`` with its frame holding ``loader.runtime.codec.pack(values)``.
 A column named in the header's ``"refs"`` map (``{name: {spec id: [dtype,
 row shape]}}``) is a reference column: an int64 ``(n, 3)`` frame of ``[arena,
 first block, spec id]`` per row whose bytes lie in a shared-memory arena
-(``loader.service.refs``); the receiver resolves it, never this module.
+(``loader.service.shm.refs``); the receiver resolves it, never this module.
 
 Message kinds (direction in brackets; W worker, C coordinator, S stage, K client):
 
@@ -37,7 +37,7 @@ from typing import Any, Mapping, Sequence
 import msgpack
 import numpy as np
 
-from loader import codec
+from loader.runtime import codec
 from loader.errors import TransportError
 
 # Every HELLO, CLIENT_HELLO, WELCOME and CLIENT_WELCOME carries it as "v" (with the package version

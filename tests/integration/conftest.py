@@ -52,7 +52,7 @@ def make_config(data_dir: Any, **sections: dict[str, Any]) -> LoaderConfig:
 @contextlib.contextmanager
 def running_daemon(config: LoaderConfig, **kwargs: Any) -> Iterator[Any]:
     """A ``Daemon`` serving on a background thread; stopped and closed on exit."""
-    from loader.service.daemon import Daemon
+    from loader.service.daemon.loop import Daemon
 
     daemon = Daemon(config, **kwargs)
     stop = threading.Event()
@@ -68,7 +68,7 @@ def running_daemon(config: LoaderConfig, **kwargs: Any) -> Iterator[Any]:
 
 def connected_workers(endpoint: str) -> int:
     """How many workers the daemon at ``endpoint`` has heard from (its ``status()``)."""
-    from loader.service.client import query_status
+    from loader.service.client.client import query_status
 
     return sum(1 for w in query_status(endpoint)["workers"] if w["connected"])
 

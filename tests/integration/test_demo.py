@@ -8,8 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from tests.helpers import REPO_ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = REPO_ROOT
 DEMO_TIMEOUT_S = 60.0
 
 

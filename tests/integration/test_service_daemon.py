@@ -12,7 +12,7 @@ from loader import Client
 from loader.errors import ServiceUnavailableError
 from loader.service import protocol as P
 from loader.service import transport
-from loader.service.client import query_status
+from loader.service.client.client import query_status
 from tests.helpers import wait_until
 from tests.integration.conftest import collect_ids, make_config, running_daemon, write_id_files
 

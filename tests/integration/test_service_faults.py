@@ -12,8 +12,8 @@ import pytest
 from loader import Client
 from loader.config import LoaderConfig
 from loader.errors import ConfigError, ServiceUnavailableError, TransportError, WorkerError
-from loader.service.client import query_status
-from loader.service.daemon import Daemon
+from loader.service.client.client import query_status
+from loader.service.daemon.loop import Daemon
 from tests.helpers import child_pids, wait_until
 from tests.integration.conftest import (
     collect_ids,

@@ -46,7 +46,7 @@ def _zmq_garbage_collector() -> None:
 
 def freezing_worker(connect: Any, **kwargs: Any) -> int:
     """``workers.main:run_worker``, but the first data message over 1 MiB (once, of all workers) freezes mid-way."""
-    from loader.service import pipes
+    from loader.service.transport import pipes
     from workers.main import run_worker
 
     send_whole = pipes.PipeChannel._write

@@ -11,9 +11,9 @@ import pytest
 
 import loader
 from loader import Client
-from loader.service import client as client_mod
-from loader.service.client import query_status
-from loader.service.shm import ArenaCache
+from loader.service.client import client as client_mod
+from loader.service.client.client import query_status
+from loader.service.shm.cache import ArenaCache
 from tests.helpers import wait_until
 from tests.integration.conftest import connected_workers, kill_leased_worker, make_config, running_daemon
 

@@ -95,7 +95,7 @@ def test_provider_source_delivers_every_sample_once_with_slot_names(tmp_path, tr
         (tmp_path / f"part{f}.txt").write_text("".join(f"{v}\n" for v in values))
         expected.extend(values)
     config = LoaderConfig.from_dict({
-        "source": {"files": [str(tmp_path / "*.txt")], "provider": "tests.provider_fixtures:numbered_file_lines"},
+        "source": {"files": [str(tmp_path / "*.txt")], "provider": "tests.unit.provider.fixtures:numbered_file_lines"},
         "pipeline": {"batch_size": 8, "shuffle_buffer": 10, "seed": 3},
         "workers": {"count": 2, "transport": transport, "heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 2.0},
     })

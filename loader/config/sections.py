@@ -1,0 +1,280 @@
+"""Service configuration: TOML -> frozen dataclasses, checked on creation.
+
+A config file has five tables, each one dataclass here::
+
+    [source]    what to read        -> SourceConfig (in loader.config.source)
+    [pipeline]  what to do with it  -> PipelineConfig
+    [workers]   who does the work   -> WorkersConfig
+    [service]   where the daemon listens -> ServiceConfig
+    [client]    how loader.Loader's client receives -> ClientConfig
+
+``configs/example.toml`` documents every key. Every check raises ``ConfigError``
+naming the key, the value and the file, e.g.
+``workers.count must be >= 1, got 0 (configs/train.toml)``; an unknown key is
+rejected with the closest known key as a suggestion.
+
+A config is plain data: ``"module:function"`` strings are kept as strings and
+only imported by ``resolve`` when a process needs them, and ``to_dict()`` is
+JSON/msgpack-able, so the coordinator can send it to a worker on another host
+(``LoaderConfig.from_dict(config.to_dict())`` gives an equal config).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from loader.config.checks import DEFAULT_ORIGIN, Check, origin_field, plain, reject_unknown, show
+from loader.config.source import SourceConfig, absolute_paths
+from loader.runtime.imports import import_object
+from loader.errors import ConfigError
+
+DEFAULT_BIND = "tcp://127.0.0.1:5555"
+TRANSPORTS = ("zmq", "pipe", "queue")
+ON_ERROR_CHOICES = ("raise", "skip")
+BATCH_FORMATS = ("stacked", "list")
+
+# tcp://HOST:PORT (HOST may be [ipv6] or *; PORT may be * for "any free port"), or ipc://PATH
+_TCP_BIND = re.compile(r"^tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(?P<port>\d+|\*)$")
+_IPC_BIND = re.compile(r"^ipc://\S+$")
+_DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+|gpu|gpu:\d+)$")
+_LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """What happens to samples between the file and the trainer."""
+
+    mappers: tuple[str, ...] = ()
+    shuffle_buffer: int = 0
+    batch_size: int = 32
+    drop_last: bool = False
+    seed: int | None = None
+    epochs: int = 1
+    on_error: str = "raise"
+    batch_format: str = "stacked"
+    origin: str = origin_field()
+
+    def __post_init__(self) -> None:
+        check = Check(self, "pipeline")
+        check.texts("mappers")
+        for spec in self.mappers:
+            check.spec("mappers", spec)
+        check.integer("shuffle_buffer", minimum=0)
+        check.integer("batch_size", minimum=1)
+        check.boolean("drop_last")
+        if self.seed is not None:
+            check.integer("seed", minimum=0)
+        check.integer("epochs", minimum=0)
+        check.text("on_error", choices=ON_ERROR_CHOICES)
+        check.text("batch_format", choices=BATCH_FORMATS)
+
+    def resolve_mappers(self) -> list[Any]:
+        """The mapper functions, in order (imported now)."""
+        return [import_object(spec, what="pipeline.mappers") for spec in self.mappers]
+
+
+@dataclass(frozen=True)
+class WorkersConfig:
+    """Worker processes and how they talk to the stage."""
+
+    count: int = 2
+    transport: str = "zmq"
+    samples_per_message: int = 256
+    heartbeat_interval_s: float = 0.5
+    heartbeat_timeout_s: float = 5.0
+    # Shared memory per worker for large arrays (MiB, reserved as used); 0 turns the fast path off.
+    shm_arena_mib: int = 256
+    origin: str = origin_field()
+
+    def __post_init__(self) -> None:
+        check = Check(self, "workers")
+        check.integer("shm_arena_mib", minimum=0)
+        check.integer("count", minimum=1)
+        check.text("transport", choices=TRANSPORTS)
+        check.integer("samples_per_message", minimum=1)
+        check.number("heartbeat_interval_s")
+        check.number("heartbeat_timeout_s")
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            check.fail(
+                "heartbeat_timeout_s",
+                f"must be greater than workers.heartbeat_interval_s ({self.heartbeat_interval_s}), "
+                f"got {self.heartbeat_timeout_s}",
+            )
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Where the daemon listens.
+
+    The default binds the loopback interface only; another address is used
+    only when a config (or ``--bind``) names it explicitly.
+    """
+
+    bind: str = DEFAULT_BIND
+    origin: str = origin_field()
+
+    def __post_init__(self) -> None:
+        check = Check(self, "service")
+        check.text("bind")
+        tcp = _TCP_BIND.match(self.bind)
+        if tcp is None and _IPC_BIND.match(self.bind) is None:
+            check.fail("bind", f"must look like 'tcp://HOST:PORT' or 'ipc://PATH', got {self.bind!r}")
+        if tcp is not None and tcp["port"] != "*" and not 0 <= int(tcp["port"]) <= 65535:
+            check.fail("bind", f"has a port outside 0..65535, got {self.bind!r}")
+
+    @property
+    def is_loopback(self) -> bool:
+        """True when only this host can connect (loopback TCP or an ipc:// path)."""
+        tcp = _TCP_BIND.match(self.bind)
+        return tcp is None or tcp["host"] in _LOOPBACK_HOSTS or tcp["host"].startswith("127.")
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """What the in-process ``loader.Loader`` passes to its ``Client`` (a ``Client`` made by hand takes its own arguments)."""
+
+    prefetch: int = 4
+    device: str = "cpu"
+    timeout_s: float = 30.0
+    origin: str = origin_field()
+
+    def __post_init__(self) -> None:
+        check = Check(self, "client")
+        check.integer("prefetch", minimum=1)
+        check.text("device")
+        if not _DEVICE.match(self.device):
+            check.fail("device", f"must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        check.number("timeout_s")
+
+
+_SECTIONS: dict[str, type] = {
+    "source": SourceConfig,
+    "pipeline": PipelineConfig,
+    "workers": WorkersConfig,
+    "service": ServiceConfig,
+    "client": ClientConfig,
+}
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """A whole service config; build it with ``load_config`` or ``from_dict``."""
+
+    source: SourceConfig
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
+    service: ServiceConfig = field(default_factory=ServiceConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    origin: str = origin_field()
+
+    @classmethod
+    def from_dict(
+        cls, mapping: Mapping[str, Any], origin: str = DEFAULT_ORIGIN, *, base_dir: str | None = None
+    ) -> "LoaderConfig":
+        """Build and check a config from nested mappings (a parsed TOML file, or ``to_dict()``).
+
+        Relative paths in ``source`` are made absolute against ``base_dir``
+        (the config file's directory for ``load_config``; the current directory
+        when None), so the config means the same thing in any process.
+        """
+        if not isinstance(mapping, Mapping):
+            raise ConfigError(f"a config must be a table of sections, got {show(mapping)} ({origin})")
+        reject_unknown(mapping.keys(), _SECTIONS, "", origin)
+        sections: dict[str, Any] = {}
+        for name, section_cls in _SECTIONS.items():
+            values = mapping.get(name, {})
+            if not isinstance(values, Mapping):
+                raise ConfigError(f"{name} must be a table, got {show(values)} ({origin})")
+            known = {f.name for f in dataclasses.fields(section_cls)} - {"origin"}
+            reject_unknown(values.keys(), known, f"{name}.", origin)
+            values = dict(values)
+            if name == "source":
+                values = absolute_paths(values, base_dir)
+            sections[name] = _build(section_cls, values, origin)
+        return cls(**sections, origin=origin)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dicts, lists and scalars (JSON- and msgpack-able); ``from_dict`` reverses it."""
+        out: dict[str, Any] = {}
+        for name in _SECTIONS:
+            section = getattr(self, name)
+            out[name] = {
+                f.name: plain(getattr(section, f.name)) for f in dataclasses.fields(section) if f.name != "origin"
+            }
+        return out
+
+    def override(self, changes: Mapping[str, Any], *, origin: str = "command line") -> "LoaderConfig":
+        """A copy with dotted keys replaced (``{"workers.count": 4}``), checked like a file.
+
+        Errors name ``origin`` (the values came from there); the copy keeps this config's origin.
+        """
+        data = self.to_dict()
+        for dotted, value in changes.items():
+            section, _, key = dotted.partition(".")
+            reject_unknown([section], _SECTIONS, "", origin)
+            reject_unknown([key], set(data[section]), f"{section}.", origin)
+            data[section][key] = value
+        LoaderConfig.from_dict(data, origin=origin)
+        return LoaderConfig.from_dict(data, origin=self.origin)
+
+    def check_imports(self) -> None:
+        """Import every ``"module:function"`` and look up ``source.format`` now.
+
+        So a typo fails at start-up (``loader serve``, ``loader check``), not in
+        every worker. Not called on creation: a config may name code that only
+        the worker hosts have.
+        """
+        self.source.register_formats()
+        if self.source.format is not None:
+            from loader.io.registry import registered_formats
+
+            known = registered_formats()
+            if self.source.format not in known:
+                raise ConfigError(
+                    f"source.format {self.source.format!r} is not a registered format "
+                    f"(known: {', '.join(sorted(known))}) ({self.origin})"
+                )
+        self.source.resolve_reader()
+        self.source.resolve_provider()
+        self.pipeline.resolve_mappers()
+        self.source.file_reader_options()
+
+
+def load_config(path: str | os.PathLike[str]) -> LoaderConfig:
+    """Read and check a TOML config file."""
+    origin = os.fspath(path)
+    try:
+        with open(origin, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {origin!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {origin!r} is a directory") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {origin!r} cannot be read: {exc.strerror or exc}") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {origin!r} is not valid TOML: {exc}") from exc
+    return LoaderConfig.from_dict(data, origin=origin, base_dir=os.path.dirname(os.path.abspath(origin)))
+
+
+def resolve(spec: str, what: str = "object") -> Any:
+    """Import a ``"module:function"`` string (``ConfigError`` when it cannot)."""
+    return import_object(spec, what=what)
+
+
+def _build(section_cls: type, values: dict[str, Any], origin: str) -> Any:
+    try:
+        return section_cls(**values, origin=origin)
+    except TypeError as exc:  # pragma: no cover - unknown keys are rejected before this
+        raise ConfigError(f"{exc} ({origin})") from exc
+

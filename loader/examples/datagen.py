@@ -1,0 +1,92 @@
+"""Synthetic datasets for the demo, the benchmarks and the example configs.
+
+``loader gen-data DIR --format npy|recordio --files N --samples M`` calls
+``generate``. Values are a pure function of (seed, file index, sample index),
+so two runs with the same arguments write identical files.
+
+Layouts, ``part-XXXXX.<format>`` per file:
+
+* ``npy``: ``float32[M, dim]`` features only (the built-in reader memory-maps
+  it; one slot, ``data``).
+* ``npz``: uncompressed (``np.savez``) with ``x`` = ``float32[M, dim]`` and
+  ``label`` = ``int64[M]``; the built-in reader memory-maps both (two slots).
+* ``recordio``: each record a ``[float32[dim], int64]`` sample (two slots).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import numpy as np
+
+FORMATS = ("npy", "npz", "recordio")
+DEFAULT_DIM = 64
+LABEL_CLASSES = 10
+
+
+def file_name(index: int, fmt: str) -> str:
+    return f"part-{index:05d}.{fmt}"
+
+
+def file_arrays(index: int, samples: int, dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Features and labels of file ``index`` (deterministic in seed and index)."""
+    rng = np.random.default_rng([seed, index])
+    features = rng.standard_normal((samples, dim), dtype=np.float32)
+    labels = rng.integers(0, LABEL_CLASSES, size=samples, dtype=np.int64)
+    return features, labels
+
+
+def generate(
+    directory: str,
+    *,
+    format: str = "npy",  # noqa: A002 - matches the CLI option and config key
+    files: int = 4,
+    samples: int = 1024,
+    dim: int = DEFAULT_DIM,
+    seed: int = 0,
+) -> list[str]:
+    """Write ``files`` files of ``samples`` samples each into ``directory``; returns their paths."""
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if files < 1 or samples < 1 or dim < 1:
+        raise ValueError(f"files, samples and dim must be >= 1, got {files}, {samples}, {dim}")
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for index in range(files):
+        path = os.path.join(directory, file_name(index, format))
+        features, labels = file_arrays(index, samples, dim, seed)
+        if format == "npy":
+            np.save(path, features)
+        elif format == "npz":
+            np.savez(path, x=features, label=labels)  # stored, not deflated: memory-mappable
+        else:
+            _write_recordio(path, features, labels)
+        paths.append(path)
+    return paths
+
+
+def _write_recordio(path: str, features: np.ndarray, labels: np.ndarray) -> None:
+    # Imported here: recordio is only needed for this format.
+    from loader import recordio
+
+    with recordio.Writer(path) as writer:
+        for record in _records(features, labels):
+            writer.write(record)  # the writer encodes with loader.runtime.codec
+
+
+def _records(features: np.ndarray, labels: np.ndarray) -> Iterator[list]:
+    for row, label in zip(features, labels):
+        yield [row, label]
+
+
+def write_text(path: str, *, samples: int = 100, dim: int = 4, seed: int = 0) -> str:
+    """A text file for the "text" format: ``label<TAB>f1 f2 ...`` per line."""
+    features, labels = file_arrays(0, samples, dim, seed)
+    with open(path, "w", encoding="utf-8") as fh:
+        for row, label in zip(features, labels):
+            fh.write(f"{label}\t{' '.join(f'{v:.6g}' for v in row)}\n")
+    return path
+
+
+__all__ = ["generate", "write_text", "file_arrays", "FORMATS"]

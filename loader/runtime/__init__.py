@@ -1,0 +1,1 @@
+"""Private runtime helpers: threads, processes, imports by name, and the sample codec."""

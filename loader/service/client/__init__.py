@@ -1,0 +1,5 @@
+"""The trainer's side: the Client, its receiver thread, and batches as the training loop sees them."""
+
+from loader.service.client.client import Client, query_status
+
+__all__ = ["Client", "query_status"]

@@ -1,0 +1,314 @@
+"""The trainer's side: ``Client`` receives batches from the daemon and double-buffers them.
+
+A background receiver thread owns the socket: it asks for an epoch, receives
+batches, decodes them (``np.frombuffer`` on the received frames: no copy) and
+starts their placement (``Placer.stage``); the consumer's iterator finishes
+placement (``Placer.finish``) and, for every batch it takes, returns one credit
+to the daemon through a ``Waker`` so the receiver sends it at once. The daemon
+sends at most ``prefetch`` batches ahead, so memory is bounded on both sides.
+
+The receiver pings the daemon while idle (every ``PING_INTERVAL_S``, or the
+daemon's heartbeat interval when shorter); a daemon silent for ``timeout_s``
+(or one that says BYE) ends the iterator with ``ServiceUnavailableError``.
+Worker failures arrive as ``WorkerError`` naming the file and the record.
+
+Large rows may arrive as references into the daemon's shared-memory arenas
+(``refs.py``). The client says in each EPOCH whether it maps them (its
+``ArenaCache.probe`` found the daemon's probe file with the daemon's token);
+if so, the receiver copies each batch's referenced rows into one fresh array
+per column as the batch arrives (``refs.gather``: the one copy of the fast
+path, and where pinned memory could be used) and the daemon frees the blocks
+once the consumer has taken the batch (the credit says so). Otherwise the
+daemon sends those columns inline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from loader.device import Placer
+from loader.errors import (ClosedError, LoaderError, ProtocolVersionError, ServiceUnavailableError, TransportError,
+                           WorkerError)
+from loader.service import protocol as P
+from loader.service.shm import refs as R
+from loader.service import transport
+from loader.service.client.batches import to_batch
+from loader.service.shm.cache import ArenaCache
+
+DEFAULT_PREFETCH = 4
+DEFAULT_TIMEOUT_S = 30.0
+PING_INTERVAL_S = 0.5
+RECEIVER_POLL_S = 0.1
+THREAD_JOIN_TIMEOUT_S = 5.0
+
+
+class Client:
+    """Batches of one share of each epoch from a loader daemon. Context manager."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        device: str = "cpu",
+        prefetch: int | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        read_ahead: bool = True,
+        channel: Any = None,
+        shm: bool = True,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+        self.address, self.rank, self.world_size = address, rank, world_size
+        self.prefetch = int(prefetch or DEFAULT_PREFETCH)
+        self.timeout_s = float(timeout_s)
+        self.read_ahead = read_ahead
+        self._placer = Placer(device)
+        self._channel = channel if channel is not None else transport.dealer(address)
+        self._closed = False
+        self._out: queue.Queue[tuple[str, int | None, Any]] = queue.Queue()
+        self._commands: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._waker = transport.Waker()
+        self._stop = threading.Event()
+        self._consumed = 0
+        self._gens = itertools.count(1)
+        self._next_epoch = 0
+        self._fatal: BaseException | None = None
+        try:
+            self.info = self._handshake()
+        except BaseException:
+            self._channel.close()
+            self._waker.close()
+            raise
+        self.batch_format = self.info.get("batch_format", "stacked")
+        # Owned by the receiver thread from here on (it maps, reads and closes the arenas).
+        self._arenas = _arena_cache(self.info.get(P.SHM)) if shm else None
+        self._ping_interval_s = min(PING_INTERVAL_S, float(self.info.get("ping_s", PING_INTERVAL_S)))
+        self._thread = threading.Thread(target=self._receive_loop, name="loader-client", daemon=True)
+        self._thread.start()
+
+    # -- public -------------------------------------------------------------
+    def epoch(self, epoch: int | None = None) -> Iterator[Any]:
+        """Iterate the batches of the next epoch (or of ``epoch``); ends with ``StopIteration``."""
+        self._check_usable()
+        number = self._next_epoch if epoch is None else int(epoch)
+        self._next_epoch = number + 1
+        gen = next(self._gens)
+        self._commands.put(("epoch", number, gen))
+        self._waker.wake()
+        return self._iterate(gen)
+
+    def reader(self) -> Callable[[], Iterator[Any]]:
+        """A paddle-style batch reader: each call iterates the next epoch."""
+        return lambda: self.epoch()
+
+    def close(self) -> None:
+        """Say goodbye, stop the receiver thread (bounded wait) and close the socket. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._waker.wake()
+        if self._thread is not threading.current_thread():
+            self._thread.join(THREAD_JOIN_TIMEOUT_S)
+        if not self._thread.is_alive():
+            self._waker.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- consumer side ------------------------------------------------------
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ClosedError("the client is closed")
+        if self._fatal is not None:
+            raise self._fatal
+
+    def _iterate(self, gen: int) -> Iterator[Any]:
+        while True:
+            kind, item_gen, payload = self._get()
+            if kind == "fatal":
+                self._fatal = payload
+                raise payload
+            if item_gen != gen:
+                continue  # left over from an epoch the consumer abandoned
+            if kind == "batch":
+                self._consumed += 1
+                self._waker.wake()
+                yield self._placer.finish(payload)
+            elif kind == "end":
+                return
+            elif kind == "error":
+                raise payload
+
+    def _get(self) -> tuple[str, int | None, Any]:
+        while True:
+            self._check_usable()
+            try:
+                return self._out.get(timeout=RECEIVER_POLL_S)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._out.empty():
+                    raise ServiceUnavailableError(f"the client's receiver for {self.address} stopped")
+
+    # -- receiver thread ----------------------------------------------------
+    def _handshake(self) -> dict[str, Any]:
+        hello = P.versioned({"rank": self.rank, "world_size": self.world_size, "prefetch": self.prefetch})
+        head = _request(self._channel, P.encode(P.CLIENT_HELLO, hello), (P.CLIENT_WELCOME, P.ERROR), self.timeout_s)
+        if head is None:
+            raise ServiceUnavailableError(f"no loader daemon answered at {self.address} within {self.timeout_s:g}s")
+        if head["k"] == P.ERROR:
+            error = ProtocolVersionError if head.get("refused") == "version" else LoaderError
+            raise error(f"the daemon at {self.address} refused the client: {head.get('message')}")
+        mismatch = P.version_mismatch(head, f"the daemon at {self.address}")
+        if mismatch is not None:
+            self._channel.try_send(P.encode(P.BYE), timeout_s=0.0)  # it opened a session for us: end it now
+            raise ProtocolVersionError(mismatch)
+        return head
+
+    def _receive_loop(self) -> None:
+        state = _ReceiverState(time.monotonic())
+        poller = transport.Poller()
+        poller.register(self._channel)
+        poller.register(self._waker)
+        try:
+            while not self._stop.is_set():
+                self._waker.clear()
+                self._run_commands(state)
+                self._return_credits(state)
+                for item in poller.wait(RECEIVER_POLL_S):
+                    if item is self._channel:
+                        self._drain(state)
+                now = time.monotonic()
+                if self._arenas is not None:
+                    self._arenas.evict_idle(now)
+                if now - state.last_ping >= self._ping_interval_s:
+                    self._channel.send(P.encode(P.PING), timeout_s=self.timeout_s)
+                    state.last_ping = now
+                if now - state.last_heard > self.timeout_s:
+                    raise ServiceUnavailableError(
+                        f"the loader daemon at {self.address} has been silent for {now - state.last_heard:.1f}s"
+                    )
+        except BaseException as exc:  # noqa: BLE001 - whatever stops the receiver reaches the consumer
+            self._out.put(("fatal", None, exc))
+        finally:
+            try:
+                self._channel.try_send(P.encode(P.BYE), timeout_s=0.0)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+            self._channel.close()
+            if self._arenas is not None:
+                self._arenas.close()
+
+    def _run_commands(self, state: "_ReceiverState") -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            _, number, gen = command
+            state.gen = gen
+            state.credited = self._consumed
+            head = {"e": number, "g": gen, "credit": self.prefetch, "ahead": self.read_ahead,
+                    P.SHM: self._arenas is not None}
+            self._channel.send(P.encode(P.EPOCH, head), timeout_s=self.timeout_s)
+
+    def _return_credits(self, state: "_ReceiverState") -> None:
+        owed = self._consumed - state.credited
+        if owed > 0 and state.gen is not None:
+            state.credited += owed
+            self._channel.send(P.encode(P.CREDIT, {"n": owed, "g": state.gen}), timeout_s=self.timeout_s)
+
+    def _drain(self, state: "_ReceiverState") -> None:
+        while True:
+            frames = self._channel.recv(0)
+            if frames is None:
+                return
+            state.last_heard = time.monotonic()
+            head, columns = P.decode(frames)
+            kind, gen = head["k"], head.get("g")
+            if kind == P.BATCH:
+                if head.get(P.REFS):
+                    if gen != state.gen:
+                        continue  # an abandoned epoch's batch: never read, the daemon frees it
+                    self._gather(head[P.REFS], columns)
+                batch = to_batch(columns, head.get("sk", "tuple"), self.batch_format)
+                self._out.put(("batch", gen, self._placer.stage(batch)))
+            elif kind == P.END:
+                self._out.put(("end", gen, head))
+            elif kind == P.ERROR:
+                if head.get("unknown_session"):
+                    raise ServiceUnavailableError(f"the loader daemon at {self.address} no longer knows this client")
+                info = head.get("error") or {"type": "LoaderError", "message": str(head.get("message"))}
+                self._out.put(("error", gen, WorkerError.from_dict(info)))
+            elif kind == P.BYE:
+                raise ServiceUnavailableError(f"the loader daemon at {self.address} stopped ({head.get('reason')})")
+
+    def _gather(self, described: dict[str, Any], columns: dict[str, np.ndarray]) -> None:
+        """Replace reference columns by fresh arrays copied out of the arenas (the daemon frees them)."""
+        if self._arenas is None:
+            raise TransportError(f"the loader daemon at {self.address} sent references to a client without arenas")
+        for name, specs in described.items():
+            refs = columns[name]
+            if refs.ndim != 2 or refs.shape[1] != 3:
+                raise TransportError(f"reference column {name!r} from {self.address} is malformed")
+            columns[name] = R.gather(refs, R.parse_specs(specs), self._arenas.get, free=False)
+
+
+def _arena_cache(info: Any) -> ArenaCache | None:
+    """A cache of the daemon's arenas when this process can map them (same host), else None."""
+    if not isinstance(info, dict):
+        return None
+    try:
+        cache = ArenaCache(info)
+    except (KeyError, ValueError, TypeError):
+        return None
+    return cache if cache.probe() else None
+
+
+class _ReceiverState:
+    def __init__(self, now: float) -> None:
+        self.last_heard = now
+        self.last_ping = now
+        self.gen: int | None = None
+        self.credited = 0
+
+
+def query_status(address: str, timeout_s: float = 5.0) -> dict[str, Any]:
+    """The daemon's ``status()`` dict; ``ServiceUnavailableError`` when it does not answer."""
+    channel = transport.dealer(address)
+    try:
+        head = _request(channel, P.encode(P.STATUS), (P.STATUS,), timeout_s)
+    finally:
+        channel.close()
+    if head is None:
+        raise ServiceUnavailableError(f"no loader daemon answered at {address} within {timeout_s:g}s")
+    return dict(head.get("status") or {})
+
+
+def _request(channel: Any, frames: list[Any], answers: tuple[str, ...], timeout_s: float) -> dict[str, Any] | None:
+    """Send ``frames`` and wait for a message of one of the ``answers`` kinds (others are skipped);
+    its header, or None when none came within ``timeout_s``."""
+    channel.send(frames, timeout_s=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        got = channel.recv(min(RECEIVER_POLL_S, left))
+        if got is not None:
+            head, _ = P.decode(got)
+            if head["k"] in answers:
+                return head
+
+
+__all__ = ["Client", "query_status", "to_batch"]

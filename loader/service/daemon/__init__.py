@@ -1,0 +1,1 @@
+"""The daemon process: its loop, the coordinator, the worker pool and launcher, the client desk, the stage."""

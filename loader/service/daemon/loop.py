@@ -1,0 +1,250 @@
+"""The daemon: one loop over two message sources, coordinator + stage, and the clients it serves.
+
+Sources (see docs/architecture.md, "Service"):
+
+* ``config.service.bind`` (ROUTER): the one well-known endpoint. Workers say
+  HELLO here and get WELCOME with the config and the data endpoint; clients say
+  CLIENT_HELLO and receive their batches here; ``loader status`` asks here.
+* the data endpoint (PULL, next to the control endpoint): workers PUSH chunks,
+  FILE_DONE and FILE_ERROR, so a file's end marker is ordered after its data.
+
+With ``config.workers.transport`` "pipe" or "queue" the daemon's own workers
+use a pipe link each instead (``mp_transport``): their control messages join
+the router (``SplitRouter``) and their data the data source (``LinkData``),
+so the loop below is the same for every transport.
+
+``serve(stop_event)`` runs one loop with a poller: no locks, and the
+coordinator is never on the data path. Workers are managed by ``WorkerPool``
+(``workforce.py``) and clients served by ``ClientDesk`` (``clients.py``); this
+module is the loop that hands each message to one of them.
+
+Shared-memory fast path (``shm=True``, the default): the daemon owns an
+``ArenaPool`` (``shm.py``); each worker writes its large rows into its own
+arena and sends references, the stage moves references, and a client on this
+host copies the rows out of the arenas (see docs/architecture.md, "Service").
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from typing import Any
+
+from loader.service.transport import links as mp_transport
+from loader.service import protocol as P
+from loader.service import transport
+from loader.service.daemon.desk import ClientDesk
+from loader.service.daemon.coordinator import LEASE_PROGRESS_TIMEOUT_S, Coordinator
+from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
+from loader.service.daemon.rate import RecentRate
+from loader.service.shm.pool import open_pool
+from loader.service.daemon.stage import Stage
+from loader.service.daemon.workforce import MAX_FILE_ATTEMPTS, WorkerPool
+
+log = logging.getLogger("loader.daemon")
+
+POLL_INTERVAL_S = 0.05
+HOUSEKEEPING_INTERVAL_S = 0.1
+MAX_DRAIN_MESSAGES = 64  # per socket per loop turn, so one busy socket cannot starve the other
+WORKER_JOIN_TIMEOUT_S = 2.0
+# The shared-memory fast path for large rows; Daemon(shm=False) or this turns it off.
+SHM_ENABLED = True
+
+
+def _open_sources(transport_kind: str, bind: str) -> tuple[Any, Any, Any]:
+    """(router, data source, worker links or None) for ``config.workers.transport``."""
+    router = transport.Router(bind)
+    try:
+        if transport_kind in mp_transport.MP_TRANSPORTS:
+            links = mp_transport.WorkerLinks(transport_kind)
+            return mp_transport.SplitRouter(router, links.control), links.data, links
+        return router, transport.pull(transport.data_endpoint_for(router.endpoint)), None
+    except BaseException:
+        router.close()
+        raise
+
+
+class Daemon:
+    """Coordinator, stage and workers behind one control endpoint. Context manager."""
+
+    def __init__(self, config: Any, *, worker_entry: str = DEFAULT_WORKER_ENTRY, start_workers: bool = True,
+                 bind: str | None = None, progress_timeout_s: float = LEASE_PROGRESS_TIMEOUT_S,
+                 shm: bool | None = None, arena_bytes: int | None = None) -> None:
+        self.config = config
+        pipeline, workers = config.pipeline, config.workers
+        self.files = config.source.expand_files()  # ConfigError for no match / empty list
+        seed = pipeline.seed if pipeline.seed is not None else random.SystemRandom().randrange(2**32)
+        self._closed = False
+        if arena_bytes is None:
+            arena_bytes = config.workers.shm_arena_mib * 1024 * 1024
+        self.arenas = open_pool(SHM_ENABLED if shm is None else shm, arena_bytes)
+        try:
+            self._router, self._data, links = _open_sources(workers.transport, bind or config.service.bind)
+        except BaseException:
+            if self.arenas is not None:
+                self.arenas.close()
+            raise
+        self.endpoint = self._router.endpoint
+        self.data_endpoint = self._data.endpoint
+        self._poller = transport.Poller()
+        self._poller.register(self._router)
+        self._poller.register(self._data)
+        self.stage = Stage(
+            batch_size=pipeline.batch_size, drop_last=pipeline.drop_last, shuffle_buffer=pipeline.shuffle_buffer,
+            seed=seed, samples_per_message=workers.samples_per_message,
+            send=lambda peer, frames: self.clients.send(peer, frames), arenas=self.arenas,
+        )
+        self.coordinator = Coordinator(
+            self.files, seed=seed, shuffle_files=pipeline.shuffle_buffer > 0,
+            heartbeat_timeout_s=float(workers.heartbeat_timeout_s), may_lease=self.stage.may_lease,
+            progress_timeout_s=progress_timeout_s,
+        )
+        self.pool = WorkerPool(
+            self.coordinator, send=self._router.send, welcome={"config": config.to_dict(), "data": self.data_endpoint},
+            endpoint=self.endpoint, entry=worker_entry, links=links, on_file_error=self.stage.on_file_error,
+            arenas=self.arenas,
+        )
+        self.clients = ClientDesk(config, router=self._router, stage=self.stage, coordinator=self.coordinator,
+                                  pool=self.pool, file_count=len(self.files), arenas=self.arenas)
+        self._started_at = time.monotonic()
+        self._rate = RecentRate()
+        self._next_housekeeping = 0.0
+        try:
+            for _ in range(workers.count if start_workers else 0):
+                self.pool.launch()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- lifecycle ----------------------------------------------------------
+    def serve(self, stop_event: threading.Event | None = None) -> None:
+        """Run until ``stop_event`` is set (forever without one)."""
+        stop_event = stop_event or threading.Event()
+        while not stop_event.is_set() and not self._closed:
+            self.step(POLL_INTERVAL_S)
+
+    def close(self) -> None:
+        """Say BYE to workers and clients, stop our worker processes, close sockets. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        bye = P.encode(P.BYE, {"reason": "daemon stopping"})
+        for session in list(self.stage.sessions.values()):
+            self._router.send(session.peer, bye)
+        self.pool.close(WORKER_JOIN_TIMEOUT_S)
+        self._router.close()
+        self._data.close()
+        if self.arenas is not None:
+            self.arenas.close()  # after the workers: nothing in /dev/shm outlives the daemon
+
+    def __enter__(self) -> "Daemon":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- the loop -----------------------------------------------------------
+    def step(self, timeout_s: float) -> None:
+        """One turn: read what is ready, move batches, lease files, check liveness."""
+        ready = self._poller.wait(timeout_s)
+        if self._data in ready:
+            for _ in range(MAX_DRAIN_MESSAGES):
+                frames = self._data.recv(0)
+                if frames is None:
+                    break
+                self._on_data(frames)
+        if self._router in ready:
+            for _ in range(MAX_DRAIN_MESSAGES):
+                got = self._router.recv(0)
+                if got is None:
+                    break
+                self._on_control(*got)
+        self.clients.handle_events()
+        for session in list(self.stage.sessions.values()):
+            self.stage.pump(session)
+        self.pool.dispatch()
+        self.clients.read_ahead_when_leased()
+        now = time.monotonic()
+        if now >= self._next_housekeeping:
+            self._next_housekeeping = now + HOUSEKEEPING_INTERVAL_S
+            self._rate.record(now, self.stage.samples_in)
+            self.pool.reap()
+            self.clients.reap(now)
+            if self.arenas is not None and self.arenas.has_retired:
+                self.arenas.collect(self.stage.arenas_held(), now)
+
+    def _on_data(self, frames: list[Any]) -> None:
+        try:
+            head, columns = P.decode(frames)
+        except Exception as exc:  # a malformed message must not stop the daemon
+            log.warning("dropping malformed data message: %s", exc)
+            return
+        kind = head["k"]
+        self.coordinator.progressed(head.get("w"))
+        if kind == P.CHUNK:
+            self.stage.on_chunk(head, columns)
+        elif kind == P.FILE_DONE:
+            self.stage.on_done(head)
+        elif kind == P.FILE_ERROR:
+            self.stage.on_file_error(head)
+
+    def _on_control(self, peer: bytes, frames: list[Any]) -> None:
+        try:
+            head, _ = P.decode(frames)
+        except Exception as exc:
+            log.warning("dropping malformed control message: %s", exc)
+            return
+        kind = head["k"]
+        worker = self.coordinator.by_peer(peer)
+        if worker is not None:
+            self.pool.on_message(worker, kind, head)
+            return
+        session = self.stage.sessions.get(peer)
+        if session is not None:
+            session.last_seen = time.monotonic()
+        if kind == P.HELLO:
+            self.pool.hello(peer, head)
+        elif kind == P.CLIENT_HELLO:
+            self.clients.hello(peer, head)
+        elif kind == P.STATUS:
+            self._router.send(peer, P.encode(P.STATUS, {"status": self.status()}))
+        elif session is None:
+            if kind != P.BYE:
+                self._router.send(peer, P.encode(P.ERROR, {"unknown_session": True,
+                                                          "message": "the daemon does not know this client (restarted?)"}))
+        else:
+            self.clients.on_message(session, kind, head)
+
+    # -- status -------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """A JSON-able snapshot: workers, files, rates, queue depths, clients, skipped records."""
+        now = time.monotonic()
+        elapsed = max(1e-9, now - self._started_at)
+        return {
+            "endpoint": self.endpoint,
+            "data_endpoint": self.data_endpoint,
+            "uptime_s": round(elapsed, 3),
+            "files": {"total": len(self.files), "leased": self.coordinator.leased(),
+                      "queued": self.coordinator.queued()},
+            "transport": self.config.workers.transport,
+            "workers": self.pool.describe(now),
+            "worker_restarts": self.coordinator.restarts,
+            "samples_in": self.stage.samples_in,
+            "samples_per_s": round(self._rate.per_second(now, self.stage.samples_in), 1),  # last ~10 s
+            "samples_per_s_average": round(self.stage.samples_in / elapsed, 1),  # since the daemon started
+            "buffered_samples": self.stage.buffered_rows(),
+            "duplicates_dropped": self.stage.dropped_duplicates,
+            "skipped_records": self.stage.skipped_records,
+            "shm_arenas": len(self.arenas.arenas) if self.arenas is not None else 0,
+            "clients": [
+                {"session": s.session_id, "rank": s.rank, "world_size": s.world_size, "credits": s.credits,
+                 "epoch": s.current.epoch if s.current else None, "batches_sent": s.batches_sent,
+                 "samples_sent": s.samples_sent}
+                for s in self.stage.sessions.values()
+            ],
+        }
+
+
+__all__ = ["Daemon", "MAX_FILE_ATTEMPTS", "SHM_ENABLED"]

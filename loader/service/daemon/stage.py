@@ -1,0 +1,305 @@
+"""The stage: worker chunks in, exactly-once, shuffled, batched, credit-paced batches out.
+
+One ``Session`` per attached client (rank, world_size). Each epoch a client asks
+for is a ``Stream`` with its own id: it knows its share of files, the records
+already delivered per file (``FileLedger``), a seeded shuffle buffer and a
+batcher. Chunks carry (stream, file, first record, count) so a chunk from a
+cancelled stream is simply dropped, and a file re-read after a worker died is
+de-duplicated.
+
+A stream's input is complete when every file of its share has its FILE_DONE
+marker and all the records that marker announced; then the shuffle buffer is
+flushed, the last batch sent (unless drop_last) and END follows. Batches are
+sent only while the client has credits (its prefetch depth), and
+``may_lease`` tells the coordinator to stop handing out a stream's files
+while its buffer is over ``buffer_limit_rows``: memory is bounded by the
+configured depths plus one file in flight per worker.
+
+The stage never touches a socket: it calls ``send(peer, frames) -> bool`` and
+appends events (file complete, stream failed) for the daemon.
+
+Large rows may arrive as references into shared-memory arenas (``refs.py``);
+``RefKeeper`` (``refkeeper.py``) adopts them, and the stage hands every row it
+drops (a duplicate, a cancelled stream, ``drop_last``) back to it for freeing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from loader.service import protocol as P
+from loader.service.shm.arena import ArenaError
+from loader.service.blocks import Block, block_rows, select
+from loader.service.daemon.batching import Batcher, ShuffleBuffer
+from loader.service.daemon.ledger import FileLedger
+from loader.service.daemon.stage_refs import RefKeeper
+
+log = logging.getLogger("loader.stage")
+
+SendFn = Callable[[bytes, list[Any]], bool]
+
+
+@dataclass
+class Stream:
+    """One epoch's share for one session."""
+
+    stream_id: int
+    epoch: int
+    files: dict[int, FileLedger]
+    shuffle: ShuffleBuffer
+    batcher: Batcher
+    gen: int | None = None  # the client's request id; None while read ahead
+    incomplete: set[int] = field(default_factory=set)
+    sample_kind: str = "tuple"
+    failed: bool = False
+    batches_sent: int = 0
+    samples_sent: int = 0
+    ref_columns: frozenset[str] | None = None  # decided by the first chunk (refkeeper.py)
+
+    @property
+    def input_done(self) -> bool:
+        """Every file of the share has its FILE_DONE marker and all its records."""
+        return not self.incomplete
+
+    @property
+    def rows_buffered(self) -> int:
+        return self.shuffle.rows + self.batcher.rows
+
+    def buffered_blocks(self) -> list[Block]:
+        return self.shuffle.blocks() + self.batcher.blocks()
+
+
+@dataclass
+class Session:
+    session_id: int
+    peer: bytes
+    rank: int
+    world_size: int
+    prefetch: int
+    last_seen: float = field(default_factory=time.monotonic)
+    credits: int = 0
+    current: Stream | None = None
+    ahead: Stream | None = None
+    read_ahead: bool = True
+    batches_sent: int = 0
+    samples_sent: int = 0
+    shm: bool = False  # the client maps the daemon's arenas (it says so with each EPOCH)
+    # (request id, reference arrays) per batch sent and not yet taken by the consumer
+    outstanding: deque = field(default_factory=deque)
+
+
+class Stage:
+    """Sessions, streams and batching; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        drop_last: bool,
+        shuffle_buffer: int,
+        seed: int,
+        samples_per_message: int,
+        send: SendFn,
+        arenas: Any = None,
+    ) -> None:
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.shuffle_buffer = shuffle_buffer
+        self.seed = seed
+        self.samples_per_message = samples_per_message
+        self.send = send
+        self.sessions: dict[bytes, Session] = {}
+        self.streams: dict[int, tuple[Session, Stream]] = {}
+        self.events: list[tuple[Any, ...]] = []
+        self._ids = itertools.count(1)
+        self.skipped_records = 0
+        self.samples_in = 0
+        self.dropped_duplicates = 0
+        self.refs = RefKeeper(arenas)
+
+    # -- sessions -----------------------------------------------------------
+    def open_session(self, peer: bytes, rank: int, world_size: int, prefetch: int) -> Session:
+        old = self.sessions.get(peer)
+        if old is not None:
+            self.close_session(old)
+        session = Session(next(self._ids), peer, rank, world_size, max(1, prefetch))
+        self.sessions[peer] = session
+        return session
+
+    def close_session(self, session: Session) -> list[int]:
+        """Forget a session; returns the stream ids whose jobs must be cancelled."""
+        self.sessions.pop(session.peer, None)
+        streams = [s for s in (session.current, session.ahead) if s is not None]
+        for stream in streams:
+            self.drop_stream(stream)
+        session.current = session.ahead = None
+        self.refs.release_outstanding(session)
+        return [s.stream_id for s in streams]
+
+    def buffer_limit_rows(self, session: Session) -> int:
+        return 2 * self.shuffle_buffer + self.batch_size * (session.prefetch + 2) + self.samples_per_message
+
+    def may_lease(self, stream_id: int) -> bool:
+        entry = self.streams.get(stream_id)
+        if entry is None:
+            return False
+        session, stream = entry
+        return not stream.failed and stream.rows_buffered < self.buffer_limit_rows(session)
+
+    # -- streams ------------------------------------------------------------
+    def new_stream(self, session: Session, epoch: int, file_indexes: list[int]) -> Stream:
+        rng = np.random.default_rng((self.seed, epoch, session.rank, session.world_size))
+        stream = Stream(
+            next(self._ids),
+            epoch,
+            {i: FileLedger() for i in file_indexes},
+            ShuffleBuffer(self.shuffle_buffer, rng),
+            Batcher(self.batch_size, self.drop_last),
+            incomplete=set(file_indexes),
+        )
+        self.streams[stream.stream_id] = (session, stream)
+        return stream
+
+    def drop_stream(self, stream: Stream | None) -> int | None:
+        if stream is None:
+            return None
+        self.streams.pop(stream.stream_id, None)
+        if stream.ref_columns:
+            self.refs.release_blocks(stream.shuffle.drain() + stream.batcher.drain(), stream.ref_columns)
+        return stream.stream_id
+
+    # -- data from workers --------------------------------------------------
+    def _addressed(self, head: dict[str, Any]) -> tuple[Session, Stream] | None:
+        """The (session, stream) a worker message is for; None for a cancelled stream or a client that left."""
+        return self.streams.get(head.get("s", -1))
+
+    def on_chunk(self, head: dict[str, Any], columns: Block) -> None:
+        try:
+            names = self.refs.adopt(head, columns)
+        except ArenaError as exc:
+            log.warning("dropping a chunk of file index %s: %s", head.get("f"), exc)
+            return
+        entry = self._addressed(head)
+        ledger = entry[1].files.get(head["f"]) if entry is not None else None
+        if entry is None or ledger is None or entry[1].failed:
+            self.refs.release_blocks([columns], names)
+            return
+        _, stream = entry
+        indexes = columns.pop(P.INDEX_COLUMN, None)
+        count = int(head["n"])
+        keep = ledger.accept(int(head.get("r", 0)), count, indexes)
+        if keep is not None:
+            kept = int(keep.sum())
+            self.dropped_duplicates += count - kept
+            if kept != count:
+                self.refs.release_blocks([select(columns, ~keep)], names)
+            if kept == 0:
+                return
+            if kept != count:
+                columns = select(columns, keep)
+        if stream.ref_columns is None:
+            stream.ref_columns = names
+        if names or stream.ref_columns:
+            columns = self.refs.conform(stream.ref_columns, columns, names)
+        stream.sample_kind = head.get("sk", stream.sample_kind)
+        self.samples_in += block_rows(columns)
+        stream.batcher.extend(stream.shuffle.add(columns))
+        self._check_file(stream, head["f"])
+
+    def on_done(self, head: dict[str, Any]) -> None:
+        entry = self._addressed(head)
+        if entry is None:
+            return
+        _, stream = entry
+        ledger = stream.files.get(head["f"])
+        if ledger is None:
+            return
+        ledger.mark_done(int(head["sent"]), int(head.get("skipped", 0)))
+        self._check_file(stream, head["f"])
+
+    def on_file_error(self, head: dict[str, Any]) -> None:
+        entry = self._addressed(head)
+        if entry is None:
+            return
+        session, stream = entry
+        if stream.failed or head["f"] not in stream.incomplete:
+            return
+        stream.failed = True
+        self.events.append(("failed", session, stream, head.get("error") or {}))
+
+    def _check_file(self, stream: Stream, file_index: int) -> None:
+        ledger = stream.files[file_index]
+        if file_index not in stream.incomplete or not ledger.complete:
+            return
+        stream.incomplete.discard(file_index)
+        if ledger.skipped:
+            self.skipped_records += ledger.skipped
+            log.warning("skipped %d bad record(s) in file index %d (epoch %d)", ledger.skipped, file_index, stream.epoch)
+        self.events.append(("file_complete", stream.stream_id, file_index))
+        if not stream.incomplete:
+            stream.batcher.extend(stream.shuffle.flush())
+
+    # -- batches to clients -------------------------------------------------
+    def pump(self, session: Session) -> None:
+        """Send what the client's credits allow, then END once the stream is drained."""
+        stream = session.current
+        if stream is None or stream.gen is None or stream.failed:
+            return
+        while session.credits > 0:
+            batch = stream.batcher.pop()
+            if batch is None and stream.input_done:
+                if self.drop_last and stream.ref_columns:
+                    self.refs.release_blocks(stream.batcher.drain(), stream.ref_columns)
+                batch = stream.batcher.flush()
+            if batch is None:
+                break
+            self._send_batch(session, stream, batch)
+        if stream.input_done and stream.batcher.rows == 0:
+            head = {"e": stream.epoch, "g": stream.gen, "batches": stream.batches_sent, "samples": stream.samples_sent}
+            self.send(session.peer, P.encode(P.END, head))
+            self.drop_stream(stream)
+            session.current = None
+
+    def _send_batch(self, session: Session, stream: Stream, batch: Block) -> None:
+        n = block_rows(batch)
+        head = {"e": stream.epoch, "g": stream.gen, "n": n, "sk": stream.sample_kind}
+        # Recorded as outstanding before sending: a failed send drops the session, which frees it.
+        batch = self.refs.outbound(session, batch, stream.ref_columns or frozenset(), head)
+        self.send(session.peer, P.encode(P.BATCH, head, batch))
+        session.credits -= 1
+        stream.batches_sent += 1
+        stream.samples_sent += n
+        session.batches_sent += 1
+        session.samples_sent += n
+
+    def buffered_rows(self) -> int:
+        return sum(stream.rows_buffered for _, stream in self.streams.values())
+
+    # -- references ---------------------------------------------------------
+    def on_credit(self, session: Session, gen: Any, count: int) -> None:
+        """The client's consumer took ``count`` batches of request ``gen``: more credits, their rows freed."""
+        # Credits for an epoch the client abandoned must not inflate the next one's window.
+        if session.current is not None and gen == session.current.gen:
+            session.credits += count
+        self.refs.credited(session, gen, count)
+
+    def on_epoch_request(self, session: Session, shm: bool) -> None:
+        """A client asks for an epoch: every batch it will still read has been copied, so free them all."""
+        session.shm = shm and self.refs.arenas is not None
+        self.refs.release_outstanding(session)
+
+    def arenas_held(self) -> set[int]:
+        """Arena ids of the references buffered or outstanding (a retired arena waits for these)."""
+        buffered = [(block, stream.ref_columns) for _, stream in self.streams.values() if stream.ref_columns
+                    for block in stream.buffered_blocks()]
+        return self.refs.held(buffered, self.sessions.values())
+
+
+__all__ = ["Stage", "Session", "Stream"]

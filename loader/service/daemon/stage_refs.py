@@ -1,0 +1,171 @@
+"""The stage's side of reference columns: adopt them from chunks, keep them uniform, free what is dropped.
+
+``RefKeeper`` is what ``Stage`` calls so that its dedupe, shuffle and batcher
+can treat a reference column like any other column (int64 rows, no data
+touched). Its rules:
+
+* One stream column is either references or inline for its whole life (the
+  first chunk decides), because the shuffle buffer concatenates blocks. A
+  later inline chunk for a reference column (the worker's arena was full, or
+  the worker runs on another host) is kept as *local* rows: the received arrays
+  themselves, held in a dict and referenced with arena id ``LOCAL_ARENA``. A
+  later reference chunk for an inline column is copied out (``materialize``).
+* A batch goes to a client as references only when the client maps arenas and
+  the batch has no local rows; otherwise its reference columns are copied out
+  here, once.
+* Rows sent as references are *outstanding* until the client's consumer has
+  taken their batch: a CREDIT for that epoch request frees the oldest ones, a new
+  EPOCH or the client leaving frees the rest. The client copies a batch when it
+  arrives, before its consumer can take it, so this never frees a row being read,
+  and a client that dies leaks nothing. Every row the stage drops (duplicates,
+  cancelled streams, ``drop_last``) is freed through ``release``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from typing import Any, Iterable
+
+import numpy as np
+
+from loader.service import protocol as P
+from loader.service.shm import refs as R
+from loader.service.shm.arena import ArenaError
+from loader.service.blocks import Block
+
+
+class RefKeeper:
+    def __init__(self, arenas: Any) -> None:
+        self.arenas = arenas  # ArenaPool, or None when the fast path is off
+        self.specs = R.Specs()
+        self.local: dict[int, Any] = {}
+        self._local_ids = itertools.count()
+
+    def arena_of(self, arena_id: int) -> Any:
+        return self.arenas.get(arena_id) if self.arenas is not None else None
+
+    # -- chunks in ------------------------------------------------------------
+    def adopt(self, head: dict[str, Any], columns: Block) -> frozenset[str]:
+        """Renumber a chunk's reference columns to our specs; their names. ``ArenaError`` when malformed."""
+        described = head.get(P.REFS) or {}
+        names = []
+        for name, specs in described.items():
+            values = columns.get(name)
+            if values is None or values.ndim != 2 or values.shape[1] != R.REF_WIDTH or values.dtype.kind not in "iu":
+                raise ArenaError(f"reference column {name!r} is malformed")
+            for spec in specs.values():
+                R.parse_specs({0: spec})  # refuses object dtypes
+            for arena_id in np.unique(values[:, 0]).tolist():
+                if self.arena_of(arena_id) is None:
+                    raise ArenaError(f"reference column {name!r} names arena {arena_id}, which this daemon does not have")
+            columns[name] = self.specs.adopt(values, specs)
+            names.append(name)
+        return frozenset(names)
+
+    def conform(self, ref_columns: frozenset[str], columns: Block, names: frozenset[str]) -> Block:
+        """``columns`` with exactly ``ref_columns`` as references (see the module docstring)."""
+        for name in ref_columns - names:
+            if name in columns:
+                columns[name] = self._to_local(columns[name])
+        for name in names - ref_columns:
+            columns[name] = self.materialize(columns[name])
+        return columns
+
+    def _to_local(self, values: np.ndarray) -> np.ndarray:
+        refs = np.empty((len(values), R.REF_WIDTH), dtype=np.int64)
+        for i in range(len(values)):
+            key = next(self._local_ids)
+            self.local[key] = values[i]
+            refs[i] = (R.LOCAL_ARENA, key, -1)
+        return refs
+
+    # -- copying out and freeing ---------------------------------------------
+    def materialize(self, refs: np.ndarray) -> np.ndarray:
+        """The rows' data as an inline column (one copy); arena rows are freed, local rows forgotten."""
+        if len(refs) and not np.any(refs[:, 0] == R.LOCAL_ARENA):
+            return R.gather(refs, self.specs.specs, self.arena_of)
+        rows = []
+        for arena_id, start, spec_id in refs.tolist():
+            if arena_id == R.LOCAL_ARENA:
+                rows.append(np.asarray(self.local.pop(start)))
+            else:
+                one = np.array([[arena_id, start, spec_id]], dtype=np.int64)
+                rows.append(R.gather(one, self.specs.specs, self.arena_of)[0])
+        try:
+            stacked = np.stack(rows) if rows else np.zeros((0,), np.uint8)
+            if not stacked.dtype.hasobject:
+                return stacked
+        except (ValueError, TypeError):
+            pass
+        return P.object_array(rows)
+
+    def release(self, refs: np.ndarray) -> None:
+        """Free rows nobody will read."""
+        if len(refs) == 0:
+            return
+        local = refs[:, 0] == R.LOCAL_ARENA
+        for key in refs[local, 1].tolist():
+            self.local.pop(key, None)
+        R.free_refs(refs[~local], self.specs.specs, self.arena_of)
+
+    def release_blocks(self, blocks: Iterable[Block], names: frozenset[str]) -> None:
+        for block in blocks:
+            for name in names:
+                if name in block:
+                    self.release(block[name])
+
+    # -- batches out ----------------------------------------------------------
+    def outbound(self, session: Any, batch: Block, ref_columns: frozenset[str], head: dict[str, Any]) -> Block:
+        """The batch to send: references where the client maps arenas, copied-out columns elsewhere.
+
+        Sent references are recorded as outstanding for ``session`` (also an empty entry, so
+        that credits line up with batches).
+        """
+        batch = dict(batch)
+        sent: list[np.ndarray] = []
+        described = {}
+        for name in ref_columns:
+            refs = batch.get(name)
+            if refs is None:
+                continue
+            if session.shm and not np.any(refs[:, 0] == R.LOCAL_ARENA):
+                described[name] = self.specs.describe(refs)
+                sent.append(refs)
+            else:
+                batch[name] = self.materialize(refs)
+        if described:
+            head[P.REFS] = described
+        session.outstanding.append((head.get("g"), sent))
+        return batch
+
+    def credited(self, session: Any, gen: Any, count: int) -> None:
+        """The client's consumer took ``count`` more batches of request ``gen``: free their rows."""
+        queue: deque = session.outstanding
+        while count > 0 and queue and queue[0][0] == gen:
+            for refs in queue.popleft()[1]:
+                self.release(refs)
+            count -= 1
+
+    def release_outstanding(self, session: Any) -> None:
+        """A new epoch request (the client copied every earlier batch it will read) or the client left."""
+        while session.outstanding:
+            for refs in session.outstanding.popleft()[1]:
+                self.release(refs)
+
+    def held(self, buffered: Iterable[tuple[Block, frozenset[str]]], sessions: Iterable[Any]) -> set[int]:
+        """Arena ids the stage still holds references into: buffered (block, reference column names)
+        pairs and the sessions' outstanding batches."""
+        ids: set[int] = set()
+        for block, names in buffered:
+            for name in names:
+                if name in block:
+                    ids.update(np.unique(block[name][:, 0]).tolist())
+        for session in sessions:
+            for _, sent in session.outstanding:
+                for refs in sent:
+                    ids.update(np.unique(refs[:, 0]).tolist())
+        return ids
+
+
+__all__ = ["RefKeeper"]

@@ -1,0 +1,170 @@
+"""The daemon's workers: starting them, their control messages, leases, liveness and replacement.
+
+``WorkerPool`` is the worker-facing half of the daemon (``daemon.Daemon`` is
+the loop and the client-facing half). It talks to workers through the
+daemon's router (``send(peer, frames) -> bool``) and owns the processes it
+started: a dead or hung one (``Coordinator.find_dead``) is stopped, its
+files are re-leased and a replacement is started. Workers are reached by the
+daemon's control address (zmq), or by a pipe link made for each of them
+(``mp_transport.WorkerLinks``, transports "pipe" and "queue").
+
+With the shared-memory fast path on (``arenas``, an ``shm.ArenaPool``) every
+HELLO gets a fresh arena named in its WELCOME, and the worker's previous one,
+if any, is retired (unlinked once nothing refers to it): an arena has one
+writer at a time, and the blocks a killed writer had taken die with its arena.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from typing import Any, Callable
+
+from loader.runtime import processes
+from loader.errors import WorkerDiedError
+from loader.service import protocol as P
+from loader.service.daemon.coordinator import Coordinator, WorkerRecord
+from loader.service.daemon.launcher import start_worker
+
+log = logging.getLogger("loader.daemon")
+
+MAX_FILE_ATTEMPTS = 3  # worker deaths while holding one file before that file fails the epoch
+
+SendFn = Callable[[bytes, list[Any]], bool]
+
+
+class WorkerPool:
+    """Workers of one daemon; see the module docstring."""
+
+    def __init__(self, coordinator: Coordinator, *, send: SendFn, welcome: dict[str, Any], endpoint: str,
+                 entry: str, links: Any = None, on_file_error: Callable[[dict[str, Any]], None],
+                 arenas: Any = None) -> None:
+        self.coordinator = coordinator
+        self._send = send
+        self._welcome = welcome
+        self._endpoint = endpoint
+        self._entry = entry
+        self._links = links
+        self._on_file_error = on_file_error
+        self._attempts: dict[tuple[int, int], int] = {}
+        self._arenas = arenas
+        self._arena_of: dict[str, int] = {}  # worker id -> its arena id
+        self._seq = 0
+        self.closing = False
+
+    # -- processes ----------------------------------------------------------
+    def launch(self) -> None:
+        """Start one worker process and register it."""
+        self._seq += 1
+        worker_id = f"{socket.gethostname()}-{os.getpid()}-{self._seq}"
+        connect = self._links.new_link() if self._links is not None else self._endpoint
+        try:
+            proc = start_worker(connect, worker_id, self._entry)
+        finally:
+            if self._links is not None:
+                connect.close()  # the child has its copies; ours would hide its death
+        self.coordinator.add_worker(worker_id, proc)
+
+    def reap(self) -> None:
+        for record, why in self.coordinator.find_dead():
+            self.gone(record, why)
+
+    def gone(self, record: WorkerRecord, why: str) -> None:
+        """Forget a worker: stop its process, re-lease its files, start a replacement."""
+        log.warning("worker %s (pid %s) %s; re-leasing %d file(s)", record.worker_id, record.pid, why, len(record.leases))
+        exitcode = None
+        if record.process is not None:
+            exitcode = processes.stop_process(record.process, join_timeout_s=0.0)
+        if self._links is not None and record.peer is not None:
+            self._links.control.drop(record.peer)
+        if self._arenas is not None:
+            self._arenas.retire(self._arena_of.pop(record.worker_id, None))
+        for job in self.coordinator.remove_worker(record):
+            key = (job.stream_id, job.file_index)
+            self._attempts[key] = self._attempts.get(key, 0) + 1
+            if self._attempts[key] >= MAX_FILE_ATTEMPTS:
+                died = WorkerDiedError(f"worker {record.worker_id}", exitcode, worker=record.worker_id, file=job.path)
+                self._on_file_error({"s": job.stream_id, "f": job.file_index, "error": died.to_dict()})
+        if record.process is not None and not self.closing and why != "said goodbye":
+            self.coordinator.restarts += 1
+            self.launch()
+
+    def close(self, join_timeout_s: float) -> None:
+        """Say BYE to every worker and stop the processes this daemon started (bounded)."""
+        self.closing = True
+        bye = P.encode(P.BYE, {"reason": "daemon stopping"})
+        for record in self.coordinator.workers.values():
+            if record.peer is not None:
+                self._send(record.peer, bye)
+        deadline = time.monotonic() + join_timeout_s
+        for record in list(self.coordinator.workers.values()):
+            if record.process is not None:
+                processes.stop_process(record.process, join_timeout_s=max(0.0, deadline - time.monotonic()))
+
+    # -- messages -----------------------------------------------------------
+    def hello(self, peer: bytes, head: dict[str, Any]) -> None:
+        mismatch = P.version_mismatch(head, f"worker {head.get('worker') or peer.hex()} (pid {head.get('pid')})")
+        if mismatch is not None:
+            log.error("refused %s", mismatch)
+            self._send(peer, P.encode(P.ERROR, P.versioned({"refused": "version", "message": mismatch})))
+            return
+        record = self.coordinator.hello(str(head.get("worker") or peer.hex()), peer, head.get("pid"))
+        welcome = P.versioned({**self._welcome, "worker": record.worker_id})
+        if self._arenas is not None:
+            self._arenas.retire(self._arena_of.pop(record.worker_id, None))
+            try:
+                arena = self._arenas.create()
+            except OSError as exc:  # /dev/shm full or unusable: this worker sends inline frames
+                log.warning("no shared-memory arena for worker %s: %s", record.worker_id, exc)
+            else:
+                self._arena_of[record.worker_id] = arena.arena_id
+                welcome[P.SHM] = {**self._arenas.describe(), "arena": arena.arena_id}
+        self._send(peer, P.encode(P.WELCOME, welcome))
+
+    def on_message(self, worker: WorkerRecord, kind: str, head: dict[str, Any]) -> None:
+        worker.last_seen = time.monotonic()
+        if kind == P.LEASE_REQ:
+            worker.waiting = True
+        elif kind == P.HEARTBEAT:
+            assert worker.peer is not None
+            self._send(worker.peer, P.encode(P.HEARTBEAT))
+        elif kind == P.BYE:
+            self.gone(worker, "said goodbye")
+        elif kind == P.HELLO:  # a restarted worker reusing its id
+            assert worker.peer is not None
+            self.hello(worker.peer, head)
+
+    # -- leases -------------------------------------------------------------
+    def dispatch(self) -> None:
+        """Lease a file to every worker that asked, while there are leasable files."""
+        for record in self.coordinator.workers.values():
+            if not record.waiting or record.peer is None:
+                continue
+            job = self.coordinator.next_job(record)
+            if job is None:
+                return  # nothing leasable now; no other worker would get anything either
+            self._send(record.peer, P.encode(P.LEASE, {
+                "lease": job.lease_id, "s": job.stream_id, "e": job.epoch, "f": job.file_index, "path": job.path,
+            }))
+
+    def cancel(self, stream_id: int | None) -> None:
+        """Forget a stream's jobs and tell the workers reading its files to stop."""
+        if stream_id is None:
+            return
+        for worker_id, lease_id in self.coordinator.cancel_stream(stream_id):
+            record = self.coordinator.workers.get(worker_id)
+            if record is not None and record.peer is not None:
+                self._send(record.peer, P.encode(P.CANCEL, {"lease": lease_id}))
+
+    def describe(self, now: float) -> list[dict[str, Any]]:
+        """The workers part of ``status()``."""
+        return [
+            {"id": r.worker_id, "pid": r.pid, "alive": r.alive, "connected": r.peer is not None,
+             "files_done": r.files_done, "leases": len(r.leases), "last_heartbeat_s": round(now - r.last_seen, 3)}
+            for r in self.coordinator.workers.values()
+        ]
+
+
+__all__ = ["WorkerPool", "MAX_FILE_ATTEMPTS"]

@@ -1,0 +1,153 @@
+"""Reference columns: a column of large rows kept in arenas, carried as small int64 references.
+
+A reference column is an int64 array of shape ``(n, 3)``: per row ``[arena id,
+first block, spec id]``, where the spec (``Specs``) is the row's dtype and
+shape. The stage's dedupe, shuffle and batcher move these rows like any other
+column, touching no sample data. On the wire the column is an ordinary int64
+frame and the message header says which columns are references and what their
+specs are (``"refs": {name: {spec id: [dtype, shape]}}``).
+
+``write_column`` (a worker) copies a column's rows into its arena, one run of
+blocks per row, so rows can later be freed one by one after the shuffle split
+them up. ``gather`` (the client, or the stage for a client that cannot map
+arenas) copies rows into one fresh contiguous array per column (the one copy
+of the fast path) and frees their blocks. ``free_refs`` frees rows nobody
+will read (duplicates, cancelled streams, batches of a client that left).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from loader.service.shm.arena import Arena, ArenaError
+
+# Rows smaller than this travel inline: a reference saves little, and rounding to blocks would waste more.
+MIN_REF_ROW_BYTES = 64 * 1024
+LOCAL_ARENA = -1  # reserved id: never an arena (the stage's own inline rows)
+REF_WIDTH = 3  # arena id, first block, spec id
+
+Spec = tuple[str, tuple[int, ...]]
+ArenaOf = Callable[[int], "Arena | None"]
+
+
+class Specs:
+    """Interned row specs (dtype string, row shape) -> small ints, for one process."""
+
+    def __init__(self) -> None:
+        self._ids: dict[Spec, int] = {}
+        self.specs: dict[int, Spec] = {}
+
+    def intern(self, dtype: str, shape: Any) -> int:
+        spec = (str(dtype), tuple(int(d) for d in shape))
+        spec_id = self._ids.get(spec)
+        if spec_id is None:
+            spec_id = self._ids[spec] = len(self._ids)
+            self.specs[spec_id] = spec
+        return spec_id
+
+    def describe(self, refs: np.ndarray) -> dict[int, list[Any]]:
+        """The wire form of the specs ``refs`` use: ``{spec id: [dtype, shape]}``."""
+        return {int(i): [self.specs[int(i)][0], list(self.specs[int(i)][1])] for i in np.unique(refs[:, 2])}
+
+    def adopt(self, refs: np.ndarray, described: Mapping[Any, Any]) -> np.ndarray:
+        """``refs`` from a peer, renumbered to this table's spec ids (a new array)."""
+        mapping = {int(k): self.intern(v[0], v[1]) for k, v in described.items()}
+        out = np.array(refs, dtype=np.int64, copy=True)
+        if mapping:
+            keys = np.fromiter(mapping.keys(), np.int64)
+            values = np.fromiter(mapping.values(), np.int64)
+            order = np.argsort(keys)
+            pos = np.searchsorted(keys[order], out[:, 2])
+            if np.any(pos >= len(keys)) or np.any(keys[order][np.minimum(pos, len(keys) - 1)] != out[:, 2]):
+                raise ArenaError("a reference column names a spec its header does not describe")
+            out[:, 2] = values[order][pos]
+        elif len(out):
+            raise ArenaError("a reference column has no specs")
+        return out
+
+
+def parse_specs(described: Mapping[Any, Any]) -> dict[int, Spec]:
+    """``{spec id: (dtype, shape)}`` from the wire form, refusing object dtypes."""
+    specs: dict[int, Spec] = {}
+    for key, (dtype, shape) in described.items():
+        if np.dtype(dtype).hasobject:
+            raise ArenaError("a reference column claims dtype object")
+        specs[int(key)] = (str(dtype), tuple(int(d) for d in shape))
+    return specs
+
+
+def row_nbytes(spec: Spec) -> int:
+    dtype, shape = spec
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def eligible(values: Any, min_row_bytes: int = MIN_REF_ROW_BYTES) -> bool:
+    """Whether a column would travel by reference: a fixed dtype and rows of at least ``min_row_bytes``."""
+    return (isinstance(values, np.ndarray) and values.ndim >= 1 and len(values) > 0 and not values.dtype.hasobject
+            and values.nbytes // len(values) >= min_row_bytes)
+
+
+def write_column(arena: Arena, values: np.ndarray, spec_id: int = 0) -> np.ndarray | None:
+    """Copy each row of ``values`` into ``arena``; the ``(n, 3)`` references, or None when it is full."""
+    n = len(values)
+    row_bytes = values.nbytes // n
+    starts = arena.alloc(n, arena.blocks_for(row_bytes))
+    if starts is None:
+        return None
+    rows = np.ascontiguousarray(values).reshape(n, -1).view(np.uint8)
+    block = arena.block_bytes
+    for i, start in enumerate(starts.tolist()):
+        arena.data[start * block:start * block + row_bytes] = rows[i]
+    refs = np.empty((n, REF_WIDTH), dtype=np.int64)
+    refs[:, 0], refs[:, 1], refs[:, 2] = arena.arena_id, starts, spec_id
+    return refs
+
+
+def gather(refs: np.ndarray, specs: Mapping[int, Spec], arena_of: ArenaOf, *, free: bool = True) -> np.ndarray:
+    """The rows of ``refs`` as one fresh array (an object array of rows when their specs differ); frees them."""
+    n = len(refs)
+    spec_ids = np.unique(refs[:, 2]) if n else np.zeros(0, np.int64)
+    if len(spec_ids) == 1:
+        dtype, shape = specs[int(spec_ids[0])]
+        nbytes = row_nbytes((dtype, shape))
+        raw = np.empty((n, nbytes), dtype=np.uint8)
+        for i, (arena_id, start, _) in enumerate(refs.tolist()):
+            raw[i] = _arena(arena_of, arena_id).row(start, nbytes)
+        out = raw.view(np.dtype(dtype)).reshape((n, *shape))
+    else:
+        out = np.empty(n, dtype=object)
+        for i, (arena_id, start, spec_id) in enumerate(refs.tolist()):
+            dtype, shape = specs[spec_id]
+            out[i] = _arena(arena_of, arena_id).row(start, row_nbytes((dtype, shape))).copy().view(dtype).reshape(shape)
+    if free:
+        free_refs(refs, specs, arena_of)
+    return out
+
+
+def free_refs(refs: np.ndarray, specs: Mapping[int, Spec], arena_of: ArenaOf) -> None:
+    """Give the rows' blocks back; rows of arenas already gone are skipped (nothing to free)."""
+    if len(refs) == 0:
+        return
+    for arena_id, spec_id in np.unique(refs[:, [0, 2]], axis=0).tolist():
+        if arena_id == LOCAL_ARENA:
+            continue
+        try:
+            arena = arena_of(arena_id)
+        except ArenaError:
+            continue
+        if arena is not None and not arena.closed:
+            starts = refs[(refs[:, 0] == arena_id) & (refs[:, 2] == spec_id), 1]
+            arena.free(starts, arena.blocks_for(row_nbytes(specs[spec_id])))
+
+
+def _arena(arena_of: ArenaOf, arena_id: int) -> Arena:
+    arena = arena_of(int(arena_id))
+    if arena is None or arena.closed:
+        raise ArenaError(f"a reference names arena {arena_id}, which is gone")
+    return arena
+
+
+__all__ = ["Specs", "MIN_REF_ROW_BYTES", "LOCAL_ARENA", "eligible", "write_column", "gather", "free_refs",
+           "parse_specs", "row_nbytes"]

@@ -1,0 +1,30 @@
+"""Transport: the channel protocol, ZeroMQ sockets (the one zmq import), worker pipe links and their framing."""
+
+from loader.service.transport.channel import Channel, Frames, RouterLike
+from loader.service.transport.inproc import FakeChannel, Waker
+from loader.service.transport.sockets import (
+    Poller,
+    Router,
+    ZmqChannel,
+    data_endpoint_for,
+    dealer,
+    pull,
+    push,
+    reachable_endpoint,
+)
+
+__all__ = [
+    "Channel",
+    "Frames",
+    "RouterLike",
+    "FakeChannel",
+    "Waker",
+    "Poller",
+    "Router",
+    "ZmqChannel",
+    "data_endpoint_for",
+    "dealer",
+    "pull",
+    "push",
+    "reachable_endpoint",
+]

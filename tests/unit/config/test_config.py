@@ -1,0 +1,415 @@
+"""loader.config: every shipped config loads, every rejection names file, key and reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import re
+import sys
+
+import msgpack
+import pytest
+
+from loader.examples import datagen as _datagen
+from loader.runtime.imports import import_object
+from loader.config import (
+    DEFAULT_BIND,
+    ClientConfig,
+    LoaderConfig,
+    PipelineConfig,
+    ServiceConfig,
+    SourceConfig,
+    WorkersConfig,
+    load_config,
+    resolve,
+)
+from loader.errors import ConfigError
+from tests.helpers import REPO_ROOT
+
+ROOT = REPO_ROOT
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.toml")))
+ORIGIN = "configs/train.toml"
+
+
+def make(source: dict | None = None, **sections: dict) -> LoaderConfig:
+    data = {"source": {"files": ["data/*.npy"]} if source is None else source, **sections}
+    return LoaderConfig.from_dict(data, origin=ORIGIN)
+
+
+def rejects(match: str, source: dict | None = None, **sections: dict) -> str:
+    with pytest.raises(ConfigError, match=match) as info:
+        make(source, **sections)
+    text = str(info.value)
+    assert ORIGIN in text, text
+    return text
+
+
+# -- shipped configs ---------------------------------------------------------------
+
+
+def test_the_shipped_configs_exist() -> None:
+    names = {os.path.basename(p) for p in CONFIGS}
+    assert {"example.toml", "npy.toml", "recordio.toml", "text.toml", "provider.toml"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+def test_every_shipped_config_loads_and_round_trips(path: str) -> None:
+    config = load_config(path)
+    assert config.origin == path
+    # Plain data: JSON and msgpack both carry it, and it comes back equal.
+    again = LoaderConfig.from_dict(json.loads(json.dumps(config.to_dict())))
+    assert again == config
+    assert LoaderConfig.from_dict(msgpack.unpackb(msgpack.packb(config.to_dict()))) == config
+    config.check_imports()  # every "module:function" in a shipped config imports
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+def test_every_shipped_config_points_inside_the_repo(path: str) -> None:
+    source = load_config(path).source
+    for pattern in source.files + ((source.list_file,) if source.list_file else ()):
+        assert os.path.isabs(pattern) and pattern.startswith(ROOT), pattern
+
+
+def test_example_documents_every_key() -> None:
+    # Every key is written (as a value or commented out) under its own section header.
+    documented: set[tuple[str, str]] = set()
+    section = ""
+    for line in open(os.path.join(ROOT, "configs", "example.toml"), encoding="utf-8"):
+        header = re.match(r"^\[(\w+)(?:\.(\w+))?\]", line)
+        if header:
+            section = header[1]
+            if header[2]:
+                documented.add((section, header[2]))
+            continue
+        key = re.match(r"^#? ?(\w+) =", line)
+        if key:
+            documented.add((section, key[1]))
+    for name, values in make().to_dict().items():
+        for key in values:
+            assert (name, key) in documented, f"{name}.{key} is not documented"
+
+
+def test_example_shows_the_defaults() -> None:
+    # "every other key has the default shown here"
+    config = load_config(os.path.join(ROOT, "configs", "example.toml"))
+    assert (config.pipeline, config.workers, config.service, config.client) == (
+        PipelineConfig(), WorkersConfig(), ServiceConfig(), ClientConfig()
+    )
+
+
+def test_shipped_npy_config_expands_generated_data(tmp_path) -> None:
+    data = load_config(os.path.join(ROOT, "configs", "npy.toml")).to_dict()
+    _datagen.generate(str(tmp_path), format="npy", files=3, samples=4)
+    data["source"]["files"] = [os.path.join(tmp_path, os.path.basename(p)) for p in data["source"]["files"]]
+    files = LoaderConfig.from_dict(data).source.expand_files()
+    # The glob picks the feature files, not their *.labels.npy siblings.
+    assert [os.path.basename(f) for f in files] == ["part-00000.npy", "part-00001.npy", "part-00002.npy"]
+
+
+def test_shipped_text_and_provider_configs_read_generated_data(tmp_path) -> None:
+    from loader.io.registry import create_file_reader
+    from loader.provider import iter_file_samples
+
+    path = _datagen.write_text(str(tmp_path / "a.txt"), samples=5)
+    (tmp_path / "train.list").write_text("a.txt\n")
+    text = load_config(os.path.join(ROOT, "configs", "text.toml")).source
+    with create_file_reader(path, format=text.format, **text.file_reader_options()) as reader:
+        rows = list(reader)
+    assert len(rows) == 5 and rows[0][0].shape == (4,) and rows[0][0].dtype.name == "float32"
+
+    data = load_config(os.path.join(ROOT, "configs", "provider.toml")).to_dict()
+    data["source"]["list_file"] = str(tmp_path / "train.list")
+    source = LoaderConfig.from_dict(data).source
+    assert source.expand_files() == [path]
+    samples = list(iter_file_samples(source.resolve_provider(), path))
+    assert len(samples) == 5 and int(samples[0][1]) == int(rows[0][1])
+
+
+# -- defaults, normalization, round trip --------------------------------------------
+
+
+def test_defaults() -> None:
+    config = make()
+    assert config.pipeline == PipelineConfig()
+    assert config.pipeline.batch_size == 32 and config.pipeline.epochs == 1 and config.pipeline.seed is None
+    assert config.workers == WorkersConfig()
+    assert config.workers.count == 2 and config.workers.transport == "zmq"
+    assert config.workers.samples_per_message == 256
+    assert config.workers.heartbeat_interval_s == 0.5 and config.workers.heartbeat_timeout_s == 5.0
+    assert config.service.bind == DEFAULT_BIND == "tcp://127.0.0.1:5555" and config.service.is_loopback
+    assert (config.client.prefetch, config.client.device, config.client.timeout_s) == (4, "cpu", 30.0)
+
+
+def test_values_are_normalized_and_frozen() -> None:
+    config = make(
+        {"files": "data/*.npy", "fields": ["x", "y"]},
+        pipeline={"mappers": ["os.path:basename"]},
+        workers={"heartbeat_interval_s": 1, "heartbeat_timeout_s": 3},
+    )
+    assert config.source.files == (os.path.join(os.getcwd(), "data/*.npy"),)
+    assert config.source.fields == ("x", "y") and config.pipeline.mappers == ("os.path:basename",)
+    assert isinstance(config.workers.heartbeat_interval_s, float)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.workers.count = 3  # type: ignore[misc]
+
+
+def test_relative_paths_resolve_against_the_config_file(tmp_path) -> None:
+    (tmp_path / "sub").mkdir()
+    path = tmp_path / "sub" / "c.toml"
+    path.write_text('[source]\nfiles = ["../data/*.npy"]\n')
+    assert load_config(path).source.files == (str(tmp_path / "data" / "*.npy"),)
+    path.write_text('[source]\nlist_file = "train.list"\n')
+    assert load_config(path).source.list_file == str(tmp_path / "sub" / "train.list")
+
+
+def test_round_trip_keeps_every_value() -> None:
+    config = make(
+        {"list_file": "/data/train.list", "format": "text", "fields": ["a"], "format_options": {"parser": "m:f", "n": [1, 2]}},
+        pipeline={"mappers": ["a:b", "c.d:e"], "shuffle_buffer": 10, "batch_size": 3, "drop_last": True,
+                  "seed": 7, "epochs": 0, "on_error": "skip", "batch_format": "list"},
+        workers={"count": 3, "transport": "pipe", "samples_per_message": 8},
+        service={"bind": "ipc:///tmp/x.sock"},
+        client={"prefetch": 1, "device": "cuda:1", "timeout_s": 2.5},
+    )
+    assert LoaderConfig.from_dict(config.to_dict()) == config
+    assert LoaderConfig.from_dict(json.loads(json.dumps(config.to_dict()))).to_dict() == config.to_dict()
+
+
+def test_format_options_are_copied() -> None:
+    options = {"nested": {"a": 1}}
+    config = make({"files": ["x"], "format_options": options})
+    options["nested"]["a"] = 2
+    assert config.source.format_options == {"nested": {"a": 1}}
+
+
+def test_override_checks_values_and_keeps_the_origin() -> None:
+    config = make(workers={"count": 2})
+    changed = config.override({"workers.count": 5, "service.bind": "tcp://0.0.0.0:6000"})
+    assert changed.workers.count == 5 and changed.origin == ORIGIN
+    assert not changed.service.is_loopback  # allowed: named explicitly
+    with pytest.raises(ConfigError, match=r"workers.count must be >= 1, got 0 \(command line\)"):
+        config.override({"workers.count": 0})
+    with pytest.raises(ConfigError, match="did you mean workers.count"):
+        config.override({"workers.cout": 1})
+
+
+def test_sections_can_be_built_directly() -> None:
+    assert SourceConfig(files=("a",)).files == ("a",)
+    with pytest.raises(ConfigError, match=r"workers.count must be >= 1, got 0 \(<dict>\)"):
+        WorkersConfig(count=0)
+
+
+# -- rejections -------------------------------------------------------------------
+
+
+def test_the_documented_message_shape() -> None:
+    text = rejects("count", workers={"count": 0})
+    assert text == "workers.count must be >= 1, got 0 (configs/train.toml)"
+
+
+@pytest.mark.parametrize(
+    "section, values, match",
+    [
+        ("pipeline", {"batch_size": 0}, "pipeline.batch_size must be >= 1, got 0"),
+        ("pipeline", {"batch_size": "8"}, "pipeline.batch_size must be an integer"),
+        ("pipeline", {"batch_size": True}, "pipeline.batch_size must be an integer, got True"),
+        ("pipeline", {"batch_size": 2.0}, "pipeline.batch_size must be an integer"),
+        ("pipeline", {"shuffle_buffer": -1}, "pipeline.shuffle_buffer must be >= 0"),
+        ("pipeline", {"epochs": -1}, "pipeline.epochs must be >= 0"),
+        ("pipeline", {"seed": -5}, "pipeline.seed must be >= 0"),
+        ("pipeline", {"seed": "x"}, "pipeline.seed must be an integer"),
+        ("pipeline", {"drop_last": 1}, "pipeline.drop_last must be true or false"),
+        ("pipeline", {"on_error": "ignore"}, "pipeline.on_error must be one of 'raise', 'skip', got 'ignore'"),
+        ("pipeline", {"batch_format": "dict"}, "pipeline.batch_format must be one of"),
+        ("pipeline", {"mappers": "a:b"}, "pipeline.mappers must be a list of strings"),
+        ("pipeline", {"mappers": ["nocolon"]}, "pipeline.mappers must look like 'module:function'"),
+        ("pipeline", {"mappers": [3]}, "pipeline.mappers must be a list of non-empty strings"),
+        ("workers", {"count": 0}, "workers.count must be >= 1, got 0"),
+        ("workers", {"transport": "tcp"}, "workers.transport must be one of 'zmq', 'pipe', 'queue'"),
+        ("workers", {"samples_per_message": 0}, "workers.samples_per_message must be >= 1"),
+        ("workers", {"heartbeat_interval_s": 0}, "workers.heartbeat_interval_s must be > 0"),
+        ("workers", {"heartbeat_interval_s": "1"}, "workers.heartbeat_interval_s must be a number"),
+        ("workers", {"heartbeat_timeout_s": 0.4}, "workers.heartbeat_timeout_s must be greater than"),
+        ("service", {"bind": "localhost:5555"}, "service.bind must look like 'tcp://HOST:PORT'"),
+        ("service", {"bind": "tcp://127.0.0.1"}, "service.bind must look like"),
+        ("service", {"bind": "tcp://127.0.0.1:70000"}, "service.bind has a port outside"),
+        ("service", {"bind": ""}, "service.bind must be a non-empty string"),
+        ("client", {"prefetch": 0}, "client.prefetch must be >= 1"),
+        ("client", {"device": "tpu"}, "client.device must be 'cpu', 'cuda' or 'cuda:N'"),
+        ("client", {"timeout_s": -1}, "client.timeout_s must be > 0"),
+    ],
+)
+def test_bad_values_are_rejected(section: str, values: dict, match: str) -> None:
+    rejects(match, **{section: values})
+
+
+@pytest.mark.parametrize(
+    "source, match",
+    [
+        ({}, "source.files or source.list_file is required"),
+        ({"files": []}, "source.files is an empty list"),
+        ({"files": ["a"], "list_file": "l"}, "source.files and source.list_file are exclusive"),
+        ({"files": [""]}, "source.files must be a list of non-empty strings"),
+        ({"files": 3}, "source.files must be a list of strings"),
+        ({"files": ["a"], "reader": "m:f", "provider": "m:g"}, "source.reader and source.provider are exclusive"),
+        ({"files": ["a"], "reader": "m:f", "format": "npy"}, "source.format has no effect with source.reader"),
+        ({"files": ["a"], "provider": "m:f", "format_options": {"x": 1}}, "source.format_options has no effect"),
+        ({"files": ["a"], "reader": "m"}, "source.reader must look like 'module:function'"),
+        ({"files": ["a"], "provider": "m:f:g"}, "source.provider must look like"),
+        ({"files": ["a"], "format": ""}, "source.format must be a non-empty string"),
+        ({"files": ["a"], "fields": "x"}, "source.fields must be a list of strings"),
+        ({"files": ["a"], "format_options": 3}, "source.format_options must be a table"),
+    ],
+)
+def test_bad_sources_are_rejected(source: dict, match: str) -> None:
+    rejects(match, source)
+
+
+def test_unknown_keys_suggest_the_closest() -> None:
+    rejects(r"unknown key workers.cuont \(configs/train.toml\); did you mean workers.count\?", workers={"cuont": 2})
+    rejects(r"unknown key source.file .*did you mean source.files\?", {"file": ["a"]})
+    rejects(r"unknown section pipline .*did you mean pipeline\?", pipline={})
+    text = rejects(r"unknown key client.zzz", client={"zzz": 1})
+    assert "known keys: client.device, client.prefetch, client.timeout_s" in text
+
+
+def test_a_section_must_be_a_table() -> None:
+    rejects(r"workers must be a table", workers=3)
+    with pytest.raises(ConfigError, match="a config must be a table"):
+        LoaderConfig.from_dict([], origin=ORIGIN)  # type: ignore[arg-type]
+
+
+def test_non_plain_format_options_are_rejected(tmp_path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[source]\nfiles = ["a"]\n[source.format_options]\nwhen = 1979-05-27\n')
+    with pytest.raises(ConfigError, match=r"source.format_options.when must hold only strings"):
+        load_config(path)
+
+
+def test_file_errors_name_the_file(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[source\nfiles = 1\n")
+    with pytest.raises(ConfigError, match=r"bad.toml' is not valid TOML"):
+        load_config(bad)
+    bad.write_text('[workers]\ncount = 0\n[source]\nfiles=["x"]\n')
+    with pytest.raises(ConfigError, match=rf"workers.count must be >= 1, got 0 \({bad}\)"):
+        load_config(bad)
+
+
+# -- expand_files -----------------------------------------------------------------
+
+
+def _touch(path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"")
+    return str(path)
+
+
+def test_expand_files_sorts_and_deduplicates(tmp_path) -> None:
+    b = _touch(tmp_path / "b.npy")
+    a = _touch(tmp_path / "a.npy")
+    c = _touch(tmp_path / "deep" / "c.npy")
+    (tmp_path / "dir.npy").mkdir()  # directories never count as files
+    source = SourceConfig(files=(str(tmp_path / "*.npy"), a, str(tmp_path / "**" / "*.npy")))
+    assert source.expand_files() == [a, b, c]
+
+
+def test_expand_files_names_what_is_missing(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"source.files pattern '.*\*.npy' matched no files \(x.toml\)"):
+        SourceConfig(files=(str(tmp_path / "*.npy"),), origin="x.toml").expand_files()
+    with pytest.raises(ConfigError, match=r"source.files: file '.*nope.npy' does not exist"):
+        SourceConfig(files=(str(tmp_path / "nope.npy"),)).expand_files()
+
+
+def test_list_file(tmp_path) -> None:
+    a = _touch(tmp_path / "data" / "a.rec")
+    b = _touch(tmp_path / "data" / "b.rec")
+    listing = tmp_path / "data" / "train.list"
+    listing.write_text(f"# comment\n\nb.rec\n{a}\nb.rec\n")
+    assert SourceConfig(list_file=str(listing)).expand_files() == [a, b]
+
+    listing.write_text("b.rec\nmissing.rec\n")
+    with pytest.raises(ConfigError, match=r"names 'missing.rec', which does not exist"):
+        SourceConfig(list_file=str(listing)).expand_files()
+    # A provider may take names that are not files: those pass through as written.
+    assert SourceConfig(list_file=str(listing), provider="m:f").expand_files() == [b, "missing.rec"]
+
+    listing.write_text("# nothing\n\n")
+    with pytest.raises(ConfigError, match=r"source.list_file '.*train.list' lists no files"):
+        SourceConfig(list_file=str(listing)).expand_files()
+    with pytest.raises(ConfigError, match=r"source.list_file '.*other.list' cannot be read"):
+        SourceConfig(list_file=str(tmp_path / "other.list")).expand_files()
+
+
+# -- "module:function" ------------------------------------------------------------
+
+
+def test_resolve_imports_lazily() -> None:
+    config = make(pipeline={"mappers": ["os.path:basename", "json:dumps"]})
+    assert config.pipeline.resolve_mappers() == [os.path.basename, json.dumps]
+    assert resolve("os.path:join") is os.path.join
+    assert import_object("collections:OrderedDict.fromkeys") is not None
+    # Creating a config never imports: a module only a worker host has is fine here.
+    config = make({"files": ["a"], "reader": "surely_not_a_module_xyz:read"})
+    assert "surely_not_a_module_xyz" not in sys.modules
+    with pytest.raises(ConfigError, match=r"source.reader: cannot import module 'surely_not_a_module_xyz'"):
+        config.check_imports()
+
+
+def test_resolve_errors() -> None:
+    with pytest.raises(ConfigError, match=r"source.reader: module 'os.path' has no attribute 'nope'"):
+        make({"files": ["a"], "reader": "os.path:nope"}).source.resolve_reader()
+    with pytest.raises(ConfigError, match=r"must look like 'module:function', got 'os.path'"):
+        resolve("os.path")
+    with pytest.raises(ConfigError, match=r"source.format_options.parser: cannot import"):
+        make({"files": ["a"], "format_options": {"parser": "nope_xyz_mod:f"}}).check_imports()
+
+
+def test_check_imports_looks_up_the_format() -> None:
+    make({"files": ["a"], "format": "npy"}).check_imports()
+    with pytest.raises(ConfigError, match=r"source.format 'nyp' is not a registered format \(known: .*npy.*\) \(configs/train.toml\)"):
+        make({"files": ["a"], "format": "nyp"}).check_imports()
+
+
+def test_formats_table_registers_user_formats(tmp_path) -> None:
+    from loader.io.registry import create_file_reader, registered_formats, unregister_file_reader
+
+    config = make(
+        {
+            "files": [str(tmp_path / "*.rows")],
+            "formats": {"rowsfmt": {"factory": "loader.io.formats_numpy:NpyFileReader", "suffixes": [".rows"]}},
+        }
+    )
+    assert config.source.formats["rowsfmt"]["suffixes"] == [".rows"]
+    assert LoaderConfig.from_dict(config.to_dict()) == config
+    try:
+        config.check_imports()
+        assert registered_formats()["rowsfmt"] == [".rows"]
+        import numpy as np
+
+        path = tmp_path / "a.rows"
+        with open(path, "wb") as fh:
+            np.save(fh, np.arange(6, dtype=np.float32).reshape(3, 2))
+        with create_file_reader(str(path)) as reader:
+            assert [row[0].tolist() for row in reader] == [[0, 1], [2, 3], [4, 5]]
+    finally:
+        unregister_file_reader("rowsfmt")
+
+
+@pytest.mark.parametrize(
+    "formats, match",
+    [
+        ({"x": 3}, r"source\.formats\.x must be 'module:factory'"),
+        ({"x": {"factory": "a:b", "suffix": [".x"]}}, r"source\.formats\.x has unknown keys"),
+        ({"x": {"factory": "a:b", "suffixes": ".x"}}, r"source\.formats\.x\.suffixes must be a list"),
+        ([1], r"source\.formats must be a table"),
+    ],
+)
+def test_bad_formats_are_rejected(formats, match) -> None:
+    rejects(match, {"files": ["x"], "formats": formats})

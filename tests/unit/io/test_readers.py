@@ -1,0 +1,323 @@
+"""loader.io file readers: formats, the shape/dtype check, the registry, the ReaderBase contract."""
+
+from __future__ import annotations
+
+import zipfile
+
+import numpy as np
+import pytest
+
+import loader.io as lio
+from loader.errors import ClosedError, CorruptFileError, DataError, ShapeMismatchError, UnknownFormatError
+from loader.io.file_reader import FileReader
+from loader.recordio import Compressor, Writer
+
+
+def _recordio(path, samples, compressor=Compressor.NONE):
+    with Writer(path, compressor, max_num_records=3) as writer:
+        for sample in samples:
+            writer.write(sample)
+    return str(path)
+
+
+def _drain(reader):
+    return list(reader)
+
+
+class CountingReader(FileReader):
+    """A minimal custom format: ``n`` instances ``[i]`` read from a file holding ``n``."""
+
+    def __init__(self, path, shapes=None, dtypes=None, lod_levels=None, scale=1):
+        super().__init__(path, shapes, dtypes, lod_levels)
+        self.n = int(open(self.path).read())
+        self.scale = scale
+        self.i = 0
+
+    def _read_instance(self):
+        if self.i >= self.n:
+            return None
+        self.i += 1
+        return [np.array([self.i * self.scale], dtype=np.int64)]
+
+    def _rewind(self):
+        self.i = 0
+
+
+def counting_factory(path, **kwargs):
+    return CountingReader(path, **kwargs)
+
+
+# -- formats ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compressor", [Compressor.NONE, Compressor.ZLIB])
+def test_recordio_tuple_samples(tmp_path, compressor):
+    samples = [(np.full((3,), i, np.float32), np.array([i], np.int64)) for i in range(7)]
+    path = _recordio(tmp_path / "a.recordio", samples, compressor)
+    with lio.create_file_reader(path, shapes=[[-1, 3], [-1, 1]], dtypes=["float32", "int64"]) as reader:
+        assert reader.slot_names == ["slot0", "slot1"]
+        got = _drain(reader)
+    assert len(got) == 7
+    for (x, y), item in zip(samples, got):
+        np.testing.assert_array_equal(item[0], x)
+        np.testing.assert_array_equal(item[1], y)
+
+
+def test_recordio_dict_samples_name_slots_by_key(tmp_path):
+    samples = [{"image": np.zeros((2, 2), np.uint8), "label": 1}, {"label": 2, "image": np.ones((2, 2), np.uint8)}]
+    path = _recordio(tmp_path / "d.recordio", samples)
+    with lio.create_file_reader(path) as reader:
+        assert reader.slot_names == ["image", "label"]
+        first, second = _drain(reader)
+    assert first[1] == 1 and second[1] == 2 and second[0].sum() == 4  # keys matched, not positions
+
+
+def test_recordio_corruption_reaches_the_reader(tmp_path):
+    path = _recordio(tmp_path / "c.recordio", [np.arange(4)] * 10)
+    data = bytearray(open(path, "rb").read())
+    data[30] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(CorruptFileError, match="byte offset 0"):
+        _drain(lio.create_file_reader(path))
+
+
+def test_npy_rows_are_instances(tmp_path):
+    array = np.arange(40, dtype=np.float32).reshape(10, 4)
+    np.save(tmp_path / "a.npy", array)
+    with lio.create_file_reader(tmp_path / "a.npy", shapes=[[-1, 4]], dtypes=["float32"]) as reader:
+        assert reader.slot_names == ["data"]
+        got = _drain(reader)
+    assert len(got) == 10 and all(type(item[0]) is np.ndarray for item in got)
+    np.testing.assert_array_equal(np.stack([item[0] for item in got]), array)
+
+
+def test_npy_of_scalars_gives_0d_arrays(tmp_path):
+    np.save(tmp_path / "s.npy", np.arange(5, dtype=np.int32))
+    got = _drain(lio.create_file_reader(tmp_path / "s.npy", shapes=[[-1]], dtypes=["int32"]))
+    assert [item[0].shape for item in got] == [()] * 5 and [int(item[0]) for item in got] == list(range(5))
+
+
+def test_npy_rows_of_leading_one_are_normalised(tmp_path):
+    np.save(tmp_path / "o.npy", np.zeros((6, 1, 4), np.float32))
+    reader = lio.create_file_reader(tmp_path / "o.npy", shapes=[[-1, 4]], dtypes=["float32"])
+    assert reader.read_next()[0].shape == (4,)
+    assert reader.read_block(10)[0].shape == (5, 4)
+
+
+@pytest.mark.parametrize("saver", [np.savez, np.savez_compressed])
+def test_npz_one_slot_per_key(tmp_path, saver):
+    x, y = np.arange(30, dtype=np.float64).reshape(10, 3), np.arange(10, dtype=np.int64)
+    saver(tmp_path / "a.npz", x=x, y=y)
+    with lio.create_file_reader(tmp_path / "a.npz", shapes=[[-1, 3], [-1]], dtypes=["float64", "int64"]) as reader:
+        assert reader.slot_names == ["x", "y"]
+        got = _drain(reader)
+    np.testing.assert_array_equal(np.stack([g[0] for g in got]), x)
+    np.testing.assert_array_equal(np.stack([g[1] for g in got]), y)
+
+
+def test_stored_npz_members_are_memory_mapped(tmp_path):
+    np.savez(tmp_path / "m.npz", a=np.arange(12, dtype=np.int16).reshape(6, 2), f=np.asfortranarray(np.ones((6, 3))))
+    reader = lio.create_file_reader(tmp_path / "m.npz")
+    block = reader.read_block(4)
+    assert isinstance(block[0].base, np.memmap) or isinstance(block[0].base.base, np.memmap)
+    np.testing.assert_array_equal(block[0], np.arange(8).reshape(4, 2))
+    np.testing.assert_array_equal(block[1], np.ones((4, 3)))
+
+
+def test_npz_keys_of_different_lengths(tmp_path):
+    np.savez(tmp_path / "bad.npz", a=np.zeros(3), b=np.zeros(4))
+    with pytest.raises(ShapeMismatchError, match="different numbers of rows"):
+        lio.create_file_reader(tmp_path / "bad.npz")
+
+
+def test_object_arrays_are_refused(tmp_path):
+    np.save(tmp_path / "o.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(DataError):
+        lio.create_file_reader(tmp_path / "o.npy")
+    np.savez(tmp_path / "o.npz", a=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(DataError, match="never unpickled"):
+        lio.create_file_reader(tmp_path / "o.npz")
+
+
+def test_not_a_zip(tmp_path):
+    (tmp_path / "x.npz").write_bytes(b"garbage")
+    with pytest.raises(DataError, match="x.npz"):
+        lio.create_file_reader(tmp_path / "x.npz")
+
+
+def test_empty_npy_and_npz(tmp_path):
+    np.save(tmp_path / "e.npy", np.zeros((0, 4), np.float32))
+    np.savez(tmp_path / "e.npz", a=np.zeros((0, 2)))
+    assert _drain(lio.create_file_reader(tmp_path / "e.npy", shapes=[[-1, 4]], dtypes=["float32"])) == []
+    assert lio.create_file_reader(tmp_path / "e.npz").read_block(5) == []
+
+
+def test_text_format_with_parser(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_text("# header\n1 2 3\n4 5 6\r\n7 8 9")
+
+    def parse(line):
+        if line.startswith("#"):
+            return None
+        return [np.array(line.split(), dtype=np.float32)]
+
+    reader = lio.create_file_reader(path, format="text", parser=parse, shapes=[[-1, 3]], dtypes=["float32"])
+    got = [item[0].tolist() for item in reader]
+    assert got == [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    reader.reinit()
+    assert reader.read_next()[0].tolist() == [1, 2, 3]
+    reader.close()
+
+
+def test_text_parser_errors_keep_their_type_and_name_the_line(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_text("1\nx\n")
+    reader = lio.create_file_reader(path, parser=lambda line: int(line))
+    assert reader.read_next()[0] == 1
+    with pytest.raises(ValueError) as info:
+        reader.read_next()
+    assert any("line 2" in note and str(path) in note for note in info.value.__notes__)
+    with pytest.raises(ValueError, match="parser"):
+        lio.create_file_reader(path)
+
+
+# -- shape and dtype check ----------------------------------------------------
+
+
+def test_every_fixed_size_is_checked_not_only_the_rank(tmp_path):
+    path = _recordio(tmp_path / "s.recordio", [[np.zeros(4, np.float32)]] * 2 + [[np.zeros(5, np.float32)]])
+    reader = lio.create_file_reader(path, shapes=[[-1, 4]], dtypes=["float32"])
+    reader.read_next(), reader.read_next()
+    with pytest.raises(ShapeMismatchError) as info:
+        reader.read_next()
+    message = str(info.value)
+    assert path in message and "record 2" in message and "slot 0" in message
+    assert "(5,)" in message and "[-1, 4]" in message
+
+
+def test_instance_may_carry_a_leading_one(tmp_path):
+    path = _recordio(tmp_path / "l.recordio", [[np.zeros((1, 4), np.float32)], [np.zeros(4, np.float32)]])
+    got = _drain(lio.create_file_reader(path, shapes=[[-1, 4]], dtypes=["float32"]))
+    assert [g[0].shape for g in got] == [(4,), (4,)]
+
+
+def test_minus_one_matches_any_size_and_rank_is_checked(tmp_path):
+    path = _recordio(tmp_path / "v.recordio", [[np.zeros((3, 7), np.int32)], [np.zeros((2, 7, 1), np.int32)]])
+    reader = lio.create_file_reader(path, shapes=[[-1, -1, 7]], dtypes=["int32"])
+    assert reader.read_next()[0].shape == (3, 7)
+    with pytest.raises(ShapeMismatchError, match="record 1"):
+        reader.read_next()
+
+
+def test_dtype_slot_count_and_sequence_checks(tmp_path):
+    path = _recordio(tmp_path / "t.recordio", [[np.zeros(2, np.float64)]])
+    with pytest.raises(ShapeMismatchError, match="dtype float64 does not match declared float32"):
+        _drain(lio.create_file_reader(path, shapes=[[-1, 2]], dtypes=["float32"]))
+    with pytest.raises(ShapeMismatchError, match="1 slots, 2 declared"):
+        _drain(lio.create_file_reader(path, shapes=[[-1, 2], [-1, 1]], dtypes=None))
+    seq = _recordio(tmp_path / "q.recordio", [[np.zeros((5, 2), np.float32)], [np.zeros((0, 2), np.float32)]])
+    got = _drain(lio.create_file_reader(seq, shapes=[[-1, 2]], dtypes=["float32"], lod_levels=[1]))
+    assert [g[0].shape for g in got] == [(5, 2), (0, 2)]
+    with pytest.raises(ValueError, match="different numbers of slots"):
+        lio.create_file_reader(seq, shapes=[[-1, 2]], dtypes=["float32", "int64"])
+
+
+def test_no_declared_shapes_skips_the_checks(tmp_path):
+    path = _recordio(tmp_path / "n.recordio", [[np.zeros(2)], [np.zeros((3, 3), np.int8)]])
+    assert len(_drain(lio.create_file_reader(path))) == 2
+
+
+# -- ReaderBase contract -------------------------------------------------------
+
+
+def test_has_next_reinit_close_and_read_block(tmp_path):
+    path = _recordio(tmp_path / "r.recordio", [[np.array([i])] for i in range(5)] + [[np.array([9, 9])]])
+    reader = lio.create_file_reader(path)
+    assert reader.has_next() and reader.has_next()
+    assert reader.read_next()[0].tolist() == [0]
+    block = reader.read_block(10)  # stops before the instance of another shape
+    assert block[0].tolist() == [[1], [2], [3], [4]]
+    assert reader.read_block(10)[0].tolist() == [[9, 9]]
+    assert reader.read_block(10) == [] and not reader.has_next() and reader.read_next() == []
+    reader.reinit()
+    assert [x[0].tolist() for x in reader][:2] == [[0], [1]]
+    reader.close()
+    reader.close()
+    with pytest.raises(ClosedError):
+        reader.read_next()
+    with pytest.raises(ClosedError):
+        reader.has_next()
+
+
+def test_npy_read_block_after_has_next_gives_the_row_back(tmp_path):
+    np.save(tmp_path / "a.npy", np.arange(6))
+    reader = lio.create_file_reader(tmp_path / "a.npy")
+    assert reader.has_next() and reader.record_index == 0
+    assert reader.read_block(4)[0].tolist() == [0, 1, 2, 3]
+    assert reader.record_index == 4
+    assert reader.read_next()[0] == 4
+    assert reader.read_block(4)[0].tolist() == [5]
+    assert not reader.has_next() and reader.read_block(4) == []
+    with pytest.raises(ValueError):
+        reader.read_block(0)
+    reader.reinit()
+    assert reader.record_index == 0 and reader.read_block(2)[0].tolist() == [0, 1]
+    reader.close()
+    with pytest.raises(ClosedError):
+        reader.read_block(1)
+
+
+# -- registry ---------------------------------------------------------------------
+
+
+def test_unknown_suffix_lists_registered_formats(tmp_path):
+    with pytest.raises(UnknownFormatError) as info:
+        lio.create_file_reader(tmp_path / "file.weird")
+    for name in ("recordio", "npy", "npz", "text"):
+        assert name in str(info.value)
+    with pytest.raises(UnknownFormatError, match="unknown file format 'nope'"):
+        lio.create_file_reader(tmp_path / "file.npy", format="nope")
+
+
+def test_register_a_callable_and_a_module_string(tmp_path):
+    (tmp_path / "a.cnt").write_text("3")
+    (tmp_path / "b.TAR.CNT").write_text("2")
+    try:
+        lio.register_file_reader("cnt", counting_factory)
+        assert [x[0][0] for x in lio.create_file_reader(tmp_path / "a.cnt")] == [1, 2, 3]
+        lio.register_file_reader("tarcnt", "tests.unit.io.test_readers:counting_factory", suffixes=[".tar.cnt"])
+        reader = lio.create_file_reader(tmp_path / "b.TAR.CNT", scale=10)  # longest suffix wins; options pass through
+        assert [x[0][0] for x in reader] == [10, 20]
+        assert lio.registered_formats()["tarcnt"] == [".tar.cnt"]
+    finally:
+        lio.unregister_file_reader("cnt")
+        lio.unregister_file_reader("tarcnt")
+    with pytest.raises(UnknownFormatError):
+        lio.create_file_reader(tmp_path / "a.cnt")
+
+
+def test_bad_module_strings(tmp_path):
+    with pytest.raises(ValueError):
+        lio.register_file_reader("x", "no_colon_here")
+    try:
+        lio.register_file_reader("ghost", "no_such_module_xyz:factory", suffixes=[".ghost"])
+        with pytest.raises(UnknownFormatError, match="no_such_module_xyz"):
+            lio.create_file_reader(tmp_path / "a.ghost")
+    finally:
+        lio.unregister_file_reader("ghost")
+
+
+def test_zip_helper_is_not_fooled_by_non_npy_members(tmp_path):
+    path = tmp_path / "extra.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("README.txt", "hello")
+        with archive.open("a.npy", "w") as member:
+            np.lib.format.write_array(member, np.arange(3))
+    assert [int(x[0]) for x in lio.create_file_reader(path)] == [0, 1, 2]
+
+
+def test_dict_slot_names_win_over_declared_shapes(tmp_path):
+    path = _recordio(tmp_path / "n.recordio", [{"a": np.zeros(2, np.float32), "b": 1}])
+    reader = lio.create_file_reader(path, shapes=[[-1, 2], [-1]], dtypes=["float32", "int64"])
+    assert reader.slot_names == ["a", "b"]
+    assert len(_drain(reader)) == 1 and reader.slot_names == ["a", "b"]

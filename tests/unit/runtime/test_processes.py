@@ -1,0 +1,47 @@
+"""loader.runtime.processes: the parent watch that stops an orphaned child."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from loader.runtime import processes
+
+WATCH_JOIN_TIMEOUT_S = 5.0
+
+
+def test_stop_is_set_when_the_parent_is_not_the_one_given():
+    # As in a child whose parent died before it started watching: it was reparented already.
+    stop = threading.Event()
+    thread = processes.stop_when_orphaned(stop, parent_pid=os.getppid() + 100_000, interval_s=0.01)
+    assert stop.wait(WATCH_JOIN_TIMEOUT_S)
+    thread.join(WATCH_JOIN_TIMEOUT_S)
+    assert not thread.is_alive()
+
+
+def test_a_live_parent_leaves_stop_alone_and_the_watch_ends_with_stop():
+    stop = threading.Event()
+    thread = processes.stop_when_orphaned(stop, parent_pid=os.getppid(), interval_s=0.01)
+    assert not stop.wait(0.2)
+    stop.set()
+    thread.join(WATCH_JOIN_TIMEOUT_S)
+    assert not thread.is_alive()
+
+
+def _sleep_forever() -> None:
+    import time
+
+    while True:
+        time.sleep(1)
+
+
+def test_a_stopped_process_is_stopped_by_sigterm_without_waiting_for_sigkill():
+    import signal
+    import time
+
+    proc = processes.start_process(_sleep_forever, name="loader-test-stopped", method="spawn")
+    os.kill(proc.pid, signal.SIGSTOP)
+    start = time.monotonic()
+    code = processes.stop_process(proc, join_timeout_s=0.0)  # always ends it (SIGKILL at worst)
+    assert code == -signal.SIGTERM  # SIGTERM acted: SIGKILL was not needed
+    assert time.monotonic() - start < processes.PROCESS_KILL_TIMEOUT_S

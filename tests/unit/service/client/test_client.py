@@ -1,0 +1,127 @@
+"""Client logic against an in-process fake daemon (no sockets): credits, END, errors, silence."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from loader.errors import ProtocolVersionError, ServiceUnavailableError, WorkerError
+from loader.service import protocol as P
+from loader.service.client.batches import to_batch
+from loader.service.client.client import Client
+from loader.service.transport import FakeChannel
+
+
+class FakeDaemon:
+    """Answers hello, then serves ``batches`` batches per epoch honouring credits."""
+
+    def __init__(self, channel, batches=5, fail=False, silent_after_hello=False, welcome=None):
+        self.channel, self.batches, self.fail, self.silent = channel, batches, fail, silent_after_hello
+        self.welcome = welcome or {}
+        self.hello = None
+        self.max_outstanding = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        credits, sent, gen, epoch, outstanding = 0, 0, None, 0, 0
+        while not self.stop.is_set():
+            frames = self.channel.recv(0.02)
+            if frames is not None:
+                head, _ = P.decode(frames)
+                kind = head["k"]
+                if kind == P.CLIENT_HELLO:
+                    self.hello = head
+                    self.channel.send(P.encode(P.CLIENT_WELCOME, {"batch_format": "stacked", **self.welcome}))
+                    if self.silent:
+                        return
+                elif kind == P.EPOCH:
+                    credits, sent, gen, epoch, outstanding = head["credit"], 0, head["g"], head["e"], 0
+                elif kind == P.CREDIT and head["g"] == gen:
+                    credits += head["n"]
+                    outstanding -= head["n"]
+                elif kind == P.PING:
+                    self.channel.send(P.encode(P.PONG))
+            if gen is None:
+                continue
+            if self.fail and sent == 2:
+                err = WorkerError("Boom", "bad", file="/d/f.npy", record=3).to_dict()
+                self.channel.send(P.encode(P.ERROR, {"g": gen, "error": err}))
+                gen = None
+                continue
+            while credits > 0 and sent < self.batches:
+                self.channel.send(P.encode(P.BATCH, {"g": gen, "e": epoch, "n": 2}, {"x": np.array([sent, epoch])}))
+                credits -= 1
+                sent += 1
+                outstanding += 1
+                self.max_outstanding = max(self.max_outstanding, outstanding)
+            if sent == self.batches:
+                self.channel.send(P.encode(P.END, {"g": gen}))
+                gen = None
+
+
+def _client(**fake_kw):
+    near, far = FakeChannel.pair()
+    daemon = FakeDaemon(far, **fake_kw)
+    return Client("fake://daemon", channel=near, prefetch=2, timeout_s=1.0), daemon
+
+
+def test_epochs_arrive_in_order_within_credit_window():
+    client, daemon = _client(batches=6)
+    with client:
+        for epoch in range(2):
+            got = [b["x"].tolist() for b in client.epoch()]
+            assert got == [[i, epoch] for i in range(6)]
+    assert daemon.max_outstanding <= 2
+    daemon.stop.set()
+
+
+def test_worker_error_is_raised_from_the_iterator():
+    client, daemon = _client(fail=True)
+    with client, pytest.raises(WorkerError, match="record 3"):
+        list(client.epoch())
+    daemon.stop.set()
+
+
+def test_silent_daemon_raises_service_unavailable():
+    client, daemon = _client(silent_after_hello=True)
+    start = time.monotonic()
+    with client, pytest.raises(ServiceUnavailableError, match="silent"):
+        list(client.epoch())
+    assert time.monotonic() - start < 3
+
+
+def test_closed_client_refuses_new_epochs():
+    from loader.errors import ClosedError
+
+    client, daemon = _client()
+    client.close()
+    client.close()
+    with pytest.raises(ClosedError):
+        client.epoch()
+    daemon.stop.set()
+
+
+def test_list_batch_format_rebuilds_samples():
+    cols = {"a": np.array([1, 2]), "b": np.array([[0.5], [1.5]])}
+    samples = to_batch(cols, "tuple", "list")
+    assert len(samples) == 2 and samples[1][0] == 2 and samples[1][1].tolist() == [1.5]
+    assert to_batch(cols, "dict", "list")[0]["a"] == 1
+    ragged = to_batch({"s": P.object_array([np.zeros(1), np.zeros(3)])}, "tuple", "stacked")
+    assert isinstance(ragged["s"], list)
+
+
+def test_client_says_its_protocol_version_and_refuses_a_daemon_of_another():
+    near, far = FakeChannel.pair()
+    daemon = FakeDaemon(far, welcome={"v": P.PROTOCOL_VERSION + 1, "lv": "9.9"})
+    with pytest.raises(ProtocolVersionError) as info:
+        Client("fake://daemon", channel=near, timeout_s=1.0)
+    daemon.stop.set()
+    assert daemon.hello["v"] == P.PROTOCOL_VERSION
+    message = str(info.value)
+    assert message.startswith(f"the daemon at fake://daemon speaks loader protocol {P.PROTOCOL_VERSION + 1} (loader 9.9)")
+    assert f"this side speaks {P.PROTOCOL_VERSION}" in message and "\n" not in message

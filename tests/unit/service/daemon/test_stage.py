@@ -1,0 +1,140 @@
+"""Stage logic without sockets: exactly-once under re-sends and interleaving, credits, END, errors."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loader.service import protocol as P
+from loader.service.daemon.stage import Stage
+
+
+class Recorder:
+    def __init__(self):
+        self.messages = []
+
+    def __call__(self, peer, frames):
+        self.messages.append((peer, *P.decode(frames)))
+        return True
+
+    def kinds(self):
+        return [m[1]["k"] for m in self.messages]
+
+
+def _stage(send, batch_size=4, shuffle=0, drop_last=False):
+    return Stage(batch_size=batch_size, drop_last=drop_last, shuffle_buffer=shuffle, seed=3,
+                 samples_per_message=8, send=send)
+
+
+def _chunk(stream, f, first, values):
+    return {"k": P.CHUNK, "s": stream.stream_id, "f": f, "r": first, "n": len(values)}, {"x": np.asarray(values)}
+
+
+def _open(stage, files, credits=100):
+    session = stage.open_session(b"peer", 0, 1, prefetch=credits)
+    stream = stage.new_stream(session, 0, files)
+    stream.gen = 1
+    session.current = stream
+    session.credits = credits
+    return session, stream
+
+
+def test_batches_flow_with_credits_and_end_follows():
+    rec = Recorder()
+    stage = _stage(rec)
+    session, stream = _open(stage, [0], credits=2)
+    stage.on_chunk(*_chunk(stream, 0, 0, list(range(10))))
+    stage.on_done({"s": stream.stream_id, "f": 0, "sent": 10})
+    stage.pump(session)
+    assert rec.kinds() == ["batch", "batch"], "no more than the credits"
+    session.credits += 5
+    stage.pump(session)
+    assert rec.kinds() == ["batch", "batch", "batch", "end"]
+    assert [m[2]["x"].tolist() for m in rec.messages[:3]] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert rec.messages[-1][1]["samples"] == 10
+
+
+def test_epoch_waits_for_done_marker_and_all_records():
+    rec = Recorder()
+    stage = _stage(rec)
+    session, stream = _open(stage, [0, 1])
+    stage.on_done({"s": stream.stream_id, "f": 0, "sent": 3})
+    stage.on_chunk(*_chunk(stream, 0, 0, [1, 2]))
+    stage.pump(session)
+    assert "end" not in rec.kinds()
+    stage.on_chunk(*_chunk(stream, 0, 2, [3]))
+    stage.on_done({"s": stream.stream_id, "f": 1, "sent": 0})
+    stage.pump(session)
+    assert rec.kinds() == ["batch", "end"]
+
+
+def test_chunks_of_unknown_or_failed_streams_are_dropped():
+    rec = Recorder()
+    stage = _stage(rec)
+    session, stream = _open(stage, [0])
+    stage.on_chunk({"k": P.CHUNK, "s": 999, "f": 0, "r": 0, "n": 1}, {"x": np.zeros(1)})
+    stage.on_file_error({"s": stream.stream_id, "f": 0, "error": {"type": "Boom"}})
+    assert stage.events[-1][0] == "failed"
+    stage.on_chunk(*_chunk(stream, 0, 0, [1, 2]))
+    assert stream.rows_buffered == 0
+
+
+def test_may_lease_stops_when_buffer_is_full():
+    stage = _stage(Recorder())
+    session, stream = _open(stage, [0], credits=0)
+    assert stage.may_lease(stream.stream_id)
+    stage.on_chunk(*_chunk(stream, 0, 0, list(range(stage.buffer_limit_rows(session)))))
+    assert not stage.may_lease(stream.stream_id)
+    assert not stage.may_lease(12345)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 30), min_size=1, max_size=5),
+    chunk=st.integers(1, 9),
+    shuffle=st.sampled_from([0, 5, 40]),
+    resend=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 30)), max_size=4),
+    seed=st.integers(0, 2**16),
+)
+def test_every_record_exactly_once_whatever_the_arrival(sizes, chunk, shuffle, resend, seed):
+    """Chunks from several files interleave in any order, and files are partly re-sent (a dead
+    worker's replacement starts the file again): every record is delivered exactly once."""
+    rec = Recorder()
+    stage = _stage(rec, batch_size=3, shuffle=shuffle)
+    session, stream = _open(stage, list(range(len(sizes))), credits=10**6)
+    offsets = np.cumsum([0] + sizes)
+    messages = []
+    for f, size in enumerate(sizes):
+        for first in range(0, size, chunk):
+            values = list(range(offsets[f] + first, offsets[f] + min(first + chunk, size)))
+            messages.append(_chunk(stream, f, first, values))
+        messages.append(({"k": P.FILE_DONE, "s": stream.stream_id, "f": f, "sent": size}, None))
+    for f, upto in resend:
+        if f < len(sizes):
+            upto = min(upto, sizes[f])
+            if upto:
+                messages.append(_chunk(stream, f, 0, list(range(offsets[f], offsets[f] + upto))))
+    rng = np.random.default_rng(seed)
+    # Keep each file's own messages in order (one worker's stream), interleave files at random.
+    order = rng.permutation(len(messages))
+    per_file = collections.defaultdict(list)
+    for msg in messages:
+        per_file[msg[0]["f"]].append(msg)
+    streams = {f: iter(msgs) for f, msgs in per_file.items()}
+    picks = [messages[i][0]["f"] for i in order]
+    for f in picks:
+        head, cols = next(streams[f])
+        if head["k"] == P.CHUNK:
+            stage.on_chunk(head, cols)
+        else:
+            stage.on_done(head)
+        stage.pump(session)
+    stage.pump(session)
+    assert rec.kinds()[-1] == "end"
+    got = [v for m in rec.messages if m[1]["k"] == "batch" for v in m[2]["x"].tolist()]
+    assert sorted(got) == list(range(int(offsets[-1])))
+    lengths = [len(m[2]["x"]) for m in rec.messages if m[1]["k"] == "batch"]
+    assert all(n == 3 for n in lengths[:-1])

@@ -1,0 +1,166 @@
+"""The stage with reference columns: rows move as references, every dropped row is freed, data stays identical."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from loader.service import protocol as P
+from loader.service.shm import refs as R
+from loader.service.shm.pool import ArenaPool
+from loader.service.daemon.stage import Stage
+
+ROW = 16 * 1024  # float32 values: 64 KiB rows, one block each
+
+
+class Recorder:
+    def __init__(self):
+        self.messages = []
+
+    def __call__(self, peer, frames):
+        self.messages.append(P.decode(frames))
+        return True
+
+    def batches(self):
+        return [m for m in self.messages if m[0]["k"] == P.BATCH]
+
+
+@pytest.fixture
+def pool(tmp_path):
+    with ArenaPool(64 * ROW * 4, directory=str(tmp_path)) as p:  # 64 blocks
+        yield p
+
+
+def _setup(pool, *, shm=True, batch_size=4, shuffle=0, drop_last=False, files=(0,)):
+    rec = Recorder()
+    stage = Stage(batch_size=batch_size, drop_last=drop_last, shuffle_buffer=shuffle, seed=3,
+                  samples_per_message=8, send=rec, arenas=pool)
+    session = stage.open_session(b"peer", 0, 1, prefetch=100)
+    stage.on_epoch_request(session, shm)
+    stream = stage.new_stream(session, 0, list(files))
+    stream.gen, session.current, session.credits = 1, stream, 100
+    return rec, stage, session, stream, pool.create()
+
+
+def _rows(ids):
+    values = np.zeros((len(ids), ROW), np.float32)
+    values[:, 0] = ids
+    return values
+
+
+def _chunk(stream, arena, f, first, ids, *, inline=False):
+    head = {"k": P.CHUNK, "s": stream.stream_id, "f": f, "r": first, "n": len(ids)}
+    values = _rows(ids)
+    refs = None if inline else R.write_column(arena, values)
+    if refs is None:
+        return head, {"x": values}
+    head[P.REFS] = {"x": {0: ["<f4", [ROW]]}}
+    return head, {"x": refs}
+
+
+def _ids(pool, head, columns):
+    """The ids of a received batch, resolving references like a client (without freeing)."""
+    values = columns["x"]
+    if P.REFS in head:
+        values = R.gather(values, R.parse_specs(head[P.REFS]["x"]), pool.get, free=False)
+    return values[:, 0].astype(int).tolist()
+
+
+def _done(stream, f, sent):
+    return {"s": stream.stream_id, "f": f, "sent": sent}
+
+
+def test_references_flow_and_are_freed_when_the_consumer_takes_the_batch(pool):
+    rec, stage, session, stream, arena = _setup(pool)
+    stage.on_chunk(*_chunk(stream, arena, 0, 0, list(range(10))))
+    stage.on_done(_done(stream, 0, 10))
+    stage.pump(session)
+    batches = rec.batches()
+    assert [P.REFS in h for h, _ in batches] == [True, True, True]
+    assert [_ids(pool, *b) for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert arena.used_blocks() == 10  # sent, not yet taken
+    stage.on_credit(session, 1, 2)
+    assert arena.used_blocks() == 2
+    stage.on_credit(session, 99, 1)  # another request's credit frees nothing
+    assert arena.used_blocks() == 2
+    stage.on_epoch_request(session, True)  # a new epoch: the client copied all it will read
+    assert arena.used_blocks() == 0
+
+
+def test_client_without_arenas_gets_identical_inline_data(pool):
+    rec, stage, session, stream, arena = _setup(pool, shm=False, shuffle=5)
+    stage.on_chunk(*_chunk(stream, arena, 0, 0, list(range(12))))
+    stage.on_done(_done(stream, 0, 12))
+    stage.pump(session)
+    assert all(P.REFS not in h for h, _ in rec.batches())
+    got = [i for h, c in rec.batches() for i in _ids(pool, h, c)]
+    assert sorted(got) == list(range(12))
+    assert arena.used_blocks() == 0  # copied out and freed by the stage
+
+
+def test_duplicates_and_chunks_nobody_wants_are_freed(pool):
+    rec, stage, session, stream, arena = _setup(pool, batch_size=100)
+    stage.on_chunk(*_chunk(stream, arena, 0, 0, [0, 1, 2, 3]))
+    stage.on_chunk(*_chunk(stream, arena, 0, 2, [2, 3, 4]))  # a replacement worker re-reads records 2..3
+    assert stage.dropped_duplicates == 2 and arena.used_blocks() == 5
+    stage.on_chunk(*_chunk(stream, arena, 0, 0, [0, 1]))  # all duplicates
+    head, cols = _chunk(stream, arena, 0, 0, [7, 8])
+    stage.on_chunk({**head, "s": 999}, cols)  # a cancelled stream
+    assert arena.used_blocks() == 5
+    stage.drop_stream(stream)
+    assert arena.used_blocks() == 0
+
+
+def test_drop_last_and_leaving_clients_free_their_rows(pool):
+    rec, stage, session, stream, arena = _setup(pool, drop_last=True, shuffle=3)
+    stage.on_chunk(*_chunk(stream, arena, 0, 0, list(range(10))))
+    stage.on_done(_done(stream, 0, 10))
+    stage.pump(session)
+    assert len(rec.batches()) == 2 and rec.messages[-1][0]["k"] == P.END
+    assert arena.used_blocks() == 8  # the 2 rows of the short last batch are freed already
+    stage.close_session(session)  # the client left before taking its batches
+    assert arena.used_blocks() == 0
+
+
+def test_mixed_inline_and_reference_chunks_keep_one_form_per_stream(pool):
+    rec, stage, session, stream, arena = _setup(pool, files=(0, 1))
+    stage.on_chunk(*_chunk(stream, arena, 0, 0, [0, 1, 2]))
+    stage.on_chunk(*_chunk(stream, arena, 0, 3, [3], inline=True))  # the worker's arena was full
+    stage.on_chunk(*_chunk(stream, arena, 1, 0, [10, 11, 12, 13]))
+    stage.on_done(_done(stream, 0, 4))
+    stage.on_done(_done(stream, 1, 4))
+    stage.pump(session)
+    batches = rec.batches()
+    assert [P.REFS in h for h, _ in batches] == [False, True]  # the batch holding local rows is copied out
+    assert [_ids(pool, *b) for b in batches] == [[0, 1, 2, 3], [10, 11, 12, 13]]
+    assert stage.refs.local == {}
+    stage.on_credit(session, 1, 2)
+    assert arena.used_blocks() == 0
+
+    rec, stage, session, stream, arena = _setup(pool)
+    stage.on_chunk(*_chunk(stream, arena, 0, 0, [0, 1], inline=True))  # the stream starts inline
+    stage.on_chunk(*_chunk(stream, arena, 0, 2, [2, 3]))
+    assert stream.ref_columns == frozenset() and arena.used_blocks() == 0  # copied out at once
+    stage.on_done(_done(stream, 0, 4))
+    stage.pump(session)
+    assert [_ids(pool, *b) for b in rec.batches()] == [[0, 1, 2, 3]]
+
+
+def test_retired_arena_is_held_while_the_stage_has_its_rows(pool):
+    rec, stage, session, stream, arena = _setup(pool, batch_size=4)
+    stage.on_chunk(*_chunk(stream, arena, 0, 0, [0, 1]))
+    pool.retire(arena.arena_id, now=0.0)
+    assert stage.arenas_held() == {arena.arena_id}
+    assert pool.collect(stage.arenas_held(), now=1e9) == []
+    stage.drop_stream(stream)
+    assert pool.collect(stage.arenas_held(), now=10.0) == [arena.arena_id]
+
+
+def test_malformed_reference_columns_are_dropped(pool):
+    rec, stage, session, stream, arena = _setup(pool)
+    head = {"k": P.CHUNK, "s": stream.stream_id, "f": 0, "r": 0, "n": 2, P.REFS: {"x": {0: ["<f4", [ROW]]}}}
+    stage.on_chunk(head, {"x": np.zeros((2, 2), np.int64)})
+    good = np.array([[arena.arena_id, 0, 0], [arena.arena_id, 1, 0]], dtype=np.int64)
+    stage.on_chunk({**head, P.REFS: {"x": {0: ["|O", [1]]}}}, {"x": good})
+    stage.on_chunk(head, {"x": np.array([[77, 0, 0], [77, 1, 0]], dtype=np.int64)})  # an arena we never made
+    assert stream.rows_buffered == 0

@@ -1,0 +1,100 @@
+"""The package itself: version, lazy imports, the error tree, the codec."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import loader
+from loader.runtime import codec
+from loader.errors import ComposeNotAligned, LoaderError, WorkerDiedError, WorkerError
+
+
+def test_version_from_console_script():
+    out = subprocess.run(
+        [sys.executable, "-m", "loader.cli", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0
+    assert out.stdout.strip() == f"loader {loader.__version__}"
+
+
+def test_import_does_not_load_zmq():
+    code = "import sys, loader; print('zmq' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_error_tree():
+    assert issubclass(ComposeNotAligned, ValueError)
+    assert issubclass(WorkerDiedError, WorkerError)
+    assert issubclass(WorkerError, LoaderError)
+
+
+def test_worker_error_carries_origin_and_pickles():
+    try:
+        raise KeyError("missing")
+    except KeyError as exc:
+        err = WorkerError.from_exception(exc, worker="w1", file="a.npy", record=7)
+    assert err.type_name == "KeyError"
+    assert "a.npy" in str(err) and "record 7" in str(err) and "w1" in str(err)
+    assert "Traceback" in err.remote_traceback
+    back = pickle.loads(pickle.dumps(err))
+    assert back.to_dict() == err.to_dict()
+    died = pickle.loads(pickle.dumps(WorkerDiedError("reader 0", -9)))
+    assert died.exitcode == -9 and "signal 9" in str(died)
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [
+        None,
+        True,
+        3,
+        -2.5,
+        "text",
+        b"\x00bytes",
+        [1, [2, 3]],
+        (1, (2, "a")),
+        {1: (1, 2), "k": [None]},
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.array(5, dtype=np.int64),
+        np.zeros((0, 3), dtype=np.uint8),
+        np.float64(1.5),
+        np.asfortranarray(np.arange(6).reshape(2, 3)),
+        (np.arange(3), 7, {"x": np.ones(2, dtype=">f8")}),
+    ],
+)
+def test_codec_round_trip_keeps_types(sample):
+    back = codec.unpack(codec.pack(sample))
+    _assert_same(back, sample)
+
+
+def _assert_same(a, b):
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(b, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+        assert a.flags.writeable
+    elif isinstance(b, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_same(x, y)
+    elif isinstance(b, dict):
+        assert list(a) == list(b)
+        for k in b:
+            _assert_same(a[k], b[k])
+    else:
+        assert a == b
+
+
+def test_codec_rejects_unknown_types_and_garbage():
+    with pytest.raises(TypeError, match="set"):
+        codec.pack({1, 2})
+    with pytest.raises(TypeError, match="object"):
+        codec.pack(np.array([object()]))
+    with pytest.raises(ValueError):
+        codec.unpack(b"\xc1\xc1\xc1")

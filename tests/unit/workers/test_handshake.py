@@ -1,0 +1,55 @@
+"""The worker's handshake: a daemon of another protocol version is refused with both versions named."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from loader.errors import ProtocolVersionError
+from loader.service import protocol as P
+from loader.service.transport.inproc import FakeChannel
+from workers.main import run_worker
+
+
+class _FakeLink:
+    """What ``workers.control.open_channels`` accepts in place of an address: a pair of channels."""
+
+    def __init__(self, control: FakeChannel) -> None:
+        self.control = control
+
+    def open_channels(self):
+        return self.control, FakeChannel.pair()[0]
+
+    def __str__(self) -> str:
+        return "fake://daemon"
+
+
+def _daemon_answering(answer):
+    """A fake daemon answering the first HELLO with ``answer`` (frames); returns (link, hellos seen)."""
+    near, far = FakeChannel.pair()
+    hellos: list[dict] = []
+
+    def serve():
+        frames = far.recv(5.0)
+        if frames is not None:
+            hellos.append(P.decode(frames)[0])
+            far.send(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return _FakeLink(near), hellos
+
+
+def test_worker_refuses_a_welcome_of_another_protocol_version():
+    link, hellos = _daemon_answering(P.encode(P.WELCOME, {"v": P.PROTOCOL_VERSION + 1, "lv": "9.9", "config": {}}))
+    with pytest.raises(ProtocolVersionError) as info:
+        run_worker(link, worker_id="w1", connect_timeout_s=5)
+    assert hellos and hellos[0]["k"] == P.HELLO and hellos[0]["v"] == P.PROTOCOL_VERSION
+    assert str(info.value).startswith(f"the daemon at fake://daemon speaks loader protocol {P.PROTOCOL_VERSION + 1}")
+
+
+def test_worker_stops_when_the_daemon_refuses_its_version():
+    refusal = P.encode(P.ERROR, {"refused": "version", "message": "worker w1 speaks loader protocol 1, this side speaks 2"})
+    link, _ = _daemon_answering(refusal)
+    with pytest.raises(ProtocolVersionError, match="refused this worker: worker w1 speaks loader protocol 1"):
+        run_worker(link, worker_id="w1", connect_timeout_s=5)

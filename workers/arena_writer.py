@@ -1,0 +1,70 @@
+"""The worker's arena: large columns of a chunk go into shared memory, the chunk carries references.
+
+The daemon names one arena per worker in its WELCOME (``loader.service.shm.pool``).
+A worker that cannot map it, or finds another token there (it runs on
+another host), sends everything inline, as does a chunk whose rows are small
+(``refs.MIN_REF_ROW_BYTES``) or that does not fit in the free blocks: the
+worker never waits for arena space.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from loader.service import protocol as P
+from loader.service.shm import refs as R
+from loader.service.shm.arena import Arena, ArenaError
+from loader.service.shm.arena import arena_path
+
+log = logging.getLogger("loader.worker")
+
+
+class ArenaWriter:
+    """This worker's arena, written by its main thread only."""
+
+    def __init__(self, arena: Arena) -> None:
+        self.arena = arena
+
+    @classmethod
+    def from_welcome(cls, info: Any) -> "ArenaWriter | None":
+        """The arena a WELCOME names, or None (none named, not mappable here, another token)."""
+        if not isinstance(info, dict) or "arena" not in info:
+            return None
+        try:
+            arena_id = int(info["arena"])
+            path = arena_path(str(info["dir"]), str(info["prefix"]), arena_id)
+            return cls(Arena.open(path, arena_id, bytes.fromhex(str(info["token"]))))
+        except (ArenaError, KeyError, ValueError, TypeError, OSError) as exc:
+            log.info("no shared-memory arena, sending rows inline: %s", exc)
+            return None
+
+    def put(self, head: dict[str, Any], columns: dict[str, Any]) -> list[tuple[np.ndarray, R.Spec]]:
+        """Move the eligible columns into the arena (in place in ``columns``, named in ``head``); what was written."""
+        written: list[tuple[np.ndarray, R.Spec]] = []
+        for name, values in list(columns.items()):
+            if name == P.INDEX_COLUMN or not R.eligible(values):
+                continue
+            refs = R.write_column(self.arena, values)
+            if refs is None:
+                continue  # full: this column travels inline
+            columns[name] = refs
+            head.setdefault(P.REFS, {})[name] = {0: [values.dtype.str, list(values.shape[1:])]}
+            written.append((refs, (values.dtype.str, tuple(values.shape[1:]))))
+        return written
+
+    def free(self, written: list[tuple[np.ndarray, R.Spec]]) -> None:
+        """Give back what ``put`` wrote for a chunk that was never sent."""
+        for refs, spec in written:
+            R.free_refs(refs, {0: spec}, self._own)
+
+    def _own(self, arena_id: int) -> Arena | None:
+        return self.arena if arena_id == self.arena.arena_id else None
+
+    def close(self) -> None:
+        self.arena.close()
+
+
+__all__ = ["ArenaWriter"]
