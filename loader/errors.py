@@ -20,7 +20,8 @@ person needs to act on them.
     │   └── WorkerDiedError                       a child process died without a word
     ├── TransportError                            the socket or pipe failed
     │   ├── ServiceUnavailableError               the daemon is unreachable or went away
-    │   └── ProtocolVersionError                  the peer runs another loader protocol version
+    │   ├── ProtocolVersionError                  the peer runs another loader protocol version
+    │   └── MalformedMessageError                 a peer sent a message that breaks the protocol
     └── ClosedError                               used after close()
 
 End of data is ``StopIteration``, never an error.
@@ -70,6 +71,10 @@ class ServiceUnavailableError(TransportError):
 
 class ProtocolVersionError(TransportError):
     """The peer speaks another protocol version; the message names both versions."""
+
+
+class MalformedMessageError(TransportError):
+    """A message that breaks the wire protocol: unknown kind, missing or ill-typed field, bad frame."""
 
 
 class ClosedError(LoaderError):
@@ -206,5 +211,6 @@ __all__ = [
     "TransportError",
     "ServiceUnavailableError",
     "ProtocolVersionError",
+    "MalformedMessageError",
     "ClosedError",
 ]

@@ -57,7 +57,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from loader.examples import datagen as _datagen
+from loader.examples import datagen
 from loader.examples import cpu_heavy
 
 # scripts/demo.py (this directory is on sys.path): starting, awaiting and stopping `loader serve`.
@@ -316,7 +316,7 @@ def best_of(trials: int, *sides: Callable[[], tuple[float, str]]) -> list[tuple[
 
 
 def bench_small(work: str, size: Sizes) -> list[dict[str, Any]]:
-    files = _datagen.generate(os.path.join(work, "small"), format="npz", files=size.small_files,
+    files = datagen.generate(os.path.join(work, "small"), format="npz", files=size.small_files,
                               samples=size.small_samples, dim=64)
     dataset = NpzDataset(files)
     (peer, peer_detail), (ours, ours_detail) = best_of(
@@ -330,7 +330,7 @@ def bench_small(work: str, size: Sizes) -> list[dict[str, Any]]:
 
 
 def bench_cpu_heavy(work: str, size: Sizes) -> list[dict[str, Any]]:
-    files = _datagen.generate(os.path.join(work, "heavy"), format="npz", files=size.heavy_files,
+    files = datagen.generate(os.path.join(work, "heavy"), format="npz", files=size.heavy_files,
                               samples=size.heavy_samples, dim=64)
     mapper = "loader.examples:cpu_heavy"
     dataset = NpzDataset(files, cpu_heavy)
@@ -356,7 +356,7 @@ def bench_cpu_heavy(work: str, size: Sizes) -> list[dict[str, Any]]:
 
 
 def bench_large(work: str, size: Sizes) -> list[dict[str, Any]]:
-    files = _datagen.generate(os.path.join(work, "large"), format="npy", files=size.large_files,
+    files = datagen.generate(os.path.join(work, "large"), format="npy", files=size.large_files,
                               samples=size.large_samples, dim=MIB // 4)
     with warnings.catch_warnings():
         # torch.as_tensor on a read-only memory map warns once per worker; the data is never written.
@@ -372,7 +372,7 @@ def bench_large(work: str, size: Sizes) -> list[dict[str, Any]]:
 
 
 def bench_first_batch(work: str, size: Sizes) -> list[dict[str, Any]]:
-    files = _datagen.generate(os.path.join(work, "small"), format="npz", files=size.small_files,
+    files = datagen.generate(os.path.join(work, "small"), format="npz", files=size.small_files,
                               samples=size.small_samples, dim=64)  # the same files bench_small wrote
     tries = size.first_batch_tries
     ours, ours_detail = ours_first_batch(work, files, batch_size=256, workers=2, tries=tries)

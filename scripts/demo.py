@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from loader.examples import datagen as _datagen
+from loader.examples import datagen
 
 FILES = 6
 SAMPLES_PER_FILE = 1000
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so run_service's finally stops the daemon.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with tempfile.TemporaryDirectory(prefix="loader-demo-") as data_dir:
-        _datagen.generate(data_dir, format="npy", files=FILES, samples=SAMPLES_PER_FILE, dim=DIM)
+        datagen.generate(data_dir, format="npy", files=FILES, samples=SAMPLES_PER_FILE, dim=DIM)
         total = FILES * SAMPLES_PER_FILE
         print(f"dataset: {FILES} .npy files, {total} samples of {DIM} float32 in {data_dir}")
         try:

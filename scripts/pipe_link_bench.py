@@ -1,7 +1,7 @@
 """Throughput of one "pipe"/"queue" worker link, read the way the daemon reads it.
 
 A spawned writer process sends N messages of one size through a real link
-(``mp_transport.WorkerLinks``: its ``PipeChannel``/``QueuedChannel``, i.e.
+(``transport.links.WorkerLinks``: its ``PipeChannel``/``QueuedChannel``, i.e.
 ``Connection.send_bytes``); this process polls the daemon's end with
 ``transport.Poller`` and drains it with ``recv(0)``, as ``Daemon.step`` does.
 The clock starts at the first message, so process start-up is not counted.

@@ -41,8 +41,9 @@ class ArenaWriter:
             log.info("no shared-memory arena, sending rows inline: %s", exc)
             return None
 
-    def put(self, head: dict[str, Any], columns: dict[str, Any]) -> list[tuple[np.ndarray, R.Spec]]:
-        """Move the eligible columns into the arena (in place in ``columns``, named in ``head``); what was written."""
+    def put(self, columns: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[np.ndarray, R.Spec]]]:
+        """Move the eligible columns into the arena (in place in ``columns``): (``Chunk.refs``, what was written)."""
+        described: dict[str, Any] = {}
         written: list[tuple[np.ndarray, R.Spec]] = []
         for name, values in list(columns.items()):
             if name == P.INDEX_COLUMN or not R.eligible(values):
@@ -51,9 +52,9 @@ class ArenaWriter:
             if refs is None:
                 continue  # full: this column travels inline
             columns[name] = refs
-            head.setdefault(P.REFS, {})[name] = {0: [values.dtype.str, list(values.shape[1:])]}
+            described[name] = {0: [values.dtype.str, list(values.shape[1:])]}
             written.append((refs, (values.dtype.str, tuple(values.shape[1:]))))
-        return written
+        return described, written
 
     def free(self, written: list[tuple[np.ndarray, R.Spec]]) -> None:
         """Give back what ``put`` wrote for a chunk that was never sent."""

@@ -44,7 +44,7 @@ class ControlLink:
     def __init__(self, channel: Any, interval_s: float, timeout_s: float) -> None:
         self._channel = channel
         self.interval_s, self.timeout_s = interval_s, timeout_s
-        self._inbox: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._inbox: queue.Queue[P.Message] = queue.Queue()
         self._outbox: queue.Queue[list[Any]] = queue.Queue()
         self._waker = transport.Waker()
         self._stop = threading.Event()
@@ -55,13 +55,13 @@ class ControlLink:
     def start(self) -> None:
         self._thread.start()
 
-    def send(self, kind: str, header: dict[str, Any] | None = None) -> None:
+    def send(self, message: P.Message) -> None:
         """Queue a message for the daemon; the link thread sends it at once."""
-        self._outbox.put(P.encode(kind, header))
+        self._outbox.put(P.encode(message))
         self._waker.wake()
 
-    def recv(self, timeout_s: float) -> dict[str, Any] | None:
-        """The next message header from the daemon, or None after ``timeout_s``."""
+    def recv(self, timeout_s: float) -> P.Message | None:
+        """The next message from the daemon, or None after ``timeout_s``."""
         try:
             return self._inbox.get(timeout=timeout_s) if timeout_s > 0 else self._inbox.get_nowait()
         except queue.Empty:
@@ -92,7 +92,7 @@ class ControlLink:
                     return  # after the flush, so the main loop's last words go out
                 now = time.monotonic()
                 if now - self._last_sent >= self.interval_s:
-                    self._send(P.encode(P.HEARTBEAT))
+                    self._send(P.encode(P.Heartbeat()))
                 if now - self._last_heard > self.timeout_s:
                     self.lost = f"daemon silent for {now - self._last_heard:.1f}s"
                     return
@@ -119,9 +119,9 @@ class ControlLink:
             if frames is None:
                 return
             self._last_heard = time.monotonic()
-            head, _ = P.decode(frames)
-            if head["k"] != P.HEARTBEAT:
-                self._inbox.put(head)
+            message, _ = P.decode(frames)
+            if not isinstance(message, P.Heartbeat):
+                self._inbox.put(message)
 
 
 __all__ = ["ControlLink", "open_channels"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from loader.config import LoaderConfig
 from loader.errors import WorkerError
 from loader.service import protocol as P
 from loader.service.blocks import block_nbytes, block_rows
@@ -31,7 +32,7 @@ log = logging.getLogger("loader.worker")
 class FileJob:
     """Reads the file of one lease and sends it; ``run()`` once."""
 
-    def __init__(self, lease: dict[str, Any], *, config: Any, worker_id: str,
+    def __init__(self, lease: P.Lease, *, config: LoaderConfig, worker_id: str,
                  mappers: Callable[[], list[Any]], arena: Callable[[], ArenaWriter | None],
                  send_data: Callable[[list[Any]], None], check: Callable[[], None]) -> None:
         self.lease, self.config, self.worker_id = lease, config, worker_id
@@ -41,7 +42,7 @@ class FileJob:
         self._send_data, self._check = send_data, check
 
     def run(self) -> None:
-        path = self.lease["path"]
+        path = self.lease.path
         try:
             source = FileSource(self.config, path)
             mappers = self._mappers()
@@ -59,21 +60,22 @@ class FileJob:
         if counts is not None:
             self._done(*counts)
 
-    def _tag(self, **extra: Any) -> dict[str, Any]:
+    def _tag(self) -> dict[str, Any]:
+        """The fields every message about this lease's file carries."""
         lease = self.lease
-        return {"s": lease["s"], "f": lease["f"], "l": lease["lease"], "w": self.worker_id, **extra}
+        return {"stream": lease.stream, "file": lease.file, "lease": lease.lease, "worker": self.worker_id}
 
     def _done(self, sent: int, skipped: int) -> None:
-        self._send_data(P.encode(P.FILE_DONE, self._tag(sent=sent, skipped=skipped)))
+        self._send_data(P.encode(P.FileDone(**self._tag(), sent=sent, skipped=skipped)))
 
     def _failed(self, exc: BaseException, record: int | None) -> bool:
         """Report a failure; True when the record is skipped (on_error = "skip")."""
-        path = self.lease["path"]
+        path = self.lease.path
         error = WorkerError.from_exception(exc, worker=self.worker_id, file=path, record=record)
         if self.config.pipeline.on_error == "skip":
             log.warning("skipping record %s of %s: %s: %s", record, path, type(exc).__name__, exc)
             return True
-        self._send_data(P.encode(P.FILE_ERROR, self._tag(error=error.to_dict())))
+        self._send_data(P.encode(P.FileError(**self._tag(), error=error.to_dict())))
         return False
 
     def _send_blocks(self, source: FileSource) -> tuple[int, int] | None:
@@ -92,7 +94,7 @@ class FileJob:
             if block is None:
                 return record, 0
             n = block_rows(block)
-            self._send_chunk(self._tag(r=record, n=n, sk="tuple"), dict(block))
+            self._send_chunk(record, n, "tuple", dict(block))
             record += n
             rows = rows_for_bytes(block_nbytes(block) // max(1, n), wanted, batch_size)
 
@@ -129,18 +131,18 @@ class FileJob:
     def _flush(self, builder: ChunkBuilder) -> int:
         columns, records = builder.take()
         n = int(records.size)
-        head = self._tag(r=int(records[0]), n=n, sk=builder.kind)
         if int(records[-1]) - int(records[0]) + 1 != n:
             columns[P.INDEX_COLUMN] = records  # records were skipped inside this chunk
-        self._send_chunk(head, columns)
+        self._send_chunk(int(records[0]), n, builder.kind, columns)
         return n
 
-    def _send_chunk(self, head: dict[str, Any], columns: dict[str, Any]) -> None:
-        """Send a chunk, its large columns as arena references when they fit."""
+    def _send_chunk(self, record: int, count: int, sample_kind: str, columns: dict[str, Any]) -> None:
+        """Send records ``record``.. as a chunk, its large columns as arena references when they fit."""
         arena = self._arena()
-        written = arena.put(head, columns) if arena is not None else []
+        refs, written = arena.put(columns) if arena is not None else ({}, [])
+        chunk = P.Chunk(**self._tag(), record=record, count=count, sample_kind=sample_kind, refs=refs or None)
         try:
-            self._send_data(P.encode(P.CHUNK, head, columns))
+            self._send_data(P.encode(chunk, columns))
         except BaseException:
             current = self._arena()  # after a re-WELCOME, refs into the old arena are not its to free
             if written and current is not None:

@@ -80,9 +80,9 @@ class Worker:
         self.mappers: list[Any] = []
         self.hb_interval_s = 0.5
         self.next_check = 0.0
-        self.lease: dict[str, Any] | None = None
-        self.pending: list[dict[str, Any]] = []
-        self.arena: ArenaWriter | None = None  # the shared-memory fast path for large rows (workers/shm.py)
+        self.lease: P.Lease | None = None
+        self.pending: list[P.Lease] = []
+        self.arena: ArenaWriter | None = None  # the shared-memory fast path for large rows (workers/arena_writer.py)
         self.connect_timeout_s = connect_timeout_s
 
     # -- lifecycle ----------------------------------------------------------
@@ -93,12 +93,12 @@ class Worker:
         self.link = ControlLink(self.ctl, self.hb_interval_s, self.config.workers.heartbeat_timeout_s)
         self.link.start()
         try:
-            self._send_ctl(P.LEASE_REQ)
+            self._send_ctl(P.LeaseRequest())
             while True:
-                msg = self.pending.pop(0) if self.pending else self._recv_ctl(self.hb_interval_s / 2)
-                if msg is not None and msg["k"] == P.LEASE:
-                    self._serve_lease(msg)
-                    self._send_ctl(P.LEASE_REQ)
+                lease = self.pending.pop(0) if self.pending else self._recv_ctl(self.hb_interval_s / 2)
+                if lease is not None:
+                    self._serve_lease(lease)
+                    self._send_ctl(P.LeaseRequest())
                 self._tick()
         except _Stop as stop:
             log.info("worker %s stopping: %s", self.worker_id, stop)
@@ -106,7 +106,7 @@ class Worker:
             raise
         except TransportError as exc:
             log.warning("worker %s lost the daemon: %s", self.worker_id, exc)
-        self._send_ctl(P.BYE)
+        self._send_ctl(P.Bye())
         return 0
 
     def close(self) -> None:
@@ -121,15 +121,15 @@ class Worker:
         else:
             self.ctl.close()
 
-    def _hello(self) -> dict[str, Any]:
-        return P.versioned({"worker": self.worker_id, "pid": os.getpid()})
+    def _hello(self) -> P.Hello:
+        return P.Hello(worker=self.worker_id, pid=os.getpid())
 
-    def _check_version(self, head: dict[str, Any]) -> None:
+    def _check_version(self, message: P.Message) -> None:
         """Raise ``ProtocolVersionError`` for a refusal or a welcome of another protocol version."""
-        if head["k"] == P.ERROR and head.get("refused") == "version":
-            raise ProtocolVersionError(f"the daemon at {self.connect} refused this worker: {head.get('message')}")
-        if head["k"] == P.WELCOME:
-            mismatch = P.version_mismatch(head, f"the daemon at {self.connect}")
+        if isinstance(message, P.Error) and message.refused == "version":
+            raise ProtocolVersionError(f"the daemon at {self.connect} refused this worker: {message.message}")
+        if isinstance(message, P.Welcome):
+            mismatch = P.version_mismatch(message, f"the daemon at {self.connect}")
             if mismatch is not None:
                 raise ProtocolVersionError(mismatch)
 
@@ -138,7 +138,7 @@ class Worker:
         while time.monotonic() < deadline and not self.stop_event.is_set():
             tried_at = time.monotonic()
             try:
-                self.ctl.send(P.encode(P.HELLO, self._hello()), timeout_s=HELLO_RETRY_S)
+                self.ctl.send(P.encode(self._hello()), timeout_s=HELLO_RETRY_S)
                 frames = self.ctl.recv(HELLO_RETRY_S)
             except TransportError:
                 # The daemon is not there (no room), or its end is closed (a pipe fails at once: no busy loop).
@@ -146,50 +146,50 @@ class Worker:
                 continue
             if frames is None:
                 continue
-            head, _ = P.decode(frames)
-            self._check_version(head)
-            if head["k"] == P.WELCOME:
-                self._configure(head)
+            message, _ = P.decode(frames)
+            self._check_version(message)
+            if isinstance(message, P.Welcome):
+                self._configure(message)
                 return True
         return False
 
-    def _configure(self, head: dict[str, Any]) -> None:
-        self.worker_id = head.get("worker", self.worker_id)
-        self.config = LoaderConfig.from_dict(head["config"], origin=f"daemon at {self.connect}")
+    def _configure(self, welcome: P.Welcome) -> None:
+        self.worker_id = welcome.worker
+        self.config = LoaderConfig.from_dict(welcome.config, origin=f"daemon at {self.connect}")
         self.hb_interval_s = self.config.workers.heartbeat_interval_s
         if self.arena is not None:
             self.arena.close()  # a re-welcome names a fresh arena; what we sent from the old one stays valid
-        self.arena = ArenaWriter.from_welcome(head.get(P.SHM))
+        self.arena = ArenaWriter.from_welcome(welcome.shm)
         if self.data is None:
-            self.data = transport.push(transport.reachable_endpoint(head["data"], self.connect))
+            self.data = transport.push(transport.reachable_endpoint(welcome.data, self.connect))
 
     # -- control ------------------------------------------------------------
-    def _send_ctl(self, kind: str, header: dict[str, Any] | None = None) -> None:
+    def _send_ctl(self, message: P.Message) -> None:
         assert self.link is not None
-        self.link.send(kind, header)
+        self.link.send(message)
 
-    def _recv_ctl(self, timeout_s: float) -> dict[str, Any] | None:
+    def _recv_ctl(self, timeout_s: float) -> P.Lease | None:
+        """Act on the next control message; a lease is returned to be served."""
         assert self.link is not None
-        head = self.link.recv(timeout_s)
-        if head is None:
+        message = self.link.recv(timeout_s)
+        if message is None:
             return None
-        self._check_version(head)
-        kind = head["k"]
-        if kind == P.BYE:
-            raise _Stop(head.get("reason", "daemon said goodbye"))
-        if kind == P.CANCEL:
-            if self.lease is not None and head.get("lease") == self.lease["lease"]:
+        self._check_version(message)
+        if isinstance(message, P.Bye):
+            raise _Stop(message.reason or "daemon said goodbye")
+        if isinstance(message, P.Cancel):
+            if self.lease is not None and message.lease == self.lease.lease:
                 raise _Cancelled
             return None
-        if kind == P.ERROR and head.get("unknown_session"):
+        if isinstance(message, P.Error) and message.unknown_session:
             # The daemon forgot us (it declared us dead, or restarted): introduce ourselves again.
-            self._send_ctl(P.HELLO, self._hello())
+            self._send_ctl(self._hello())
             return None
-        if kind == P.WELCOME:
-            self._configure(head)
-            self._send_ctl(P.LEASE_REQ)
+        if isinstance(message, P.Welcome):
+            self._configure(message)
+            self._send_ctl(P.LeaseRequest())
             return None
-        return head if kind == P.LEASE else None
+        return message if isinstance(message, P.Lease) else None
 
     def _tick(self) -> None:
         """Stop on request or when the control link lost the daemon (silent, or gone)."""
@@ -218,14 +218,14 @@ class Worker:
             self._check()  # the stage is busy: still obey cancel, bye and stop while we wait
 
     # -- one file -----------------------------------------------------------
-    def _serve_lease(self, lease: dict[str, Any]) -> None:
+    def _serve_lease(self, lease: P.Lease) -> None:
         self.lease = lease
         job = FileJob(lease, config=self.config, worker_id=self.worker_id, mappers=self._resolved_mappers,
                       arena=lambda: self.arena, send_data=self._send_data, check=self._check)
         try:
             job.run()
         except _Cancelled:
-            log.info("worker %s: lease %s cancelled", self.worker_id, lease["lease"])
+            log.info("worker %s: lease %s cancelled", self.worker_id, lease.lease)
         finally:
             self.lease = None
 

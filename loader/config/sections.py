@@ -92,6 +92,8 @@ class WorkersConfig:
     samples_per_message: int = 256
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 5.0
+    # A worker that holds a lease and sends nothing for this long is taken for hung and replaced.
+    progress_timeout_s: float = 120.0
     # Shared memory per worker for large arrays (MiB, reserved as used); 0 turns the fast path off.
     shm_arena_mib: int = 256
     origin: str = origin_field()
@@ -104,6 +106,7 @@ class WorkersConfig:
         check.integer("samples_per_message", minimum=1)
         check.number("heartbeat_interval_s")
         check.number("heartbeat_timeout_s")
+        check.number("progress_timeout_s")
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
             check.fail(
                 "heartbeat_timeout_s",

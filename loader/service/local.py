@@ -8,7 +8,7 @@ every line of the data path. Iterating a ``Loader`` runs
 
 ``config.workers.transport`` picks how the workers reach the daemon: "zmq"
 (the private endpoint, as in service mode), or "pipe" / "queue" (a pipe link
-per worker made with ``multiprocessing``: see ``mp_transport``). The ``Client``
+per worker made with ``multiprocessing``: see ``transport.links``). The ``Client``
 inside a ``Loader`` always reaches its daemon thread over the private endpoint.
 
 ``status()`` is asked of the daemon's loop over that endpoint, like
@@ -17,6 +17,7 @@ inside a ``Loader`` always reaches its daemon thread over the private endpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import shutil
@@ -25,6 +26,7 @@ import tempfile
 import threading
 from typing import Any, Callable, Iterator
 
+from loader.config import LoaderConfig
 from loader.service.client.client import Client, query_status
 from loader.service.daemon.loop import Daemon
 from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
@@ -43,17 +45,20 @@ def _private_endpoint() -> tuple[str, str | None]:
 class Loader:
     """Coordinator + stage + workers in this process, iterated like a ``Client``. Context manager."""
 
-    def __init__(self, config: Any, *, worker_entry: str = DEFAULT_WORKER_ENTRY, bind: str | None = None) -> None:
+    def __init__(self, config: LoaderConfig, *, worker_entry: str = DEFAULT_WORKER_ENTRY,
+                 bind: str | None = None) -> None:
         self.config = config
         self._tmpdir: str | None = None
         if bind is None:
             bind, self._tmpdir = _private_endpoint()
+        # The daemon thread listens where only this process looks (a private ipc endpoint by default).
+        config = dataclasses.replace(config, service=dataclasses.replace(config.service, bind=bind))
         self._stop = threading.Event()
         self._closed = False
         self._thread: threading.Thread | None = None
         self._client: Client | None = None
         try:
-            self._daemon = Daemon(config, worker_entry=worker_entry, bind=bind)
+            self._daemon = Daemon(config, worker_entry=worker_entry)
         except BaseException:
             self._remove_tmpdir()
             raise

@@ -1,191 +1,436 @@
-"""The wire format of the service: a small msgpack header plus raw buffer frames.
+"""The wire format: one frozen dataclass per message kind, encoded as a msgpack header plus array frames.
 
-A message is a list of frames. Frame 0 is a msgpack map with at least ``"k"``
-(the kind); frames 1.. are raw array buffers, described in the header under
-``"cols"`` as ``[name, dtype_str, shape]`` in frame order. Arrays are received
-with ``np.frombuffer`` (no copy); nothing is ever unpickled. A column whose
-values do not stack into one fixed-dtype array (ragged shapes, mixed types)
-travels as dtype ``"|O"`` with its frame holding ``loader.runtime.codec.pack(values)``.
-A column named in the header's ``"refs"`` map (``{name: {spec id: [dtype,
-row shape]}}``) is a reference column: an int64 ``(n, 3)`` frame of ``[arena,
-first block, spec id]`` per row whose bytes lie in a shared-memory arena
-(``loader.service.shm.refs``); the receiver resolves it, never this module.
+Frame 0 is a msgpack map with ``"k"`` (the kind) and the message's fields under
+short wire keys; the keys are spelled here and nowhere else. Frames 1.. are the
+columns of a ``Chunk`` or ``Batch`` (``frames.py``). ``decode`` checks every
+field's presence, type and range before any handler sees the message, and
+raises ``MalformedMessageError`` otherwise; nothing is ever unpickled.
 
-Message kinds (direction in brackets; W worker, C coordinator, S stage, K client):
+Who sends what (W worker, D daemon, K client):
 
-* control, on the well-known ROUTER endpoint:
-  ``HELLO`` [W->C], ``WELCOME`` [C->W: worker settings, data endpoint],
-  ``LEASE_REQ`` [W->C], ``LEASE`` [C->W], ``HEARTBEAT`` [both ways],
-  ``CANCEL`` [C->W], ``BYE`` [both ways], ``ERROR`` [C->W or C->K with
-  ``"unknown_session"``: the daemon does not know the peer, which says HELLO again].
-* data, worker PUSH -> stage PULL (ordered per worker): ``CHUNK`` (columnar
-  samples tagged stream, file, first record and count, and per-sample record
-  indexes in the ``INDEX_COLUMN`` column when records were skipped),
-  ``FILE_DONE`` (records sent and skipped), ``FILE_ERROR``
-  (``WorkerError.to_dict()`` naming file and record).
-* client, on the same ROUTER endpoint: ``CLIENT_HELLO`` [K->S: rank,
-  world_size], ``CLIENT_WELCOME`` [S->K], ``EPOCH`` [K->S: start an epoch share,
-  with initial credits], ``CREDIT`` [K->S], ``BATCH`` [S->K], ``END`` [S->K],
-  ``ERROR`` [S->K], ``PING``/``PONG``, ``STATUS`` [K->S, and the answer S->K],
-  ``BYE`` [K->S].
+* control, on the daemon's well-known endpoint: ``Hello`` W->D, ``Welcome`` D->W,
+  ``LeaseRequest`` W->D, ``Lease`` D->W, ``Heartbeat`` both ways, ``Cancel`` D->W,
+  ``Bye`` both ways, ``Error`` D->W/K.
+* data, worker -> daemon, ordered per worker: ``Chunk`` (samples of one file,
+  first record and count, plus an ``INDEX_COLUMN`` when records were skipped),
+  ``FileDone``, ``FileError``.
+* clients, on the well-known endpoint: ``ClientHello`` K->D, ``ClientWelcome`` D->K,
+  ``Epoch``, ``Credit``, ``Ping`` K->D; ``Batch``, ``End``, ``Pong`` D->K; ``Status``
+  both ways (empty request, the daemon's answer); ``Bye`` K->D.
+
+A column named in ``refs`` (``{name: {spec id: [dtype, row shape]}}``) is a
+reference column: an int64 ``(n, 3)`` array of ``[arena, first block, spec id]``
+per row whose bytes lie in a shared-memory arena (``loader.service.shm.refs``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import msgpack
 import numpy as np
 
-from loader.runtime import codec
-from loader.errors import TransportError
+from loader.errors import MalformedMessageError
+from loader.service.frames import Columns, Frame, buffer_of, column_frames, object_array, read_columns
 
-# Every HELLO, CLIENT_HELLO, WELCOME and CLIENT_WELCOME carries it as "v" (with the package version
-# as "lv"); a peer that speaks another version is refused with one line saying both. Bump it on any
-# change a peer of the old version would misread. Peers from before the check sent no "v": that was 1.
+# Every hello and welcome carries it; a peer of another version is refused with one line saying both.
+# Bump it on any change a peer of the old version would misread. Peers from before the check sent none: 1.
 PROTOCOL_VERSION = 1
-VERSION_KEY = "v"
-
-# control plane
-HELLO = "hello"
-WELCOME = "welcome"
-LEASE_REQ = "lease_req"
-LEASE = "lease"
-HEARTBEAT = "hb"
-CANCEL = "cancel"
-BYE = "bye"
-ERROR = "error"
-# data plane
-CHUNK = "chunk"
-FILE_DONE = "done"
-FILE_ERROR = "ferror"
-# clients
-CLIENT_HELLO = "chello"
-CLIENT_WELCOME = "cwelcome"
-EPOCH = "epoch"
-CREDIT = "credit"
-BATCH = "batch"
-END = "end"
-PING = "ping"
-PONG = "pong"
-STATUS = "status"
-
-OBJECT_DTYPE = "|O"
-# Header key naming the reference columns of a CHUNK or BATCH and their row specs.
-REFS = "refs"
-# Header key of the shared-memory arena info in WELCOME / CLIENT_WELCOME, and a client's answer in EPOCH.
-SHM = "shm"
-# Name of the optional per-sample record index column in a CHUNK.
+# Name of the optional per-sample record index column of a Chunk.
 INDEX_COLUMN = "__idx__"
+# Bounds of what a peer may claim: ids and counts fit in int64, text stays short.
+MAX_INT = 2**62
+MAX_TEXT = 4096
+MAX_PATH = 65536
 
-Frame = Any  # bytes, memoryview, numpy array or zmq.Frame: anything with the buffer protocol
-Columns = dict[str, np.ndarray]
+Check = Callable[[Any], bool]
+_MISSING: Any = dataclasses.MISSING
 
 
-def versioned(header: Mapping[str, Any]) -> dict[str, Any]:
-    """``header`` with this side's protocol and package versions (for hellos and welcomes)."""
+def _count(value: Any) -> bool:
+    return type(value) is int and 0 <= value < MAX_INT
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_TEXT
+
+
+def _path(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_PATH
+
+
+def _flag(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _seconds(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and value >= 0
+
+
+def _mapping(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _refs(value: Any) -> bool:
+    """``{column: {spec id: [dtype, row shape]}}``."""
+    if not isinstance(value, dict):
+        return False
+    for name, specs in value.items():
+        if not isinstance(name, str) or not isinstance(specs, dict) or not specs:
+            return False
+        for spec_id, spec in specs.items():
+            if not (_count(spec_id) and isinstance(spec, list) and len(spec) == 2 and _text(spec[0])
+                    and isinstance(spec[1], list) and len(spec[1]) <= 32 and all(_count(n) for n in spec[1])):
+                return False
+    return True
+
+
+def _optional(check: Check) -> Check:
+    return lambda value: value is None or check(value)
+
+
+def wire(key: str, check: Check, default: Any = _MISSING, *, absent: Any = _MISSING) -> Any:
+    """A message field sent under ``key``; ``absent`` is what a header without the key means."""
+    metadata = {"key": key, "check": check, "absent": absent}
+    return field(default=default, metadata=metadata)
+
+
+def _package_version() -> str:
     from loader import __version__  # at call time: loader/__init__ may still be importing this module
 
-    return {**header, VERSION_KEY: PROTOCOL_VERSION, "lv": __version__}
+    return __version__
 
 
-def version_mismatch(head: Mapping[str, Any], peer: str) -> str | None:
-    """None when ``head`` (a hello or welcome) speaks this protocol version, else one line saying why not."""
-    theirs = head.get(VERSION_KEY, 1)
-    if theirs == PROTOCOL_VERSION:
-        return None
-    from loader import __version__
+@dataclass(frozen=True, kw_only=True)
+class Message:
+    """Base of every message; ``KIND`` is its ``"k"`` on the wire."""
 
-    return (f"{peer} speaks loader protocol {theirs} (loader {head.get('lv', 'unknown')}), this side speaks "
-            f"{PROTOCOL_VERSION} (loader {__version__}): run the same loader version on both sides")
+    KIND: ClassVar[str] = ""
+    HAS_COLUMNS: ClassVar[bool] = False
+    _SCHEMA: ClassVar[tuple[tuple[str, str, Check, Any, Any], ...]] = ()
 
 
-def _buffer(frame: Frame) -> memoryview:
-    # zmq.Frame exposes its memory as .buffer; everything else supports the buffer protocol.
-    buf = getattr(frame, "buffer", None)
-    return buf if buf is not None else memoryview(frame)
+@dataclass(frozen=True, kw_only=True)
+class Versioned(Message):
+    """A hello or welcome: it says which protocol and package version its sender speaks."""
+
+    version: int = wire("v", _count, PROTOCOL_VERSION, absent=1)
+    package: str = field(default_factory=_package_version, metadata={"key": "lv", "check": _text, "absent": "unknown"})
 
 
-def encode(kind: str, header: Mapping[str, Any] | None = None, columns: Mapping[str, Any] | None = None) -> list[Frame]:
-    """Frames for one message: header (with ``"k"`` and ``"cols"``) and array buffers."""
-    head = dict(header or {})
-    head["k"] = kind
+_KINDS: dict[str, type[Message]] = {}
+
+
+def _kind(kind: str, *, columns: bool = False) -> Callable[[type], type]:
+    def register(cls: type[Message]) -> type[Message]:
+        cls.KIND, cls.HAS_COLUMNS = kind, columns
+        cls._SCHEMA = tuple(
+            (f.name, f.metadata["key"], f.metadata["check"],
+             f.default if f.default is not _MISSING else (f.default_factory if f.default_factory is not _MISSING
+                                                          else _MISSING),
+             f.metadata["absent"])
+            for f in dataclasses.fields(cls)
+        )
+        _KINDS[kind] = cls
+        return cls
+
+    return register
+
+
+# -- control: workers and the daemon ---------------------------------------------------------------------------
+@_kind("hello")
+@dataclass(frozen=True, kw_only=True)
+class Hello(Versioned):
+    """A worker introduces itself (again after the daemon forgot it)."""
+
+    worker: str | None = wire("worker", _optional(_text), None)
+    pid: int | None = wire("pid", _optional(_count), None)
+
+
+@_kind("welcome")
+@dataclass(frozen=True, kw_only=True)
+class Welcome(Versioned):
+    """The daemon admits a worker: its id, the config, where to send data, its arena."""
+
+    worker: str = wire("worker", _text)
+    config: dict[str, Any] = wire("config", _mapping)
+    data: str = wire("data", _text)
+    shm: dict[str, Any] | None = wire("shm", _optional(_mapping), None)
+
+
+@_kind("lease_req")
+@dataclass(frozen=True, kw_only=True)
+class LeaseRequest(Message):
+    """A worker is ready for a file."""
+
+
+@_kind("lease")
+@dataclass(frozen=True, kw_only=True)
+class Lease(Message):
+    """Read file ``file`` (at ``path``) of ``stream``'s epoch ``epoch``."""
+
+    lease: int = wire("lease", _count)
+    stream: int = wire("s", _count)
+    epoch: int = wire("e", _count)
+    file: int = wire("f", _count)
+    path: str = wire("path", _path)
+
+
+@_kind("hb")
+@dataclass(frozen=True, kw_only=True)
+class Heartbeat(Message):
+    """I am alive (worker to daemon), and the answer (so a worker notices a dead daemon)."""
+
+
+@_kind("cancel")
+@dataclass(frozen=True, kw_only=True)
+class Cancel(Message):
+    """Stop reading the file of ``lease``: its stream is gone."""
+
+    lease: int = wire("lease", _count)
+
+
+@_kind("bye")
+@dataclass(frozen=True, kw_only=True)
+class Bye(Message):
+    """The sender is leaving (a worker, a client) or stopping (the daemon)."""
+
+    reason: str = wire("reason", _text, "")
+
+
+@_kind("error")
+@dataclass(frozen=True, kw_only=True)
+class Error(Versioned):
+    """The daemon refuses or fails a request; ``unknown_session`` asks the peer to say hello again."""
+
+    message: str = wire("message", _text, "")
+    refused: str | None = wire("refused", _optional(_text), None)
+    unknown_session: bool = wire("unknown_session", _flag, False)
+    gen: int | None = wire("g", _optional(_count), None)
+    error: dict[str, Any] | None = wire("error", _optional(_mapping), None)
+
+
+# -- data: workers to the daemon ------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class FileMessage(Message):
+    """Anything a worker says about one leased file."""
+
+    stream: int = wire("s", _count)
+    file: int = wire("f", _count)
+    lease: int = wire("l", _count)
+    worker: str = wire("w", _text)
+
+
+@_kind("chunk", columns=True)
+@dataclass(frozen=True, kw_only=True)
+class Chunk(FileMessage):
+    """``count`` samples of a file from record ``record`` on (an ``INDEX_COLUMN`` lists them when some were skipped)."""
+
+    record: int = wire("r", _count, 0)
+    count: int = wire("n", _count)
+    sample_kind: str = wire("sk", _text, "tuple")
+    refs: dict[str, Any] | None = wire("refs", _optional(_refs), None)
+
+
+@_kind("done")
+@dataclass(frozen=True, kw_only=True)
+class FileDone(FileMessage):
+    """The file is read: ``sent`` records went out in chunks, ``skipped`` were skipped."""
+
+    sent: int = wire("sent", _count)
+    skipped: int = wire("skipped", _count, 0)
+
+
+@_kind("ferror")
+@dataclass(frozen=True, kw_only=True)
+class FileError(FileMessage):
+    """Reading the file failed: ``error`` is ``WorkerError.to_dict()`` naming file and record."""
+
+    error: dict[str, Any] = wire("error", _mapping)
+
+
+# -- clients ------------------------------------------------------------------------------------------------------
+@_kind("chello")
+@dataclass(frozen=True, kw_only=True)
+class ClientHello(Versioned):
+    """A client asks for a session as rank ``rank`` of ``world_size``, with ``prefetch`` batches of credit."""
+
+    rank: int = wire("rank", _count, 0)
+    world_size: int = wire("world_size", _count, 1)
+    prefetch: int = wire("prefetch", _count, 4)
+
+
+@_kind("cwelcome")
+@dataclass(frozen=True, kw_only=True)
+class ClientWelcome(Versioned):
+    """The daemon opens the session and says how it batches."""
+
+    session: int = wire("session", _count)
+    batch_size: int = wire("batch_size", _count)
+    batch_format: str = wire("batch_format", _text)
+    files: int = wire("files", _count)
+    ping_s: float = wire("ping_s", _seconds)
+    shm: dict[str, Any] | None = wire("shm", _optional(_mapping), None)
+
+
+@_kind("epoch")
+@dataclass(frozen=True, kw_only=True)
+class Epoch(Message):
+    """Start epoch ``epoch`` as request ``gen`` with ``credit`` batches; ``shm``: the client maps arenas."""
+
+    epoch: int = wire("e", _count)
+    gen: int = wire("g", _count)
+    credit: int | None = wire("credit", _optional(_count), None)
+    ahead: bool = wire("ahead", _flag, True)
+    shm: bool = wire("shm", _flag, False)
+
+
+@_kind("credit")
+@dataclass(frozen=True, kw_only=True)
+class Credit(Message):
+    """The consumer took ``n`` batches of request ``gen``: send as many more."""
+
+    n: int = wire("n", _count, 1)
+    gen: int | None = wire("g", _optional(_count), None)
+
+
+@_kind("batch", columns=True)
+@dataclass(frozen=True, kw_only=True)
+class Batch(Message):
+    """One batch of ``count`` samples for request ``gen``."""
+
+    epoch: int = wire("e", _count)
+    gen: int | None = wire("g", _optional(_count), None)
+    count: int = wire("n", _count)
+    sample_kind: str = wire("sk", _text, "tuple")
+    refs: dict[str, Any] | None = wire("refs", _optional(_refs), None)
+
+
+@_kind("end")
+@dataclass(frozen=True, kw_only=True)
+class End(Message):
+    """Request ``gen`` (epoch ``epoch``) is complete."""
+
+    epoch: int = wire("e", _count)
+    gen: int | None = wire("g", _optional(_count), None)
+    batches: int = wire("batches", _count, 0)
+    samples: int = wire("samples", _count, 0)
+
+
+@_kind("ping")
+@dataclass(frozen=True, kw_only=True)
+class Ping(Message):
+    """A client is alive."""
+
+
+@_kind("pong")
+@dataclass(frozen=True, kw_only=True)
+class Pong(Message):
+    """The daemon is alive."""
+
+
+@_kind("status")
+@dataclass(frozen=True, kw_only=True)
+class Status(Message):
+    """A request for the daemon's status (empty), and its answer."""
+
+    status: dict[str, Any] | None = wire("status", _optional(_mapping), None)
+
+
+# -- encoding -----------------------------------------------------------------------------------------------------
+def encode(message: Message, columns: Mapping[str, Any] | None = None) -> list[Frame]:
+    """Frames for one message: the header, then one frame per column (``Chunk`` and ``Batch`` only)."""
+    head: dict[str, Any] = {"k": message.KIND}
+    for name, key, _check, _default, _absent in message._SCHEMA:
+        value = getattr(message, name)
+        if value is not None:
+            head[key] = value
     frames: list[Frame] = [b""]
     if columns:
-        described = []
-        for name, values in columns.items():
-            dtype, shape, frame = _column_frame(values)
-            described.append([name, dtype, shape])
-            frames.append(frame)
-        head["cols"] = described
+        head["cols"], column_data = column_frames(columns)
+        frames.extend(column_data)
     frames[0] = msgpack.packb(head, use_bin_type=True)
     return frames
 
 
-def _column_frame(values: Any) -> tuple[str, list[int], Frame]:
-    if isinstance(values, np.ndarray) and not values.dtype.hasobject:
-        array = np.ascontiguousarray(values)
-        # A zero-size or 0-d array still needs a valid buffer; reshape(-1) keeps it cheap.
-        return array.dtype.str, list(array.shape), array.reshape(-1).view(np.uint8) if array.size else b""
-    items = list(values)
-    return OBJECT_DTYPE, [len(items)], codec.pack(items)
-
-
-def decode(frames: Sequence[Frame]) -> tuple[dict[str, Any], Columns]:
-    """(header, columns) of a message; raises ``TransportError`` when malformed."""
+def decode(frames: Sequence[Frame]) -> tuple[Message, Columns]:
+    """(message, columns); ``MalformedMessageError`` naming what is wrong when any field or frame is."""
     if not frames:
-        raise TransportError("empty message")
+        raise MalformedMessageError("empty message")
     try:
-        head = msgpack.unpackb(_buffer(frames[0]), raw=False, strict_map_key=False)
+        head = msgpack.unpackb(buffer_of(frames[0]), raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
-        raise TransportError(f"malformed message header: {exc}") from exc
-    if not isinstance(head, dict) or "k" not in head:
-        raise TransportError("malformed message header: no kind")
+        raise MalformedMessageError(f"malformed message header: {exc}") from exc
+    if not isinstance(head, dict):
+        raise MalformedMessageError("malformed message header: not a map")
+    cls = _KINDS.get(head.get("k"))  # type: ignore[arg-type]
+    if cls is None:
+        raise MalformedMessageError(f"unknown message kind {str(head.get('k'))[:40]!r}")
+    values: dict[str, Any] = {}
+    for name, key, check, default, absent in cls._SCHEMA:
+        if key in head:
+            value = head[key]
+            if not check(value):
+                raise MalformedMessageError(f"{cls.KIND} message: bad {name} {str(value)[:60]!r}")
+            values[name] = value
+        elif absent is not _MISSING:
+            values[name] = absent
+        elif default is _MISSING:
+            raise MalformedMessageError(f"{cls.KIND} message: {name} is missing")
+    message = cls(**values)
     columns: Columns = {}
-    described = head.pop("cols", None) or []
-    if len(described) != len(frames) - 1:
-        raise TransportError(f"message {head['k']!r} describes {len(described)} arrays but has {len(frames) - 1}")
-    for (name, dtype_str, shape), frame in zip(described, frames[1:]):
-        columns[name] = _column_array(dtype_str, shape, frame)
-    return head, columns
+    if cls.HAS_COLUMNS:
+        columns = read_columns(head.get("cols", []), frames[1:])
+        count = message.count  # type: ignore[attr-defined]
+        for column, array in columns.items():
+            if array.ndim == 0 or array.shape[0] != count:
+                raise MalformedMessageError(f"{cls.KIND} message: column {column!r} does not have {count} rows")
+    elif len(frames) > 1:
+        raise MalformedMessageError(f"{cls.KIND} message carries {len(frames) - 1} unexpected frames")
+    return message, columns
 
 
-def _column_array(dtype_str: str, shape: list[int], frame: Frame) -> np.ndarray:
-    if dtype_str == OBJECT_DTYPE:
-        try:
-            items = codec.unpack(_buffer(frame))
-        except ValueError as exc:
-            raise TransportError(f"malformed object column: {exc}") from exc
-        return object_array(items)
-    dtype = np.dtype(dtype_str)
-    if dtype.hasobject:
-        raise TransportError("an array frame claims dtype object")
-    buf = _buffer(frame)
-    count = int(np.prod(shape)) if shape else 1
-    if count * dtype.itemsize != buf.nbytes:
-        raise TransportError(f"array frame has {buf.nbytes} bytes, expected {count * dtype.itemsize}")
-    if count == 0:
-        return np.zeros(shape, dtype=dtype)
-    return np.frombuffer(buf, dtype=dtype).reshape(shape)
-
-
-def object_array(items: Sequence[Any]) -> np.ndarray:
-    """A 1-d object array holding ``items`` as they are (never broadcasting nested arrays)."""
-    out = np.empty(len(items), dtype=object)
-    for i, item in enumerate(items):
-        out[i] = item
-    return out
+def version_mismatch(message: Versioned, peer: str) -> str | None:
+    """None when ``message`` speaks this protocol version, else one line saying why not."""
+    if message.version == PROTOCOL_VERSION:
+        return None
+    return (f"{peer} speaks loader protocol {message.version} (loader {message.package}), this side speaks "
+            f"{PROTOCOL_VERSION} (loader {_package_version()}): run the same loader version on both sides")
 
 
 __all__ = [
     "PROTOCOL_VERSION",
-    "versioned",
-    "version_mismatch",
+    "INDEX_COLUMN",
+    "Message",
+    "Versioned",
+    "Hello",
+    "Welcome",
+    "LeaseRequest",
+    "Lease",
+    "Heartbeat",
+    "Cancel",
+    "Bye",
+    "Error",
+    "FileMessage",
+    "Chunk",
+    "FileDone",
+    "FileError",
+    "ClientHello",
+    "ClientWelcome",
+    "Epoch",
+    "Credit",
+    "Batch",
+    "End",
+    "Ping",
+    "Pong",
+    "Status",
     "encode",
     "decode",
+    "version_mismatch",
     "object_array",
-    "OBJECT_DTYPE",
-    "INDEX_COLUMN",
-    "REFS",
-    "SHM",
+    "Columns",
+    "Frame",
 ]

@@ -127,8 +127,8 @@ def test_small_arenas_mix_references_and_inline_rows_exactly_once(tmp_path):
     # 2 MiB arenas hold one chunk of 8 rows of 80 KiB at a time (16 blocks of 32): the others go inline.
     ids = write_large_files(tmp_path, 4, 48)
     rows = expected_rows(tmp_path)
-    config = make_config(tmp_path, pipeline={"shuffle_buffer": 12, "batch_size": 8}, workers={"samples_per_message": 8})
-    with running_daemon(config, arena_bytes=2 * 1024 * 1024) as daemon:
+    config = make_config(tmp_path, pipeline={"shuffle_buffer": 12, "batch_size": 8}, workers={"samples_per_message": 8, "shm_arena_mib": 2})
+    with running_daemon(config) as daemon:
         with Client(daemon.endpoint, timeout_s=10, prefetch=2) as client:
             for _ in range(2):
                 got = []
@@ -142,8 +142,8 @@ def test_small_arenas_mix_references_and_inline_rows_exactly_once(tmp_path):
 
 def test_fast_path_off_sends_everything_inline(tmp_path):
     ids = write_large_files(tmp_path, 2, 20)
-    config = make_config(tmp_path, pipeline={"batch_size": 8}, workers={"count": 1, "samples_per_message": 8})
-    with running_daemon(config, shm=False) as daemon:
+    config = make_config(tmp_path, pipeline={"batch_size": 8}, workers={"count": 1, "samples_per_message": 8, "shm_arena_mib": 0})
+    with running_daemon(config) as daemon:
         assert daemon.arenas is None
         with Client(daemon.endpoint, timeout_s=10) as client:
             got = [i for batch in client.epoch() for i in batch_ids(batch)]

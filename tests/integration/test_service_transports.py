@@ -80,8 +80,8 @@ def test_mapper_slower_than_heartbeat_timeout_keeps_its_worker(tmp_path, transpo
 def test_hung_worker_is_replaced_after_the_progress_timeout(tmp_path, monkeypatch):
     ids = write_id_files(tmp_path, 3, 40)
     monkeypatch.setenv("LOADER_TEST_HANG_MARKER", str(tmp_path / "hung-once"))
-    config = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:hang_once_on_5"]}, workers={"count": 1})
-    with running_daemon(config, progress_timeout_s=1.0) as daemon, loader.Client(daemon.endpoint) as client:
+    config = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:hang_once_on_5"]}, workers={"count": 1, "progress_timeout_s": 1.0})
+    with running_daemon(config) as daemon, loader.Client(daemon.endpoint) as client:
         assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
         assert (tmp_path / "hung-once").exists()
         assert wait_until(lambda: daemon.coordinator.restarts >= 1, timeout_s=5)

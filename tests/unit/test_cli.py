@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from loader import __version__
-from loader.examples import datagen as _datagen
+from loader.examples import datagen
 from loader.cli import format_status, main
 from loader.errors import LoaderError
 from tests.helpers import free_port, wait_until
@@ -91,20 +91,20 @@ def test_missing_listed_file(tmp_path) -> None:
 
 
 def test_bad_import_in_config(tmp_path) -> None:
-    _datagen.generate(str(tmp_path), files=1, samples=2)
+    datagen.generate(str(tmp_path), files=1, samples=2)
     cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n[pipeline]\nmappers = ["no_such_mod_xyz:f"]\n')
     assert_one_line_error(loader_cmd("serve", cfg), "cannot import module 'no_such_mod_xyz'")
 
 
 def test_bad_command_line_override(tmp_path) -> None:
-    _datagen.generate(str(tmp_path), files=1, samples=2)
+    datagen.generate(str(tmp_path), files=1, samples=2)
     cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n')
     assert_one_line_error(loader_cmd("serve", cfg, "--workers", "0"), "workers.count must be >= 1, got 0 (command line)")
     assert_one_line_error(loader_cmd("serve", cfg, "--bind", "nowhere"), "service.bind must look like")
 
 
 def test_check_reports_files(tmp_path) -> None:
-    _datagen.generate(str(tmp_path), files=3, samples=2)
+    datagen.generate(str(tmp_path), files=3, samples=2)
     cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n')
     result = loader_cmd("check", cfg)
     assert result.returncode == 0 and "ok, 3 files" in result.stdout
@@ -186,7 +186,7 @@ def test_serve_status_and_sigterm(tmp_path) -> None:
     from loader.service.client.client import Client
     from tests.helpers import child_pids, is_alive
 
-    _datagen.generate(str(tmp_path), files=3, samples=200, dim=8)
+    datagen.generate(str(tmp_path), files=3, samples=200, dim=8)
     address = f"tcp://127.0.0.1:{free_port()}"
     cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n[pipeline]\nbatch_size = 50\n')
     # Children that earlier tests left on purpose (multiprocessing's resource tracker).
@@ -230,7 +230,7 @@ def test_files_of_a_daemon_killed_with_sigkill_are_removed_by_the_next(tmp_path)
     from loader.service.shm.arena import shm_directory
     from tests.helpers import is_alive
 
-    _datagen.generate(str(tmp_path), files=2, samples=50, dim=4)
+    datagen.generate(str(tmp_path), files=2, samples=50, dim=4)
     # Orphaned workers notice the silent daemon after heartbeat_timeout_s and exit.
     cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n[workers]\nheartbeat_timeout_s = 2.0\n')
     shm = shm_directory()
@@ -271,7 +271,7 @@ def test_files_of_a_daemon_killed_with_sigkill_are_removed_by_the_next(tmp_path)
 def test_port_in_use_is_one_line(tmp_path) -> None:
     import socket
 
-    _datagen.generate(str(tmp_path), files=1, samples=2)
+    datagen.generate(str(tmp_path), files=1, samples=2)
     cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n')
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -286,7 +286,7 @@ def test_port_in_use_is_one_line(tmp_path) -> None:
 def test_hand_started_worker_joins_and_stops_on_sigterm(tmp_path) -> None:
     from loader.service.client.client import Client
 
-    _datagen.generate(str(tmp_path), files=4, samples=100, dim=4)
+    datagen.generate(str(tmp_path), files=4, samples=100, dim=4)
     address = f"tcp://127.0.0.1:{free_port()}"
     cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n[pipeline]\nbatch_size = 100\n')
     procs = []

@@ -13,7 +13,7 @@ daemon's heartbeat interval when shorter); a daemon silent for ``timeout_s``
 Worker failures arrive as ``WorkerError`` naming the file and the record.
 
 Large rows may arrive as references into the daemon's shared-memory arenas
-(``refs.py``). The client says in each EPOCH whether it maps them (its
+(``shm.refs``). The client says in each EPOCH whether it maps them (its
 ``ArenaCache.probe`` found the daemon's probe file with the daemon's token);
 if so, the receiver copies each batch's referenced rows into one fresh array
 per column as the batch arrives (``refs.gather``: the one copy of the fast
@@ -38,6 +38,7 @@ from loader.errors import (ClosedError, LoaderError, ProtocolVersionError, Servi
 from loader.service import protocol as P
 from loader.service.shm import refs as R
 from loader.service import transport
+from loader.service.transport import Channel
 from loader.service.client.batches import to_batch
 from loader.service.shm.cache import ArenaCache
 
@@ -61,7 +62,7 @@ class Client:
         prefetch: int | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         read_ahead: bool = True,
-        channel: Any = None,
+        channel: Channel | None = None,
         shm: bool = True,
     ) -> None:
         if not 0 <= rank < world_size:
@@ -71,7 +72,7 @@ class Client:
         self.timeout_s = float(timeout_s)
         self.read_ahead = read_ahead
         self._placer = Placer(device)
-        self._channel = channel if channel is not None else transport.dealer(address)
+        self._channel: Channel = channel if channel is not None else transport.dealer(address)
         self._closed = False
         self._out: queue.Queue[tuple[str, int | None, Any]] = queue.Queue()
         self._commands: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -87,10 +88,10 @@ class Client:
             self._channel.close()
             self._waker.close()
             raise
-        self.batch_format = self.info.get("batch_format", "stacked")
+        self.batch_format = self.info.batch_format
         # Owned by the receiver thread from here on (it maps, reads and closes the arenas).
-        self._arenas = _arena_cache(self.info.get(P.SHM)) if shm else None
-        self._ping_interval_s = min(PING_INTERVAL_S, float(self.info.get("ping_s", PING_INTERVAL_S)))
+        self._arenas = _arena_cache(self.info.shm) if shm else None
+        self._ping_interval_s = min(PING_INTERVAL_S, float(self.info.ping_s))
         self._thread = threading.Thread(target=self._receive_loop, name="loader-client", daemon=True)
         self._thread.start()
 
@@ -161,19 +162,20 @@ class Client:
                     raise ServiceUnavailableError(f"the client's receiver for {self.address} stopped")
 
     # -- receiver thread ----------------------------------------------------
-    def _handshake(self) -> dict[str, Any]:
-        hello = P.versioned({"rank": self.rank, "world_size": self.world_size, "prefetch": self.prefetch})
-        head = _request(self._channel, P.encode(P.CLIENT_HELLO, hello), (P.CLIENT_WELCOME, P.ERROR), self.timeout_s)
-        if head is None:
+    def _handshake(self) -> P.ClientWelcome:
+        hello = P.ClientHello(rank=self.rank, world_size=self.world_size, prefetch=self.prefetch)
+        answer = _request(self._channel, P.encode(hello), (P.ClientWelcome, P.Error), self.timeout_s)
+        if answer is None:
             raise ServiceUnavailableError(f"no loader daemon answered at {self.address} within {self.timeout_s:g}s")
-        if head["k"] == P.ERROR:
-            error = ProtocolVersionError if head.get("refused") == "version" else LoaderError
-            raise error(f"the daemon at {self.address} refused the client: {head.get('message')}")
-        mismatch = P.version_mismatch(head, f"the daemon at {self.address}")
+        if isinstance(answer, P.Error):
+            error = ProtocolVersionError if answer.refused == "version" else LoaderError
+            raise error(f"the daemon at {self.address} refused the client: {answer.message}")
+        assert isinstance(answer, P.ClientWelcome)
+        mismatch = P.version_mismatch(answer, f"the daemon at {self.address}")
         if mismatch is not None:
-            self._channel.try_send(P.encode(P.BYE), timeout_s=0.0)  # it opened a session for us: end it now
+            self._channel.try_send(P.encode(P.Bye()), timeout_s=0.0)  # it opened a session for us: end it now
             raise ProtocolVersionError(mismatch)
-        return head
+        return answer
 
     def _receive_loop(self) -> None:
         state = _ReceiverState(time.monotonic())
@@ -192,7 +194,7 @@ class Client:
                 if self._arenas is not None:
                     self._arenas.evict_idle(now)
                 if now - state.last_ping >= self._ping_interval_s:
-                    self._channel.send(P.encode(P.PING), timeout_s=self.timeout_s)
+                    self._channel.send(P.encode(P.Ping()), timeout_s=self.timeout_s)
                     state.last_ping = now
                 if now - state.last_heard > self.timeout_s:
                     raise ServiceUnavailableError(
@@ -202,7 +204,7 @@ class Client:
             self._out.put(("fatal", None, exc))
         finally:
             try:
-                self._channel.try_send(P.encode(P.BYE), timeout_s=0.0)
+                self._channel.try_send(P.encode(P.Bye()), timeout_s=0.0)
             except Exception:  # noqa: BLE001 - best effort on the way out
                 pass
             self._channel.close()
@@ -218,15 +220,15 @@ class Client:
             _, number, gen = command
             state.gen = gen
             state.credited = self._consumed
-            head = {"e": number, "g": gen, "credit": self.prefetch, "ahead": self.read_ahead,
-                    P.SHM: self._arenas is not None}
-            self._channel.send(P.encode(P.EPOCH, head), timeout_s=self.timeout_s)
+            request = P.Epoch(epoch=number, gen=gen, credit=self.prefetch, ahead=self.read_ahead,
+                              shm=self._arenas is not None)
+            self._channel.send(P.encode(request), timeout_s=self.timeout_s)
 
     def _return_credits(self, state: "_ReceiverState") -> None:
         owed = self._consumed - state.credited
         if owed > 0 and state.gen is not None:
             state.credited += owed
-            self._channel.send(P.encode(P.CREDIT, {"n": owed, "g": state.gen}), timeout_s=self.timeout_s)
+            self._channel.send(P.encode(P.Credit(n=owed, gen=state.gen)), timeout_s=self.timeout_s)
 
     def _drain(self, state: "_ReceiverState") -> None:
         while True:
@@ -234,24 +236,24 @@ class Client:
             if frames is None:
                 return
             state.last_heard = time.monotonic()
-            head, columns = P.decode(frames)
-            kind, gen = head["k"], head.get("g")
-            if kind == P.BATCH:
-                if head.get(P.REFS):
+            message, columns = P.decode(frames)
+            if isinstance(message, P.Batch):
+                gen = message.gen
+                if message.refs:
                     if gen != state.gen:
                         continue  # an abandoned epoch's batch: never read, the daemon frees it
-                    self._gather(head[P.REFS], columns)
-                batch = to_batch(columns, head.get("sk", "tuple"), self.batch_format)
+                    self._gather(message.refs, columns)
+                batch = to_batch(columns, message.sample_kind, self.batch_format)
                 self._out.put(("batch", gen, self._placer.stage(batch)))
-            elif kind == P.END:
-                self._out.put(("end", gen, head))
-            elif kind == P.ERROR:
-                if head.get("unknown_session"):
+            elif isinstance(message, P.End):
+                self._out.put(("end", message.gen, message))
+            elif isinstance(message, P.Error):
+                if message.unknown_session:
                     raise ServiceUnavailableError(f"the loader daemon at {self.address} no longer knows this client")
-                info = head.get("error") or {"type": "LoaderError", "message": str(head.get("message"))}
-                self._out.put(("error", gen, WorkerError.from_dict(info)))
-            elif kind == P.BYE:
-                raise ServiceUnavailableError(f"the loader daemon at {self.address} stopped ({head.get('reason')})")
+                info = message.error or {"type": "LoaderError", "message": message.message}
+                self._out.put(("error", message.gen, WorkerError.from_dict(info)))
+            elif isinstance(message, P.Bye):
+                raise ServiceUnavailableError(f"the loader daemon at {self.address} stopped ({message.reason})")
 
     def _gather(self, described: dict[str, Any], columns: dict[str, np.ndarray]) -> None:
         """Replace reference columns by fresh arrays copied out of the arenas (the daemon frees them)."""
@@ -287,17 +289,18 @@ def query_status(address: str, timeout_s: float = 5.0) -> dict[str, Any]:
     """The daemon's ``status()`` dict; ``ServiceUnavailableError`` when it does not answer."""
     channel = transport.dealer(address)
     try:
-        head = _request(channel, P.encode(P.STATUS), (P.STATUS,), timeout_s)
+        answer = _request(channel, P.encode(P.Status()), (P.Status,), timeout_s)
     finally:
         channel.close()
-    if head is None:
+    if not isinstance(answer, P.Status):
         raise ServiceUnavailableError(f"no loader daemon answered at {address} within {timeout_s:g}s")
-    return dict(head.get("status") or {})
+    return dict(answer.status or {})
 
 
-def _request(channel: Any, frames: list[Any], answers: tuple[str, ...], timeout_s: float) -> dict[str, Any] | None:
-    """Send ``frames`` and wait for a message of one of the ``answers`` kinds (others are skipped);
-    its header, or None when none came within ``timeout_s``."""
+def _request(channel: Channel, frames: list[Any], answers: tuple[type[P.Message], ...],
+             timeout_s: float) -> P.Message | None:
+    """Send ``frames`` and wait for a message of one of the ``answers`` types (others are skipped);
+    the message, or None when none came within ``timeout_s``."""
     channel.send(frames, timeout_s=timeout_s)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -306,9 +309,9 @@ def _request(channel: Any, frames: list[Any], answers: tuple[str, ...], timeout_
             return None
         got = channel.recv(min(RECEIVER_POLL_S, left))
         if got is not None:
-            head, _ = P.decode(got)
-            if head["k"] in answers:
-                return head
+            message, _ = P.decode(got)
+            if isinstance(message, answers):
+                return message
 
 
-__all__ = ["Client", "query_status", "to_batch"]
+__all__ = ["Client", "query_status"]

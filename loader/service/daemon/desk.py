@@ -1,6 +1,6 @@
 """The clients of a daemon: their hello, epochs, credits, read-ahead, failures and departures.
 
-``ClientDesk`` is the client-facing half of the daemon (``daemon.Daemon`` is
+``ClientDesk`` is the client-facing half of the daemon (``loop.Daemon`` is
 the loop; ``workforce.WorkerPool`` the worker-facing half). Each client is a
 ``stage.Session``; each epoch it asks for is a ``stage.Stream`` whose files the
 coordinator leases. Once every file of a client's current epoch is leased, the
@@ -18,10 +18,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from loader.config import LoaderConfig
 from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator
-from loader.service.daemon.stage import Session, Stage, Stream
+from loader.service.daemon.stage import FileComplete, Session, Stage, Stream
 from loader.service.daemon.workforce import WorkerPool
+from loader.service.shm.pool import ArenaPool
+from loader.service.transport import RouterLike
 
 log = logging.getLogger("loader.daemon")
 
@@ -29,8 +32,8 @@ log = logging.getLogger("loader.daemon")
 class ClientDesk:
     """Sessions of one daemon, served through its router; see the module docstring."""
 
-    def __init__(self, config: Any, *, router: Any, stage: Stage, coordinator: Coordinator, pool: WorkerPool,
-                 file_count: int, arenas: Any = None) -> None:
+    def __init__(self, config: LoaderConfig, *, router: RouterLike, stage: Stage, coordinator: Coordinator,
+                 pool: WorkerPool, file_count: int, arenas: ArenaPool | None = None) -> None:
         self.config = config
         self._router = router
         self.stage = stage
@@ -40,41 +43,41 @@ class ClientDesk:
         self._arenas = arenas
         self.heartbeat_timeout_s = float(config.workers.heartbeat_timeout_s)
 
-    def hello(self, peer: bytes, head: dict[str, Any]) -> None:
+    def hello(self, peer: bytes, hello: P.ClientHello) -> None:
         """CLIENT_HELLO: open a session (replacing this peer's old one) and answer CLIENT_WELCOME."""
-        mismatch = P.version_mismatch(head, "the client")
+        mismatch = P.version_mismatch(hello, "the client")
         if mismatch is not None:
             log.error("refused %s", mismatch)
-            self._router.send(peer, P.encode(P.ERROR, P.versioned({"refused": "version", "message": mismatch})))
+            self._router.send(peer, P.encode(P.Error(refused="version", message=mismatch)))
             return
-        rank, world_size = int(head.get("rank", 0)), int(head.get("world_size", 1))
+        rank, world_size = hello.rank, hello.world_size
         if not 0 <= rank < world_size:
-            self._router.send(peer, P.encode(P.ERROR, {"message": f"rank {rank} is outside world_size {world_size}"}))
+            self._router.send(peer, P.encode(P.Error(message=f"rank {rank} is outside world_size {world_size}")))
             return
-        session = self.stage.open_session(peer, rank, world_size, int(head.get("prefetch", 4)))
+        session = self.stage.open_session(peer, rank, world_size, hello.prefetch)
         log.info("client %d attached (rank %d of %d)", session.session_id, rank, world_size)
         pipeline = self.config.pipeline
-        welcome = P.versioned({
-            "session": session.session_id, "batch_size": pipeline.batch_size,
-            "batch_format": pipeline.batch_format, "files": self._file_count,
+        welcome = P.ClientWelcome(
+            session=session.session_id, batch_size=pipeline.batch_size, batch_format=pipeline.batch_format,
+            files=self._file_count,
             # Clients are dropped after heartbeat_timeout_s of silence: they ping at the workers' pace.
-            "ping_s": self.config.workers.heartbeat_interval_s,
-        })
-        if self._arenas is not None:
-            welcome[P.SHM] = self._arenas.describe()  # the client probes, and answers in each EPOCH
-        self._router.send(peer, P.encode(P.CLIENT_WELCOME, welcome))
+            ping_s=self.config.workers.heartbeat_interval_s,
+            # The client probes the arenas, and answers in each EPOCH.
+            shm=self._arenas.describe() if self._arenas is not None else None,
+        )
+        self._router.send(peer, P.encode(welcome))
 
-    def on_message(self, session: Session, kind: str, head: dict[str, Any]) -> None:
+    def on_message(self, session: Session, message: P.Message) -> None:
         """CREDIT, PING, EPOCH or BYE from a known client."""
-        if kind == P.CREDIT:
-            self.stage.on_credit(session, head.get("g"), int(head.get("n", 1)))
-        elif kind == P.PING:
-            self._router.send(session.peer, P.encode(P.PONG))
-        elif kind == P.EPOCH:
-            self.stage.on_epoch_request(session, bool(head.get(P.SHM, False)))
-            self._start_epoch(session, int(head["e"]), int(head["g"]), int(head.get("credit", session.prefetch)),
-                              bool(head.get("ahead", True)))
-        elif kind == P.BYE:
+        if isinstance(message, P.Credit):
+            self.stage.on_credit(session, message.gen, message.n)
+        elif isinstance(message, P.Ping):
+            self._router.send(session.peer, P.encode(P.Pong()))
+        elif isinstance(message, P.Epoch):
+            self.stage.on_epoch_request(session, message.shm)
+            credits = message.credit if message.credit is not None else session.prefetch
+            self._start_epoch(session, message.epoch, message.gen, credits, message.ahead)
+        elif isinstance(message, P.Bye):
             self.drop(session, "said goodbye")
 
     def _start_epoch(self, session: Session, epoch: int, gen: int, credits: int, read_ahead: bool) -> None:
@@ -140,17 +143,17 @@ class ClientDesk:
         """Act on what the stage reported: files complete, streams failed."""
         events, self.stage.events = self.stage.events, []
         for event in events:
-            if event[0] == "file_complete":
-                self.coordinator.job_finished(event[1], event[2])
-            elif event[0] == "failed":
-                self._fail_stream(event[1], event[2], event[3])
+            if isinstance(event, FileComplete):
+                self.coordinator.job_finished(event.stream_id, event.file_index)
+            else:
+                self._fail_stream(event.session, event.stream, event.error)
 
     def _fail_stream(self, session: Session, stream: Stream, error: dict[str, Any]) -> None:
         """``stream`` failed (``Stage.on_file_error`` marked it): cancel it, tell its client if it reads it."""
         self.pool.cancel(self.stage.drop_stream(stream))
         if session.current is stream:
             session.current = None
-            self._router.send(session.peer, P.encode(P.ERROR, {"g": stream.gen, "error": error}))
+            self._router.send(session.peer, P.encode(P.Error(gen=stream.gen, error=error)))
         elif session.ahead is stream:
             session.ahead = None  # read ahead failed: the epoch is read again when asked for
 

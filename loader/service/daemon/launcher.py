@@ -4,7 +4,7 @@ The entry point travels as a ``"module:function"`` string, so ``loader`` never
 imports ``workers`` itself; the spawned child imports it. The function is
 called as ``function(connect, worker_id=..., stop_event=...)`` and returns an
 exit code; ``connect`` is the daemon's control address, or (transports "pipe"
-and "queue") the worker's end of its ``mp_transport`` link. ``stop_event`` is
+and "queue") the worker's end of its ``transport.links`` link. ``stop_event`` is
 set when the daemon process dies without stopping its workers (SIGKILL), so an
 orphaned worker exits at once rather than after its own timeouts.
 """

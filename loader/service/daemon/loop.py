@@ -1,27 +1,14 @@
-"""The daemon: one loop over two message sources, coordinator + stage, and the clients it serves.
+"""The daemon: one loop over two message sources, handing each message to its handler.
 
-Sources (see docs/architecture.md, "Service"):
-
-* ``config.service.bind`` (ROUTER): the one well-known endpoint. Workers say
-  HELLO here and get WELCOME with the config and the data endpoint; clients say
-  CLIENT_HELLO and receive their batches here; ``loader status`` asks here.
-* the data endpoint (PULL, next to the control endpoint): workers PUSH chunks,
-  FILE_DONE and FILE_ERROR, so a file's end marker is ordered after its data.
-
-With ``config.workers.transport`` "pipe" or "queue" the daemon's own workers
-use a pipe link each instead (``mp_transport``): their control messages join
-the router (``SplitRouter``) and their data the data source (``LinkData``),
-so the loop below is the same for every transport.
-
-``serve(stop_event)`` runs one loop with a poller: no locks, and the
-coordinator is never on the data path. Workers are managed by ``WorkerPool``
-(``workforce.py``) and clients served by ``ClientDesk`` (``clients.py``); this
-module is the loop that hands each message to one of them.
-
-Shared-memory fast path (``shm=True``, the default): the daemon owns an
-``ArenaPool`` (``shm.py``); each worker writes its large rows into its own
-arena and sends references, the stage moves references, and a client on this
-host copies the rows out of the arenas (see docs/architecture.md, "Service").
+Sources: the well-known endpoint ``config.service.bind`` (a ROUTER: worker
+control, clients, ``loader status``) and the data endpoint (worker chunks, file
+results; ordered per worker, so a file's end marker follows its data). With
+the "pipe" and "queue" transports the daemon's own workers use a pipe link each
+(``transport.links``), joined to the same two sources, so this loop is the same
+for every transport. Worker messages go to ``WorkerPool`` (``workforce``),
+client messages to ``ClientDesk`` (``desk``), data to the ``Stage``. No locks:
+one thread runs it all. The coordinator never sees sample bytes; per data
+message it only notes that the sending worker made progress.
 """
 
 from __future__ import annotations
@@ -32,11 +19,13 @@ import threading
 import time
 from typing import Any
 
-from loader.service.transport import links as mp_transport
+from loader.config import LoaderConfig
+from loader.errors import MalformedMessageError
 from loader.service import protocol as P
 from loader.service import transport
+from loader.service.transport import links
 from loader.service.daemon.desk import ClientDesk
-from loader.service.daemon.coordinator import LEASE_PROGRESS_TIMEOUT_S, Coordinator
+from loader.service.daemon.coordinator import Coordinator
 from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
 from loader.service.daemon.rate import RecentRate
 from loader.service.shm.pool import open_pool
@@ -49,17 +38,15 @@ POLL_INTERVAL_S = 0.05
 HOUSEKEEPING_INTERVAL_S = 0.1
 MAX_DRAIN_MESSAGES = 64  # per socket per loop turn, so one busy socket cannot starve the other
 WORKER_JOIN_TIMEOUT_S = 2.0
-# The shared-memory fast path for large rows; Daemon(shm=False) or this turns it off.
-SHM_ENABLED = True
 
 
 def _open_sources(transport_kind: str, bind: str) -> tuple[Any, Any, Any]:
     """(router, data source, worker links or None) for ``config.workers.transport``."""
     router = transport.Router(bind)
     try:
-        if transport_kind in mp_transport.MP_TRANSPORTS:
-            links = mp_transport.WorkerLinks(transport_kind)
-            return mp_transport.SplitRouter(router, links.control), links.data, links
+        if transport_kind in links.MP_TRANSPORTS:
+            worker_links = links.WorkerLinks(transport_kind)
+            return links.SplitRouter(router, worker_links.control), worker_links.data, worker_links
         return router, transport.pull(transport.data_endpoint_for(router.endpoint)), None
     except BaseException:
         router.close()
@@ -69,19 +56,19 @@ def _open_sources(transport_kind: str, bind: str) -> tuple[Any, Any, Any]:
 class Daemon:
     """Coordinator, stage and workers behind one control endpoint. Context manager."""
 
-    def __init__(self, config: Any, *, worker_entry: str = DEFAULT_WORKER_ENTRY, start_workers: bool = True,
-                 bind: str | None = None, progress_timeout_s: float = LEASE_PROGRESS_TIMEOUT_S,
-                 shm: bool | None = None, arena_bytes: int | None = None) -> None:
+    def __init__(self, config: LoaderConfig, *, worker_entry: str = DEFAULT_WORKER_ENTRY,
+                 start_workers: bool = True) -> None:
+        """Serve ``config``; ``worker_entry`` names the worker function (tests swap in faulty ones), and
+        ``start_workers=False`` waits for hand-started workers only."""
         self.config = config
         pipeline, workers = config.pipeline, config.workers
         self.files = config.source.expand_files()  # ConfigError for no match / empty list
         seed = pipeline.seed if pipeline.seed is not None else random.SystemRandom().randrange(2**32)
         self._closed = False
-        if arena_bytes is None:
-            arena_bytes = config.workers.shm_arena_mib * 1024 * 1024
-        self.arenas = open_pool(SHM_ENABLED if shm is None else shm, arena_bytes)
+        self.rejected_messages = 0  # malformed messages dropped
+        self.arenas = open_pool(workers.shm_arena_mib * 1024 * 1024)
         try:
-            self._router, self._data, links = _open_sources(workers.transport, bind or config.service.bind)
+            self._router, self._data, worker_links = _open_sources(workers.transport, config.service.bind)
         except BaseException:
             if self.arenas is not None:
                 self.arenas.close()
@@ -99,11 +86,11 @@ class Daemon:
         self.coordinator = Coordinator(
             self.files, seed=seed, shuffle_files=pipeline.shuffle_buffer > 0,
             heartbeat_timeout_s=float(workers.heartbeat_timeout_s), may_lease=self.stage.may_lease,
-            progress_timeout_s=progress_timeout_s,
+            progress_timeout_s=workers.progress_timeout_s,
         )
         self.pool = WorkerPool(
-            self.coordinator, send=self._router.send, welcome={"config": config.to_dict(), "data": self.data_endpoint},
-            endpoint=self.endpoint, entry=worker_entry, links=links, on_file_error=self.stage.on_file_error,
+            self.coordinator, send=self._router.send, config=config.to_dict(), data_endpoint=self.data_endpoint,
+            endpoint=self.endpoint, entry=worker_entry, links=worker_links, on_file_failed=self.stage.fail_file,
             arenas=self.arenas,
         )
         self.clients = ClientDesk(config, router=self._router, stage=self.stage, coordinator=self.coordinator,
@@ -130,7 +117,7 @@ class Daemon:
         if self._closed:
             return
         self._closed = True
-        bye = P.encode(P.BYE, {"reason": "daemon stopping"})
+        bye = P.encode(P.Bye(reason="daemon stopping"))
         for session in list(self.stage.sessions.values()):
             self._router.send(session.peer, bye)
         self.pool.close(WORKER_JOIN_TIMEOUT_S)
@@ -175,47 +162,56 @@ class Daemon:
             if self.arenas is not None and self.arenas.has_retired:
                 self.arenas.collect(self.stage.arenas_held(), now)
 
-    def _on_data(self, frames: list[Any]) -> None:
+    def _decode(self, frames: list[Any], source: str) -> tuple[P.Message, P.Columns] | None:
         try:
-            head, columns = P.decode(frames)
-        except Exception as exc:  # a malformed message must not stop the daemon
-            log.warning("dropping malformed data message: %s", exc)
+            return P.decode(frames)
+        except MalformedMessageError as exc:  # what a peer sends never stops the daemon
+            self.rejected_messages += 1
+            log.warning("dropping a malformed %s message: %s", source, exc)
+            return None
+
+    def _on_data(self, frames: list[Any]) -> None:
+        decoded = self._decode(frames, "data")
+        if decoded is None:
             return
-        kind = head["k"]
-        self.coordinator.progressed(head.get("w"))
-        if kind == P.CHUNK:
-            self.stage.on_chunk(head, columns)
-        elif kind == P.FILE_DONE:
-            self.stage.on_done(head)
-        elif kind == P.FILE_ERROR:
-            self.stage.on_file_error(head)
+        message, columns = decoded
+        if not isinstance(message, P.FileMessage):
+            self.rejected_messages += 1
+            log.warning("dropping a %s message on the data endpoint", message.KIND)
+            return
+        # The coordinator only notes the time: a worker that sends data is not hung.
+        self.coordinator.progressed(message.worker)
+        if isinstance(message, P.Chunk):
+            self.stage.on_chunk(message, columns)
+        elif isinstance(message, P.FileDone):
+            self.stage.on_done(message)
+        elif isinstance(message, P.FileError):
+            self.stage.on_file_error(message)
 
     def _on_control(self, peer: bytes, frames: list[Any]) -> None:
-        try:
-            head, _ = P.decode(frames)
-        except Exception as exc:
-            log.warning("dropping malformed control message: %s", exc)
+        decoded = self._decode(frames, "control")
+        if decoded is None:
             return
-        kind = head["k"]
+        message = decoded[0]
         worker = self.coordinator.by_peer(peer)
         if worker is not None:
-            self.pool.on_message(worker, kind, head)
+            self.pool.on_message(worker, message)
             return
         session = self.stage.sessions.get(peer)
         if session is not None:
             session.last_seen = time.monotonic()
-        if kind == P.HELLO:
-            self.pool.hello(peer, head)
-        elif kind == P.CLIENT_HELLO:
-            self.clients.hello(peer, head)
-        elif kind == P.STATUS:
-            self._router.send(peer, P.encode(P.STATUS, {"status": self.status()}))
+        if isinstance(message, P.Hello):
+            self.pool.hello(peer, message)
+        elif isinstance(message, P.ClientHello):
+            self.clients.hello(peer, message)
+        elif isinstance(message, P.Status):
+            self._router.send(peer, P.encode(P.Status(status=self.status())))
         elif session is None:
-            if kind != P.BYE:
-                self._router.send(peer, P.encode(P.ERROR, {"unknown_session": True,
-                                                          "message": "the daemon does not know this client (restarted?)"}))
+            if not isinstance(message, P.Bye):
+                self._router.send(peer, P.encode(P.Error(
+                    unknown_session=True, message="the daemon does not know this client (restarted?)")))
         else:
-            self.clients.on_message(session, kind, head)
+            self.clients.on_message(session, message)
 
     # -- status -------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -237,6 +233,7 @@ class Daemon:
             "buffered_samples": self.stage.buffered_rows(),
             "duplicates_dropped": self.stage.dropped_duplicates,
             "skipped_records": self.stage.skipped_records,
+            "rejected_messages": self.rejected_messages,
             "shm_arenas": len(self.arenas.arenas) if self.arenas is not None else 0,
             "clients": [
                 {"session": s.session_id, "rank": s.rank, "world_size": s.world_size, "credits": s.credits,
@@ -247,4 +244,4 @@ class Daemon:
         }
 
 
-__all__ = ["Daemon", "MAX_FILE_ATTEMPTS", "SHM_ENABLED"]
+__all__ = ["Daemon", "MAX_FILE_ATTEMPTS"]

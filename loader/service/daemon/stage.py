@@ -18,8 +18,8 @@ configured depths plus one file in flight per worker.
 The stage never touches a socket: it calls ``send(peer, frames) -> bool`` and
 appends events (file complete, stream failed) for the daemon.
 
-Large rows may arrive as references into shared-memory arenas (``refs.py``);
-``RefKeeper`` (``refkeeper.py``) adopts them, and the stage hands every row it
+Large rows may arrive as references into shared-memory arenas (``shm.refs``);
+``RefKeeper`` (``stage_refs``) adopts them, and the stage hands every row it
 drops (a duplicate, a cancelled stream, ``drop_last``) back to it for freeing.
 """
 
@@ -36,6 +36,7 @@ import numpy as np
 
 from loader.service import protocol as P
 from loader.service.shm.arena import ArenaError
+from loader.service.shm.pool import ArenaPool
 from loader.service.blocks import Block, block_rows, select
 from loader.service.daemon.batching import Batcher, ShuffleBuffer
 from loader.service.daemon.ledger import FileLedger
@@ -61,7 +62,7 @@ class Stream:
     failed: bool = False
     batches_sent: int = 0
     samples_sent: int = 0
-    ref_columns: frozenset[str] | None = None  # decided by the first chunk (refkeeper.py)
+    ref_columns: frozenset[str] | None = None  # decided by the first chunk (stage_refs.py)
 
     @property
     def input_done(self) -> bool:
@@ -95,6 +96,26 @@ class Session:
     outstanding: deque = field(default_factory=deque)
 
 
+@dataclass(frozen=True)
+class FileComplete:
+    """Every record of a file arrived: its lease is over."""
+
+    stream_id: int
+    file_index: int
+
+
+@dataclass(frozen=True)
+class StreamFailed:
+    """A file of ``stream`` failed for good: the epoch ends with ``error`` (``WorkerError.to_dict()``)."""
+
+    session: Session
+    stream: Stream
+    error: dict[str, Any]
+
+
+StageEvent = FileComplete | StreamFailed
+
+
 class Stage:
     """Sessions, streams and batching; see the module docstring."""
 
@@ -107,7 +128,7 @@ class Stage:
         seed: int,
         samples_per_message: int,
         send: SendFn,
-        arenas: Any = None,
+        arenas: ArenaPool | None = None,
     ) -> None:
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -117,7 +138,7 @@ class Stage:
         self.send = send
         self.sessions: dict[bytes, Session] = {}
         self.streams: dict[int, tuple[Session, Stream]] = {}
-        self.events: list[tuple[Any, ...]] = []
+        self.events: list[StageEvent] = []
         self._ids = itertools.count(1)
         self.skipped_records = 0
         self.samples_in = 0
@@ -176,25 +197,25 @@ class Stage:
         return stream.stream_id
 
     # -- data from workers --------------------------------------------------
-    def _addressed(self, head: dict[str, Any]) -> tuple[Session, Stream] | None:
+    def _addressed(self, message: P.FileMessage) -> tuple[Session, Stream] | None:
         """The (session, stream) a worker message is for; None for a cancelled stream or a client that left."""
-        return self.streams.get(head.get("s", -1))
+        return self.streams.get(message.stream)
 
-    def on_chunk(self, head: dict[str, Any], columns: Block) -> None:
+    def on_chunk(self, chunk: P.Chunk, columns: Block) -> None:
         try:
-            names = self.refs.adopt(head, columns)
+            names = self.refs.adopt(chunk.refs, columns)
         except ArenaError as exc:
-            log.warning("dropping a chunk of file index %s: %s", head.get("f"), exc)
+            log.warning("dropping a chunk of file index %s: %s", chunk.file, exc)
             return
-        entry = self._addressed(head)
-        ledger = entry[1].files.get(head["f"]) if entry is not None else None
+        entry = self._addressed(chunk)
+        ledger = entry[1].files.get(chunk.file) if entry is not None else None
         if entry is None or ledger is None or entry[1].failed:
             self.refs.release_blocks([columns], names)
             return
         _, stream = entry
         indexes = columns.pop(P.INDEX_COLUMN, None)
-        count = int(head["n"])
-        keep = ledger.accept(int(head.get("r", 0)), count, indexes)
+        count = chunk.count
+        keep = ledger.accept(chunk.record, count, indexes)
         if keep is not None:
             kept = int(keep.sum())
             self.dropped_duplicates += count - kept
@@ -208,31 +229,35 @@ class Stage:
             stream.ref_columns = names
         if names or stream.ref_columns:
             columns = self.refs.conform(stream.ref_columns, columns, names)
-        stream.sample_kind = head.get("sk", stream.sample_kind)
+        stream.sample_kind = chunk.sample_kind
         self.samples_in += block_rows(columns)
         stream.batcher.extend(stream.shuffle.add(columns))
-        self._check_file(stream, head["f"])
+        self._check_file(stream, chunk.file)
 
-    def on_done(self, head: dict[str, Any]) -> None:
-        entry = self._addressed(head)
+    def on_done(self, done: P.FileDone) -> None:
+        entry = self._addressed(done)
         if entry is None:
             return
         _, stream = entry
-        ledger = stream.files.get(head["f"])
+        ledger = stream.files.get(done.file)
         if ledger is None:
             return
-        ledger.mark_done(int(head["sent"]), int(head.get("skipped", 0)))
-        self._check_file(stream, head["f"])
+        ledger.mark_done(done.sent, done.skipped)
+        self._check_file(stream, done.file)
 
-    def on_file_error(self, head: dict[str, Any]) -> None:
-        entry = self._addressed(head)
+    def on_file_error(self, failure: P.FileError) -> None:
+        self.fail_file(failure.stream, failure.file, failure.error)
+
+    def fail_file(self, stream_id: int, file_index: int, error: dict[str, Any]) -> None:
+        """File ``file_index`` of stream ``stream_id`` failed for good (``error``: ``WorkerError.to_dict()``)."""
+        entry = self.streams.get(stream_id)
         if entry is None:
             return
         session, stream = entry
-        if stream.failed or head["f"] not in stream.incomplete:
+        if stream.failed or file_index not in stream.incomplete:
             return
         stream.failed = True
-        self.events.append(("failed", session, stream, head.get("error") or {}))
+        self.events.append(StreamFailed(session, stream, error))
 
     def _check_file(self, stream: Stream, file_index: int) -> None:
         ledger = stream.files[file_index]
@@ -242,7 +267,7 @@ class Stage:
         if ledger.skipped:
             self.skipped_records += ledger.skipped
             log.warning("skipped %d bad record(s) in file index %d (epoch %d)", ledger.skipped, file_index, stream.epoch)
-        self.events.append(("file_complete", stream.stream_id, file_index))
+        self.events.append(FileComplete(stream.stream_id, file_index))
         if not stream.incomplete:
             stream.batcher.extend(stream.shuffle.flush())
 
@@ -262,17 +287,17 @@ class Stage:
                 break
             self._send_batch(session, stream, batch)
         if stream.input_done and stream.batcher.rows == 0:
-            head = {"e": stream.epoch, "g": stream.gen, "batches": stream.batches_sent, "samples": stream.samples_sent}
-            self.send(session.peer, P.encode(P.END, head))
+            end = P.End(epoch=stream.epoch, gen=stream.gen, batches=stream.batches_sent, samples=stream.samples_sent)
+            self.send(session.peer, P.encode(end))
             self.drop_stream(stream)
             session.current = None
 
     def _send_batch(self, session: Session, stream: Stream, batch: Block) -> None:
         n = block_rows(batch)
-        head = {"e": stream.epoch, "g": stream.gen, "n": n, "sk": stream.sample_kind}
         # Recorded as outstanding before sending: a failed send drops the session, which frees it.
-        batch = self.refs.outbound(session, batch, stream.ref_columns or frozenset(), head)
-        self.send(session.peer, P.encode(P.BATCH, head, batch))
+        batch, refs = self.refs.outbound(session, batch, stream.ref_columns or frozenset(), stream.gen)
+        message = P.Batch(epoch=stream.epoch, gen=stream.gen, count=n, sample_kind=stream.sample_kind, refs=refs)
+        self.send(session.peer, P.encode(message, batch))
         session.credits -= 1
         stream.batches_sent += 1
         stream.samples_sent += n

@@ -46,9 +46,9 @@ class RefKeeper:
         return self.arenas.get(arena_id) if self.arenas is not None else None
 
     # -- chunks in ------------------------------------------------------------
-    def adopt(self, head: dict[str, Any], columns: Block) -> frozenset[str]:
-        """Renumber a chunk's reference columns to our specs; their names. ``ArenaError`` when malformed."""
-        described = head.get(P.REFS) or {}
+    def adopt(self, described: dict[str, Any] | None, columns: Block) -> frozenset[str]:
+        """Renumber a chunk's reference columns (``Chunk.refs``) to our specs; their names. ``ArenaError`` when malformed."""
+        described = described or {}
         names = []
         for name, specs in described.items():
             values = columns.get(name)
@@ -116,11 +116,12 @@ class RefKeeper:
                     self.release(block[name])
 
     # -- batches out ----------------------------------------------------------
-    def outbound(self, session: Any, batch: Block, ref_columns: frozenset[str], head: dict[str, Any]) -> Block:
-        """The batch to send: references where the client maps arenas, copied-out columns elsewhere.
+    def outbound(self, session: Any, batch: Block, ref_columns: frozenset[str],
+                 gen: int | None) -> tuple[Block, dict[str, Any] | None]:
+        """(the batch to send, its ``Batch.refs``): references where the client maps arenas, copies elsewhere.
 
-        Sent references are recorded as outstanding for ``session`` (also an empty entry, so
-        that credits line up with batches).
+        Sent references are recorded as outstanding for ``session`` under request ``gen`` (also an
+        empty entry, so that credits line up with batches).
         """
         batch = dict(batch)
         sent: list[np.ndarray] = []
@@ -134,10 +135,8 @@ class RefKeeper:
                 sent.append(refs)
             else:
                 batch[name] = self.materialize(refs)
-        if described:
-            head[P.REFS] = described
-        session.outstanding.append((head.get("g"), sent))
-        return batch
+        session.outstanding.append((gen, sent))
+        return batch, described or None
 
     def credited(self, session: Any, gen: Any, count: int) -> None:
         """The client's consumer took ``count`` more batches of request ``gen``: free their rows."""

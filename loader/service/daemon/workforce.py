@@ -6,9 +6,9 @@ daemon's router (``send(peer, frames) -> bool``) and owns the processes it
 started: a dead or hung one (``Coordinator.find_dead``) is stopped, its
 files are re-leased and a replacement is started. Workers are reached by the
 daemon's control address (zmq), or by a pipe link made for each of them
-(``mp_transport.WorkerLinks``, transports "pipe" and "queue").
+(``transport.links.WorkerLinks``, transports "pipe" and "queue").
 
-With the shared-memory fast path on (``arenas``, an ``shm.ArenaPool``) every
+With the shared-memory fast path on (``arenas``, an ``shm.pool.ArenaPool``) every
 HELLO gets a fresh arena named in its WELCOME, and the worker's previous one,
 if any, is retired (unlinked once nothing refers to it): an arena has one
 writer at a time, and the blocks a killed writer had taken die with its arena.
@@ -27,27 +27,32 @@ from loader.errors import WorkerDiedError
 from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator, WorkerRecord
 from loader.service.daemon.launcher import start_worker
+from loader.service.shm.pool import ArenaPool
+from loader.service.transport.links import WorkerLinks
 
 log = logging.getLogger("loader.daemon")
 
 MAX_FILE_ATTEMPTS = 3  # worker deaths while holding one file before that file fails the epoch
 
 SendFn = Callable[[bytes, list[Any]], bool]
+# (stream id, file index, WorkerError.to_dict()): a file failed for good.
+FileFailedFn = Callable[[int, int, dict[str, Any]], None]
 
 
 class WorkerPool:
     """Workers of one daemon; see the module docstring."""
 
-    def __init__(self, coordinator: Coordinator, *, send: SendFn, welcome: dict[str, Any], endpoint: str,
-                 entry: str, links: Any = None, on_file_error: Callable[[dict[str, Any]], None],
-                 arenas: Any = None) -> None:
+    def __init__(self, coordinator: Coordinator, *, send: SendFn, config: dict[str, Any], data_endpoint: str,
+                 endpoint: str, entry: str, links: WorkerLinks | None = None, on_file_failed: FileFailedFn,
+                 arenas: ArenaPool | None = None) -> None:
         self.coordinator = coordinator
         self._send = send
-        self._welcome = welcome
+        self._config = config  # what every WELCOME carries: workers build their readers from it
+        self._data_endpoint = data_endpoint
         self._endpoint = endpoint
         self._entry = entry
         self._links = links
-        self._on_file_error = on_file_error
+        self._on_file_failed = on_file_failed
         self._attempts: dict[tuple[int, int], int] = {}
         self._arenas = arenas
         self._arena_of: dict[str, int] = {}  # worker id -> its arena id
@@ -86,7 +91,7 @@ class WorkerPool:
             self._attempts[key] = self._attempts.get(key, 0) + 1
             if self._attempts[key] >= MAX_FILE_ATTEMPTS:
                 died = WorkerDiedError(f"worker {record.worker_id}", exitcode, worker=record.worker_id, file=job.path)
-                self._on_file_error({"s": job.stream_id, "f": job.file_index, "error": died.to_dict()})
+                self._on_file_failed(job.stream_id, job.file_index, died.to_dict())
         if record.process is not None and not self.closing and why != "said goodbye":
             self.coordinator.restarts += 1
             self.launch()
@@ -94,7 +99,7 @@ class WorkerPool:
     def close(self, join_timeout_s: float) -> None:
         """Say BYE to every worker and stop the processes this daemon started (bounded)."""
         self.closing = True
-        bye = P.encode(P.BYE, {"reason": "daemon stopping"})
+        bye = P.encode(P.Bye(reason="daemon stopping"))
         for record in self.coordinator.workers.values():
             if record.peer is not None:
                 self._send(record.peer, bye)
@@ -104,14 +109,14 @@ class WorkerPool:
                 processes.stop_process(record.process, join_timeout_s=max(0.0, deadline - time.monotonic()))
 
     # -- messages -----------------------------------------------------------
-    def hello(self, peer: bytes, head: dict[str, Any]) -> None:
-        mismatch = P.version_mismatch(head, f"worker {head.get('worker') or peer.hex()} (pid {head.get('pid')})")
+    def hello(self, peer: bytes, hello: P.Hello) -> None:
+        mismatch = P.version_mismatch(hello, f"worker {hello.worker or peer.hex()} (pid {hello.pid})")
         if mismatch is not None:
             log.error("refused %s", mismatch)
-            self._send(peer, P.encode(P.ERROR, P.versioned({"refused": "version", "message": mismatch})))
+            self._send(peer, P.encode(P.Error(refused="version", message=mismatch)))
             return
-        record = self.coordinator.hello(str(head.get("worker") or peer.hex()), peer, head.get("pid"))
-        welcome = P.versioned({**self._welcome, "worker": record.worker_id})
+        record = self.coordinator.hello(hello.worker or peer.hex(), peer, hello.pid)
+        shm = None
         if self._arenas is not None:
             self._arenas.retire(self._arena_of.pop(record.worker_id, None))
             try:
@@ -120,21 +125,22 @@ class WorkerPool:
                 log.warning("no shared-memory arena for worker %s: %s", record.worker_id, exc)
             else:
                 self._arena_of[record.worker_id] = arena.arena_id
-                welcome[P.SHM] = {**self._arenas.describe(), "arena": arena.arena_id}
-        self._send(peer, P.encode(P.WELCOME, welcome))
+                shm = {**self._arenas.describe(), "arena": arena.arena_id}
+        self._send(peer, P.encode(P.Welcome(worker=record.worker_id, config=self._config, data=self._data_endpoint,
+                                            shm=shm)))
 
-    def on_message(self, worker: WorkerRecord, kind: str, head: dict[str, Any]) -> None:
+    def on_message(self, worker: WorkerRecord, message: P.Message) -> None:
         worker.last_seen = time.monotonic()
-        if kind == P.LEASE_REQ:
+        if isinstance(message, P.LeaseRequest):
             worker.waiting = True
-        elif kind == P.HEARTBEAT:
+        elif isinstance(message, P.Heartbeat):
             assert worker.peer is not None
-            self._send(worker.peer, P.encode(P.HEARTBEAT))
-        elif kind == P.BYE:
+            self._send(worker.peer, P.encode(P.Heartbeat()))
+        elif isinstance(message, P.Bye):
             self.gone(worker, "said goodbye")
-        elif kind == P.HELLO:  # a restarted worker reusing its id
+        elif isinstance(message, P.Hello):  # a restarted worker reusing its id
             assert worker.peer is not None
-            self.hello(worker.peer, head)
+            self.hello(worker.peer, message)
 
     # -- leases -------------------------------------------------------------
     def dispatch(self) -> None:
@@ -145,9 +151,8 @@ class WorkerPool:
             job = self.coordinator.next_job(record)
             if job is None:
                 return  # nothing leasable now; no other worker would get anything either
-            self._send(record.peer, P.encode(P.LEASE, {
-                "lease": job.lease_id, "s": job.stream_id, "e": job.epoch, "f": job.file_index, "path": job.path,
-            }))
+            self._send(record.peer, P.encode(P.Lease(
+                lease=job.lease_id, stream=job.stream_id, epoch=job.epoch, file=job.file_index, path=job.path)))
 
     def cancel(self, stream_id: int | None) -> None:
         """Forget a stream's jobs and tell the workers reading its files to stop."""
@@ -156,7 +161,7 @@ class WorkerPool:
         for worker_id, lease_id in self.coordinator.cancel_stream(stream_id):
             record = self.coordinator.workers.get(worker_id)
             if record is not None and record.peer is not None:
-                self._send(record.peer, P.encode(P.CANCEL, {"lease": lease_id}))
+                self._send(record.peer, P.encode(P.Cancel(lease=lease_id)))
 
     def describe(self, now: float) -> list[dict[str, Any]]:
         """The workers part of ``status()``."""

@@ -108,9 +108,9 @@ class ArenaPool:
         self.close()
 
 
-def open_pool(enabled: bool, arena_bytes: int = DEFAULT_ARENA_BYTES) -> ArenaPool | None:
-    """The daemon's arenas, or None (fast path off, or no usable shared-memory directory)."""
-    if not enabled or arena_bytes <= 0:
+def open_pool(arena_bytes: int = DEFAULT_ARENA_BYTES) -> ArenaPool | None:
+    """The daemon's arenas, or None (fast path off: ``arena_bytes`` 0, or no usable shared-memory directory)."""
+    if arena_bytes <= 0:
         return None
     try:
         return ArenaPool(arena_bytes)

@@ -8,7 +8,7 @@ before the worker is spawned and handed to it as process arguments:
 * data: one one-way Pipe, worker -> daemon (``CHUNK``, ``FILE_DONE``, ``FILE_ERROR``).
 
 Only bytes cross a link: a multipart message of protocol frames is sent with
-``send_bytes`` as one small length-prefixed concatenation (``pipes.py``);
+``send_bytes`` as one small length-prefixed concatenation (``pipes``);
 nothing is pickled, so nothing is unpickled.
 
 Transports (``config.workers.transport``):

@@ -11,7 +11,7 @@ arrays are ``np.frombuffer`` views as over ZeroMQ. Nothing is pickled.
 ``multiprocessing.Queue.put`` does. Both are the worker's end and block (with
 timeouts) like any worker call.
 
-The daemon's end never waits for bytes (``pipe_frames``). See ``mp_transport``
+The daemon's end never waits for bytes (``pipe_frames``). See ``links``
 for the links.
 """
 
