@@ -66,12 +66,13 @@ class Daemon:
         seed = pipeline.seed if pipeline.seed is not None else random.SystemRandom().randrange(2**32)
         self._closed = False
         self.rejected_messages = 0  # malformed messages dropped
-        self.arenas = open_pool(workers.shm_arena_mib * 1024 * 1024)
+        # Bind first: a daemon that cannot bind (port in use) touches nothing in /dev/shm.
+        self._router, self._data, worker_links = _open_sources(workers.transport, config.service.bind)
         try:
-            self._router, self._data, worker_links = _open_sources(workers.transport, config.service.bind)
+            self.arenas = open_pool(workers.shm_arena_mib * 1024 * 1024)
         except BaseException:
-            if self.arenas is not None:
-                self.arenas.close()
+            self._router.close()
+            self._data.close()
             raise
         self.endpoint = self._router.endpoint
         self.data_endpoint = self._data.endpoint
