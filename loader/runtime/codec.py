@@ -39,25 +39,41 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot encode a sample part of type {type(obj).__name__}")
 
 
-def _ext_hook(code: int, data: bytes) -> Any:
-    if code == _EXT_NDARRAY:
-        header_len = int.from_bytes(data[:4], "little")
-        dtype_str, shape = msgpack.unpackb(data[4 : 4 + header_len], raw=False)
-        dtype = np.dtype(dtype_str)
-        if dtype.hasobject:
-            raise ValueError("encoded array claims dtype object, which is never written")
-        body = memoryview(data)[4 + header_len :]
-        # bytearray makes the array writable (one copy, as np.array would make).
-        return np.frombuffer(bytearray(body), dtype=dtype).reshape(shape)
-    if code == _EXT_TUPLE:
-        return tuple(unpack(data))
-    if code == _EXT_NPSCALAR:
-        dtype_str, raw = msgpack.unpackb(data, raw=False)
-        dtype = np.dtype(dtype_str)
-        if dtype.hasobject:
-            raise ValueError("encoded scalar claims dtype object, which is never written")
-        return np.frombuffer(raw, dtype=dtype)[0]
-    raise ValueError(f"unknown msgpack extension type {code}")
+# Tuples inside tuples each cost a nested msgpack decoder on the C stack: a few hundred levels of
+# hostile input would overflow it (a crash, not an exception), so nesting is capped well below that.
+MAX_TUPLE_NESTING = 32
+
+
+def _dtype(text: Any) -> np.dtype:
+    """The dtype a payload names; ``ValueError`` for anything numpy cannot parse or that holds objects."""
+    try:
+        dtype = np.dtype(text)
+    except Exception as exc:  # numpy raises TypeError, ValueError, even SyntaxError for odd strings
+        raise ValueError(f"unknown dtype {str(text)[:40]!r}") from exc
+    if dtype.hasobject:
+        raise ValueError("an encoded value claims dtype object, which is never written")
+    return dtype
+
+
+def _ext_hook_at(depth: int) -> Any:
+    def hook(code: int, data: bytes) -> Any:
+        if code == _EXT_NDARRAY:
+            header_len = int.from_bytes(data[:4], "little")
+            dtype_str, shape = msgpack.unpackb(data[4 : 4 + header_len], raw=False)
+            dtype = _dtype(dtype_str)
+            body = memoryview(data)[4 + header_len :]
+            # bytearray makes the array writable (one copy, as np.array would make).
+            return np.frombuffer(bytearray(body), dtype=dtype).reshape(shape)
+        if code == _EXT_TUPLE:
+            if depth >= MAX_TUPLE_NESTING:
+                raise ValueError(f"tuples nested deeper than {MAX_TUPLE_NESTING}")
+            return tuple(_unpack(data, depth + 1))
+        if code == _EXT_NPSCALAR:
+            dtype_str, raw = msgpack.unpackb(data, raw=False)
+            return np.frombuffer(raw, dtype=_dtype(dtype_str))[0]
+        raise ValueError(f"unknown msgpack extension type {code}")
+
+    return hook
 
 
 def _packer() -> msgpack.Packer:
@@ -73,13 +89,15 @@ def pack(sample: Any) -> bytes:
 def unpack(data: bytes | bytearray | memoryview) -> Any:
     """Decode bytes made by :func:`pack`. Malformed input raises ``ValueError``."""
     try:
-        return msgpack.unpackb(
-            data, ext_hook=_ext_hook, raw=False, strict_map_key=False, use_list=True
-        )
-    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
-        raise ValueError(f"malformed encoded sample: {exc}") from exc
-    except (TypeError, IndexError) as exc:
-        raise ValueError(f"malformed encoded sample: {exc}") from exc
+        return _unpack(data, 0)
+    except ValueError:
+        raise
+    except Exception as exc:  # hostile bytes can make msgpack or numpy raise almost anything
+        raise ValueError(f"malformed encoded sample: {type(exc).__name__}: {exc}") from exc
+
+
+def _unpack(data: bytes | bytearray | memoryview, depth: int) -> Any:
+    return msgpack.unpackb(data, ext_hook=_ext_hook_at(depth), raw=False, strict_map_key=False, use_list=True)
 
 
 __all__ = ["pack", "unpack"]

@@ -79,19 +79,22 @@ def _column_array(dtype_str: str, shape: list[int], frame: Frame) -> np.ndarray:
         return object_array(items)
     try:
         dtype = np.dtype(dtype_str)
-    except TypeError as exc:
+    except Exception as exc:  # numpy raises TypeError, ValueError, even SyntaxError for odd strings
         raise MalformedMessageError(f"unknown dtype {dtype_str[:40]!r}") from exc
-    if dtype.hasobject:
-        raise MalformedMessageError("an array frame claims dtype object")
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise MalformedMessageError(f"an array frame claims dtype {dtype_str[:40]!r}")
     buf = buffer_of(frame)
     count = 1
     for n in shape:
         count *= n
     if count * dtype.itemsize != buf.nbytes:
         raise MalformedMessageError(f"array frame has {buf.nbytes} bytes, expected {count * dtype.itemsize}")
-    if count == 0:
-        return np.zeros(shape, dtype=dtype)
-    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+    try:
+        if count == 0:
+            return np.zeros(shape, dtype=dtype)
+        return np.frombuffer(buf, dtype=dtype).reshape(shape)
+    except ValueError as exc:  # a shape numpy refuses (a dimension past its limits)
+        raise MalformedMessageError(f"array frame of shape {str(shape)[:60]}: {exc}") from exc
 
 
 def object_array(items: Sequence[Any]) -> np.ndarray:

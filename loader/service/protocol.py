@@ -366,7 +366,8 @@ def decode(frames: Sequence[Frame]) -> tuple[Message, Columns]:
         raise MalformedMessageError(f"malformed message header: {exc}") from exc
     if not isinstance(head, dict):
         raise MalformedMessageError("malformed message header: not a map")
-    cls = _KINDS.get(head.get("k"))  # type: ignore[arg-type]
+    kind = head.get("k")
+    cls = _KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise MalformedMessageError(f"unknown message kind {str(head.get('k'))[:40]!r}")
     values: dict[str, Any] = {}

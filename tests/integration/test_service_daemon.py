@@ -100,9 +100,9 @@ def test_vanished_client_is_dropped_and_a_new_one_is_served(served):
     daemon, ids = served
     # A raw client that asks for an epoch and then disappears without a word.
     ghost = transport.dealer(daemon.endpoint)
-    ghost.send(P.encode(P.CLIENT_HELLO, {"rank": 0, "world_size": 1, "prefetch": 2}))
+    ghost.send(P.encode(P.ClientHello(rank=0, world_size=1, prefetch=2)))
     assert ghost.recv(5.0) is not None
-    ghost.send(P.encode(P.EPOCH, {"e": 0, "g": 1, "credit": 2}))
+    ghost.send(P.encode(P.Epoch(epoch=0, gen=1, credit=2)))
     time.sleep(0.3)
     before = len(query_status(daemon.endpoint)["clients"])
     ghost.close()
@@ -117,18 +117,19 @@ def test_vanished_client_is_dropped_and_a_new_one_is_served(served):
 def test_peers_of_another_protocol_version_are_refused_with_both_versions(served):
     daemon, ids = served
     other = P.PROTOCOL_VERSION + 1
-    hellos = {P.HELLO: {"worker": "old-worker", "pid": 1}, P.CLIENT_HELLO: {"rank": 0, "world_size": 1}}
-    for kind, hello in hellos.items():
+    hellos = [P.Hello(worker="old-worker", pid=1, version=other, package="9.9"),
+              P.ClientHello(rank=0, world_size=1, version=other, package="9.9")]
+    for hello in hellos:
         peer = transport.dealer(daemon.endpoint)
         try:
-            peer.send(P.encode(kind, {**hello, "v": other, "lv": "9.9"}))
+            peer.send(P.encode(hello))
             frames = peer.recv(5.0)
         finally:
             peer.close()
         assert frames is not None
-        head, _ = P.decode(frames)
-        assert head["k"] == P.ERROR and head["refused"] == "version", head
-        assert f"speaks loader protocol {other} (loader 9.9), this side speaks {P.PROTOCOL_VERSION}" in head["message"]
+        answer, _ = P.decode(frames)
+        assert isinstance(answer, P.Error) and answer.refused == "version", answer
+        assert f"speaks loader protocol {other} (loader 9.9), this side speaks {P.PROTOCOL_VERSION}" in answer.message
     assert "old-worker" not in {w["id"] for w in query_status(daemon.endpoint)["workers"]}
     with Client(daemon.endpoint) as client:  # the daemon still serves its own version
         assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)

@@ -72,8 +72,12 @@ def parse_specs(described: Mapping[Any, Any]) -> dict[int, Spec]:
     """``{spec id: (dtype, shape)}`` from the wire form, refusing object dtypes."""
     specs: dict[int, Spec] = {}
     for key, (dtype, shape) in described.items():
-        if np.dtype(dtype).hasobject:
-            raise ArenaError("a reference column claims dtype object")
+        try:
+            parsed = np.dtype(dtype)
+        except Exception as exc:  # numpy raises TypeError, ValueError, even SyntaxError for odd strings
+            raise ArenaError(f"a reference column claims an unknown dtype {str(dtype)[:40]!r}") from exc
+        if parsed.hasobject or parsed.itemsize == 0:
+            raise ArenaError(f"a reference column claims dtype {str(dtype)[:40]!r}")
         specs[int(key)] = (str(dtype), tuple(int(d) for d in shape))
     return specs
 

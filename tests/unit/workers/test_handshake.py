@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import msgpack
 import pytest
 
 from loader.errors import ProtocolVersionError
@@ -26,14 +27,14 @@ class _FakeLink:
 
 
 def _daemon_answering(answer):
-    """A fake daemon answering the first HELLO with ``answer`` (frames); returns (link, hellos seen)."""
+    """A fake daemon answering the first hello with ``answer`` (frames); returns (link, [(message, raw header)])."""
     near, far = FakeChannel.pair()
-    hellos: list[dict] = []
+    hellos: list[tuple[P.Message, dict]] = []
 
     def serve():
         frames = far.recv(5.0)
         if frames is not None:
-            hellos.append(P.decode(frames)[0])
+            hellos.append((P.decode(frames)[0], msgpack.unpackb(frames[0])))
             far.send(answer)
 
     threading.Thread(target=serve, daemon=True).start()
@@ -41,15 +42,17 @@ def _daemon_answering(answer):
 
 
 def test_worker_refuses_a_welcome_of_another_protocol_version():
-    link, hellos = _daemon_answering(P.encode(P.WELCOME, {"v": P.PROTOCOL_VERSION + 1, "lv": "9.9", "config": {}}))
+    welcome = P.Welcome(version=P.PROTOCOL_VERSION + 1, package="9.9", worker="w1", config={}, data="fake://data")
+    link, hellos = _daemon_answering(P.encode(welcome))
     with pytest.raises(ProtocolVersionError) as info:
         run_worker(link, worker_id="w1", connect_timeout_s=5)
-    assert hellos and hellos[0]["k"] == P.HELLO and hellos[0]["v"] == P.PROTOCOL_VERSION
+    assert hellos and isinstance(hellos[0][0], P.Hello) and hellos[0][0].version == P.PROTOCOL_VERSION
+    assert hellos[0][1]["v"] == P.PROTOCOL_VERSION  # said on the wire, not the default for a peer that says none
     assert str(info.value).startswith(f"the daemon at fake://daemon speaks loader protocol {P.PROTOCOL_VERSION + 1}")
 
 
 def test_worker_stops_when_the_daemon_refuses_its_version():
-    refusal = P.encode(P.ERROR, {"refused": "version", "message": "worker w1 speaks loader protocol 1, this side speaks 2"})
+    refusal = P.encode(P.Error(refused="version", message="worker w1 speaks loader protocol 1, this side speaks 2"))
     link, _ = _daemon_answering(refusal)
     with pytest.raises(ProtocolVersionError, match="refused this worker: worker w1 speaks loader protocol 1"):
         run_worker(link, worker_id="w1", connect_timeout_s=5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -32,35 +33,37 @@ class FakeDaemon:
         while not self.stop.is_set():
             frames = self.channel.recv(0.02)
             if frames is not None:
-                head, _ = P.decode(frames)
-                kind = head["k"]
-                if kind == P.CLIENT_HELLO:
-                    self.hello = head
-                    self.channel.send(P.encode(P.CLIENT_WELCOME, {"batch_format": "stacked", **self.welcome}))
+                message, _ = P.decode(frames)
+                if isinstance(message, P.ClientHello):
+                    self.hello = message, msgpack.unpackb(frames[0])
+                    welcome = {"session": 1, "batch_size": 2, "batch_format": "stacked", "files": 1, "ping_s": 0.5,
+                               **self.welcome}
+                    self.channel.send(P.encode(P.ClientWelcome(**welcome)))
                     if self.silent:
                         return
-                elif kind == P.EPOCH:
-                    credits, sent, gen, epoch, outstanding = head["credit"], 0, head["g"], head["e"], 0
-                elif kind == P.CREDIT and head["g"] == gen:
-                    credits += head["n"]
-                    outstanding -= head["n"]
-                elif kind == P.PING:
-                    self.channel.send(P.encode(P.PONG))
+                elif isinstance(message, P.Epoch):
+                    credits, sent, gen, epoch, outstanding = message.credit, 0, message.gen, message.epoch, 0
+                elif isinstance(message, P.Credit) and message.gen == gen:
+                    credits += message.n
+                    outstanding -= message.n
+                elif isinstance(message, P.Ping):
+                    self.channel.send(P.encode(P.Pong()))
             if gen is None:
                 continue
             if self.fail and sent == 2:
                 err = WorkerError("Boom", "bad", file="/d/f.npy", record=3).to_dict()
-                self.channel.send(P.encode(P.ERROR, {"g": gen, "error": err}))
+                self.channel.send(P.encode(P.Error(gen=gen, error=err)))
                 gen = None
                 continue
             while credits > 0 and sent < self.batches:
-                self.channel.send(P.encode(P.BATCH, {"g": gen, "e": epoch, "n": 2}, {"x": np.array([sent, epoch])}))
+                batch = P.Batch(gen=gen, epoch=epoch, count=2)
+                self.channel.send(P.encode(batch, {"x": np.array([sent, epoch])}))
                 credits -= 1
                 sent += 1
                 outstanding += 1
                 self.max_outstanding = max(self.max_outstanding, outstanding)
             if sent == self.batches:
-                self.channel.send(P.encode(P.END, {"g": gen}))
+                self.channel.send(P.encode(P.End(gen=gen, epoch=epoch)))
                 gen = None
 
 
@@ -117,11 +120,12 @@ def test_list_batch_format_rebuilds_samples():
 
 def test_client_says_its_protocol_version_and_refuses_a_daemon_of_another():
     near, far = FakeChannel.pair()
-    daemon = FakeDaemon(far, welcome={"v": P.PROTOCOL_VERSION + 1, "lv": "9.9"})
+    daemon = FakeDaemon(far, welcome={"version": P.PROTOCOL_VERSION + 1, "package": "9.9"})
     with pytest.raises(ProtocolVersionError) as info:
         Client("fake://daemon", channel=near, timeout_s=1.0)
     daemon.stop.set()
-    assert daemon.hello["v"] == P.PROTOCOL_VERSION
+    hello, raw = daemon.hello
+    assert hello.version == P.PROTOCOL_VERSION and raw["v"] == P.PROTOCOL_VERSION  # said on the wire
     message = str(info.value)
     assert message.startswith(f"the daemon at fake://daemon speaks loader protocol {P.PROTOCOL_VERSION + 1} (loader 9.9)")
     assert f"this side speaks {P.PROTOCOL_VERSION}" in message and "\n" not in message

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader.service import protocol as P
-from loader.service.daemon.stage import Stage
+from loader.service.daemon.stage import Stage, StreamFailed
 
 
 class Recorder:
@@ -21,7 +21,7 @@ class Recorder:
         return True
 
     def kinds(self):
-        return [m[1]["k"] for m in self.messages]
+        return [type(m[1]) for m in self.messages]
 
 
 def _stage(send, batch_size=4, shuffle=0, drop_last=False):
@@ -30,7 +30,12 @@ def _stage(send, batch_size=4, shuffle=0, drop_last=False):
 
 
 def _chunk(stream, f, first, values):
-    return {"k": P.CHUNK, "s": stream.stream_id, "f": f, "r": first, "n": len(values)}, {"x": np.asarray(values)}
+    chunk = P.Chunk(stream=stream.stream_id, file=f, lease=1, worker="w1", record=first, count=len(values))
+    return chunk, {"x": np.asarray(values)}
+
+
+def _done(stream, f, sent):
+    return P.FileDone(stream=stream.stream_id, file=f, lease=1, worker="w1", sent=sent)
 
 
 def _open(stage, files, credits=100):
@@ -47,37 +52,37 @@ def test_batches_flow_with_credits_and_end_follows():
     stage = _stage(rec)
     session, stream = _open(stage, [0], credits=2)
     stage.on_chunk(*_chunk(stream, 0, 0, list(range(10))))
-    stage.on_done({"s": stream.stream_id, "f": 0, "sent": 10})
+    stage.on_done(_done(stream, 0, 10))
     stage.pump(session)
-    assert rec.kinds() == ["batch", "batch"], "no more than the credits"
+    assert rec.kinds() == [P.Batch, P.Batch], "no more than the credits"
     session.credits += 5
     stage.pump(session)
-    assert rec.kinds() == ["batch", "batch", "batch", "end"]
+    assert rec.kinds() == [P.Batch, P.Batch, P.Batch, P.End]
     assert [m[2]["x"].tolist() for m in rec.messages[:3]] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    assert rec.messages[-1][1]["samples"] == 10
+    assert rec.messages[-1][1].samples == 10
 
 
 def test_epoch_waits_for_done_marker_and_all_records():
     rec = Recorder()
     stage = _stage(rec)
     session, stream = _open(stage, [0, 1])
-    stage.on_done({"s": stream.stream_id, "f": 0, "sent": 3})
+    stage.on_done(_done(stream, 0, 3))
     stage.on_chunk(*_chunk(stream, 0, 0, [1, 2]))
     stage.pump(session)
-    assert "end" not in rec.kinds()
+    assert P.End not in rec.kinds()
     stage.on_chunk(*_chunk(stream, 0, 2, [3]))
-    stage.on_done({"s": stream.stream_id, "f": 1, "sent": 0})
+    stage.on_done(_done(stream, 1, 0))
     stage.pump(session)
-    assert rec.kinds() == ["batch", "end"]
+    assert rec.kinds() == [P.Batch, P.End]
 
 
 def test_chunks_of_unknown_or_failed_streams_are_dropped():
     rec = Recorder()
     stage = _stage(rec)
     session, stream = _open(stage, [0])
-    stage.on_chunk({"k": P.CHUNK, "s": 999, "f": 0, "r": 0, "n": 1}, {"x": np.zeros(1)})
-    stage.on_file_error({"s": stream.stream_id, "f": 0, "error": {"type": "Boom"}})
-    assert stage.events[-1][0] == "failed"
+    stage.on_chunk(P.Chunk(stream=999, file=0, lease=1, worker="w1", record=0, count=1), {"x": np.zeros(1)})
+    stage.on_file_error(P.FileError(stream=stream.stream_id, file=0, lease=1, worker="w1", error={"type": "Boom"}))
+    assert stage.events[-1] == StreamFailed(session, stream, {"type": "Boom"})
     stage.on_chunk(*_chunk(stream, 0, 0, [1, 2]))
     assert stream.rows_buffered == 0
 
@@ -111,7 +116,7 @@ def test_every_record_exactly_once_whatever_the_arrival(sizes, chunk, shuffle, r
         for first in range(0, size, chunk):
             values = list(range(offsets[f] + first, offsets[f] + min(first + chunk, size)))
             messages.append(_chunk(stream, f, first, values))
-        messages.append(({"k": P.FILE_DONE, "s": stream.stream_id, "f": f, "sent": size}, None))
+        messages.append((_done(stream, f, size), None))
     for f, upto in resend:
         if f < len(sizes):
             upto = min(upto, sizes[f])
@@ -122,19 +127,19 @@ def test_every_record_exactly_once_whatever_the_arrival(sizes, chunk, shuffle, r
     order = rng.permutation(len(messages))
     per_file = collections.defaultdict(list)
     for msg in messages:
-        per_file[msg[0]["f"]].append(msg)
+        per_file[msg[0].file].append(msg)
     streams = {f: iter(msgs) for f, msgs in per_file.items()}
-    picks = [messages[i][0]["f"] for i in order]
+    picks = [messages[i][0].file for i in order]
     for f in picks:
-        head, cols = next(streams[f])
-        if head["k"] == P.CHUNK:
-            stage.on_chunk(head, cols)
+        message, cols = next(streams[f])
+        if isinstance(message, P.Chunk):
+            stage.on_chunk(message, cols)
         else:
-            stage.on_done(head)
+            stage.on_done(message)
         stage.pump(session)
     stage.pump(session)
-    assert rec.kinds()[-1] == "end"
-    got = [v for m in rec.messages if m[1]["k"] == "batch" for v in m[2]["x"].tolist()]
+    assert rec.kinds()[-1] is P.End
+    got = [v for m in rec.messages if isinstance(m[1], P.Batch) for v in m[2]["x"].tolist()]
     assert sorted(got) == list(range(int(offsets[-1])))
-    lengths = [len(m[2]["x"]) for m in rec.messages if m[1]["k"] == "batch"]
+    lengths = [len(m[2]["x"]) for m in rec.messages if isinstance(m[1], P.Batch)]
     assert all(n == 3 for n in lengths[:-1])

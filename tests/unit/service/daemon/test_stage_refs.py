@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -22,7 +24,7 @@ class Recorder:
         return True
 
     def batches(self):
-        return [m for m in self.messages if m[0]["k"] == P.BATCH]
+        return [m for m in self.messages if isinstance(m[0], P.Batch)]
 
 
 @pytest.fixture
@@ -49,25 +51,24 @@ def _rows(ids):
 
 
 def _chunk(stream, arena, f, first, ids, *, inline=False):
-    head = {"k": P.CHUNK, "s": stream.stream_id, "f": f, "r": first, "n": len(ids)}
+    chunk = P.Chunk(stream=stream.stream_id, file=f, lease=1, worker="w1", record=first, count=len(ids))
     values = _rows(ids)
     refs = None if inline else R.write_column(arena, values)
     if refs is None:
-        return head, {"x": values}
-    head[P.REFS] = {"x": {0: ["<f4", [ROW]]}}
-    return head, {"x": refs}
+        return chunk, {"x": values}
+    return dataclasses.replace(chunk, refs={"x": {0: ["<f4", [ROW]]}}), {"x": refs}
 
 
-def _ids(pool, head, columns):
+def _ids(pool, batch, columns):
     """The ids of a received batch, resolving references like a client (without freeing)."""
     values = columns["x"]
-    if P.REFS in head:
-        values = R.gather(values, R.parse_specs(head[P.REFS]["x"]), pool.get, free=False)
+    if batch.refs is not None:
+        values = R.gather(values, R.parse_specs(batch.refs["x"]), pool.get, free=False)
     return values[:, 0].astype(int).tolist()
 
 
 def _done(stream, f, sent):
-    return {"s": stream.stream_id, "f": f, "sent": sent}
+    return P.FileDone(stream=stream.stream_id, file=f, lease=1, worker="w1", sent=sent)
 
 
 def test_references_flow_and_are_freed_when_the_consumer_takes_the_batch(pool):
@@ -76,7 +77,7 @@ def test_references_flow_and_are_freed_when_the_consumer_takes_the_batch(pool):
     stage.on_done(_done(stream, 0, 10))
     stage.pump(session)
     batches = rec.batches()
-    assert [P.REFS in h for h, _ in batches] == [True, True, True]
+    assert [b.refs is not None for b, _ in batches] == [True, True, True]
     assert [_ids(pool, *b) for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert arena.used_blocks() == 10  # sent, not yet taken
     stage.on_credit(session, 1, 2)
@@ -92,7 +93,7 @@ def test_client_without_arenas_gets_identical_inline_data(pool):
     stage.on_chunk(*_chunk(stream, arena, 0, 0, list(range(12))))
     stage.on_done(_done(stream, 0, 12))
     stage.pump(session)
-    assert all(P.REFS not in h for h, _ in rec.batches())
+    assert all(b.refs is None for b, _ in rec.batches())
     got = [i for h, c in rec.batches() for i in _ids(pool, h, c)]
     assert sorted(got) == list(range(12))
     assert arena.used_blocks() == 0  # copied out and freed by the stage
@@ -104,8 +105,8 @@ def test_duplicates_and_chunks_nobody_wants_are_freed(pool):
     stage.on_chunk(*_chunk(stream, arena, 0, 2, [2, 3, 4]))  # a replacement worker re-reads records 2..3
     assert stage.dropped_duplicates == 2 and arena.used_blocks() == 5
     stage.on_chunk(*_chunk(stream, arena, 0, 0, [0, 1]))  # all duplicates
-    head, cols = _chunk(stream, arena, 0, 0, [7, 8])
-    stage.on_chunk({**head, "s": 999}, cols)  # a cancelled stream
+    chunk, cols = _chunk(stream, arena, 0, 0, [7, 8])
+    stage.on_chunk(dataclasses.replace(chunk, stream=999), cols)  # a cancelled stream
     assert arena.used_blocks() == 5
     stage.drop_stream(stream)
     assert arena.used_blocks() == 0
@@ -116,7 +117,7 @@ def test_drop_last_and_leaving_clients_free_their_rows(pool):
     stage.on_chunk(*_chunk(stream, arena, 0, 0, list(range(10))))
     stage.on_done(_done(stream, 0, 10))
     stage.pump(session)
-    assert len(rec.batches()) == 2 and rec.messages[-1][0]["k"] == P.END
+    assert len(rec.batches()) == 2 and isinstance(rec.messages[-1][0], P.End)
     assert arena.used_blocks() == 8  # the 2 rows of the short last batch are freed already
     stage.close_session(session)  # the client left before taking its batches
     assert arena.used_blocks() == 0
@@ -131,7 +132,7 @@ def test_mixed_inline_and_reference_chunks_keep_one_form_per_stream(pool):
     stage.on_done(_done(stream, 1, 4))
     stage.pump(session)
     batches = rec.batches()
-    assert [P.REFS in h for h, _ in batches] == [False, True]  # the batch holding local rows is copied out
+    assert [b.refs is not None for b, _ in batches] == [False, True]  # the batch holding local rows is copied out
     assert [_ids(pool, *b) for b in batches] == [[0, 1, 2, 3], [10, 11, 12, 13]]
     assert stage.refs.local == {}
     stage.on_credit(session, 1, 2)
@@ -158,9 +159,22 @@ def test_retired_arena_is_held_while_the_stage_has_its_rows(pool):
 
 def test_malformed_reference_columns_are_dropped(pool):
     rec, stage, session, stream, arena = _setup(pool)
-    head = {"k": P.CHUNK, "s": stream.stream_id, "f": 0, "r": 0, "n": 2, P.REFS: {"x": {0: ["<f4", [ROW]]}}}
-    stage.on_chunk(head, {"x": np.zeros((2, 2), np.int64)})
+    chunk = P.Chunk(stream=stream.stream_id, file=0, lease=1, worker="w1", record=0, count=2,
+                    refs={"x": {0: ["<f4", [ROW]]}})
+    stage.on_chunk(chunk, {"x": np.zeros((2, 2), np.int64)})
     good = np.array([[arena.arena_id, 0, 0], [arena.arena_id, 1, 0]], dtype=np.int64)
-    stage.on_chunk({**head, P.REFS: {"x": {0: ["|O", [1]]}}}, {"x": good})
-    stage.on_chunk(head, {"x": np.array([[77, 0, 0], [77, 1, 0]], dtype=np.int64)})  # an arena we never made
+    stage.on_chunk(dataclasses.replace(chunk, refs={"x": {0: ["|O", [1]]}}), {"x": good})
+    stage.on_chunk(chunk, {"x": np.array([[77, 0, 0], [77, 1, 0]], dtype=np.int64)})  # an arena we never made
+    assert stream.rows_buffered == 0
+
+
+def test_reference_spec_of_a_dtype_numpy_does_not_know_is_dropped(pool):
+    # Such a chunk decodes (``Chunk.refs`` holds a dtype string, unchecked by the protocol): the stage must
+    # drop it like any other malformed reference column, not raise into the daemon's loop.
+    rec, stage, session, stream, arena = _setup(pool)
+    good = np.array([[arena.arena_id, 0, 0], [arena.arena_id, 1, 0]], dtype=np.int64)
+    chunk = P.Chunk(stream=stream.stream_id, file=0, lease=1, worker="w1", record=0, count=2,
+                    refs={"x": {0: ["not-a-dtype", [ROW]]}})
+    assert P.decode(P.encode(chunk, {"x": good}))[0] == chunk
+    stage.on_chunk(chunk, {"x": good})
     assert stream.rows_buffered == 0

@@ -32,14 +32,27 @@ from tests.helpers import wait_until
 from workers.control import ControlLink
 
 
+def _chunk(*, stream=1, worker="w1", record=0, count):
+    return P.Chunk(stream=stream, file=0, lease=1, worker=worker, record=record, count=count)
+
+
+def _welcome(config=None):
+    return P.Welcome(worker="w1", config=config or {}, data="pipe://data")
+
+
+def _lease(lease):
+    return P.Lease(lease=lease, stream=1, epoch=0, file=0, path="/data/f0.npy")
+
+
 def test_frames_round_trip_without_pickle():
     array = np.arange(12, dtype=np.float32).reshape(3, 4)
-    frames = P.encode(P.CHUNK, {"s": 1, "n": 3}, {"x": array, "empty": np.zeros((0, 2)), "o": [b"a", [1, 2]]})
+    chunk = _chunk(stream=1, count=3)
+    frames = P.encode(chunk, {"x": array, "empty": np.zeros((3, 0)), "o": [b"a", [1, 2], None]})
     blob = pack_frames(frames)
     assert b"pickle" not in blob and isinstance(blob, bytes)
-    head, columns = P.decode(unpack_frames(blob))
-    assert head["s"] == 1 and np.array_equal(columns["x"], array) and columns["empty"].shape == (0, 2)
-    assert list(columns["o"]) == [b"a", [1, 2]]
+    message, columns = P.decode(unpack_frames(blob))
+    assert message == chunk and np.array_equal(columns["x"], array) and columns["empty"].shape == (3, 0)
+    assert list(columns["o"]) == [b"a", [1, 2], None]
     assert unpack_frames(pack_frames([])) == []
 
 
@@ -59,21 +72,21 @@ def test_link_carries_control_both_ways_and_data_in_order(kind):
         poller = transport.Poller()
         poller.register(links.control)
         poller.register(links.data)
-        control.send(P.encode(P.HELLO, {"worker": "w1"}))
-        for i in range(200):
-            assert data.try_send(P.encode(P.CHUNK, {"i": i}, {"x": np.full(10, i)}), timeout_s=5)  # fits the pipe unread
+        control.send(P.encode(P.Hello(worker="w1")))
+        for i in range(200):  # fits the pipe unread
+            assert data.try_send(P.encode(_chunk(record=i, count=10), {"x": np.full(10, i)}), timeout_s=5)
         assert links.control in poller.wait(5)
         peer, frames = links.control.recv(0)
-        assert P.decode(frames)[0]["worker"] == "w1"
-        assert links.control.send(peer, P.encode(P.WELCOME))
-        assert P.decode(control.recv(5))[0]["k"] == P.WELCOME
+        assert P.decode(frames)[0].worker == "w1"
+        assert links.control.send(peer, P.encode(_welcome()))
+        assert isinstance(P.decode(control.recv(5))[0], P.Welcome)
         got = []
         while len(got) < 200:
             frames = links.data.recv(0) if links.data in poller.wait(5) else None
             if frames is not None:
-                head, columns = P.decode(frames)
-                assert columns["x"][0] == head["i"]
-                got.append(head["i"])
+                chunk, columns = P.decode(frames)
+                assert columns["x"][0] == chunk.record
+                got.append(chunk.record)
         assert got == list(range(200))
     finally:
         data.close()
@@ -105,12 +118,12 @@ def test_control_link_heartbeats_while_the_main_thread_is_busy():
         deadline = time.monotonic() + 0.4
         while time.monotonic() < deadline:  # the "main thread" never touches the link meanwhile
             frames = daemon_side.recv(0.05)
-            if frames is not None and P.decode(frames)[0]["k"] == P.HEARTBEAT:
+            if frames is not None and isinstance(P.decode(frames)[0], P.Heartbeat):
                 beats += 1
-                daemon_side.send(P.encode(P.HEARTBEAT))
+                daemon_side.send(P.encode(P.Heartbeat()))
         assert beats >= 4 and link.lost is None
-        daemon_side.send(P.encode(P.LEASE, {"lease": 1}))
-        assert link.recv(2)["k"] == P.LEASE  # heartbeat answers are not passed on
+        daemon_side.send(P.encode(_lease(1)))
+        assert link.recv(2) == _lease(1)  # heartbeat answers are not passed on
         assert wait_until(lambda: link.lost is not None, timeout_s=3)  # now the "daemon" stays silent
         assert "silent" in link.lost
     finally:
@@ -235,7 +248,7 @@ def test_writer_writes_send_bytes_framing_keeping_the_rest_of_a_message():
 def test_half_a_message_is_held_without_waiting_for_the_rest(split, pipe_links):
     links = pipe_links.links
     peer, _, data = pipe_links.open()
-    frames = P.encode(P.CHUNK, {"i": 1}, {"x": np.arange(4000)})
+    frames = P.encode(_chunk(record=1, count=4000), {"x": np.arange(4000)})
     framed = _send_bytes_output(pack_frames(frames))
     _write_all(data.fileno_obj(), framed[:split])
     start = time.monotonic()
@@ -243,8 +256,8 @@ def test_half_a_message_is_held_without_waiting_for_the_rest(split, pipe_links):
     assert time.monotonic() - start < 2  # waited for its timeout, not for the writer
     assert links.data.pending_bytes(peer) == split
     _write_all(data.fileno_obj(), framed[split:])
-    head, columns = P.decode(links.data.recv(5))
-    assert head["i"] == 1 and np.array_equal(columns["x"], np.arange(4000))
+    chunk, columns = P.decode(links.data.recv(5))
+    assert chunk.record == 1 and np.array_equal(columns["x"], np.arange(4000))
     assert links.data.pending_bytes(peer) == 0
 
 
@@ -252,15 +265,15 @@ def test_a_link_stalled_mid_message_holds_up_no_other(pipe_links):
     links = pipe_links.links
     stalled, _, data_a = pipe_links.open()
     _, _, data_b = pipe_links.open()
-    framed = _send_bytes_output(pack_frames(P.encode(P.CHUNK, {"who": "a"}, {"x": np.zeros(10_000)})))
+    framed = _send_bytes_output(pack_frames(P.encode(_chunk(worker="a", count=10_000), {"x": np.zeros(10_000)})))
     _write_all(data_a.fileno_obj(), framed[: len(framed) // 2])
     for i in range(50):
-        assert data_b.try_send(P.encode(P.CHUNK, {"who": "b", "i": i}), timeout_s=5)
+        assert data_b.try_send(P.encode(_chunk(worker="b", record=i, count=0)), timeout_s=5)
     got = [P.decode(links.data.recv(5))[0] for _ in range(50)]
-    assert [h["i"] for h in got] == list(range(50)) and {h["who"] for h in got} == {"b"}
+    assert [c.record for c in got] == list(range(50)) and {c.worker for c in got} == {"b"}
     assert links.data.recv(0.1) is None and links.data.pending_bytes(stalled) == len(framed) // 2
     _write_all(data_a.fileno_obj(), framed[len(framed) // 2 :])
-    assert P.decode(links.data.recv(5))[0]["who"] == "a"
+    assert P.decode(links.data.recv(5))[0].worker == "a"
 
 
 def test_end_of_file_mid_message_drops_the_link_and_its_part(pipe_links):
@@ -323,16 +336,16 @@ def test_a_long_length_under_the_limit_allocates_only_as_bytes_arrive(pipe_links
 def test_control_message_bigger_than_the_socket_buffer_arrives_whole(pipe_links):
     links = pipe_links.links
     peer, control, data = pipe_links.open()
-    big = P.encode(P.WELCOME, {"pad": "x" * (4 << 20)})
+    big = P.encode(_welcome(config={"pad": "x" * (4 << 20)}))
     received: list[Any] = []
     assert links.control.send(peer, big)  # the worker is not reading: taken in part, without waiting
-    assert not links.control.send(peer, P.encode(P.LEASE))  # not before the rest of the first
+    assert not links.control.send(peer, P.encode(_lease(1)))  # not before the rest of the first
     reader = threading.Thread(target=lambda: received.append(control.recv(10)), daemon=True)
     reader.start()
     deadline = time.monotonic() + 10
     while reader.is_alive() and time.monotonic() < deadline:
         links.control.poll_keys()  # the daemon's loop asks for these every turn: the rest goes out
         reader.join(0.01)
-    assert len(P.decode(received[0])[0]["pad"]) == 4 << 20
-    assert links.control.send(peer, P.encode(P.LEASE))
-    assert P.decode(control.recv(5))[0]["k"] == P.LEASE
+    assert len(P.decode(received[0])[0].config["pad"]) == 4 << 20
+    assert links.control.send(peer, P.encode(_lease(2)))
+    assert P.decode(control.recv(5))[0] == _lease(2)
