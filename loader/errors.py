@@ -29,7 +29,8 @@ End of data is ``StopIteration``, never an error.
 from __future__ import annotations
 
 import traceback as _traceback
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 class LoaderError(Exception):
@@ -135,7 +136,7 @@ class WorkerError(LoaderError):
         }
 
     @classmethod
-    def from_dict(cls, info: Mapping[str, Any]) -> "WorkerError":
+    def from_dict(cls, info: Mapping[str, Any]) -> WorkerError:
         return cls(
             str(info.get("type", "Exception")),
             str(info.get("message", "")),
@@ -153,7 +154,7 @@ class WorkerError(LoaderError):
         worker: str | None = None,
         file: str | None = None,
         record: int | None = None,
-    ) -> "WorkerError":
+    ) -> WorkerError:
         """Describe ``exc`` (raised here) so it can travel to another thread or process."""
         if isinstance(exc, WorkerError):
             # Already carried once: keep the original description, add what is new.

@@ -14,7 +14,8 @@ Readers are used by one consumer thread at a time; the threaded readers
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -128,7 +129,7 @@ class ReaderBase:
                 return
             yield item
 
-    def __enter__(self) -> "ReaderBase":
+    def __enter__(self) -> ReaderBase:
         return self
 
     def __exit__(self, *exc: Any) -> None:

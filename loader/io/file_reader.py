@@ -18,7 +18,8 @@ whole file at once and hand out blocks).
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 import threading
 import zipfile
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

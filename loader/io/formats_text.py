@@ -9,7 +9,8 @@ a note naming the file and line number.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +25,7 @@ class TextFileReader(FileReader):
         if parser is None or not callable(parser):
             raise ValueError("the text format needs parser=callable(line) -> sample")
         self._parser = parser
-        self._file = open(self.path, "r", encoding=encoding)  # universal newlines: \r\n reads as \n
+        self._file = open(self.path, encoding=encoding)  # universal newlines: \r\n reads as \n
         self._line_no = 0
 
     def _read_instance(self) -> list[np.ndarray] | None:

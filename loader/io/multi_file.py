@@ -25,17 +25,17 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from loader.runtime.threads import StopRequested, ThreadPipeline
 from loader.io.base import ReaderBase
 from loader.io.decorated import MultiPassReader
 from loader.io.prefetch import END, Prefetcher
 from loader.io.registry import create_file_reader
 from loader.io.slots import DtypesArg, LodArg, ShapesArg, SlotChecker
 from loader.runtime.processes import cpu_count
+from loader.runtime.threads import StopRequested, ThreadPipeline
 
 BLOCK_FIRST_INSTANCES = 16  # before the instance size of a file is known
 BLOCK_MAX_INSTANCES = 256

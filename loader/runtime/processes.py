@@ -19,7 +19,8 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 PROCESS_JOIN_TIMEOUT_S = 5.0
 PROCESS_KILL_TIMEOUT_S = 2.0

@@ -17,7 +17,8 @@ will read (duplicates, cancelled streams, batches of a client that left).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 

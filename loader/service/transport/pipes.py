@@ -22,7 +22,8 @@ import select
 import struct
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from loader.errors import ServiceUnavailableError, TransportError
 

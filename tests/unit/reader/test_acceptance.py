@@ -304,7 +304,7 @@ def test_pipe_reader_string_command_split_like_a_shell_and_unterminated_last_lin
 
 def test_pipe_reader_multi_member_gzip_and_utf8_across_chunks(tmp_path, no_leaks):
     path = tmp_path / "two.gz"
-    path.write_bytes(gzip.compress("héllo\n€uro\n".encode()) + gzip.compress("zweites\n".encode()))
+    path.write_bytes(gzip.compress("héllo\n€uro\n".encode()) + gzip.compress(b"zweites\n"))
     assert list(reader.PipeReader(["cat", str(path)], bufsize=3, file_type="gzip").get_line()) == [
         "héllo",
         "€uro",

@@ -299,8 +299,7 @@ def test_decorators_are_lazy_and_reiterable():
 
 
 def test_public_names():
-    from loader.reader import creator
-    from loader.reader import decorators
+    from loader.reader import creator, decorators
 
     for name in ("map_readers", "buffered", "compose", "chain", "shuffle", "firstn", "xmap_readers",
                  "multiprocess_reader", "cache", "Fake", "PipeReader", "ComposeNotAligned"):
