@@ -28,6 +28,7 @@ End of data is ``StopIteration``, never an error.
 
 from __future__ import annotations
 
+import sys
 import traceback as _traceback
 from collections.abc import Mapping
 from typing import Any
@@ -184,6 +185,18 @@ class WorkerDiedError(WorkerError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_died, (self.who, self.exitcode, self.worker, self.file, self.record))
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` (PEP 678); on Python 3.10, which lacks it, the same ``__notes__`` list."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:  # pragma: no cover - Python 3.10: the notes are kept, the traceback does not show them
+        notes = getattr(exc, "__notes__", None)
+        if not isinstance(notes, list):
+            notes = []
+            exc.__notes__ = notes  # type: ignore[attr-defined]
+        notes.append(note)
 
 
 def _rebuild_died(who: str, exitcode: int | None, worker: Any, file: Any, record: Any) -> WorkerDiedError:

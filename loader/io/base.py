@@ -162,16 +162,16 @@ class DecoratedReader(ReaderBase):
     def slot_names(self) -> list[str]:
         return self.reader.slot_names
 
-    @property  # type: ignore[override]
-    def shapes(self) -> list[list[int]] | None:
+    @property
+    def shapes(self) -> list[list[int]] | None:  # type: ignore[override]
         return self.reader.shapes
 
-    @property  # type: ignore[override]
-    def dtypes(self) -> list[np.dtype] | None:
+    @property
+    def dtypes(self) -> list[np.dtype] | None:  # type: ignore[override]
         return self.reader.dtypes
 
-    @property  # type: ignore[override]
-    def lod_levels(self) -> list[int] | None:
+    @property
+    def lod_levels(self) -> list[int] | None:  # type: ignore[override]
         return self.reader.lod_levels
 
     def _read_next_impl(self) -> list[np.ndarray]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from loader.errors import add_note
 from loader.io.file_reader import FileReader
 from loader.io.slots import as_instance
 
@@ -21,7 +22,9 @@ from loader.io.slots import as_instance
 class TextFileReader(FileReader):
     """Instances parsed from the lines of a text file."""
 
-    def _open(self, parser: Callable[[str], Any] | None = None, encoding: str = "utf-8") -> None:
+    def _open(  # type: ignore[override] # a format takes only its own options
+        self, parser: Callable[[str], Any] | None = None, encoding: str = "utf-8"
+    ) -> None:
         if parser is None or not callable(parser):
             raise ValueError("the text format needs parser=callable(line) -> sample")
         self._parser = parser
@@ -37,7 +40,7 @@ class TextFileReader(FileReader):
             try:
                 sample = self._parser(line[:-1] if line.endswith("\n") else line)
             except Exception as exc:
-                exc.add_note(f"while parsing line {self._line_no} of {self.path}")
+                add_note(exc, f"while parsing line {self._line_no} of {self.path}")
                 raise
             if sample is None:
                 continue

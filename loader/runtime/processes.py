@@ -27,7 +27,7 @@ PROCESS_KILL_TIMEOUT_S = 2.0
 PARENT_CHECK_INTERVAL_S = 0.5
 
 
-def _context(method: str) -> multiprocessing.context.BaseContext:
+def _context(method: str) -> Any:  # a DefaultContext/SpawnContext/ForkContext: typeshed gives BaseContext no Process
     if method == "fork" and sys.platform == "win32":
         method = "spawn"
     return multiprocessing.get_context(method)

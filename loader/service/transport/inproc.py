@@ -57,6 +57,7 @@ class FakeChannel:
 
     def __init__(self, inbox: queue.Queue[list[Any]], outbox: queue.Queue[list[Any]]) -> None:
         self._inbox, self._outbox = inbox, outbox
+        self._peer: FakeChannel  # set by pair()
         self.endpoint = "fake://"
         self.closed = False
         self._waker = Waker()
