@@ -10,7 +10,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 # The repository's root, for tests that read shipped files (configs, scripts).
@@ -99,6 +99,46 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, interval_
             return True
         time.sleep(interval_s)
     return bool(predicate())
+
+
+def threads_cpu_s(threads: Iterable[threading.Thread]) -> float:
+    """CPU seconds used so far by ``threads``, which must be alive (per-thread CPU clocks).
+
+    A blocked thread's clock stands still however loaded the machine is, so "used little CPU
+    while waiting" is a check that cannot fail because the machine is busy.
+    """
+    return sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident or 0)) for t in threads)
+
+
+class CpuWhileWaiting:
+    """Holds a gate shut and measures the CPU that the threads waiting behind it use meanwhile.
+
+    ``hold(threads)`` (from a helper thread) reads their clocks, keeps the gate shut for
+    ``WINDOW_S`` (a measuring window: a spinning thread burns CPU through it), reads the clocks
+    again and opens the gate. ``used_s`` is the difference.
+    """
+
+    WINDOW_S = 0.3
+    GATE_TIMEOUT_S = 30.0
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.used_s: float | None = None
+
+    def hold(self, threads: Callable[[], list[threading.Thread]], ready: Callable[[], bool]) -> threading.Thread:
+        def measure() -> None:
+            try:
+                if wait_until(ready, timeout_s=self.GATE_TIMEOUT_S, interval_s=0.01):
+                    waiting = threads()
+                    start = threads_cpu_s(waiting)
+                    time.sleep(self.WINDOW_S)
+                    self.used_s = threads_cpu_s(waiting) - start
+            finally:
+                self.gate.set()
+
+        thread = threading.Thread(target=measure, name="cpu-while-waiting", daemon=True)
+        thread.start()
+        return thread
 
 
 def live_threads() -> set[threading.Thread]:
