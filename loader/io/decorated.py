@@ -1,4 +1,4 @@
-"""Decorated readers of seed 004: shuffle, batch and multi-pass.
+"""Decorated readers of the class-based reader graph: shuffle, batch and multi-pass.
 
 ``ShuffleReader(reader, buffer_size, seed=None)``: block shuffle, as the original:
 fill a buffer of ``buffer_size`` instances, deliver them in a random order,

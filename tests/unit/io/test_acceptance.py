@@ -1,4 +1,4 @@
-"""Acceptance test for issue 3 (``loader.io``): every public name and stated behaviour, as written.
+"""Acceptance test of ``loader.io``: every public name and stated behaviour of its specification.
 
 Thread tests are bounded by the suite's pytest timeout and by their own deadlines.
 """

@@ -1,6 +1,6 @@
-"""Acceptance test for issue 2 (the reader toolkit): every public name and stated behaviour, as written.
+"""Acceptance test of the reader toolkit (``loader.reader``): every public name and stated behaviour.
 
-Each test quotes the line of the issue it checks. Thread and process tests are
+Each test quotes the line of the toolkit's specification that it checks. Thread and process tests are
 bounded by the suite's pytest timeout and by their own deadlines.
 """
 
