@@ -2,12 +2,12 @@
 
 Public names are imported lazily, so ``import loader`` stays cheap and does not
 pull in ZeroMQ (or torch) until a service or device feature is used.
+``__all__`` lists every public name (tests/unit/test_package.py keeps it exact).
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
+import importlib as _importlib
+import importlib.metadata as _metadata
+import typing as _typing
 
 from loader import errors
 from loader.errors import (
@@ -26,11 +26,25 @@ from loader.errors import (
     WorkerError,
 )
 
-# Eager, and from a private module: a public submodule named ``batch`` would replace
+# Eager, and from a module of another name: a public submodule named ``batch`` would replace
 # this function on ``loader`` as soon as anything imported ``loader.batch``.
 from loader.reader.batching import batch
 
-__version__ = "0.1.0"
+if _typing.TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers
+    from loader import config, device, io, provider, reader, recordio, service
+    from loader.config import load_config
+    from loader.feeder import DataFeeder, Field, LoDTensor
+    from loader.runtime import codec
+    from loader.service.client.client import Client
+    from loader.service.local import Loader
+
+# The version of the installed distribution (``pip install -e .`` counts); a source tree that was
+# never installed has no metadata and says so rather than repeating a number by hand.
+_VERSION_NOT_INSTALLED = "0+unknown"
+try:
+    __version__: str = _metadata.version("loader")
+except _metadata.PackageNotFoundError:
+    __version__ = _VERSION_NOT_INSTALLED
 
 # name -> module that defines it
 _LAZY = {
@@ -41,36 +55,68 @@ _LAZY = {
     "Loader": "loader.service.local",
     "load_config": "loader.config",
 }
-_SUBMODULES = {"reader", "recordio", "io", "provider", "device", "codec", "config", "service", "errors"}
+# public submodule name -> the module it is (``codec`` lives with the runtime helpers)
+_SUBMODULES = {
+    "reader": "loader.reader",
+    "recordio": "loader.recordio",
+    "io": "loader.io",
+    "provider": "loader.provider",
+    "device": "loader.device",
+    "codec": "loader.runtime.codec",
+    "config": "loader.config",
+    "service": "loader.service",
+    "errors": "loader.errors",
+}
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(_importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
     if name in _SUBMODULES:
-        module = importlib.import_module(f"loader.{name}")
+        module = _importlib.import_module(_SUBMODULES[name])
         globals()[name] = module
         return module
     raise AttributeError(f"module 'loader' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | _SUBMODULES)
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
 
 
 __all__ = [
     "__version__",
     "batch",
-    "reader",
-    "recordio",
-    "io",
-    "provider",
+    # classes and functions, imported on first use
+    "Client",
     "DataFeeder",
     "Field",
     "LoDTensor",
-    "Client",
     "Loader",
-    *errors.__all__,
+    "load_config",
+    # submodules, imported on first use
+    "codec",
+    "config",
+    "device",
+    "errors",
+    "io",
+    "provider",
+    "reader",
+    "recordio",
+    "service",
+    # the exception tree (loader.errors)
+    "LoaderError",
+    "ConfigError",
+    "DataError",
+    "CorruptFileError",
+    "ShapeMismatchError",
+    "UnknownFormatError",
+    "ComposeNotAligned",
+    "WorkerError",
+    "WorkerDiedError",
+    "TransportError",
+    "ServiceUnavailableError",
+    "ProtocolVersionError",
+    "ClosedError",
 ]

@@ -21,7 +21,8 @@ import logging
 import signal
 import sys
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from loader import __version__
 from loader.errors import LoaderError, ServiceUnavailableError, WorkerError
@@ -99,7 +100,7 @@ def _load_checked(path: str, overrides: dict[str, Any]) -> Any:
     return config
 
 
-class _stop_on_signals:  # noqa: N801 - used like a function: with _stop_on_signals(stop): ...
+class _stop_on_signals:  # used like a function: with _stop_on_signals(stop): ...
     """SIGINT/SIGTERM set ``stop`` (a clean, bounded shutdown); a second signal interrupts at once."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -114,7 +115,7 @@ class _stop_on_signals:  # noqa: N801 - used like a function: with _stop_on_sign
         log.info("received %s, stopping", signal.Signals(signum).name)
         self.stop.set()
 
-    def __enter__(self) -> "_stop_on_signals":
+    def __enter__(self) -> _stop_on_signals:
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
                 self.previous[sig] = signal.signal(sig, self._handle)
@@ -178,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"loader {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    def add(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:  # noqa: A002
+    def add(name: str, func: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help, parents=[common])
         p.set_defaults(func=func)
         return p
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"loader: error: {_error_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
-    except Exception as exc:  # noqa: BLE001 - the top of the program: one line, not a traceback
+    except Exception as exc:  # the top of the program: one line, not a traceback
         if debug:
             raise
         print(

@@ -37,7 +37,8 @@ import importlib
 import re
 import threading
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -88,7 +89,7 @@ def _check_cuda_library(library: str, index: int, text: str) -> str:
         else:
             try:
                 count = module.cuda.runtime.getDeviceCount()
-            except Exception:  # noqa: BLE001 - cupy raises its own runtime error without a driver
+            except Exception:  # cupy raises its own runtime error without a driver
                 count = 0
         if index >= count:
             raise ValueError(f"place {text!r}: {name} sees {count} CUDA device(s), no device {index}")

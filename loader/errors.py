@@ -29,8 +29,10 @@ End of data is ``StopIteration``, never an error.
 
 from __future__ import annotations
 
+import sys
 import traceback as _traceback
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 class LoaderError(Exception):
@@ -140,7 +142,7 @@ class WorkerError(LoaderError):
         }
 
     @classmethod
-    def from_dict(cls, info: Mapping[str, Any]) -> "WorkerError":
+    def from_dict(cls, info: Mapping[str, Any]) -> WorkerError:
         return cls(
             str(info.get("type", "Exception")),
             str(info.get("message", "")),
@@ -158,7 +160,7 @@ class WorkerError(LoaderError):
         worker: str | None = None,
         file: str | None = None,
         record: int | None = None,
-    ) -> "WorkerError":
+    ) -> WorkerError:
         """Describe ``exc`` (raised here) so it can travel to another thread or process."""
         if isinstance(exc, WorkerError):
             # Already carried once: keep the original description, add what is new.
@@ -188,6 +190,18 @@ class WorkerDiedError(WorkerError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_died, (self.who, self.exitcode, self.worker, self.file, self.record))
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` (PEP 678); on Python 3.10, which lacks it, the same ``__notes__`` list."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:  # pragma: no cover - Python 3.10: the notes are kept, the traceback does not show them
+        notes = getattr(exc, "__notes__", None)
+        if not isinstance(notes, list):
+            notes = []
+            exc.__notes__ = notes  # type: ignore[attr-defined]
+        notes.append(note)
 
 
 def _rebuild_died(who: str, exitcode: int | None, worker: Any, file: Any, record: Any) -> WorkerDiedError:

@@ -20,7 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -17,12 +17,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from loader.runtime import codec
 from loader.recordio import Compressor, chunks, crc32c
+from loader.runtime import codec
 
 BLOCK_BYTES = 32768
 

@@ -52,16 +52,17 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 
-from loader.examples import datagen
-from loader.examples import cpu_heavy
-
 # scripts/demo.py (this directory is on sys.path): starting, awaiting and stopping `loader serve`.
-from demo import free_port, start_daemon, stop_daemon, wait_ready  # noqa: E402
+from demo import free_port, start_daemon, stop_daemon, wait_ready
+
+from loader.examples import cpu_heavy
+from loader.examples import datagen
 
 ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 SERVE_START_TIMEOUT_S = 30.0
@@ -171,7 +172,7 @@ class Daemon:
     def close(self) -> int | None:
         return stop_daemon(self.proc)
 
-    def __enter__(self) -> "Daemon":
+    def __enter__(self) -> Daemon:
         return self
 
     def __exit__(self, *exc: Any) -> None:

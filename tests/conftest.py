@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+import multiprocessing.process
 import os
+import subprocess
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -35,23 +39,74 @@ def no_leaks():
     assert not extra_children, f"leaked child processes: {sorted(extra_children)}"
 
 
+class _StartedProcesses:
+    """The pids of every process this test run starts (``subprocess.Popen``, ``multiprocessing``).
+
+    Recorded while installed, so a session-end check can tell this run's shared-memory files
+    from those of other test runs or daemons on the same host.
+    """
+
+    def __init__(self) -> None:
+        self.pids: set[int] = {os.getpid()}
+        self._originals: list[tuple[type, str, object]] = []
+
+    def install(self) -> None:
+        self._wrap(subprocess.Popen, "__init__")
+        self._wrap(multiprocessing.process.BaseProcess, "start")
+
+    def uninstall(self) -> None:
+        for cls, name, original in reversed(self._originals):
+            setattr(cls, name, original)
+        self._originals.clear()
+
+    def _wrap(self, cls: type, name: str) -> None:
+        original = getattr(cls, name)
+        pids = self.pids
+
+        @functools.wraps(original)
+        def recording(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(obj, *args, **kwargs)
+            finally:
+                if getattr(obj, "pid", None):
+                    pids.add(obj.pid)
+
+        self._originals.append((cls, name, original))
+        setattr(cls, name, recording)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_shared_memory_left_behind():
-    """The daemon unlinks its arenas on close: after the whole suite, none of ours may remain."""
+    """The daemon unlinks its arenas on close: after the whole suite, none of this run's may remain.
+
+    Only files made by this run count: arena files are named ``loader-<pid namespace>-<pid>-...``
+    (``loader.service.shm.stale``), and a daemon runs in this process or in one this run started.
+    Other test runs and daemons on the host use the same directory and are none of our business.
+    """
     from loader.service.shm.arena import shm_directory
+    from loader.service.shm.stale import parse_name, pid_namespace
 
     directory = shm_directory()
+    namespace = pid_namespace() or 0
+    started = _StartedProcesses()
 
     def ours() -> set[str]:
         try:
-            return {name for name in os.listdir(directory) if name.startswith("loader-")}
+            names = os.listdir(directory)
         except OSError:
             return set()
+        owners = {name: parse_name(name) for name in names}
+        return {name for name, owner in owners.items() if owner is not None and owner[0] == namespace
+                and owner[1] in started.pids}
 
     before = ours()
-    yield
+    started.install()
+    try:
+        yield
+    finally:
+        started.uninstall()
     deadline = time.monotonic() + LEAK_GRACE_S
     while (ours() - before) and time.monotonic() < deadline:
         time.sleep(0.1)
     left = ours() - before
-    assert not left, f"shared-memory files left in {directory}: {sorted(left)}"
+    assert not left, f"shared-memory files left in {directory} by this test run: {sorted(left)}"

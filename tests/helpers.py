@@ -10,7 +10,8 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 # The repository's root, for tests that read shipped files (configs, scripts).
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,7 +41,7 @@ class ListReader:
         return iter(list(self.items))
 
 
-class raise_on:  # noqa: N801 - reads like the function it stands for
+class raise_on:  # reads like the function it stands for
     """A reader yielding ``0..n-1`` then raising ``Boom`` at sample ``n``.
 
     Also usable as a mapper: ``raise_on(n)(x)`` raises when ``x == n``.
@@ -57,32 +58,29 @@ class raise_on:  # noqa: N801 - reads like the function it stands for
         return self._gen()
 
     def _gen(self) -> Iterator[int]:
-        for i in range(self.n):
-            yield i
+        yield from range(self.n)
         raise Boom(f"{self.message} at sample {self.n}")
 
 
-class exit_with:  # noqa: N801
+class exit_with:
     """A reader that yields ``after`` samples then kills its process with ``os._exit(code)``."""
 
     def __init__(self, code: int, after: int = 0) -> None:
         self.code, self.after = code, after
 
     def __call__(self) -> Iterator[int]:
-        for i in range(self.after):
-            yield i
+        yield from range(self.after)
         os._exit(self.code)
 
 
-class hang_forever:  # noqa: N801
+class hang_forever:
     """A reader that yields ``after`` samples then blocks (bounded by ``limit_s``)."""
 
     def __init__(self, after: int = 0, limit_s: float = 600.0) -> None:
         self.after, self.limit_s = after, limit_s
 
     def __call__(self) -> Iterator[int]:
-        for i in range(self.after):
-            yield i
+        yield from range(self.after)
         time.sleep(self.limit_s)
 
 
@@ -101,6 +99,46 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, interval_
             return True
         time.sleep(interval_s)
     return bool(predicate())
+
+
+def threads_cpu_s(threads: Iterable[threading.Thread]) -> float:
+    """CPU seconds used so far by ``threads``, which must be alive (per-thread CPU clocks).
+
+    A blocked thread's clock stands still however loaded the machine is, so "used little CPU
+    while waiting" is a check that cannot fail because the machine is busy.
+    """
+    return sum(time.clock_gettime(time.pthread_getcpuclockid(t.ident or 0)) for t in threads)
+
+
+class CpuWhileWaiting:
+    """Holds a gate shut and measures the CPU that the threads waiting behind it use meanwhile.
+
+    ``hold(threads)`` (from a helper thread) reads their clocks, keeps the gate shut for
+    ``WINDOW_S`` (a measuring window: a spinning thread burns CPU through it), reads the clocks
+    again and opens the gate. ``used_s`` is the difference.
+    """
+
+    WINDOW_S = 0.3
+    GATE_TIMEOUT_S = 30.0
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.used_s: float | None = None
+
+    def hold(self, threads: Callable[[], list[threading.Thread]], ready: Callable[[], bool]) -> threading.Thread:
+        def measure() -> None:
+            try:
+                if wait_until(ready, timeout_s=self.GATE_TIMEOUT_S, interval_s=0.01):
+                    waiting = threads()
+                    start = threads_cpu_s(waiting)
+                    time.sleep(self.WINDOW_S)
+                    self.used_s = threads_cpu_s(waiting) - start
+            finally:
+                self.gate.set()
+
+        thread = threading.Thread(target=measure, name="cpu-while-waiting", daemon=True)
+        thread.start()
+        return thread
 
 
 def live_threads() -> set[threading.Thread]:
@@ -143,7 +181,7 @@ def open_fd_count() -> int:
 # --- service test helpers (picklable mappers and readers for spawned workers) ---
 
 
-class slow_mapper:  # noqa: N801
+class slow_mapper:
     """A mapper that sleeps ``delay_s`` per sample and returns it unchanged."""
 
     def __init__(self, delay_s: float) -> None:
@@ -154,7 +192,7 @@ class slow_mapper:  # noqa: N801
         return sample
 
 
-class fail_on_values:  # noqa: N801
+class fail_on_values:
     """A mapper raising ``Boom`` for samples whose first part is in ``values``."""
 
     def __init__(self, values: Any) -> None:
@@ -183,7 +221,7 @@ def range_file_reader(path: str) -> Callable[[], Iterator[tuple[int, str]]]:
     return lambda: ((i, f"s{i}") for i in range(start, stop))
 
 
-class sleep_on_values:  # noqa: N801
+class sleep_on_values:
     """A mapper that sleeps ``delay_s`` on samples whose first part is in ``values`` (a slow, live worker)."""
 
     def __init__(self, values: Any, delay_s: float) -> None:
@@ -196,7 +234,7 @@ class sleep_on_values:  # noqa: N801
         return sample
 
 
-class hang_once_on:  # noqa: N801
+class hang_once_on:
     """A mapper that hangs (bounded by ``limit_s``) the first time any process maps ``value``.
 
     "First" is decided by creating the file named by ``$LOADER_TEST_HANG_MARKER``

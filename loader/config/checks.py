@@ -5,10 +5,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from loader.runtime.imports import is_spec
 from loader.errors import ConfigError
+from loader.runtime.imports import is_spec
 
 DEFAULT_ORIGIN = "<dict>"
 

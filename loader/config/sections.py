@@ -25,8 +25,9 @@ import dataclasses
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,8 +36,8 @@ else:  # pragma: no cover - Python 3.10
 
 from loader.config.checks import DEFAULT_ORIGIN, Check, origin_field, plain, reject_unknown, show
 from loader.config.source import SourceConfig, absolute_paths
-from loader.runtime.imports import import_object
 from loader.errors import ConfigError
+from loader.runtime.imports import import_object
 
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
 TRANSPORTS = ("zmq", "pipe", "queue")
@@ -183,7 +184,7 @@ class LoaderConfig:
     @classmethod
     def from_dict(
         cls, mapping: Mapping[str, Any], origin: str = DEFAULT_ORIGIN, *, base_dir: str | None = None
-    ) -> "LoaderConfig":
+    ) -> LoaderConfig:
         """Build and check a config from nested mappings (a parsed TOML file, or ``to_dict()``).
 
         Relative paths in ``source`` are made absolute against ``base_dir``
@@ -216,7 +217,7 @@ class LoaderConfig:
             }
         return out
 
-    def override(self, changes: Mapping[str, Any], *, origin: str = "command line") -> "LoaderConfig":
+    def override(self, changes: Mapping[str, Any], *, origin: str = "command line") -> LoaderConfig:
         """A copy with dotted keys replaced (``{"workers.count": 4}``), checked like a file.
 
         Errors name ``origin`` (the values came from there); the copy keeps this config's origin.

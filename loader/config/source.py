@@ -9,12 +9,13 @@ from __future__ import annotations
 import copy
 import glob
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from loader.config.checks import Check, origin_field, plain_copy, show
-from loader.runtime.imports import import_object
 from loader.errors import ConfigError
+from loader.runtime.imports import import_object
 
 
 @dataclass(frozen=True)

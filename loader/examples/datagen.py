@@ -16,7 +16,7 @@ Layouts, ``part-XXXXX.<format>`` per file:
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -40,7 +40,7 @@ def file_arrays(index: int, samples: int, dim: int, seed: int) -> tuple[np.ndarr
 def generate(
     directory: str,
     *,
-    format: str = "npy",  # noqa: A002 - matches the CLI option and config key
+    format: str = "npy",  # matches the CLI option and config key
     files: int = 4,
     samples: int = 1024,
     dim: int = DEFAULT_DIM,

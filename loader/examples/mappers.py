@@ -9,7 +9,8 @@ written by ``loader.examples.datagen`` (``write_text``; ``loader gen-data``).
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 

@@ -1,4 +1,4 @@
-"""The class-based reader graph of seed 004 and the file-format registry.
+"""The class-based reader graph (after PaddlePaddle Fluid's C++ readers) and the file-format registry.
 
 ::
 

@@ -14,7 +14,8 @@ Readers are used by one consumer thread at a time; the threaded readers
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -128,7 +129,7 @@ class ReaderBase:
                 return
             yield item
 
-    def __enter__(self) -> "ReaderBase":
+    def __enter__(self) -> ReaderBase:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -161,16 +162,16 @@ class DecoratedReader(ReaderBase):
     def slot_names(self) -> list[str]:
         return self.reader.slot_names
 
-    @property  # type: ignore[override]
-    def shapes(self) -> list[list[int]] | None:
+    @property
+    def shapes(self) -> list[list[int]] | None:  # type: ignore[override]
         return self.reader.shapes
 
-    @property  # type: ignore[override]
-    def dtypes(self) -> list[np.dtype] | None:
+    @property
+    def dtypes(self) -> list[np.dtype] | None:  # type: ignore[override]
         return self.reader.dtypes
 
-    @property  # type: ignore[override]
-    def lod_levels(self) -> list[int] | None:
+    @property
+    def lod_levels(self) -> list[int] | None:  # type: ignore[override]
         return self.reader.lod_levels
 
     def _read_next_impl(self) -> list[np.ndarray]:

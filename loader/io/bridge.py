@@ -15,7 +15,8 @@ declared dtype; arrays must already have it. Shapes are checked as for files
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 

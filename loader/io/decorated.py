@@ -1,4 +1,4 @@
-"""Decorated readers of seed 004: shuffle, batch and multi-pass.
+"""Decorated readers of the class-based reader graph: shuffle, batch and multi-pass.
 
 ``ShuffleReader(reader, buffer_size, seed=None)``: block shuffle, as the original:
 fill a buffer of ``buffer_size`` instances, deliver them in a random order,
@@ -24,6 +24,8 @@ consuming one pass per call.
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from loader.errors import ShapeMismatchError
@@ -32,7 +34,7 @@ from loader.io.base import DecoratedReader, ReaderBase
 
 def _read_up_to(reader: ReaderBase, count: int) -> list[list[np.ndarray]]:
     """Up to ``count`` items of ``reader``; fewer only at the end of its data."""
-    items = []
+    items: list[list[np.ndarray]] = []
     while len(items) < count:
         item = reader.read_next()
         if not item:
@@ -50,7 +52,7 @@ class ShuffleReader(DecoratedReader):
         super().__init__(reader)
         self.buffer_size = buffer_size
         # Fresh randomness only when the user gives no seed (drawn once, kept for every pass).
-        self._seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy)
+        self._seed = int(seed) if seed is not None else int(cast(int, np.random.SeedSequence().entropy))
         self._pass = 0
         self._start_pass()
 
@@ -97,18 +99,18 @@ class BatchReader(DecoratedReader):
         names = self.reader.slot_names
         return names + [f"{names[i] if i < len(names) else f'slot{i}'}.lengths" for i in self._seq_slots]
 
-    @property  # type: ignore[override]
-    def shapes(self) -> list[list[int]] | None:
+    @property
+    def shapes(self) -> list[list[int]] | None:  # type: ignore[override]
         shapes = self.reader.shapes
         return None if shapes is None else shapes + [[-1] for _ in self._seq_slots]
 
-    @property  # type: ignore[override]
-    def dtypes(self) -> list[np.dtype] | None:
+    @property
+    def dtypes(self) -> list[np.dtype] | None:  # type: ignore[override]
         dtypes = self.reader.dtypes
         return None if dtypes is None else dtypes + [np.dtype(np.int64) for _ in self._seq_slots]
 
-    @property  # type: ignore[override]
-    def lod_levels(self) -> list[int] | None:
+    @property
+    def lod_levels(self) -> list[int] | None:  # type: ignore[override]
         levels = self.reader.lod_levels
         return None if levels is None else [0] * (len(levels) + len(self._seq_slots))
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from loader.runtime.threads import ThreadPipeline
 from loader.device import Placer
 from loader.io.base import DecoratedReader, ReaderBase
 from loader.io.prefetch import END, Prefetcher
+from loader.runtime.threads import ThreadPipeline
 
 
 def _prefetch(pipe: ThreadPipeline, reader: ReaderBase, placer: Placer) -> None:

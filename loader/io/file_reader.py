@@ -9,8 +9,8 @@ way: file, record index, slot and both shapes.
 
 ``FileReader(path, shapes, dtypes)`` itself, not subclassed, reads any file whose
 format is registered (``loader.io.registry``, chosen by the file's suffix): the
-format's reader does the reading and this class the checking. So the seed's
-abstract ``FileReader`` is also usable as written in the issue, while
+format's reader does the reading and this class the checking. So ``FileReader``,
+abstract in Paddle's reader graph, is also usable directly, while
 ``create_file_reader`` remains the faster way (formats such as ``.npy`` check a
 whole file at once and hand out blocks).
 """
@@ -18,7 +18,8 @@ whole file at once and hand out blocks).
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import struct
 import threading
 import zipfile
-from typing import Callable
+from collections.abc import Callable
+from typing import Any, Literal
 
 import numpy as np
 
@@ -95,7 +96,7 @@ class ArrayFileReader(FileReader):
 class NpyFileReader(ArrayFileReader):
     """Rows of one ``.npy`` array, memory-mapped: one slot named ``data``."""
 
-    def _open(self) -> None:
+    def _open(self) -> None:  # type: ignore[override] # a format takes only its own options
         try:
             with _HEADER_LOCK:
                 array = np.load(self.path, mmap_mode="r", allow_pickle=False)
@@ -107,7 +108,7 @@ class NpyFileReader(ArrayFileReader):
 class NpzFileReader(ArrayFileReader):
     """Rows of the arrays of one ``.npz`` archive: one slot per key."""
 
-    def _open(self) -> None:
+    def _open(self) -> None:  # type: ignore[override] # a format takes only its own options
         names, metas, sources = [], [], []
         try:
             with open(self.path, "rb") as raw, zipfile.ZipFile(raw) as archive:
@@ -122,7 +123,7 @@ class NpzFileReader(ArrayFileReader):
             raise DataError(f"{self.path}: not a readable .npz archive ({exc})") from exc
         self._use_arrays(names, metas, sources)
 
-    def _member(self, raw, archive: zipfile.ZipFile, info: zipfile.ZipInfo):  # type: ignore[no-untyped-def]
+    def _member(self, raw: Any, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> tuple[Any, Callable[[], np.ndarray]]:
         with archive.open(info) as member:
             version = np.lib.format.read_magic(member)
             with _HEADER_LOCK:
@@ -142,7 +143,7 @@ class NpzFileReader(ArrayFileReader):
             if signature != b"PK\x03\x04":
                 raise ValueError(f"member {info.filename!r}: bad local header")
             offset = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len + header_len
-            order = "F" if fortran else "C"
+            order: Literal["F", "C"] = "F" if fortran else "C"
             return (shape, dtype), lambda: np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
         return (shape, dtype), lambda: _inflate(path, name)
 

@@ -21,7 +21,7 @@ from loader.recordio import Scanner
 class RecordIOFileReader(FileReader):
     """Instances from a RecordIO file, read chunk by chunk."""
 
-    def _open(self) -> None:
+    def _open(self) -> None:  # type: ignore[override] # a format takes only its own options
         self._scanner = Scanner(self.path)
         self._keys: list[Any] | None = None  # dict samples: the keys, in slot order
 

@@ -9,10 +9,12 @@ a note naming the file and line number.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from loader.errors import add_note
 from loader.io.file_reader import FileReader
 from loader.io.slots import as_instance
 
@@ -20,11 +22,13 @@ from loader.io.slots import as_instance
 class TextFileReader(FileReader):
     """Instances parsed from the lines of a text file."""
 
-    def _open(self, parser: Callable[[str], Any] | None = None, encoding: str = "utf-8") -> None:
+    def _open(  # type: ignore[override] # a format takes only its own options
+        self, parser: Callable[[str], Any] | None = None, encoding: str = "utf-8"
+    ) -> None:
         if parser is None or not callable(parser):
             raise ValueError("the text format needs parser=callable(line) -> sample")
         self._parser = parser
-        self._file = open(self.path, "r", encoding=encoding)  # universal newlines: \r\n reads as \n
+        self._file = open(self.path, encoding=encoding)  # universal newlines: \r\n reads as \n
         self._line_no = 0
 
     def _read_instance(self) -> list[np.ndarray] | None:
@@ -36,7 +40,7 @@ class TextFileReader(FileReader):
             try:
                 sample = self._parser(line[:-1] if line.endswith("\n") else line)
             except Exception as exc:
-                exc.add_note(f"while parsing line {self._line_no} of {self.path}")
+                add_note(exc, f"while parsing line {self._line_no} of {self.path}")
                 raise
             if sample is None:
                 continue

@@ -25,17 +25,19 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
-from loader.runtime.threads import StopRequested, ThreadPipeline
+from loader.errors import add_note
 from loader.io.base import ReaderBase
 from loader.io.decorated import MultiPassReader
 from loader.io.prefetch import END, Prefetcher
 from loader.io.registry import create_file_reader
 from loader.io.slots import DtypesArg, LodArg, ShapesArg, SlotChecker
 from loader.runtime.processes import cpu_count
+from loader.runtime.threads import StopRequested, ThreadPipeline
 
 BLOCK_FIRST_INSTANCES = 16  # before the instance size of a file is known
 BLOCK_MAX_INSTANCES = 256
@@ -65,7 +67,7 @@ def _naming(path: str, action: str) -> Iterator[None]:
     except StopRequested:
         raise
     except Exception as exc:
-        exc.add_note(f"(open_files: while {action} {path})")
+        add_note(exc, f"(open_files: while {action} {path})")
         raise
 
 
@@ -123,7 +125,7 @@ class MultiFileReader(ReaderBase):
         self.buffer_size = 3 * self.thread_num if buffer_size is None else buffer_size
         if self.buffer_size <= 0:
             raise ValueError(f"buffer_size must be > 0, got {self.buffer_size}")
-        self._spec = {"shapes": shapes, "dtypes": dtypes, "lod_levels": lod_levels}
+        self._spec: dict[str, Any] = {"shapes": shapes, "dtypes": dtypes, "lod_levels": lod_levels}
         self._names: list[str] | None = None
         self._prefetcher = Prefetcher(self.buffer_size, "loader-open-files", self._spawner())
         self._reset_pass()

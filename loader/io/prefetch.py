@@ -12,7 +12,8 @@ drops the prefetcher and stops them.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from loader.runtime.threads import ThreadPipeline
 
@@ -67,7 +68,7 @@ class Prefetcher:
         # A reader dropped without close() must not leave its threads polling forever.
         try:
             self.stop()
-        except Exception:  # noqa: BLE001 - never raise from a finaliser
+        except Exception:  # never raise from a finaliser
             pass
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import importlib
 import os
 import threading
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from loader.errors import UnknownFormatError
 from loader.io.base import ReaderBase
@@ -134,7 +135,7 @@ def _resolve(format_name: str) -> Factory:
 
 def create_file_reader(
     path: str | os.PathLike[str],
-    format: str | None = None,  # noqa: A002 - the documented name
+    format: str | None = None,  # the documented name
     shapes: ShapesArg = None,
     dtypes: DtypesArg = None,
     lod_levels: LodArg = None,

@@ -17,7 +17,8 @@ and the dtype must be exactly the declared one (no silent casts).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -22,10 +22,11 @@ import codecs
 import shlex
 import subprocess
 import zlib
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from loader.errors import DataError, WorkerDiedError
 from loader.reader._util import as_count
+from loader.runtime import processes
 
 FILE_TYPES = ("plain", "gzip")
 PROCESS_EXIT_TIMEOUT_S = 10.0  # how long a command may linger after closing its output
@@ -97,7 +98,7 @@ class PipeReader:
         return _cut(chunks, line_break) if cut_lines else chunks
 
     def _decoded_chunks(self) -> Iterator[str]:
-        proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, bufsize=0)
+        proc = processes.start_command(self.args)
         finished = False
         try:
             yield from self._decode(proc)

@@ -3,7 +3,7 @@
 Everything that runs code in another process (``multiprocess_reader``, the
 service's workers, the in-process ``Loader``) goes through ``start_process`` and
 ``stop_process`` so that start methods, naming and bounded shutdown are decided
-in one place.
+in one place; an external command (``PipeReader``) is started by ``start_command``.
 
 Start methods: ``"fork"`` is used where a user's reader may be a closure or a
 lambda (``multiprocess_reader``, like the original); ``"spawn"`` is used for
@@ -17,16 +17,18 @@ import multiprocessing
 import multiprocessing.context
 import os
 import signal
+import subprocess
 import sys
 import threading
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 PROCESS_JOIN_TIMEOUT_S = 5.0
 PROCESS_KILL_TIMEOUT_S = 2.0
 PARENT_CHECK_INTERVAL_S = 0.5
 
 
-def _context(method: str) -> multiprocessing.context.BaseContext:
+def _context(method: str) -> Any:  # a DefaultContext/SpawnContext/ForkContext: typeshed gives BaseContext no Process
     if method == "fork" and sys.platform == "win32":
         method = "spawn"
     return multiprocessing.get_context(method)
@@ -44,6 +46,15 @@ def start_process(
     proc = _context(method).Process(target=target, args=args, name=name, daemon=daemon)
     proc.start()
     return proc
+
+
+def start_command(args: Sequence[str]) -> subprocess.Popen[bytes]:
+    """Start the command ``args`` (no shell): standard input ``/dev/null``, standard output an
+    unbuffered pipe of bytes for the caller to read, standard error inherited.
+
+    The caller owns the process: it reads, then waits with a timeout (or terminates it).
+    """
+    return subprocess.Popen(list(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, bufsize=0)
 
 
 def context(method: str = "spawn") -> multiprocessing.context.BaseContext:
@@ -121,4 +132,4 @@ def cpu_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-__all__ = ["start_process", "stop_process", "terminate_now", "context", "cpu_count", "stop_when_orphaned"]
+__all__ = ["start_process", "start_command", "stop_process", "terminate_now", "context", "cpu_count", "stop_when_orphaned"]

@@ -18,7 +18,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 POLL_INTERVAL_S = 0.05
 THREAD_JOIN_TIMEOUT_S = 5.0
@@ -88,7 +89,7 @@ class ThreadPipeline:
             target(self, *args)
         except StopRequested:
             return
-        except BaseException as exc:  # noqa: BLE001 - every failure must reach the consumer
+        except BaseException as exc:  # every failure must reach the consumer
             self._put_final(_Failure(exc))
             return
         self._put_final(_DONE)
@@ -157,7 +158,7 @@ class ThreadPipeline:
         except queue.Empty:
             pass
 
-    def __enter__(self) -> "ThreadPipeline":
+    def __enter__(self) -> ThreadPipeline:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -7,7 +7,8 @@ import multiprocessing.resource_tracker
 import os
 import signal
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest

@@ -103,7 +103,7 @@ class Arena:
     # -- lifecycle ----------------------------------------------------------
     @classmethod
     def create(cls, directory: str, name: str, arena_id: int, nbytes: int, token: bytes,
-               block_bytes: int = BLOCK_BYTES) -> "Arena":
+               block_bytes: int = BLOCK_BYTES) -> Arena:
         """Make a new arena file of ``nbytes`` of blocks (sparse until written)."""
         n_blocks = max(0, nbytes // block_bytes)
         path = os.path.join(directory, name)
@@ -121,7 +121,7 @@ class Arena:
             raise
 
     @classmethod
-    def open(cls, path: str, arena_id: int, token: bytes) -> "Arena":
+    def open(cls, path: str, arena_id: int, token: bytes) -> Arena:
         """Map the arena at ``path``; ``ArenaError`` when missing, malformed or with another token."""
         try:
             fd = os.open(path, os.O_RDWR)
@@ -167,7 +167,7 @@ class Arena:
     def closed(self) -> bool:
         return self._mm is None
 
-    def __enter__(self) -> "Arena":
+    def __enter__(self) -> Arena:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from loader.service.shm import stale as stale_shm
-from loader.service.shm.arena import PROBE_ID, Arena, ArenaError, arena_path, new_token, shm_directory
+from loader.service.shm.arena import PROBE_ID, Arena, arena_path, new_token, shm_directory
 
 log = logging.getLogger("loader.daemon")
 
@@ -101,7 +101,7 @@ class ArenaPool:
             self._probe.close()
             self._probe = None
 
-    def __enter__(self) -> "ArenaPool":
+    def __enter__(self) -> ArenaPool:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -17,7 +17,8 @@ will read (duplicates, cancelled streams, batches of a client that left).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -113,6 +114,7 @@ def gather(refs: np.ndarray, specs: Mapping[int, Spec], arena_of: ArenaOf, *, fr
     """The rows of ``refs`` as one fresh array (an object array of rows when their specs differ); frees them."""
     n = len(refs)
     spec_ids = np.unique(refs[:, 2]) if n else np.zeros(0, np.int64)
+    out: np.ndarray
     if len(spec_ids) == 1:
         dtype, shape = specs[int(spec_ids[0])]
         nbytes = row_nbytes((dtype, shape))

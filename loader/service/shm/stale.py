@@ -42,6 +42,12 @@ def owner_prefix() -> str:
     return f"loader-{pid_namespace() or 0}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
+def parse_name(name: str) -> tuple[int, int] | None:
+    """``(pid namespace, pid)`` of the daemon that made arena file ``name``; None for any other name."""
+    match = _NAME.match(name)
+    return None if match is None else (int(match.group(1)), int(match.group(2)))
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -63,10 +69,10 @@ def sweep(directory: str) -> list[str]:
         return []
     removed, dead = [], set()
     for name in sorted(names):
-        match = _NAME.match(name)
-        if match is None or int(match.group(1)) != namespace:
+        owner = parse_name(name)
+        if owner is None or owner[0] != namespace:
             continue
-        pid = int(match.group(2))
+        pid = owner[1]
         if pid == os.getpid() or (pid not in dead and _pid_alive(pid)):
             continue
         dead.add(pid)
@@ -84,4 +90,4 @@ def sweep(directory: str) -> list[str]:
     return removed
 
 
-__all__ = ["owner_prefix", "pid_namespace", "sweep"]
+__all__ = ["owner_prefix", "parse_name", "pid_namespace", "sweep"]

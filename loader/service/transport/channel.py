@@ -7,7 +7,8 @@ and the daemon loop are written once against them.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 Frames = list[Any]
 

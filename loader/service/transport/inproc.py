@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from loader.errors import ServiceUnavailableError
 
@@ -54,15 +55,16 @@ class FakeChannel:
     ``FakeChannel.pair()`` returns two connected ends; frames are passed as they are.
     """
 
-    def __init__(self, inbox: "queue.Queue[list[Any]]", outbox: "queue.Queue[list[Any]]") -> None:
+    def __init__(self, inbox: queue.Queue[list[Any]], outbox: queue.Queue[list[Any]]) -> None:
         self._inbox, self._outbox = inbox, outbox
+        self._peer: FakeChannel  # set by pair()
         self.endpoint = "fake://"
         self.closed = False
         self._waker = Waker()
         self._lock = threading.Lock()
 
     @classmethod
-    def pair(cls) -> tuple["FakeChannel", "FakeChannel"]:
+    def pair(cls) -> tuple[FakeChannel, FakeChannel]:
         a: queue.Queue[list[Any]] = queue.Queue()
         b: queue.Queue[list[Any]] = queue.Queue()
         left, right = cls(a, b), cls(b, a)

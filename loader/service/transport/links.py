@@ -45,10 +45,11 @@ import math
 import os
 import select
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from loader.runtime import processes
 from loader.errors import TransportError
+from loader.runtime import processes
 from loader.service.transport.pipe_frames import FrameReader, FrameWriter
 from loader.service.transport.pipes import (
     PipeChannel,

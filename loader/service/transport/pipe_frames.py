@@ -70,11 +70,11 @@ class FrameReader:
         while self._got < self._size:
             if self._got == len(self._body):
                 self._grow()
-            n = self._read_into(memoryview(self._body)[self._got :])
+            n = self._read_into(self._body.data[self._got :])
             if n is None:
                 return None
             self._got += n
-        body = memoryview(self._body).toreadonly()  # read-only views, as ``recv_bytes`` gave
+        body = self._body.data.toreadonly()  # read-only views, as ``recv_bytes`` gave
         self._head_got, self._body, self._size, self._got = 0, None, 0, 0
         return body
 

@@ -22,7 +22,8 @@ import select
 import struct
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from loader.errors import ServiceUnavailableError, TransportError
 
@@ -47,7 +48,7 @@ def pack_frames(frames: Sequence[Any]) -> bytes:
     return b"".join(parts)
 
 
-def unpack_frames(blob: bytes) -> list[memoryview]:
+def unpack_frames(blob: bytes | memoryview) -> list[memoryview]:
     """The frames of ``pack_frames`` output, as views of ``blob`` (no copy)."""
     view = memoryview(blob)
     try:

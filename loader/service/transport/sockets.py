@@ -12,7 +12,8 @@ frames are used in place.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import zmq
 
@@ -93,7 +94,7 @@ class _Socket:
             self.closed = True
             self._sock.close(0)
 
-    def __enter__(self) -> "_Socket":
+    def __enter__(self) -> _Socket:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -10,7 +10,9 @@ import pytest
 
 import loader.io as lio
 from loader.errors import ClosedError, ShapeMismatchError
-from tests.helpers import Boom, ListReader, RangeReader, raise_on
+from tests.helpers import Boom, ListReader, RangeReader, raise_on, wait_until
+
+OVERLAP_TIMEOUT_S = 10.0  # only reached when the double buffer does not read ahead
 
 TIMEOUT_S = 20
 
@@ -174,13 +176,15 @@ def test_double_buffer_reads_on_another_thread(no_leaks):
 
 @pytest.mark.timeout(TIMEOUT_S)
 def test_double_buffer_overlaps_producer_and_consumer(no_leaks):
-    delay = 0.01
-    with lio.DoubleBufferReader(SlowReader(15, delay)) as reader:
-        start = time.perf_counter()
+    source = SlowReader(15)
+    consumed = 0
+    with lio.DoubleBufferReader(source) as reader:
         for _ in reader:
-            time.sleep(delay)
-        elapsed = time.perf_counter() - start
-    assert elapsed < 15 * 2 * delay * 0.85
+            consumed += 1
+            # While the consumer still holds item k, the reader's thread reads item k+1 without
+            # being asked (read serially, it would wait for the next read_next and time out here).
+            assert wait_until(lambda k=consumed: source.i >= min(k + 1, 15), timeout_s=OVERLAP_TIMEOUT_S), consumed
+    assert consumed == 15
 
 
 @pytest.mark.timeout(TIMEOUT_S)

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import gc
-import time
 
 import pytest
 
 from loader import reader
 from loader.errors import ComposeNotAligned, DataError
-from tests.helpers import Boom, ListReader, RangeReader, hang_forever, live_threads, open_fd_count, raise_on
+from tests.helpers import (
+    Boom,
+    ListReader,
+    RangeReader,
+    hang_forever,
+    live_threads,
+    open_fd_count,
+    raise_on,
+    wait_until,
+)
+
+PREFETCH_TIMEOUT_S = 10.0  # only reached when prefetching is broken
 
 
 class Counting:
@@ -153,25 +163,26 @@ def test_buffered_upstream_order(size, no_leaks):
     assert list(reader.buffered(RangeReader(10), size)()) == list(range(10))
 
 
-class SlowReader:
-    def __init__(self, n: int, delay_s: float) -> None:
-        self.n, self.delay_s = n, delay_s
+class Recording:
+    """A reader over 0..n-1 that records each item as the source produces it."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.produced = n, []
 
     def __call__(self):
         for i in range(self.n):
-            time.sleep(self.delay_s)
+            self.produced.append(i)
             yield i
 
 
 def test_buffered_prefetches(no_leaks):
-    it = reader.buffered(SlowReader(10, 0.03), 10)()
+    source = Recording(10)
+    it = reader.buffered(source, 10)()
     assert next(it) == 0
-    time.sleep(0.6)  # the thread fills the buffer meanwhile
-    for expected in range(1, 10):
-        start = time.monotonic()
-        assert next(it) == expected
-        assert time.monotonic() - start < 0.08
-    assert list(it) == []
+    # The consumer asks for nothing more, yet the source is read to the end: the buffer's thread
+    # prefetched (a lazy pass-through would stop at item 0 or 1 and time out here).
+    assert wait_until(lambda: source.produced == list(range(10)), timeout_s=PREFETCH_TIMEOUT_S)
+    assert list(it) == list(range(1, 10))
 
 
 def test_buffered_source_error_reaches_consumer(no_leaks):
@@ -299,8 +310,7 @@ def test_decorators_are_lazy_and_reiterable():
 
 
 def test_public_names():
-    from loader.reader import creator
-    from loader.reader import decorators
+    from loader.reader import creator, decorators
 
     for name in ("map_readers", "buffered", "compose", "chain", "shuffle", "firstn", "xmap_readers",
                  "multiprocess_reader", "cache", "Fake", "PipeReader", "ComposeNotAligned"):

@@ -11,8 +11,7 @@ import traceback
 import pytest
 
 from loader import reader
-from tests.helpers import Boom, ListReader, RangeReader, hang_forever, live_threads, raise_on
-from tests.unit.reader.test_decorators import SlowReader  # one slow source for both modules
+from tests.helpers import Boom, CpuWhileWaiting, ListReader, RangeReader, hang_forever, live_threads, raise_on
 
 
 def plus_one(x: int) -> int:
@@ -113,8 +112,25 @@ def test_xmap_thousand_abandoned_calls_leave_no_threads(no_leaks):
 
 
 def test_xmap_ordered_does_not_spin():
-    # A slow source while 8 handlers wait for their turns: CPU time stays small.
-    r = reader.xmap_readers(plus_one, SlowReader(5, 0.1), 8, 4, order=True)
-    cpu0 = time.process_time()
-    assert list(r()) == [1, 2, 3, 4, 5]
-    assert time.process_time() - cpu0 < 0.3
+    # A source that stalls (at a gate) after its first item, while 8 handlers wait for it or for
+    # their turn: on their own CPU clocks, they use almost nothing meanwhile (a spin would use
+    # about the whole window).
+    probe = CpuWhileWaiting()
+    stalled = threading.Event()
+
+    def stalling_source():
+        yield 0
+        stalled.set()
+        probe.gate.wait(probe.GATE_TIMEOUT_S)
+        yield from range(1, 5)
+
+    before = live_threads()
+
+    def handlers() -> list[threading.Thread]:
+        return [t for t in live_threads() - before if t.name.startswith("xmap-")]
+
+    measuring = probe.hold(handlers, ready=lambda: stalled.is_set() and len(handlers()) == 8)
+    assert list(reader.xmap_readers(plus_one, stalling_source, 8, 4, order=True)()) == [1, 2, 3, 4, 5]
+    measuring.join(probe.GATE_TIMEOUT_S)
+    assert probe.used_s is not None, "the handlers never started"
+    assert probe.used_s < probe.WINDOW_S / 3, f"waiting handlers used {probe.used_s:.3f} s of CPU"
