@@ -156,8 +156,12 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
     return _check_value(value)
 
 
+_PLAIN = (bool, int, float, complex, str, bytes, bytearray, type(None), np.generic, np.dtype)
+
+
 def _check_value(value: Any) -> Any:
-    """Refuse a marker or wrapper that escaped into the result (a pickle may return a global itself)."""
+    """Refuse anything but admitted types in the result: a pickle may return a set (protocol 4 builds
+    one without a global), or an admitted global or marker itself."""
     stack = [value]
     seen: set[int] = set()
     while stack:
@@ -165,13 +169,16 @@ def _check_value(value: Any) -> Any:
         if id(item) in seen:
             continue
         seen.add(id(item))
-        if item is _NDARRAY or callable(item) and not isinstance(item, (np.ndarray, np.generic)):
-            raise UnsafePickleError(f"refused a pickle whose value holds {_name_of(item)}; only {ADMITTED}")
         if isinstance(item, (list, tuple)):
             stack.extend(item)
         elif isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
+        elif isinstance(item, np.ndarray):
+            if type(item) is not np.ndarray or item.dtype.hasobject:
+                raise UnsafePickleError(f"refused an array of class {_name_of(item)}; only {ADMITTED}")
+        elif not isinstance(item, _PLAIN) or isinstance(item, type):
+            raise UnsafePickleError(f"refused a value of type {_name_of(item)}; only {ADMITTED} are unpickled")
     return value
 
 
