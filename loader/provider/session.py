@@ -5,15 +5,13 @@ from __future__ import annotations
 import operator
 import random
 import threading
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 from loader.errors import DataError
 from loader.provider.batching import assemble
 from loader.provider.check import InvalidSample, check_sample, normalize
+from loader.provider.settings import ProviderLike, Settings
 from loader.provider.types import CacheType
-
-if TYPE_CHECKING:
-    from loader.provider.core import DataProvider, Settings
 
 # Shuffle granularity when min_pool_size is -1. The original then pooled the whole data
 # set before the first batch (issue #4030); a fixed default keeps memory bounded.
@@ -39,7 +37,7 @@ class ProviderSession:
     the normalized, checked samples of one file, in file order.
     """
 
-    def __init__(self, provider: "DataProvider", settings: "Settings", seed: int | None) -> None:
+    def __init__(self, provider: ProviderLike, settings: Settings, seed: int | None) -> None:
         self.provider = provider
         self.settings = settings
         self.seed = seed
@@ -241,7 +239,7 @@ class BatchReader:
         self.session, self.batch_size, self.drop_last = session, batch_size, drop_last
 
     @property
-    def settings(self) -> "Settings":
+    def settings(self) -> Settings:
         return self.session.settings
 
     def __call__(self) -> Iterator[dict[str, Any]]:
