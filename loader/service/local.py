@@ -25,6 +25,7 @@ import tempfile
 import threading
 from typing import Any, Callable, Iterator
 
+from loader.reader.batches import batch_reader
 from loader.service.client import Client, query_status
 from loader.service.daemon import Daemon
 from loader.service.launcher import DEFAULT_WORKER_ENTRY
@@ -78,8 +79,8 @@ class Loader:
         return self._client.epoch(epoch)
 
     def reader(self) -> Callable[[], Iterator[Any]]:
-        """A paddle-style batch reader: each call iterates the next epoch."""
-        return lambda: self.epoch()
+        """A paddle batch reader: each call iterates the next epoch, as lists of sample tuples in field order."""
+        return batch_reader(self.epoch)
 
     def __iter__(self) -> Iterator[Any]:
         epochs = self.config.pipeline.epochs
