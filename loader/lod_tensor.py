@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 
-class Shape(tuple):  # type: ignore[type-arg] - a tuple of ints
+class Shape(tuple[int, ...]):
     """A shape that is a tuple (``t.shape == (9, 1)``) and, called, the list fluid's ``shape()`` gave."""
 
     def __call__(self) -> list[int]:

@@ -74,7 +74,7 @@ def _check_value(value: Any, input_type: InputType) -> str | None:
     if kind == DataType.Index:
         if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)):
             return f"expected an int, got {type(value).__name__} {value!r}"
-        return None if 0 <= value < dim else f"integer {value} out of range [0, {dim})"
+        return None if 0 <= int(value) < dim else f"integer {value} out of range [0, {dim})"
     if kind == DataType.Dense:
         return _check_dense(value, dim)
     if not isinstance(value, _SEQUENCE_TYPES):

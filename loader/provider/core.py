@@ -55,6 +55,10 @@ class DataProvider:
     receive it when it is defined at module level.
     """
 
+    # Copied from ``process`` by functools.update_wrapper.
+    __name__: str
+    __qualname__: str
+
     def __init__(self, process: Callable[[Any, str], Iterable[Any]], options: Mapping[str, Any]) -> None:
         functools.update_wrapper(self, process)
         self.process = process

@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 import random
 import threading
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 from loader.errors import DataError
 from loader.provider.batching import assemble
@@ -20,6 +20,7 @@ DEFAULT_MIN_POOL_SIZE = 1000
 DEFAULT_MAX_OPEN_FILES = 8
 
 Item = tuple[list[Any], int]  # (sample in slot order, its weight toward the batch size)
+Items = Generator[Item, None, None]  # closed explicitly, so that files and generators are released
 
 
 class _PassStats:
@@ -84,7 +85,7 @@ class ProviderSession:
 
     # -- one pass ------------------------------------------------------------------------
 
-    def items(self) -> Iterator[Item]:
+    def items(self) -> Items:
         """One pass as (sample, weight) pairs, shuffled when the provider shuffles."""
         with self._lock:
             epoch = self._epoch
@@ -126,7 +127,7 @@ class ProviderSession:
         for i in order:
             yield cached[i]
 
-    def _files(self, rng: random.Random, stats: _PassStats) -> Iterator[Item]:
+    def _files(self, rng: random.Random, stats: _PassStats) -> Items:
         """Samples of every file: in order, or interleaved from a few open files when shuffling."""
         files = list(self.settings.file_list)
         if not self.shuffle:
@@ -135,15 +136,15 @@ class ProviderSession:
             return
         rng.shuffle(files)
         limit = max(1, self.settings.max_open_files)
-        active: list[Iterator[Item]] = []
+        active: list[Items] = []
         upcoming = iter(files)
         try:
             while True:
                 while len(active) < limit:
-                    filename = next(upcoming, None)
-                    if filename is None:
+                    upcoming_name = next(upcoming, None)
+                    if upcoming_name is None:
                         break
-                    active.append(self._file_items(filename, stats))
+                    active.append(self._file_items(upcoming_name, stats))
                 if not active:
                     return
                 pick = rng.randrange(len(active))
@@ -159,7 +160,7 @@ class ProviderSession:
             for generator in active:
                 generator.close()
 
-    def _pool(self, stream: Iterator[Item], rng: random.Random) -> Iterator[Item]:
+    def _pool(self, stream: Items, rng: random.Random) -> Items:
         """Random draws from a pool refilled to the shuffle granularity before each draw."""
         target = self.settings.min_pool_size if self.settings.min_pool_size > 0 else DEFAULT_MIN_POOL_SIZE
         if self.settings.pool_size > 0:
@@ -184,9 +185,9 @@ class ProviderSession:
                 held -= max(1, item[1])
                 yield item
         finally:
-            stream.close()  # type: ignore[attr-defined]
+            stream.close()
 
-    def _file_items(self, filename: str, stats: _PassStats) -> Iterator[Item]:
+    def _file_items(self, filename: str, stats: _PassStats) -> Items:
         """Run ``process`` on one file: normalize, check and weigh each sample."""
         settings = self.settings
         source = self.provider.process(settings, filename)

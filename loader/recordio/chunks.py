@@ -26,7 +26,7 @@ import enum
 import os
 import struct
 import zlib
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, cast
 
 from loader.errors import CorruptFileError
 from loader.recordio import framing, snappystream
@@ -177,7 +177,7 @@ def open_target(target: str | os.PathLike[str] | BinaryIO, mode: str) -> tuple[s
     """``(name, file, owned)``: a path is opened (and owned by the caller); a file object is used as is."""
     if isinstance(target, (str, os.PathLike)):
         name = os.fspath(target)
-        return name, open(name, mode), True  # noqa: SIM115 - closed by the owner's close()
+        return name, cast(BinaryIO, open(name, mode)), True  # noqa: SIM115 - closed by the owner's close()
     return str(getattr(target, "name", "<stream>")), target, False
 
 
