@@ -106,7 +106,7 @@ class DataFeeder:
         """One dict ``name -> LoDTensor`` (with ``return_arrays``: array for lod_level 0) for a list of samples."""
         return self._feed_on(minibatch, self.placer)
 
-    def _wrap(self, field: Field, value: Any) -> Any:
+    def _wrap(self, value: Any) -> Any:
         if isinstance(value, LoDTensor) or self.return_arrays:
             return value
         return LoDTensor(value, [])
@@ -128,7 +128,8 @@ class DataFeeder:
                 f"the number of fields of the feeder ({count}: {self.feed_names})"
             )
         columns = list(zip(*samples)) if samples else [() for _ in self.fields]
-        out = {f.name: self._wrap(f, convert(column)) for f, convert, column in zip(self.fields, self._converters, columns)}
+        parts = zip(self.fields, self._converters, columns)
+        out = {f.name: self._wrap(convert(column)) for f, convert, column in parts}
         return placer.place_now(out)
 
     def _num_places(self, num_places: int | None) -> int:

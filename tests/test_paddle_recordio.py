@@ -28,6 +28,7 @@ from tests import paddle_shim
 
 GO_COMPRESSORS = [files.NONE, files.SNAPPY, files.GZIP]
 FLUID_COMPRESSORS = [files.NONE, files.SNAPPY]
+ALL_WRITERS = [("go", c) for c in GO_COMPRESSORS] + [("fluid", c) for c in FLUID_COMPRESSORS]
 PY2_TUPLES = [b"(I1\nI2\nI3\ntp0\n.", b"(I4\nI5\nI6\ntp0\n."]  # Python 2's cPickle.dumps((1, 2, 3)), protocol 0
 
 
@@ -85,7 +86,7 @@ def test_upstream_creator_test_on_fluid_tensor_records(paddle, tmp_path, compres
     assert outcome.wasSuccessful(), outcome.failures + outcome.errors
 
 
-@pytest.mark.parametrize("writer, compressor", [("go", c) for c in GO_COMPRESSORS] + [("fluid", c) for c in FLUID_COMPRESSORS])
+@pytest.mark.parametrize("writer, compressor", ALL_WRITERS)
 @pytest.mark.parametrize("protocol", [-2, 0, 2, 4, 5])
 def test_upstream_creator_test_on_pickled_files_after_one_conversion(paddle, tmp_path, writer, compressor, protocol):
     src, dst = str(tmp_path / "paddle.dat"), str(tmp_path / "ours.recordio")
@@ -111,7 +112,7 @@ def test_the_creator_case_can_fail(paddle, tmp_path):
     assert not _run_creator_case(path).wasSuccessful()
 
 
-@pytest.mark.parametrize("writer, compressor", [("go", c) for c in GO_COMPRESSORS] + [("fluid", c) for c in FLUID_COMPRESSORS])
+@pytest.mark.parametrize("writer, compressor", ALL_WRITERS)
 def test_pickled_records_are_refused_without_the_opt_in(tmp_path, writer, compressor):
     path = str(tmp_path / "paddle.dat")
     (files.write_go if writer == "go" else files.write_fluid)(path, _pickled(2), compressor)

@@ -175,4 +175,5 @@ def _assert_plain(value):
         elif isinstance(item, np.ndarray):
             assert type(item) is np.ndarray and not item.dtype.hasobject
         else:
-            assert isinstance(item, (int, float, complex, str, bytes, bytearray, type(None), np.generic, np.dtype)), item
+            plain = (int, float, complex, str, bytes, bytearray, type(None), np.generic, np.dtype)
+            assert isinstance(item, plain), item

@@ -60,7 +60,8 @@ def decode_record(
         try:
             return safe_pickle.loads(raw)
         except DataError as exc:
-            raise type(exc)(f"RecordIO file {name}: record {index} (chunk at byte offset {chunk_offset}): {exc}") from None
+            where = f"RecordIO file {name}: record {index} (chunk at byte offset {chunk_offset})"
+            raise type(exc)(f"{where}: {exc}") from None
     if layout is Layout.GO:
         return bytes(raw)
     try:
