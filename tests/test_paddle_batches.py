@@ -32,3 +32,33 @@ def test_batch_reader_calls_the_epoch_each_time():
     reader = batch_reader(epoch)
     assert list(reader()) == [[(1,), (2,)], [(3,)]]
     assert list(reader()) == [[(1,), (2,)], [(3,)]] and len(calls) == 2
+
+
+def test_worked_example_of_docs_paddle_md(tmp_path):
+    # A Paddle Go-layout file of pickled (image, label) samples, converted once, served, fed.
+    import pickle
+
+    import loader
+    from loader.config import LoaderConfig
+    from loader.recordio import convert_paddle_file
+    from tests import paddle_recordio_files as files
+
+    samples = [(np.full(784, i, np.float32), i % 10) for i in range(40)]
+    src = str(tmp_path / "mnist-paddle.recordio")
+    files.write_go(src, [pickle.dumps(s, protocol=2) for s in samples], files.SNAPPY)
+    (tmp_path / "mnist").mkdir()
+    assert convert_paddle_file(src, str(tmp_path / "mnist" / "part-0.recordio"), allow_pickle=True) == 40
+    config = LoaderConfig.from_dict({
+        "source": {"files": [str(tmp_path / "mnist" / "*.recordio")], "fields": ["image", "label"]},
+        "pipeline": {"batch_size": 8, "shuffle_buffer": 16, "seed": 1},
+        "workers": {"count": 1},
+    })
+    feeder = DataFeeder([Field("image", [-1, 1, 28, 28]), Field("label", [-1, 1], "int64")])
+    with loader.Loader(config) as local:
+        train_reader = local.reader()
+        labels = []
+        for data in train_reader():
+            fed = feeder.feed(data)
+            assert fed["image"].shape()[1:] == [1, 28, 28]
+            labels.extend(np.array(fed["label"]).ravel().tolist())
+    assert sorted(labels) == sorted(i % 10 for i in range(40))
