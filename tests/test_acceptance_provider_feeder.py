@@ -143,8 +143,12 @@ def test_provider_names_and_signatures_are_exactly_as_stated():
     assert _params(numbered.batch_reader) == [
         ("file_list", EMPTY), ("batch_size", EMPTY), ("is_train", True), ("drop_last", False), ("kwargs", EMPTY)
     ]
-    assert _params(loader.Field) == [("name", EMPTY), ("shape", EMPTY), ("dtype", "float32"), ("lod_level", 0), ("flatten", False)]
-    assert _params(loader.DataFeeder) == [("feed_list", EMPTY), ("place", "cpu"), ("program", None), ("return_arrays", False)]
+    assert _params(loader.Field) == [
+        ("name", EMPTY), ("shape", EMPTY), ("dtype", "float32"), ("lod_level", 0), ("flatten", False)
+    ]
+    assert _params(loader.DataFeeder) == [
+        ("feed_list", EMPTY), ("place", "cpu"), ("program", None), ("return_arrays", False)
+    ]
     feeder = loader.DataFeeder([loader.Field("x", [-1, 1])])
     assert _params(feeder.feed) == [("minibatch", EMPTY)]
     assert _params(feeder.feed_parallel) == [("minibatches", EMPTY), ("num_places", None)]
