@@ -7,6 +7,7 @@
     loader worker --connect tcp://HOST:PORT           run one worker by hand (any host)
     loader check CONFIG                               validate a config and its file list
     loader gen-data DIR --format npy|npz|recordio --files N --samples M   synthetic data
+    loader recordio convert SRC DST [--allow-pickle]  rewrite a PaddlePaddle RecordIO file as ours
 
 This is the composition root: the one place in ``loader`` that imports
 ``workers``. Every error a user can cause ends as one line on stderr
@@ -212,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=1024, metavar="M", help="samples per file (default 1024)")
     p.add_argument("--dim", type=int, default=64, help="float32 features per sample (default 64)")
     p.add_argument("--seed", type=int, default=0)
+
+    from loader.recordio.paddle_convert import add_command as add_recordio_command  # its logic lives there
+
+    add_recordio_command(add)
     return parser
 
 

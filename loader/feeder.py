@@ -1,29 +1,44 @@
-"""``DataFeeder``: turn a mini-batch (a list of samples) into one array per input.
+"""``DataFeeder``: turn a mini-batch (a list of samples) into one tensor per input.
 
 ::
 
     feeder = DataFeeder([Field("image", [-1, 1, 28, 28]), Field("label", [-1, 1], "int64")])
-    arrays = feeder.feed([([0] * 784, [9]), ([1] * 784, [1])])
-    arrays["image"].shape == (2, 1, 28, 28); arrays["label"].shape == (2, 1)
+    result = feeder.feed([([0] * 784, [9]), ([1] * 784, [1])])
+    result["image"].shape() == [2, 1, 28, 28]; numpy.array(result["label"]).shape == (2, 1)
 
+* ``DataFeeder(feed_list, place="cpu", program=None, *, return_arrays=False)``, as fluid's.
+  ``feed_list`` entries are ``Field``s, variable-like objects (``name``, ``shape``,
+  ``dtype``, ``lod_level``: a fluid ``Variable`` fits) or names. A name is looked up in
+  ``program`` (anything whose ``global_block().var(name)`` gives such a variable, or a
+  mapping/sequence of Fields) or, without a program, among the ``Field``s declared in
+  this process (the latest of that name), as fluid looked in its default program. A
+  variable without ``lod_level`` (Paddle 3's PIR ``Value``) is fed as Paddle 3 fed it
+  (``Field(..., flatten=True)``): all scalars of the batch, reshaped to its shape.
 * ``Field(name, shape, dtype, lod_level)`` describes one input. A leading ``-1`` (or
   ``None``) in ``shape`` is the batch dimension; a shape with no leading ``-1`` is taken
   as the shape of one sample (as ``fluid.layers.data`` prepends the batch dimension).
   Other ``-1`` entries are free: they take whatever size the samples have.
-* ``lod_level == 0``: the result is a numpy array ``(N,) + sample shape``. Each sample
-  is reshaped to the sample shape when its total size matches (flat ``[0] * 784`` fits
-  ``(1, 28, 28)``; a scalar fits ``(1,)``).
-* ``lod_level == k > 0``: each sample is a ``k``-times nested sequence; the result is a
-  ``LoDTensor`` whose ``data`` holds the leaves, ``(total leaves,) + element shape``, and
-  whose ``recursive_sequence_lengths()`` has one list of lengths per level.
+* ``feed`` returns ``{name: LoDTensor}`` for every field, like fluid: read it with
+  ``t.shape()`` (a list), ``t.lod()``, ``t.recursive_sequence_lengths()``,
+  ``numpy.array(t)``, ``t.dtype`` (see :mod:`loader.lod_tensor`).
+* Plain arrays in one step: ``DataFeeder(..., return_arrays=True)`` makes ``feed``,
+  ``feed_parallel`` and ``decorate_reader`` give the array itself (numpy, or the torch /
+  cupy tensor of ``place``) for ``lod_level == 0`` fields, and a ``LoDTensor`` only for
+  sequences; ``t.data`` / ``t.numpy()`` unwrap a single result.
+* ``lod_level == 0``: the data is ``(N,) + sample shape``. Each sample is reshaped to the
+  sample shape when its total size matches (flat ``[0] * 784`` fits ``(1, 28, 28)``; a
+  scalar fits ``(1,)``); ``recursive_sequence_lengths() == []``.
+* ``lod_level == k > 0``: each sample is a ``k``-times nested sequence; the data holds the
+  leaves, ``(total leaves,) + element shape``, and ``recursive_sequence_lengths()`` has
+  one list of lengths per level.
 * Every shape is checked, not only the rank: a sample that does not fit raises
   ``ShapeMismatchError`` (a ``ValueError``) naming the field, the expected and the
   received shape and the sample. A sample with the wrong number of fields raises
   ``ValueError`` with both counts. Values are cast to the field's dtype with numpy
   (float to int truncates, as in the original).
-* ``place`` (``"cpu"``, ``"cuda:0"``, ``"torch:cpu"``, ...) is handled by
-  ``loader.device.Placer``: on a device the arrays (and ``LoDTensor.data``) become that
-  library's tensors.
+* ``place`` (``"cpu"``, ``"cuda:0"``, ``"torch:cpu"``, a torch device, or fluid's
+  ``CPUPlace()`` / ``CUDAPlace(i)``, recognised by class name) is handled by
+  ``loader.device.Placer``: on a device the data become that library's tensors.
 
 Differences from the original: ``feed_parallel`` returns a list and checks the number
 of mini-batches before converting any (the original raised lazily, at the first
@@ -41,21 +56,44 @@ import os
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from loader.device import Placer, device_count
-from loader.fields import Field, FieldConverter, as_field
+from loader.fields import Field, FieldConverter, as_field, declared_field, program_field
 from loader.lod_tensor import LoDTensor
 
 
-class DataFeeder:
-    """Converts mini-batches (lists of samples) into one array per ``Field``."""
+def place_name(place: Any) -> Any:
+    """A fluid place object (``CPUPlace()``, ``CUDAPlace(i)``) as a place string; anything else as given."""
+    if place is None:
+        return "cpu"
+    kind = type(place).__name__
+    if kind in ("CPUPlace", "CUDAPinnedPlace"):
+        return "cpu"
+    if kind in ("CUDAPlace", "GPUPlace"):
+        index = place.get_device_id() if hasattr(place, "get_device_id") else getattr(place, "device_id", 0)
+        return f"cuda:{int(index)}"
+    return place
 
-    def __init__(self, feed_list: Sequence[Any], place: Any = "cpu") -> None:
-        self.fields = [as_field(entry) for entry in feed_list]
+
+def resolve_field(entry: Any, program: Any) -> Field:
+    """One ``feed_list`` entry as a ``Field``: a name is looked up in ``program`` or the declared Fields."""
+    if isinstance(entry, str):
+        return program_field(program, entry) if program is not None else declared_field(entry)
+    return as_field(entry)
+
+
+class DataFeeder:
+    """Converts mini-batches (lists of samples) into one ``LoDTensor`` (or array) per ``Field``."""
+
+    def __init__(
+        self, feed_list: Sequence[Any], place: Any = "cpu", program: Any = None, *, return_arrays: bool = False
+    ) -> None:
+        self.fields = [resolve_field(entry, program) for entry in feed_list]
+        self.return_arrays = bool(return_arrays)
         if not self.fields:
             raise ValueError("DataFeeder needs at least one Field in feed_list")
         names = [f.name for f in self.fields]
         if len(set(names)) != len(names):
             raise ValueError(f"DataFeeder field names must be unique, got {names}")
-        self.placer = place if isinstance(place, Placer) else Placer(place)
+        self.placer = place if isinstance(place, Placer) else Placer(place_name(place))
         self.place = self.placer.place
         self._converters = [FieldConverter(f) for f in self.fields]
         self._device_placers: dict[int, Placer] = {}
@@ -65,8 +103,13 @@ class DataFeeder:
         return [f.name for f in self.fields]
 
     def feed(self, minibatch: Iterable[Sequence[Any]]) -> dict[str, Any]:
-        """One dict ``name -> array | LoDTensor`` for a list of samples."""
+        """One dict ``name -> LoDTensor`` (with ``return_arrays``: array for lod_level 0) for a list of samples."""
         return self._feed_on(minibatch, self.placer)
+
+    def _wrap(self, value: Any) -> Any:
+        if isinstance(value, LoDTensor) or self.return_arrays:
+            return value
+        return LoDTensor(value, [])
 
     def _feed_on(self, minibatch: Iterable[Sequence[Any]], placer: Placer) -> dict[str, Any]:
         samples = minibatch if isinstance(minibatch, (list, tuple)) else list(minibatch)
@@ -85,7 +128,8 @@ class DataFeeder:
                 f"the number of fields of the feeder ({count}: {self.feed_names})"
             )
         columns = list(zip(*samples)) if samples else [() for _ in self.fields]
-        out = {f.name: convert(column) for f, convert, column in zip(self.fields, self._converters, columns)}
+        parts = zip(self.fields, self._converters, columns)
+        out = {f.name: self._wrap(convert(column)) for f, convert, column in parts}
         return placer.place_now(out)
 
     def _num_places(self, num_places: int | None) -> int:
@@ -158,4 +202,4 @@ class DataFeeder:
         return grouped
 
 
-__all__ = ["DataFeeder", "Field", "LoDTensor"]
+__all__ = ["DataFeeder", "Field", "LoDTensor", "place_name", "resolve_field"]

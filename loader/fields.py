@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -20,6 +21,11 @@ from loader.errors import DataError, ShapeMismatchError
 from loader.lod_tensor import LoDTensor
 
 _SUPPORTED_KINDS = "biufc"  # bool, signed, unsigned, float, complex
+
+# The latest Field made under each name, so that a feed_list of names resolves without a program,
+# as fluid resolved names in its default main program. Fields are tiny and names few.
+_DECLARED: dict[str, "Field"] = {}
+_DECLARED_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +36,9 @@ class Field:
     shape: tuple[int, ...]
     dtype: str = "float32"
     lod_level: int = 0
+    # Paddle 3's feeder (PIR mode): every value of the batch is flattened to its scalars, and the
+    # lot reshaped to ``shape`` (one free dimension); no LoD, no per-sample check.
+    flatten: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -46,8 +55,12 @@ class Field:
             raise ValueError(f"Field {self.name!r}: dtype {dtype} is not numeric (bool, int, uint, float, complex)")
         if not isinstance(self.lod_level, int) or self.lod_level < 0:
             raise ValueError(f"Field {self.name!r}: lod_level must be an int >= 0, got {self.lod_level!r}")
+        if self.flatten and self.lod_level:
+            raise ValueError(f"Field {self.name!r}: flatten=True feeds no LoD, so lod_level must be 0")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", dtype.name)
+        with _DECLARED_LOCK:
+            _DECLARED[self.name] = self
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
@@ -88,10 +101,38 @@ class FieldConverter:
         self.element = field.sample_shape
 
     def __call__(self, column: Sequence[Any]) -> Any:
+        if self.field.flatten:
+            return self._flat(column)
         if self.field.lod_level == 0:
             return self._stack(column, None)
         leaves, lengths = self._flatten(column)
         return LoDTensor(self._stack(leaves, lengths), lengths)
+
+    def _flat(self, column: Sequence[Any]) -> np.ndarray:
+        """Paddle 3: all scalars of the column, reshaped to the declared shape when its rank differs."""
+        leaves: list[Any] = []
+        stack: list[Any] = [column]
+        while stack:  # depth-first, left to right, without recursion limits
+            item = stack.pop()
+            if isinstance(item, (list, tuple)):
+                stack.extend(reversed(item))
+            elif isinstance(item, np.ndarray):
+                leaves.extend(item.ravel().tolist())
+            else:
+                leaves.append(item)
+        try:
+            array = np.asarray(leaves, dtype=self.dtype)
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"field {self.field.name!r}: values cannot be converted to {self.dtype}: {exc}") from None
+        shape = self.field.shape
+        if sum(d < 0 for d in shape) > 1 or array.ndim == len(shape):
+            return array  # as Paddle: several free dimensions mean no reshape
+        try:
+            return array.reshape(shape)
+        except ValueError:
+            raise ShapeMismatchError(
+                f"field {self.field.name!r}: {array.size} values in the batch cannot be reshaped to {list(shape)}"
+            ) from None
 
     def _flatten(self, column: Sequence[Any]) -> tuple[Any, list[list[int]]]:
         items: Any = column
@@ -171,14 +212,72 @@ class FieldConverter:
         return f"element {index} of the flattened data (sample {owner})"
 
 
+# Fluid's VarType names (``VarType.FP32``, ``paddle.float32``) -> numpy dtype names.
+_FLUID_DTYPES = {
+    "bool": "bool", "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64", "uint8": "uint8",
+    "fp16": "float16", "fp32": "float32", "fp64": "float64", "float16": "float16", "float32": "float32",
+    "float64": "float64", "complex64": "complex64", "complex128": "complex128",
+}
+
+
+def dtype_name(value: Any) -> str:
+    """A numpy dtype name for a numpy dtype, a string, or a fluid/paddle dtype (``VarType.FP32``, ``paddle.int64``)."""
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, (np.dtype, type)):
+        return np.dtype(value).name
+    else:
+        text = str(getattr(value, "name", value))
+    key = text.rsplit(".", 1)[-1].lower()  # "VarType.FP32" -> "fp32", "paddle.int64" -> "int64"
+    return _FLUID_DTYPES.get(key, text)
+
+
+def declared_field(name: str) -> Field:
+    """The latest ``Field`` made with ``name`` in this process; ``ValueError`` when there is none."""
+    with _DECLARED_LOCK:
+        found = _DECLARED.get(name)
+        known = sorted(_DECLARED)
+    if found is None:
+        raise ValueError(f"feed_list names {name!r}, but no Field of that name was declared (declared: {known})")
+    return found
+
+
+def program_field(program: Any, name: str) -> Field:
+    """The ``Field`` of variable ``name`` in ``program``: anything whose ``global_block().var(name)``
+    gives an object with name, shape, dtype and lod_level (a fluid ``Program``), a mapping of
+    names to Fields or variables, or a sequence of them."""
+    if hasattr(program, "global_block"):
+        try:
+            var = program.global_block().var(name)
+        except Exception as exc:  # noqa: BLE001 - a program's own lookup error, translated once here
+            raise ValueError(f"feed_list names {name!r}, which the program does not have ({exc})") from exc
+        return as_field(var)
+    if isinstance(program, dict):
+        entries = list(program.values())
+    else:
+        entries = list(program)
+    fields = {f.name: f for f in map(as_field, entries)}
+    if name not in fields:
+        raise ValueError(f"feed_list names {name!r}, which the program does not have (it has {sorted(fields)})")
+    return fields[name]
+
+
 def as_field(entry: Any) -> Field:
+    """A ``Field`` for a ``Field`` or any variable-like object with ``name`` and ``shape``
+    (and optionally ``dtype`` and ``lod_level``), such as a fluid ``Variable``."""
     if isinstance(entry, Field):
         return entry
     if hasattr(entry, "name") and hasattr(entry, "shape"):
-        return Field(
-            entry.name, tuple(entry.shape), str(getattr(entry, "dtype", "float32")), int(getattr(entry, "lod_level", 0))
-        )
-    raise TypeError(f"feed_list should contain loader.Field objects, got {type(entry).__name__}")
+        dtype = dtype_name(getattr(entry, "dtype", "float32"))
+        if not hasattr(entry, "lod_level"):
+            # Paddle 3's values (PIR) have no LoD: its feeder flattened each batch and reshaped it.
+            return Field(str(entry.name), tuple(entry.shape), dtype, 0, flatten=True)
+        lod_level = entry.lod_level
+        return Field(str(entry.name), tuple(entry.shape), dtype, int(lod_level() if callable(lod_level) else lod_level))
+    raise TypeError(
+        f"feed_list should contain loader.Field objects, variables (name, shape, dtype, lod_level) or names, "
+        f"got {type(entry).__name__}"
+    )
 
 
-__all__ = ["Field", "FieldConverter", "as_field"]
+__all__ = ["Field", "FieldConverter", "as_field", "declared_field", "dtype_name", "program_field"]

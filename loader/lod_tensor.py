@@ -1,7 +1,14 @@
 """``LoDTensor``: flat data plus per-level sequence lengths (fluid's length-based LoD).
 
-Made by ``DataFeeder.feed`` for ``lod_level > 0`` fields and by the provider's
-batches for sequence slots, so both hand sequences over in one form.
+Made by ``DataFeeder.feed`` for every field (as fluid's feeder did) and by the
+provider's batches for sequence slots, so both hand sequences over in one form.
+
+Fluid code reads it unchanged: ``t.shape()`` (a list), ``t.lod()``,
+``t.set_lod(offsets)``, ``t.recursive_sequence_lengths()``,
+``t.set_recursive_sequence_lengths(lengths)``, ``t.set(array, place)``,
+``numpy.array(t)``, ``t._dtype()``. NumPy-style code reads it too: ``t.shape``
+also compares equal to a tuple (``t.shape == (9, 1)``), ``t.dtype``, ``t.ndim``,
+``len(t)``, ``t[i]``; ``t.numpy()`` and ``t.data`` give the array itself.
 """
 
 from __future__ import annotations
@@ -11,6 +18,13 @@ import itertools
 from typing import Any, Sequence
 
 import numpy as np
+
+
+class Shape(tuple[int, ...]):
+    """A shape that is a tuple (``t.shape == (9, 1)``) and, called, the list fluid's ``shape()`` gave."""
+
+    def __call__(self) -> list[int]:
+        return [int(d) for d in self]
 
 
 @dataclasses.dataclass
@@ -27,6 +41,20 @@ class LoDTensor:
 
     def recursive_sequence_lengths(self) -> list[list[int]]:
         return [list(level) for level in self.lengths]
+
+    def set_lod(self, lod: Sequence[Sequence[int]]) -> None:
+        """Set the LoD from offsets per level (``[[0, 3, 5, 9]]``): fluid's offset form."""
+        lengths = []
+        for level in lod:
+            offsets = [int(n) for n in level]
+            if not offsets or offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])):
+                raise ValueError(f"a LoD level must be non-decreasing offsets starting at 0, got {offsets}")
+            lengths.append([b - a for a, b in zip(offsets, offsets[1:])])
+        self.lengths = lengths
+
+    def set(self, array: Any, place: Any = None) -> None:
+        """Replace the data (fluid's ``t.set(array, place)``; ``place`` is ignored: data stays where it is)."""
+        self.data = np.asarray(array)
 
     def set_recursive_sequence_lengths(self, lengths: Sequence[Sequence[int]]) -> None:
         self.lengths = [[int(n) for n in level] for level in lengths]
@@ -57,11 +85,34 @@ class LoDTensor:
         return rows is None or expected is None or expected == rows
 
     @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.data.shape)
+    def shape(self) -> Shape:
+        """The data's shape: a tuple, which called gives a list (fluid's ``t.shape()``)."""
+        return Shape(int(d) for d in self.data.shape)
+
+    @property
+    def dtype(self) -> Any:
+        return self.data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.data.shape)
+
+    def _dtype(self) -> Any:
+        """Fluid's spelling of ``dtype``."""
+        return self.data.dtype
+
+    def numpy(self) -> np.ndarray:
+        """The data as a numpy array (no copy when it is one already)."""
+        return np.asarray(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.data[index]
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return np.asarray(self.data, dtype=dtype)
 
 
-__all__ = ["LoDTensor"]
+__all__ = ["LoDTensor", "Shape"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -72,6 +73,9 @@ def _base_column(values: Any, input_type: InputType) -> Any:
         if len(values) == 0:
             return np.zeros((0, dim), dtype=np.float32)
         array = np.asarray(values, dtype=np.float32)
+        if array.ndim > 2 and math.prod(array.shape[1:]) == dim:
+            # N-d samples of dim values (dense_array(784) fed (28, 28) arrays): read flat, as the original did.
+            array = array.reshape(len(array), dim)
         if array.ndim != 2 or array.shape[1] != dim:
             raise ValueError(f"dense vectors of {dim} values expected, got an array of shape {array.shape}")
         return array

@@ -23,9 +23,16 @@ class InvalidSample(Exception):
 def normalize(raw: Any, names: Sequence[str], dict_mode: bool) -> list[Any]:
     """The sample as a list in slot order (the original's SingleSlot/InputOrder wrappers)."""
     if dict_mode:
-        if not isinstance(raw, Mapping):
-            raise InvalidSample(None, f"input_types is a dict, so each sample must be a dict, got {type(raw).__name__}")
-        return [raw.get(name) for name in names]
+        if isinstance(raw, Mapping):
+            return [raw.get(name) for name in names]
+        # The original passed a non-dict sample through as is: its values in slot order.
+        if len(names) == 1:
+            return [raw]  # one slot: the sample is its value (the original's SingleSlotWrapper)
+        if not isinstance(raw, (list, tuple)):
+            raise InvalidSample(None, f"expected a dict or a list of {len(names)} slots, got {type(raw).__name__}")
+        if len(raw) != len(names):
+            raise InvalidSample(None, f"has {len(raw)} slots, input_types has {len(names)} ({list(names)})")
+        return list(raw)
     if isinstance(raw, Mapping):
         raise InvalidSample(None, "got a dict sample but input_types is a list; declare input_types as a dict")
     if len(names) == 1:
@@ -67,7 +74,7 @@ def _check_value(value: Any, input_type: InputType) -> str | None:
     if kind == DataType.Index:
         if isinstance(value, bool) or not isinstance(value, (numbers.Integral, np.integer)):
             return f"expected an int, got {type(value).__name__} {value!r}"
-        return None if 0 <= value < dim else f"integer {value} out of range [0, {dim})"
+        return None if 0 <= int(value) < dim else f"integer {value} out of range [0, {dim})"
     if kind == DataType.Dense:
         return _check_dense(value, dim)
     if not isinstance(value, _SEQUENCE_TYPES):
@@ -88,6 +95,11 @@ def _check_dense(value: Any, dim: int) -> str | None:
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "fiu":
             return f"expected a numeric array, got dtype {value.dtype}"
+        if value.ndim > 1:
+            # An N-d array (a (28, 28) image for dense_array(784)) is read flat, as the original did.
+            if value.size != dim:
+                return f"expected {dim} values, got an array of shape {value.shape} ({value.size} values)"
+            value = value.reshape(-1)
     elif not isinstance(value, (list, tuple)):
         return f"expected a list of {dim} floats, got {type(value).__name__}"
     return _check_floats(value, dim)

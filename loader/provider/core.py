@@ -9,15 +9,11 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from loader.runtime.imports import import_object
 from loader.provider.session import DEFAULT_MAX_OPEN_FILES, BatchReader, ProviderSession
+from loader.provider.settings import Settings
 from loader.provider.types import CacheType, InputType
 
 _TRUE_WORDS = (1, "1", "t", "true", "on")
 _FALSE_WORDS = (0, "0", "f", "false", "off")
-# Attributes of Settings that a user kwarg may not overwrite.
-_RESERVED = frozenset(
-    "input_types logger is_train file_list kwargs should_shuffle pool_size min_pool_size can_over_batch_size "
-    "calc_batch_size cache check check_fail_continue slot_names slot_types dict_mode max_open_files".split()
-)
 
 logger = logging.getLogger("loader.provider")
 
@@ -51,17 +47,6 @@ def read_file_list(file_list: str | os.PathLike[str] | Iterable[str]) -> list[st
     return files
 
 
-class Settings:
-    """What ``process(settings, filename)`` and ``init_hook`` see: options plus user kwargs."""
-
-    def __init__(self, **attrs: Any) -> None:
-        self.__dict__.update(attrs)
-
-    def __repr__(self) -> str:
-        keys = ", ".join(sorted(k for k in self.__dict__ if not k.startswith("_")))
-        return f"Settings({keys})"
-
-
 class DataProvider:
     """What ``@provider`` turns ``process(settings, filename)`` into.
 
@@ -69,6 +54,10 @@ class DataProvider:
     file list. It pickles by reference (module and name), so a worker process can
     receive it when it is defined at module level.
     """
+
+    # Copied from ``process`` by functools.update_wrapper.
+    __name__: str
+    __qualname__: str
 
     def __init__(self, process: Callable[[Any, str], Iterable[Any]], options: Mapping[str, Any]) -> None:
         functools.update_wrapper(self, process)
@@ -100,13 +89,9 @@ class DataProvider:
 
     def _settings(self, files: list[str], is_train: bool, kwargs: dict[str, Any]) -> Settings:
         opts = self.options
-        clash = _RESERVED.intersection(kwargs)
-        if clash:
-            raise ValueError(f"provider kwargs {sorted(clash)} clash with settings attributes of the same name")
         should_shuffle = normalize_should_shuffle(opts["should_shuffle"])
         settings = Settings(
-            **kwargs,
-            kwargs=dict(kwargs),
+            user_kwargs=kwargs,
             input_types=opts["input_types"],
             logger=logger,
             is_train=bool(is_train),
@@ -131,7 +116,10 @@ def _resolve_slots(settings: Settings, input_order: Sequence[str] | None, name: 
     """Fix slot names and types from ``settings.input_types`` (dict or list) and ``input_order``."""
     types = settings.input_types
     if types is None:
-        raise ValueError(f"provider {name}: input_types must be set (in @provider or by init_hook)")
+        raise ValueError(
+            f"provider {name}: input_types must be set (in @provider, or by init_hook as settings.input_types "
+            "or settings.slots)"
+        )
     if isinstance(types, InputType):
         types = [types]
     if isinstance(types, Mapping):

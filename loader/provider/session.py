@@ -5,15 +5,13 @@ from __future__ import annotations
 import operator
 import random
 import threading
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Generator, Iterator
 
 from loader.errors import DataError
 from loader.provider.batching import assemble
 from loader.provider.check import InvalidSample, check_sample, normalize
+from loader.provider.settings import ProviderLike, Settings
 from loader.provider.types import CacheType
-
-if TYPE_CHECKING:
-    from loader.provider.core import DataProvider, Settings
 
 # Shuffle granularity when min_pool_size is -1. The original then pooled the whole data
 # set before the first batch (issue #4030); a fixed default keeps memory bounded.
@@ -22,6 +20,7 @@ DEFAULT_MIN_POOL_SIZE = 1000
 DEFAULT_MAX_OPEN_FILES = 8
 
 Item = tuple[list[Any], int]  # (sample in slot order, its weight toward the batch size)
+Items = Generator[Item, None, None]  # closed explicitly, so that files and generators are released
 
 
 class _PassStats:
@@ -39,7 +38,7 @@ class ProviderSession:
     the normalized, checked samples of one file, in file order.
     """
 
-    def __init__(self, provider: "DataProvider", settings: "Settings", seed: int | None) -> None:
+    def __init__(self, provider: ProviderLike, settings: Settings, seed: int | None) -> None:
         self.provider = provider
         self.settings = settings
         self.seed = seed
@@ -86,7 +85,7 @@ class ProviderSession:
 
     # -- one pass ------------------------------------------------------------------------
 
-    def items(self) -> Iterator[Item]:
+    def items(self) -> Items:
         """One pass as (sample, weight) pairs, shuffled when the provider shuffles."""
         with self._lock:
             epoch = self._epoch
@@ -128,7 +127,7 @@ class ProviderSession:
         for i in order:
             yield cached[i]
 
-    def _files(self, rng: random.Random, stats: _PassStats) -> Iterator[Item]:
+    def _files(self, rng: random.Random, stats: _PassStats) -> Items:
         """Samples of every file: in order, or interleaved from a few open files when shuffling."""
         files = list(self.settings.file_list)
         if not self.shuffle:
@@ -137,15 +136,15 @@ class ProviderSession:
             return
         rng.shuffle(files)
         limit = max(1, self.settings.max_open_files)
-        active: list[Iterator[Item]] = []
+        active: list[Items] = []
         upcoming = iter(files)
         try:
             while True:
                 while len(active) < limit:
-                    filename = next(upcoming, None)
-                    if filename is None:
+                    upcoming_name = next(upcoming, None)
+                    if upcoming_name is None:
                         break
-                    active.append(self._file_items(filename, stats))
+                    active.append(self._file_items(upcoming_name, stats))
                 if not active:
                     return
                 pick = rng.randrange(len(active))
@@ -161,7 +160,7 @@ class ProviderSession:
             for generator in active:
                 generator.close()
 
-    def _pool(self, stream: Iterator[Item], rng: random.Random) -> Iterator[Item]:
+    def _pool(self, stream: Items, rng: random.Random) -> Items:
         """Random draws from a pool refilled to the shuffle granularity before each draw."""
         target = self.settings.min_pool_size if self.settings.min_pool_size > 0 else DEFAULT_MIN_POOL_SIZE
         if self.settings.pool_size > 0:
@@ -186,9 +185,9 @@ class ProviderSession:
                 held -= max(1, item[1])
                 yield item
         finally:
-            stream.close()  # type: ignore[attr-defined]
+            stream.close()
 
-    def _file_items(self, filename: str, stats: _PassStats) -> Iterator[Item]:
+    def _file_items(self, filename: str, stats: _PassStats) -> Items:
         """Run ``process`` on one file: normalize, check and weigh each sample."""
         settings = self.settings
         source = self.provider.process(settings, filename)
@@ -241,7 +240,7 @@ class BatchReader:
         self.session, self.batch_size, self.drop_last = session, batch_size, drop_last
 
     @property
-    def settings(self) -> "Settings":
+    def settings(self) -> Settings:
         return self.session.settings
 
     def __call__(self) -> Iterator[dict[str, Any]]:

@@ -13,6 +13,9 @@ batch reader.
     r = reader.shuffle(creator.text_file("train.txt"), buf_size=512, seed=1)
     r = reader.xmap_readers(parse, r, process_num=4, buffer_size=64, order=True)
 
+``loader.reader.decorator`` is the same module under paddle's name
+(``paddle.reader.decorator``).
+
 Where this differs from the original ``paddle.reader`` (each function's
 docstring has the details):
 
@@ -24,9 +27,14 @@ docstring has the details):
 * ``compose`` detects misalignment with a private marker (``None`` samples are
   fine) and rejects unknown keyword arguments; ``chain`` calls each source when
   it is reached; ``firstn`` pulls no extra item; ``Fake`` keeps no state shared
-  between the readers it makes; ``shuffle`` takes a ``seed``;
-* ``multiprocess_reader`` keeps sample types (``loader.runtime.codec``, not JSON),
-  accepts ``None`` samples, and does not let a stalled reader block the others;
+  between the readers it makes (``fake``, paddle 2.x's function, is here too);
+  ``shuffle`` takes a ``seed`` (without one it uses the ``random`` module, as
+  the original did);
+* ``multiprocess_reader`` keeps sample types (``loader.runtime.codec``, not JSON; a
+  sample the codec cannot encode is pickled between the user's own processes),
+  accepts ``None`` samples, does not let a stalled reader block the others, and
+  raises a child's error as ``MultiprocessReaderError`` (a ``WorkerError`` and a
+  ``ValueError``, as the original's);
 * ``PipeReader`` splits commands like a shell, starts lazily, yields the last
   unterminated line, decodes UTF-8 across reads and every gzip member, and
   reports a failed command;
@@ -37,12 +45,13 @@ from __future__ import annotations
 
 from loader.errors import ComposeNotAligned
 from loader.reader import creator
-from loader.reader.decorators import Fake, buffered, cache, chain, compose, firstn, map_readers, shuffle
-from loader.reader.multiprocess import multiprocess_reader
+from loader.reader.decorators import Fake, buffered, cache, chain, compose, fake, firstn, map_readers, shuffle
+from loader.reader.multiprocess import MultiprocessReaderError, multiprocess_reader
 from loader.reader.pipe import PipeReader
 from loader.reader.xmap import xmap_readers
 
+from loader.reader import decorator  # noqa: E402 - paddle's module name, an alias of decorators
 from loader.reader import decorators as _decorators
 
 # Everything the original ``paddle.reader`` exported (decorators.__all__ lists it), plus creator.
-__all__ = [*_decorators.__all__, "creator"]
+__all__ = [*_decorators.__all__, "MultiprocessReaderError", "creator", "decorator"]

@@ -2,7 +2,8 @@
 
 * ``np_array(x)``: the items of an array along its first axis;
 * ``text_file(path)``: the lines of a text file;
-* ``recordio(paths, buf_size=100)``: the samples of RecordIO files (``loader.recordio``).
+* ``recordio(paths, buf_size=100, allow_pickle=False)``: the samples of RecordIO files,
+  this package's or PaddlePaddle's (``loader.recordio``).
 """
 
 from __future__ import annotations
@@ -81,14 +82,19 @@ def _expand(patterns: list[str]) -> list[str]:
 
 
 def recordio(
-    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], buf_size: int = 100
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], buf_size: int = 100, *, allow_pickle: bool = False
 ) -> Reader:
     """A reader over the samples of RecordIO files, prefetched by ``buffered(.., buf_size)``.
 
     ``paths`` is a path, a list of paths, or a comma-separated string; each may
     be a glob pattern (matched when iteration starts, sorted). Files are read in
-    order with ``loader.recordio.Scanner``; records are decoded by
-    ``loader.runtime.codec`` (never unpickled, unlike the original).
+    order with ``loader.recordio.Scanner``: this package's files and PaddlePaddle's
+    (Go or Fluid C++ layout, any compressor, detected per file). Records written by
+    ``loader`` are decoded by ``loader.runtime.codec``; Paddle's pickled records are
+    unpickled only with ``allow_pickle=True``, by a restricted unpickler (numpy
+    arrays, numbers, strings, bytes, lists, tuples, dicts), else the first one
+    raises ``PickledRecordError`` naming the file and the opt-in; raw records of
+    the Go package come back as ``bytes``.
     """
     from loader.recordio import Scanner  # as in the original, a missing module fails here
 
@@ -96,7 +102,7 @@ def recordio(
 
     def recordio_reader() -> Iterator[Any]:
         for path in _expand(patterns):
-            with Scanner(path) as scanner:
+            with Scanner(path, allow_pickle=allow_pickle) as scanner:
                 yield from scanner
 
     return buffered(recordio_reader, buf_size)

@@ -154,9 +154,7 @@ def chain(*readers: Reader) -> Reader:
     return chained_reader
 
 
-def _epoch_rng(seed: Any, epoch: int) -> random.Random:
-    if seed is None:
-        return random.Random()  # fresh randomness from the OS
+def _epoch_rng(seed: int | str, epoch: int) -> random.Random:
     if epoch == 0:
         return random.Random(seed)
     # Later passes get their own order, still fixed by (seed, epoch).
@@ -167,12 +165,13 @@ def shuffle(reader: Reader, buf_size: int, seed: int | str | None = None) -> Rea
     """Shuffle ``reader`` in consecutive blocks of ``buf_size`` items.
 
     Items never leave their block (the original's block shuffle, not a sliding
-    window); ``buf_size`` of 0 or 1 keeps the order. With a ``seed`` the output
-    is reproducible: the first call of the returned reader uses
-    ``random.Random(seed)``, call ``k`` a generator seeded by ``(seed, k)``, so
-    every pass is shuffled differently yet the whole run repeats. Without a
-    seed each call draws fresh randomness (the original used the global
-    ``random`` module).
+    window); ``buf_size`` of 0 or 1 keeps the order. Without a ``seed`` the
+    module-level ``random`` functions are used, as in the original, so a
+    program that called ``random.seed(0)`` stays reproducible. With a ``seed``
+    the output is reproducible on its own: the first call of the returned
+    reader uses ``random.Random(seed)``, call ``k`` a generator seeded by
+    ``(seed, k)``, so every pass is shuffled differently yet the whole run
+    repeats, whatever else draws from ``random``.
     """
     check_reader(reader, "shuffle")
     buf_size = as_count(buf_size)
@@ -180,18 +179,21 @@ def shuffle(reader: Reader, buf_size: int, seed: int | str | None = None) -> Rea
     lock = threading.Lock()
 
     def shuffled_reader() -> Iterator[Any]:
-        with lock:  # calls from several threads still get distinct epochs
-            rng = _epoch_rng(seed, next(epochs))
+        if seed is None:
+            mix: Callable[[list[Any]], None] = random.shuffle  # looked up per call: random.seed() may follow
+        else:
+            with lock:  # calls from several threads still get distinct epochs
+                mix = _epoch_rng(seed, next(epochs)).shuffle
         source = open_source(reader)
         buf: list[Any] = []
         try:
             for item in source:
                 buf.append(item)
                 if len(buf) >= buf_size:
-                    rng.shuffle(buf)
+                    mix(buf)
                     yield from buf
                     buf = []
-            rng.shuffle(buf)
+            mix(buf)
             yield from buf
         finally:
             close_quietly(source)
@@ -262,6 +264,24 @@ class Fake:
         return fake_reader
 
 
+def fake(reader: Reader, data_num: int) -> Reader:
+    """``fake(reader, data_num)`` (paddle 2.x): a reader yielding ``reader``'s first item ``data_num`` times.
+
+    Each call reads the first item afresh and keeps no state between calls. An
+    empty source raises ``DataError`` (a ``ValueError``; the original raised
+    ``RuntimeError`` from inside the generator).
+    """
+    check_reader(reader, "fake")
+    data_num = as_count(data_num)
+
+    def fake_reader() -> Iterator[Any]:
+        item = _first_item(reader)
+        for _ in range(data_num):
+            yield item
+
+    return fake_reader
+
+
 def _first_item(reader: Reader) -> Any:
     source = open_source(reader)
     try:
@@ -283,6 +303,7 @@ __all__ = [
     "multiprocess_reader",
     "cache",
     "Fake",
+    "fake",
     "PipeReader",
     "ComposeNotAligned",
 ]

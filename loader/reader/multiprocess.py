@@ -4,8 +4,11 @@ Each call of the returned reader forks one process per input reader (``fork``,
 because users pass closures and lambdas, as with the original) through
 ``loader.runtime.processes``. Every child has its own one-way ``Pipe`` and sends
 messages with ``send_bytes``: a tag byte and, for samples and errors, a body
-encoded by ``loader.runtime.codec`` (never pickle, never JSON), so tuples stay tuples,
-numpy arrays stay arrays and dict keys keep their types.
+encoded by ``loader.runtime.codec`` (not JSON), so tuples stay tuples, numpy arrays
+stay arrays and dict keys keep their types. A sample the codec cannot encode
+(an object of the user's own class, which the original's queue mode carried)
+travels pickled: both ends are the user's own code, forked from this process,
+not a socket or a file, so nothing foreign is unpickled.
 
 * ``use_pipe=True``: round-robin in list order (r0, r1, r2, r0, ...; a finished
   reader drops out), as the original. A reader whose next sample is not ready
@@ -16,8 +19,9 @@ numpy arrays stay arrays and dict keys keep their types.
   samples sent but not yet received, across all children (the original
   ``multiprocessing.Queue(queue_size)``), with a shared semaphore.
 
-Failures: an exception in a child arrives as ``WorkerError`` (type name,
-message, traceback text); a child that dies without a word (killed,
+Failures: an exception in a child arrives as ``MultiprocessReaderError``, both
+a ``WorkerError`` (type name, message, traceback text) and a ``ValueError``
+(what the original raised, so code catching that still does); a child that dies without a word (killed,
 ``os._exit``) shows as end-of-file on its pipe and is raised as
 ``WorkerDiedError`` with its exit code. The children are stopped on every exit
 path of the consumer's generator (end, error, ``break``, ``close()``, GC).
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import multiprocessing.connection
 import os
+import pickle
 import sys
 from typing import Any, Iterator, Sequence
 
@@ -42,8 +47,22 @@ from loader.reader._util import Reader, as_count, check_reader
 TURN_PATIENCE_S = 1.0  # how long a reader may keep its round-robin turn waiting
 
 _SAMPLE = b"s"
+_PICKLED = b"p"  # a sample the codec cannot encode, pickled by the user's own child process
 _END = b"e"
 _ERROR = b"x"
+
+
+class MultiprocessReaderError(WorkerError, ValueError):
+    """An exception raised in a ``multiprocess_reader`` child: a ``WorkerError`` that is also a
+    ``ValueError``, the type the original raised for a failed child."""
+
+
+def _encode(sample: Any) -> bytes:
+    try:
+        return _SAMPLE + codec.pack(sample)
+    except TypeError:
+        # Parent and child are this program, forked: pickle is only as trusted as the user's code.
+        return _PICKLED + pickle.dumps(sample, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _send_credit_wait(credits: Any, parent_pid: int) -> None:
@@ -60,7 +79,7 @@ def _child_main(reader: Reader, conn: Any, inherited: list[Any], credits: Any, n
     parent_pid = os.getppid()
     try:
         for sample in reader():
-            message = _SAMPLE + codec.pack(sample)
+            message = _encode(sample)
             if credits is not None:
                 _send_credit_wait(credits, parent_pid)
             conn.send_bytes(message)
@@ -110,16 +129,16 @@ class _Children:
         except (EOFError, OSError):
             raise self._died(index) from None
         tag, body = message[:1], memoryview(message)[1:]
-        if tag == _SAMPLE:
+        if tag == _SAMPLE or tag == _PICKLED:
             if self._credits is not None:
                 self._credits.release()
-            return True, codec.unpack(body)
+            return True, (codec.unpack(body) if tag == _SAMPLE else pickle.loads(body))
         if tag == _END:
             self.active.remove(index)
             return False, None
         if tag == _ERROR:
-            raise WorkerError.from_dict(codec.unpack(body))
-        raise WorkerError("ProtocolError", f"unknown message tag {tag!r}", worker=self._names[index])
+            raise MultiprocessReaderError.from_dict(codec.unpack(body))
+        raise MultiprocessReaderError("ProtocolError", f"unknown message tag {tag!r}", worker=self._names[index])
 
     def _died(self, index: int) -> WorkerDiedError:
         proc = self._procs[index]
@@ -189,9 +208,10 @@ def multiprocess_reader(readers: Sequence[Reader], use_pipe: bool = True, queue_
     ``readers`` must be a non-empty list or tuple of readers (``TypeError`` /
     ``ValueError`` here otherwise; the original used ``assert``).
     ``use_pipe`` (truthy) merges round-robin, otherwise in arrival order with at
-    most ``queue_size`` samples in flight (``<= 0``: no bound). Samples must be
-    encodable by ``loader.runtime.codec``; an unencodable one fails in the child and
-    arrives as ``WorkerError`` naming ``TypeError``.
+    most ``queue_size`` samples in flight (``<= 0``: no bound). Samples are
+    encoded by ``loader.runtime.codec``; any other picklable object is pickled (the
+    user's own processes at both ends); one that cannot be pickled either fails
+    in the child and arrives as ``MultiprocessReaderError`` naming the error.
     """
     if sys.platform == "win32":
         raise NotImplementedError("multiprocess_reader needs the fork start method, which Windows lacks")
@@ -210,4 +230,4 @@ def multiprocess_reader(readers: Sequence[Reader], use_pipe: bool = True, queue_
     return merged_reader
 
 
-__all__ = ["multiprocess_reader", "TURN_PATIENCE_S"]
+__all__ = ["multiprocess_reader", "MultiprocessReaderError", "TURN_PATIENCE_S"]

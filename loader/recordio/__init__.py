@@ -1,6 +1,17 @@
 """RecordIO files: a run of self-checking chunks of records.
 
-Layout (the Fluid C++ format of the original, field order included)::
+Reads this package's files and PaddlePaddle's, writes this package's. Paddle wrote two
+layouts with the same magic number: Fluid's C++ writer (the one below, which is ours too)
+and the Go ``recordio`` package (``paddle.reader.creator.recordio``, ``paddle.v2``), whose
+header orders the fields magic, crc32, compressor, size, num_records and whose Snappy
+payloads use the official framing format, gzip for id 2. The layout is detected at a file's
+first chunk (the order whose CRC matches), the compressor flavour from each payload.
+Paddle's records were pickles (never unpickled unless ``allow_pickle=True``, then only by
+the restricted unpickler of ``safe_pickle``), Fluid's serialized LoDTensors (``tensors``),
+or raw bytes (Go); ``records`` decides which. ``loader recordio convert SRC DST``
+(``paddle_convert``) rewrites such a file as ours once.
+
+Layout written (the Fluid C++ format of the original, field order included)::
 
     file   = chunk*                          (no file header, footer or index)
     chunk  = header payload
@@ -29,7 +40,9 @@ element, masked CRC32C mismatch) or an undecodable record raise
 ``CorruptFileError`` naming the file and the byte offset of the chunk. The
 scanner holds one chunk in memory at a time.
 
-Modules: ``chunks`` (header, compressors, one chunk packed and unpacked),
+Modules: ``chunks`` (header layouts, compressors, one chunk packed and unpacked),
+``records`` (record -> sample), ``safe_pickle``, ``tensors``, ``framing`` (Go's Snappy),
+``paddle_convert`` (``loader recordio convert``),
 ``writer`` (``Writer``), ``scanner`` (``Scanner``), ``convert`` (reader ->
 files), and the Snappy codec: ``snappystream`` (the block stream), ``snappy``
 (raw Snappy blocks), ``crc32c`` (the checksum). The names in ``__all__`` below
@@ -38,13 +51,20 @@ are importable from ``loader.recordio``; the codec modules are internal.
 
 from __future__ import annotations
 
-from loader.recordio.chunks import DEFAULT_COMPRESSOR, HEADER, MAGIC, RECORD_LEN, Compressor
+from loader.recordio.chunks import DEFAULT_COMPRESSOR, HEADER, MAGIC, RECORD_LEN, Compressor, Layout
 from loader.recordio.convert import convert_reader_to_recordio_file, convert_reader_to_recordio_files
+from loader.recordio.paddle_convert import convert_paddle_file
+from loader.recordio.records import PickledRecordError
+from loader.recordio.safe_pickle import UnsafePickleError
 from loader.recordio.scanner import Scanner
 from loader.recordio.writer import DEFAULT_MAX_CHUNK_BYTES, Writer
 
 __all__ = [
     "Compressor",
+    "Layout",
+    "PickledRecordError",
+    "UnsafePickleError",
+    "convert_paddle_file",
     "DEFAULT_COMPRESSOR",
     "DEFAULT_MAX_CHUNK_BYTES",
     "MAGIC",

@@ -3,15 +3,21 @@
 ::
 
     chunk  = header payload
-    header = 5 x uint32 little-endian: magic 0x01020304, num_records,
-             crc32 of the stored payload, compressor id, stored payload size
+    header = 5 x uint32 little-endian, in one of two orders (``Layout``):
+             FLUID (Fluid's C++ writer, and ours): magic 0x01020304, num_records, crc32, compressor, size
+             GO    (the Go ``recordio`` package):  magic 0x01020304, crc32, compressor, size, num_records
     payload (before compression) = (uint32 LE length, record bytes)*
 
-Stored payloads: NONE is the payload itself, ZLIB a zlib stream, SNAPPY a
-hoxnox/snappystream stream of Snappy blocks (:mod:`loader.recordio.snappystream`,
-codec in pure Python). Every kind of damage found while unpacking raises
-``CorruptFileError`` naming the file and the byte offset of the chunk
-(``chunk_error``).
+``crc32`` is zlib's CRC-32 of the stored payload, ``size`` its length. Which order a file
+uses is found at its first chunk (:func:`detect_layout`): the order whose checksum matches.
+
+Stored payloads (the compressor is read from the header, the flavour from the payload):
+NONE is the payload itself; ZLIB/GZIP (id 2) a zlib stream (ours) or a gzip stream (Go's);
+SNAPPY (id 1) a hoxnox snappystream (``"snappy\0"``, Fluid's and ours:
+:mod:`loader.recordio.snappystream`) or the official framing format (``sNaPpY``, Go's:
+:mod:`loader.recordio.framing`), both decoded in pure Python. Every kind of damage found
+while unpacking raises ``CorruptFileError`` naming the file and the byte offset of the
+chunk (``chunk_error``).
 """
 
 from __future__ import annotations
@@ -20,14 +26,14 @@ import enum
 import os
 import struct
 import zlib
-from typing import BinaryIO
+from typing import BinaryIO, Callable, cast
 
 from loader.errors import CorruptFileError
-from loader.recordio import snappystream
+from loader.recordio import framing, snappystream
 from loader.recordio.snappy import SnappyError
 
 MAGIC = 0x01020304
-HEADER = struct.Struct("<5I")  # magic, num_records, checksum, compressor, stored size
+HEADER = struct.Struct("<5I")  # FLUID order: magic, num_records, checksum, compressor, stored size
 RECORD_LEN = struct.Struct("<I")
 MAX_UINT32 = 0xFFFFFFFF
 ZLIB_LEVEL = 1  # fast end of zlib: reading speed matters more than the last few percent
@@ -49,6 +55,38 @@ class Compressor(enum.IntEnum):
 # SNAPPY (the original's default) is for files the original must read, since our
 # Snappy codec is pure Python and so slower than zlib's C.
 DEFAULT_COMPRESSOR = Compressor.NONE
+
+
+class Layout(enum.Enum):
+    """The order of a chunk header's fields: Fluid's C++ writer (and this package), or Go's."""
+
+    FLUID = "fluid"
+    GO = "go"
+
+
+def header_fields(layout: Layout, head: bytes) -> tuple[int, int, int, int, int]:
+    """``(magic, num_records, checksum, compressor, stored size)`` of a 20-byte header read in ``layout``."""
+    magic, a, b, c, d = HEADER.unpack(head)
+    if layout is Layout.GO:
+        return magic, d, a, b, c
+    return magic, a, b, c, d
+
+
+def detect_layout(head: bytes, read_payload: Callable[[int], bytes | None]) -> Layout:
+    """The layout of a file from its first chunk header: the order whose checksum matches its payload.
+
+    ``read_payload(size)`` gives the ``size`` bytes after the header, or ``None`` when the
+    file has fewer. With no match (a damaged chunk) the answer is FLUID, whose reader then
+    reports the damage.
+    """
+    for layout in (Layout.FLUID, Layout.GO):
+        _, _, checksum, compressor, size = header_fields(layout, head)
+        if compressor not in (0, 1, 2):
+            continue
+        stored = read_payload(size)
+        if stored is not None and zlib.crc32(stored) == checksum:
+            return layout
+    return Layout.FLUID
 
 
 def compress(compressor: Compressor, payload: bytes) -> bytes:
@@ -78,11 +116,11 @@ def chunk_error(name: str, offset: int, reason: str) -> CorruptFileError:
     return CorruptFileError(f"RecordIO file {name}: corrupt chunk at byte offset {offset}: {reason}")
 
 
-def parse_header(name: str, offset: int, head: bytes) -> tuple[int, int, int, int]:
+def parse_header(name: str, offset: int, head: bytes, layout: Layout = Layout.FLUID) -> tuple[int, int, int, int]:
     """``(num_records, checksum, compressor, stored size)`` of a complete 20-byte header."""
     if len(head) < HEADER.size:
         raise chunk_error(name, offset, f"truncated header ({len(head)} of {HEADER.size} bytes)")
-    magic, count, checksum, compressor, size = HEADER.unpack(head)
+    magic, count, checksum, compressor, size = header_fields(layout, head)
     if magic != MAGIC:
         raise chunk_error(name, offset, f"bad magic number 0x{magic:08x} (expected 0x{MAGIC:08x})")
     return count, checksum, compressor, size
@@ -116,7 +154,8 @@ def _decompress(name: str, offset: int, compressor: int, stored: bytes) -> bytes
     if compressor == Compressor.ZLIB:
         # Bounded: a writer never makes a payload over MAX_UINT32 bytes (its records' lengths are
         # uint32 and so is an uncompressed chunk's size), and a crafted chunk could inflate ~1000x.
-        inflater = zlib.decompressobj()
+        # wbits 32 + 15 reads a zlib stream (ours) or a gzip stream (Go's writer) alike.
+        inflater = zlib.decompressobj(32 + zlib.MAX_WBITS)
         try:
             payload = inflater.decompress(stored, MAX_UINT32)
         except zlib.error as exc:
@@ -128,7 +167,7 @@ def _decompress(name: str, offset: int, compressor: int, stored: bytes) -> bytes
         return payload
     if compressor == Compressor.SNAPPY:
         try:
-            return snappystream.decode(stored)
+            return framing.decode(stored) if framing.is_framed(stored) else snappystream.decode(stored)
         except SnappyError as exc:
             raise chunk_error(name, offset, f"Snappy payload: {exc}") from exc
     raise chunk_error(name, offset, f"unknown compressor id {compressor}")
@@ -138,12 +177,15 @@ def open_target(target: str | os.PathLike[str] | BinaryIO, mode: str) -> tuple[s
     """``(name, file, owned)``: a path is opened (and owned by the caller); a file object is used as is."""
     if isinstance(target, (str, os.PathLike)):
         name = os.fspath(target)
-        return name, open(name, mode), True  # noqa: SIM115 - closed by the owner's close()
+        return name, cast(BinaryIO, open(name, mode)), True  # noqa: SIM115 - closed by the owner's close()
     return str(getattr(target, "name", "<stream>")), target, False
 
 
 __all__ = [
     "open_target",
+    "Layout",
+    "header_fields",
+    "detect_layout",
     "MAGIC",
     "HEADER",
     "RECORD_LEN",

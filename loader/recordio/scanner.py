@@ -1,4 +1,10 @@
-"""``Scanner``: read a RecordIO file chunk by chunk, checking each chunk as it is loaded."""
+"""``Scanner``: read a RecordIO file chunk by chunk, checking each chunk as it is loaded.
+
+It reads this package's files and PaddlePaddle's: the header layout (Fluid's C++ order or
+the Go package's) is detected at the first chunk (``scanner.layout``), the compressor
+flavour from each payload, and each record is decoded by :mod:`loader.recordio.records`
+(pickled records only with ``allow_pickle=True``, through the restricted unpickler).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,9 @@ import io
 import os
 from typing import Any, BinaryIO, Iterator
 
-from loader.runtime import codec
 from loader.errors import ClosedError
-from loader.recordio.chunks import HEADER, chunk_error, open_target, parse_header, unpack_payload
+from loader.recordio.chunks import HEADER, Layout, chunk_error, detect_layout, open_target, parse_header, unpack_payload
+from loader.recordio.records import decode_record
 
 
 class Scanner:
@@ -18,10 +24,17 @@ class Scanner:
     bytes. Each iteration continues from where the last stopped; :meth:`reset`
     goes back to the first record. ``source`` is a path (owned) or a seekable
     binary file object (left open by ``close()``). One chunk is in memory at a time.
+
+    ``allow_pickle=True`` opts in to reading PaddlePaddle's pickled records with the
+    restricted unpickler (:mod:`loader.recordio.safe_pickle`); without it such a record
+    raises ``PickledRecordError`` saying how to opt in. ``layout`` is the header layout
+    found at the first chunk (``None`` until a chunk was read).
     """
 
-    def __init__(self, source: str | os.PathLike[str] | BinaryIO) -> None:
+    def __init__(self, source: str | os.PathLike[str] | BinaryIO, *, allow_pickle: bool = False) -> None:
         self.name, self._file, self._owns_file = open_target(source, "rb")
+        self.allow_pickle = bool(allow_pickle)
+        self.layout: Layout | None = None
         self._closed = False
         self.reset()
 
@@ -62,11 +75,15 @@ class Scanner:
         raw = self._next_view()  # decoded straight from the chunk: no copy of the record
         if raw is None:
             return False, None
-        try:
-            return True, codec.unpack(raw)
-        except Exception as exc:  # noqa: BLE001 - file bytes are untrusted; any failure is corruption
-            reason = f"record {self.record_index - 1} cannot be decoded ({exc})"
-            raise chunk_error(self.name, self._chunk_offset, reason) from exc
+        sample = decode_record(
+            raw,
+            name=self.name,
+            chunk_offset=self._chunk_offset,
+            index=self.record_index - 1,
+            layout=self.layout or Layout.FLUID,
+            allow_pickle=self.allow_pickle,
+        )
+        return True, sample
 
     def raw_records(self) -> Iterator[bytes]:
         """Yield the remaining records as bytes."""
@@ -94,12 +111,28 @@ class Scanner:
         if not head:
             self._chunk, self._pos = [], 0
             return False
-        count, checksum, compressor, size = parse_header(self.name, offset, head)
+        if self.layout is None:
+            self.layout = self._detect(offset, head)
+        count, checksum, compressor, size = parse_header(self.name, offset, head, self.layout)
         stored = self._read_payload(offset, size)
         self._chunk = unpack_payload(self.name, offset, count, checksum, compressor, stored)
         self._chunk_offset, self._pos = offset, 0
         self._offset = offset + HEADER.size + size
         return True
+
+    def _detect(self, offset: int, head: bytes) -> Layout:
+        if len(head) < HEADER.size:
+            return Layout.FLUID  # parse_header reports the truncation
+
+        def payload(size: int) -> bytes | None:
+            left = self._bytes_left()
+            if left is not None and size > left:
+                return None
+            stored = self._file.read(size)
+            self._file.seek(offset + HEADER.size)
+            return stored if len(stored) == size else None
+
+        return detect_layout(head, payload)
 
     def _read_payload(self, offset: int, size: int) -> bytes:
         # Compare with the bytes really left before reading, so a damaged size field

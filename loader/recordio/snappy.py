@@ -212,7 +212,8 @@ def compress(data: bytes) -> bytes:
     out = bytearray(_varint(size))
     literal = 0  # start of the bytes not yet emitted
     if size >= MIN_MATCH + 1:
-        words, table = _words(data), {}
+        words = _words(data)
+        table: dict[int, int] = {}  # 4-byte word -> its latest position
         pos, misses, last = 0, 0, size - MIN_MATCH
         while pos <= last:
             word = words[pos]

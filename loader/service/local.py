@@ -27,9 +27,10 @@ import threading
 from typing import Any, Callable, Iterator
 
 from loader.config import LoaderConfig
+from loader.reader.batches import batch_reader
 from loader.service.client.client import Client, query_status
-from loader.service.daemon.loop import Daemon
 from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
+from loader.service.daemon.loop import Daemon
 
 DAEMON_JOIN_TIMEOUT_S = 5.0
 STATUS_TIMEOUT_S = 5.0
@@ -83,8 +84,8 @@ class Loader:
         return self._client.epoch(epoch)
 
     def reader(self) -> Callable[[], Iterator[Any]]:
-        """A paddle-style batch reader: each call iterates the next epoch."""
-        return lambda: self.epoch()
+        """A paddle batch reader: each call iterates the next epoch, as lists of sample tuples in field order."""
+        return batch_reader(self.epoch)
 
     def __iter__(self) -> Iterator[Any]:
         epochs = self.config.pipeline.epochs

@@ -22,14 +22,14 @@ def test_lod_level_0_flat_samples_are_reshaped_per_sample():
     out = _mnist_feeder().feed([([0] * 784, [9]), ([1] * 784, [1])])
     assert out["image"].shape == (2, 1, 28, 28) and out["image"].dtype == np.float32
     assert out["label"].shape == (2, 1) and out["label"].dtype == np.int64
-    assert out["label"].tolist() == [[9], [1]]
+    assert np.asarray(out["label"]).tolist() == [[9], [1]]
     assert out["image"][1].min() == 1
 
 
 def test_scalar_labels_and_numpy_samples():
     out = _mnist_feeder().feed([(np.zeros((1, 28, 28)), 3), (np.ones(784, dtype=np.float64), np.int64(4))])
     assert out["image"].shape == (2, 1, 28, 28) and out["image"].dtype == np.float32
-    assert out["label"].tolist() == [[3], [4]]
+    assert np.asarray(out["label"]).tolist() == [[3], [4]]
 
 
 def test_a_wrong_size_names_field_expected_and_received_shape():
@@ -107,7 +107,9 @@ def test_field_validation():
     with pytest.raises(ValueError, match="lod_level"):
         Field("s", [-1], lod_level=-1)
     with pytest.raises(TypeError, match="Field"):
-        DataFeeder(["image"])
+        DataFeeder([3])
+    with pytest.raises(ValueError, match="no Field of that name"):
+        DataFeeder(["surely-never-declared"])
     with pytest.raises(ValueError, match="unique"):
         DataFeeder([Field("a", [-1]), Field("a", [-1])])
     assert Field("a", [None, 2]).shape == (-1, 2)
@@ -117,7 +119,7 @@ def test_feed_parallel_validates_eagerly():
     feeder = _mnist_feeder()
     batches = [[([i] * 784, [i])] for i in range(3)]
     outs = feeder.feed_parallel(batches, num_places=3)
-    assert isinstance(outs, list) and [o["label"].tolist() for o in outs] == [[[0]], [[1]], [[2]]]
+    assert isinstance(outs, list) and [o["label"].numpy().tolist() for o in outs] == [[[0]], [[1]], [[2]]]
     with pytest.raises(ValueError, match="got 2 mini-batches for 3 places"):
         feeder.feed_parallel(iter(batches[:2]), num_places=3)
     with pytest.raises(ValueError, match="num_places"):
@@ -138,10 +140,10 @@ def test_decorate_reader_single_and_multi_devices():
             yield [([i] * 784, [i]), ([i] * 784, [i])]
 
     single = list(feeder.decorate_reader(batches, multi_devices=False)())
-    assert len(single) == 5 and single[4]["label"].tolist() == [[4], [4]]
+    assert len(single) == 5 and single[4]["label"].numpy().tolist() == [[4], [4]]
     grouped = list(feeder.decorate_reader(batches, multi_devices=True, num_places=2)())
     assert len(grouped) == 2 and [len(g) for g in grouped] == [2, 2]
-    assert grouped[1][1]["label"].tolist() == [[3], [3]]
+    assert grouped[1][1]["label"].numpy().tolist() == [[3], [3]]
     strict = feeder.decorate_reader(batches, multi_devices=True, num_places=2, drop_last=False)
     seen = []
     with pytest.raises(ValueError, match="left over"):

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from loader.device import Placer
+from loader.reader.batches import batch_reader
 from loader.errors import (ClosedError, LoaderError, ProtocolVersionError, ServiceUnavailableError, TransportError,
                            WorkerError)
 from loader.service import protocol as P
@@ -107,8 +108,8 @@ class Client:
         return self._iterate(gen)
 
     def reader(self) -> Callable[[], Iterator[Any]]:
-        """A paddle-style batch reader: each call iterates the next epoch."""
-        return lambda: self.epoch()
+        """A paddle batch reader: each call iterates the next epoch, as lists of sample tuples in field order."""
+        return batch_reader(self.epoch)
 
     def close(self) -> None:
         """Say goodbye, stop the receiver thread (bounded wait) and close the socket. Idempotent."""

@@ -143,8 +143,12 @@ def test_provider_names_and_signatures_are_exactly_as_stated():
     assert _params(numbered.batch_reader) == [
         ("file_list", EMPTY), ("batch_size", EMPTY), ("is_train", True), ("drop_last", False), ("kwargs", EMPTY)
     ]
-    assert _params(loader.Field) == [("name", EMPTY), ("shape", EMPTY), ("dtype", "float32"), ("lod_level", 0)]
-    assert _params(loader.DataFeeder) == [("feed_list", EMPTY), ("place", "cpu")]
+    assert _params(loader.Field) == [
+        ("name", EMPTY), ("shape", EMPTY), ("dtype", "float32"), ("lod_level", 0), ("flatten", False)
+    ]
+    assert _params(loader.DataFeeder) == [
+        ("feed_list", EMPTY), ("place", "cpu"), ("program", None), ("return_arrays", False)
+    ]
     feeder = loader.DataFeeder([loader.Field("x", [-1, 1])])
     assert _params(feeder.feed) == [("minibatch", EMPTY)]
     assert _params(feeder.feed_parallel) == [("minibatches", EMPTY), ("num_places", None)]
@@ -293,7 +297,7 @@ def test_feeder_examples_from_the_original_tests():
     out = loader.DataFeeder([image, label]).feed([([0] * 784, [9]), ([1] * 784, [1])])
     assert isinstance(out, dict) and out["image"].shape == (2, 1, 28, 28) and out["label"].shape == (2, 1)
     assert out["image"].dtype == np.float32 and out["label"].dtype == np.int64
-    assert out["label"].ravel().tolist() == [9, 1]
+    assert np.asarray(out["label"]).ravel().tolist() == [9, 1]
 
     one = loader.DataFeeder([loader.Field("words", [-1, 1], "int64", lod_level=1)])
     t = one.feed([([1, 2, 3],), ([4, 5],), ([6, 7, 8, 9],)])["words"]
@@ -333,7 +337,7 @@ def test_feed_parallel_and_decorate_reader():
             yield [([i, i],)]
 
     single = list(feeder.decorate_reader(batch_reader, multi_devices=False)())
-    assert [b["x"].tolist() for b in single] == [[[i, i]] for i in range(5)]
+    assert [b["x"].numpy().tolist() for b in single] == [[[i, i]] for i in range(5)]
     grouped = list(feeder.decorate_reader(batch_reader, multi_devices=True, num_places=2)())
     assert len(grouped) == 2 and all(len(g) == 2 for g in grouped)
     with pytest.raises(ValueError):
@@ -360,7 +364,9 @@ def test_feeder_and_double_buffer_place_through_the_one_placer():
     import torch
 
     feeder = loader.DataFeeder([loader.Field("x", [-1, 2])], place="torch:cpu")
-    assert isinstance(feeder.feed([([1, 2],)])["x"], torch.Tensor)
+    assert isinstance(feeder.feed([([1, 2],)])["x"].data, torch.Tensor)
+    arrays = loader.DataFeeder([loader.Field("x", [-1, 2])], place="torch:cpu", return_arrays=True)
+    assert isinstance(arrays.feed([([1, 2],)])["x"], torch.Tensor)
     source = lio.from_reader(lambda: iter([np.ones(2, np.float32)] * 3), [[-1, 2]], ["float32"])
     with lio.DoubleBufferReader(source, place="torch:cpu") as r:
         items = list(r)
@@ -380,7 +386,9 @@ def _cuda_available() -> bool:
 def test_cuda_place_gives_device_tensors():
     import torch
 
-    feeder = loader.DataFeeder([loader.Field("x", [-1, 2]), loader.Field("s", [-1, 1], "int64", 1)], place="cuda:0")
+    feeder = loader.DataFeeder(
+        [loader.Field("x", [-1, 2]), loader.Field("s", [-1, 1], "int64", 1)], place="cuda:0", return_arrays=True
+    )
     out = feeder.feed([([1, 2], [1, 2]), ([3, 4], [3])])
     assert out["x"].is_cuda and out["s"].data.is_cuda
     torch.cuda.synchronize()

@@ -65,7 +65,7 @@ def test_public_names_and_signatures_are_exactly_as_stated():
     assert _params(reader.PipeReader("true").get_line) == [("cut_lines", True), ("line_break", "\n")]
     assert _params(creator.np_array) == [("x", EMPTY)]
     assert _params(creator.text_file) == [("path", EMPTY)]
-    assert _params(creator.recordio) == [("paths", EMPTY), ("buf_size", 100)]
+    assert _params(creator.recordio) == [("paths", EMPTY), ("buf_size", 100), ("allow_pickle", False)]
     assert _params(loader.batch) == [("reader", EMPTY), ("batch_size", EMPTY), ("drop_last", False)]
     params = _params(loader.recordio.convert_reader_to_recordio_file)
     assert [name for name, _ in params] == ["filename", "reader_creator", "compressor", "max_num_records"]
@@ -420,8 +420,12 @@ def test_recordio_writer_scanner_roundtrip_and_never_unpickles(tmp_path):
         writer.write_raw(pickle.dumps(Evil()))
     with loader.recordio.Scanner(str(path)) as scanner:
         assert next(iter(scanner)) == (1, "ok")
-        with pytest.raises(CorruptFileError):
-            list(scanner)
+        with pytest.raises(loader.recordio.PickledRecordError, match="allow_pickle=True"):
+            list(scanner)  # a pickle is named as one, and left alone without the opt-in
+    with loader.recordio.Scanner(str(path), allow_pickle=True) as scanner:
+        assert next(iter(scanner)) == (1, "ok")
+        with pytest.raises(loader.recordio.UnsafePickleError, match="builtins.open|io.open"):
+            list(scanner)  # with it, the restricted unpickler refuses the global by name
     assert not marker.exists()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import signal
@@ -15,6 +16,14 @@ from loader.errors import WorkerDiedError, WorkerError
 from tests.helpers import ListReader, RangeReader, child_pids, exit_with, hang_forever, open_fd_count, raise_on
 
 MODES = [pytest.param(True, id="pipe"), pytest.param(False, id="queue")]
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """A user's own class: loader.runtime.codec cannot encode it, pickle can."""
+
+    x: int
+    y: int
 
 
 def _upstream_samples():
@@ -103,10 +112,19 @@ def test_killed_child_is_reported(use_pipe, no_leaks):
     assert info.value.exitcode == -signal.SIGKILL
 
 
-def test_unencodable_sample_is_a_type_error(no_leaks):
-    with pytest.raises(WorkerError) as info:
-        list(reader.multiprocess_reader([ListReader([object()])])())
-    assert info.value.type_name == "TypeError"
+@pytest.mark.parametrize("use_pipe", MODES)
+def test_a_sample_the_codec_cannot_encode_travels_pickled(use_pipe, no_leaks):
+    got = list(reader.multiprocess_reader([ListReader([Point(1, 2), (Point(3, 4), 5)])], use_pipe)())
+    assert got == [Point(1, 2), (Point(3, 4), 5)]
+
+
+@pytest.mark.parametrize("use_pipe", MODES)
+def test_a_child_error_is_both_a_worker_error_and_a_value_error(use_pipe, no_leaks):
+    # A lambda can be neither encoded nor pickled: the child fails, the parent raises.
+    with pytest.raises(ValueError) as info:
+        list(reader.multiprocess_reader([ListReader([lambda: 1])], use_pipe)())
+    assert isinstance(info.value, WorkerError) and isinstance(info.value, reader.MultiprocessReaderError)
+    assert "PicklingError" in info.value.type_name or info.value.type_name in {"AttributeError", "TypeError"}
 
 
 def test_lambdas_and_closures_work(no_leaks):

@@ -1,0 +1,121 @@
+"""``loader recordio convert SRC DST``: rewrite a PaddlePaddle RecordIO file as this package's records.
+
+Paddle's files (Go or Fluid C++ layout, any compressor) hold pickled samples, serialized
+LoDTensors or raw bytes. Converting reads them once with :class:`Scanner` (pickles only with
+``allow_pickle``, through the restricted unpickler) and writes each sample encoded by
+:mod:`loader.runtime.codec`, so later reads need no opt-in. The conversion streams: one chunk is in
+memory at a time, whatever the file's size. It writes ``DST.partial`` and renames it to
+``DST`` only when every record was converted, so a failure leaves no half file under ``DST``.
+
+A ``LoDTensor`` (from a Fluid record with LoD) has no codec form; it is written as the dict
+``{"data": array, "recursive_sequence_lengths": [[...], ...]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any, Callable, TextIO
+
+from loader.lod_tensor import LoDTensor
+from loader.recordio.chunks import DEFAULT_COMPRESSOR, Compressor
+from loader.recordio.scanner import Scanner
+from loader.recordio.writer import Writer
+
+PROGRESS_INTERVAL_S = 0.5  # how often the progress line is redrawn
+
+
+def _plain(sample: Any) -> Any:
+    """``sample`` with every LoDTensor turned into a dict the codec can write."""
+    if isinstance(sample, LoDTensor):
+        return {"data": sample.numpy(), "recursive_sequence_lengths": sample.recursive_sequence_lengths()}
+    if isinstance(sample, tuple):
+        return tuple(_plain(item) for item in sample)
+    if isinstance(sample, list):
+        return [_plain(item) for item in sample]
+    return sample
+
+
+def convert_paddle_file(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    allow_pickle: bool = False,
+    compressor: Compressor | int = DEFAULT_COMPRESSOR,
+    max_num_records: int = 1000,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Rewrite ``src`` (a Paddle RecordIO file, or one of ours) as ``dst``; return the number of records.
+
+    ``progress(records_so_far)`` is called after every record.
+    """
+    target = os.fspath(dst)
+    partial = target + ".partial"
+    count = 0
+    try:
+        with Scanner(src, allow_pickle=allow_pickle) as scanner, Writer(partial, compressor, max_num_records) as out:
+            for sample in scanner:
+                out.write(_plain(sample))
+                count += 1
+                if progress is not None:
+                    progress(count)
+    except BaseException:
+        if os.path.exists(partial):
+            os.remove(partial)
+        raise
+    os.replace(partial, target)
+    return count
+
+
+class ProgressLine:
+    """A one-line progress display on ``stream``, redrawn at most every ``PROGRESS_INTERVAL_S``."""
+
+    def __init__(self, src: str, stream: TextIO) -> None:
+        self.src, self.stream = src, stream
+        self.size = os.path.getsize(src)
+        self.started = self._last = time.monotonic()
+
+    def __call__(self, records: int) -> None:
+        now = time.monotonic()
+        if now - self._last >= PROGRESS_INTERVAL_S:
+            self._last = now
+            rate = records / max(now - self.started, 1e-9)
+            self.stream.write(f"\rconverting {self.src}: {records:,} records ({rate:,.0f}/s)")
+            self.stream.flush()
+
+    def done(self, records: int, dst: str) -> None:
+        seconds = time.monotonic() - self.started
+        self.stream.write(
+            f"\rconverted {self.src} ({self.size:,} bytes) to {dst}: {records:,} records in {seconds:.1f}s\n"
+        )
+        self.stream.flush()
+
+
+def cmd_recordio(args: argparse.Namespace, stream: TextIO | None = None) -> int:
+    """The ``loader recordio convert SRC DST`` command."""
+    out = stream if stream is not None else sys.stderr
+    line = ProgressLine(args.src, out)
+    count = convert_paddle_file(
+        args.src, args.dst, allow_pickle=args.allow_pickle, compressor=Compressor[args.compressor], progress=line
+    )
+    line.done(count, args.dst)
+    return 0
+
+
+def add_command(add: Callable[..., argparse.ArgumentParser]) -> None:
+    """Register ``recordio convert`` with the CLI's ``add(name, func, help)``."""
+    p = add("recordio", cmd_recordio, "RecordIO tools: convert a PaddlePaddle RecordIO file to this package's records")
+    p.add_argument("action", choices=["convert"], help="convert: rewrite SRC (Go or Fluid layout) as DST")
+    p.add_argument("src", metavar="SRC", help="a RecordIO file written by PaddlePaddle (or by loader)")
+    p.add_argument("dst", metavar="DST", help="the file to write (replaced when the conversion succeeds)")
+    p.add_argument(
+        "--allow-pickle", action="store_true",
+        help="unpickle Paddle's pickled records with the restricted unpickler (numpy arrays, numbers, strings, "
+        "bytes, lists, tuples, dicts only)",
+    )
+    p.add_argument("--compressor", choices=["NONE", "ZLIB", "SNAPPY"], default=DEFAULT_COMPRESSOR.name)
+
+
+__all__ = ["convert_paddle_file", "cmd_recordio", "add_command", "ProgressLine"]

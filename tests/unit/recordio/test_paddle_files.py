@@ -1,0 +1,259 @@
+"""PaddlePaddle's RecordIO files (Go and Fluid C++ writers, every compressor, pickled and not).
+
+The files are built from the published layouts (tests/paddle_recordio_files.py). Upstream's
+creator_test assertions run through the ``paddle`` alias unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import pickle
+import struct
+import unittest
+import zlib
+
+import numpy as np
+import pytest
+
+from loader import cli
+from loader.errors import CorruptFileError, DataError
+from loader.recordio import Layout, PickledRecordError, Scanner, UnsafePickleError, convert_paddle_file, framing
+from loader.recordio import tensors as fluid_tensors
+from loader.recordio.crc32c import crc32c, masked_crc32c
+from loader.reader import creator
+from tests import paddle_recordio_files as files
+from tests import paddle_shim
+
+GO_COMPRESSORS = [files.NONE, files.SNAPPY, files.GZIP]
+FLUID_COMPRESSORS = [files.NONE, files.SNAPPY]
+ALL_WRITERS = [("go", c) for c in GO_COMPRESSORS] + [("fluid", c) for c in FLUID_COMPRESSORS]
+PY2_TUPLES = [b"(I1\nI2\nI3\ntp0\n.", b"(I4\nI5\nI6\ntp0\n."]  # Python 2's cPickle.dumps((1, 2, 3)), protocol 0
+
+
+def _pickled(protocol: int) -> list[bytes]:
+    if protocol == -2:
+        return list(PY2_TUPLES)
+    return [pickle.dumps((1, 2, 3), protocol=protocol), pickle.dumps((4, 5, 6), protocol=protocol)]
+
+
+def _tensor_records() -> list[bytes]:
+    # Fluid's recordio_writer: one record per batch, one serialized LoDTensor per slot.
+    return [fluid_tensors.encode([np.array([a], np.int64) for a in row]) for row in ((1, 2, 3), (4, 5, 6))]
+
+
+class CreatorCases(unittest.TestCase):
+    """Upstream's creator_test TestRecordIO, assertions unchanged; ``path`` is set per file."""
+
+    __test__ = False
+    path: str = ""
+
+    def do_test(self, path):
+        paddle = importlib.import_module("paddle")
+        reader = paddle.reader.creator.recordio(path)
+        idx = 0
+        for e in reader():
+            if idx == 0:
+                self.assertEqual(e, (1, 2, 3))
+            elif idx == 1:
+                self.assertEqual(e, (4, 5, 6))
+            idx += 1
+        self.assertEqual(idx, 2)
+
+    def test_recordIO(self):
+        self.do_test(self.path)
+        self.do_test([self.path])
+
+
+def _run_creator_case(path: str) -> unittest.TestResult:
+    CreatorCases.path = path
+    outcome = unittest.TestResult()
+    CreatorCases("test_recordIO").run(outcome)
+    return outcome
+
+
+@pytest.fixture
+def paddle(monkeypatch):
+    return paddle_shim.install(monkeypatch)
+
+
+@pytest.mark.parametrize("compressor", FLUID_COMPRESSORS)
+def test_upstream_creator_test_on_fluid_tensor_records(paddle, tmp_path, compressor):
+    path = str(tmp_path / "fluid.recordio")
+    files.write_fluid(path, _tensor_records(), compressor)
+    outcome = _run_creator_case(path)
+    assert outcome.wasSuccessful(), outcome.failures + outcome.errors
+
+
+@pytest.mark.parametrize("writer, compressor", ALL_WRITERS)
+@pytest.mark.parametrize("protocol", [-2, 0, 2, 4, 5])
+def test_upstream_creator_test_on_pickled_files_after_one_conversion(paddle, tmp_path, writer, compressor, protocol):
+    src, dst = str(tmp_path / "paddle.dat"), str(tmp_path / "ours.recordio")
+    (files.write_go if writer == "go" else files.write_fluid)(src, _pickled(protocol), compressor)
+    assert convert_paddle_file(src, dst, allow_pickle=True) == 2
+    outcome = _run_creator_case(dst)
+    assert outcome.wasSuccessful(), outcome.failures + outcome.errors
+
+
+@pytest.mark.parametrize("compressor", GO_COMPRESSORS)
+def test_upstream_creator_test_with_the_opt_in_set_in_the_alias(paddle, monkeypatch, tmp_path, compressor):
+    # The one line a port adds to read pickled files in place.
+    monkeypatch.setattr(paddle.reader.creator, "recordio", functools.partial(creator.recordio, allow_pickle=True))
+    path = str(tmp_path / "go.dat")
+    files.write_go(path, _pickled(2), compressor)
+    outcome = _run_creator_case(path)
+    assert outcome.wasSuccessful(), outcome.failures + outcome.errors
+
+
+def test_the_creator_case_can_fail(paddle, tmp_path):
+    path = str(tmp_path / "three.recordio")
+    files.write_fluid(path, _tensor_records() + _tensor_records()[:1], files.NONE)  # three records, not two
+    assert not _run_creator_case(path).wasSuccessful()
+
+
+@pytest.mark.parametrize("writer, compressor", ALL_WRITERS)
+def test_pickled_records_are_refused_without_the_opt_in(tmp_path, writer, compressor):
+    path = str(tmp_path / "paddle.dat")
+    (files.write_go if writer == "go" else files.write_fluid)(path, _pickled(2), compressor)
+    with pytest.raises(PickledRecordError) as info:
+        list(creator.recordio(path)())
+    message = str(info.value)
+    assert path in message and "record 0" in message and "allow_pickle=True" in message
+    assert "loader recordio convert" in message and "\n" not in message
+    assert isinstance(info.value, DataError)
+
+
+@pytest.mark.parametrize("compressor", GO_COMPRESSORS)
+def test_go_layout_is_detected_and_raw_records_come_back_as_bytes(tmp_path, compressor):
+    path = str(tmp_path / "raw.dat")
+    records = [b"2", b"", b"hello", bytes(range(256)) * 300]
+    files.write_go(path, records, compressor, max_chunk_bytes=1000)  # several chunks
+    with Scanner(path) as scanner:
+        assert list(scanner) == records
+        assert scanner.layout is Layout.GO
+
+
+@pytest.mark.parametrize("compressor", FLUID_COMPRESSORS)
+def test_fluid_layout_tensor_records_with_lod(tmp_path, compressor):
+    from loader import LoDTensor
+
+    words = LoDTensor(np.arange(9, dtype=np.int64).reshape(9, 1))
+    words.set_recursive_sequence_lengths([[3, 2, 4]])
+    record = fluid_tensors.encode([np.ones((3, 2), np.float32), words])
+    path = str(tmp_path / "lod.recordio")
+    files.write_fluid(path, [record] * 5, compressor, max_num_records=2)
+    with Scanner(path) as scanner:
+        got = list(scanner)
+        assert scanner.layout is Layout.FLUID
+    assert len(got) == 5
+    dense, seq = got[4]
+    assert dense.shape == (3, 2) and dense.dtype == np.float32
+    assert seq.recursive_sequence_lengths() == [[3, 2, 4]] and np.asarray(seq).ravel().tolist() == list(range(9))
+
+
+def test_numpy_samples_pickled_by_paddle_read_with_the_opt_in(tmp_path):
+    sample = (np.arange(12, dtype=np.float32).reshape(3, 4), np.int64(7), "label", b"raw", [1.5, None], {"k": 2})
+    path = str(tmp_path / "np.dat")
+    files.write_go(path, [pickle.dumps(sample, protocol=p) for p in (2, 4, 5)])
+    got = list(creator.recordio(path, allow_pickle=True)())
+    assert len(got) == 3
+    for item in got:
+        assert np.array_equal(item[0], sample[0]) and item[0].dtype == np.float32
+        assert item[1:] == sample[1:]
+
+
+def test_a_hostile_pickle_in_a_file_is_refused_even_with_the_opt_in(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(os, "system", lambda cmd: calls.append(cmd))
+    evil = b"cposix\nsystem\n(S'echo pwned'\ntR."  # protocol 0: posix.system('echo pwned')
+    path = str(tmp_path / "evil.dat")
+    files.write_go(path, [pickle.dumps((1, 2)), evil])
+    scanner = Scanner(path, allow_pickle=True)
+    assert scanner.next_sample() == (True, (1, 2))
+    with pytest.raises(UnsafePickleError, match="posix.system") as info:
+        scanner.next_sample()
+    assert path in str(info.value) and "record 1" in str(info.value)
+    scanner.close()
+    assert calls == []
+
+
+def test_go_chunk_with_a_bad_checksum_is_reported(tmp_path):
+    path = str(tmp_path / "bad.dat")
+    files.write_go(path, [b"a", b"b"], files.NONE)
+    files.write_go(str(tmp_path / "good.dat"), [b"c"], files.NONE)
+    data = bytearray(open(tmp_path / "good.dat", "rb").read() + open(path, "rb").read())
+    data[-1] ^= 0xFF  # damage the second chunk's payload
+    open(path, "wb").write(data)
+    with Scanner(path) as scanner:
+        assert scanner.next_sample() == (True, b"c")
+        with pytest.raises(CorruptFileError, match="CRC32 mismatch"):
+            scanner.next_sample()
+
+
+# --- the Snappy framing format against its published layout ----------------------------------------------
+
+
+def test_crc32c_and_its_mask_match_the_published_check_values():
+    assert crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
+    crc = crc32c(b"abc")
+    assert masked_crc32c(b"abc") == ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def test_framing_decodes_hand_built_frames():
+    body = b"\x03\x08abc"  # raw Snappy: varint length 3, literal tag (3-1)<<2, "abc"
+    compressed = b"\x00" + (4 + len(body)).to_bytes(3, "little") + struct.pack("<I", masked_crc32c(b"abc")) + body
+    stored = b"\x01" + (4 + 3).to_bytes(3, "little") + struct.pack("<I", masked_crc32c(b"def")) + b"def"
+    padding = b"\xfe\x02\x00\x00\x00\x00"
+    stream = framing.STREAM_IDENTIFIER + compressed + padding + stored
+    assert framing.decode(stream) == b"abcdef"
+    assert framing.decode(framing.encode(b"xyz" * 50000)) == b"xyz" * 50000
+    with pytest.raises(ValueError, match="reserved unskippable"):
+        framing.decode(framing.STREAM_IDENTIFIER + b"\x02\x00\x00\x00")
+    with pytest.raises(ValueError, match="CRC32C mismatch"):
+        framing.decode(stream[:-1] + b"x")
+
+
+def test_go_header_field_order_is_read_as_published(tmp_path):
+    payload = struct.pack("<I", 1) + b"Z"
+    chunk = struct.pack("<5I", 0x01020304, zlib.crc32(payload), 0, len(payload), 1) + payload
+    path = tmp_path / "one.dat"
+    path.write_bytes(chunk)
+    with Scanner(str(path)) as scanner:
+        assert list(scanner) == [b"Z"] and scanner.layout is Layout.GO
+
+
+# --- loader recordio convert ----------------------------------------------------------------------------
+
+
+def test_cli_convert_with_the_opt_in_streams_and_reports_progress(tmp_path, capsys):
+    src, dst = str(tmp_path / "big.dat"), str(tmp_path / "big.recordio")
+    records = [pickle.dumps((i, np.full(3, i, np.int32))) for i in range(3000)]
+    files.write_go(src, records, files.SNAPPY, max_chunk_bytes=4096)
+    assert cli.main(["recordio", "convert", src, dst, "--allow-pickle"]) == 0
+    err = capsys.readouterr().err
+    assert f"converted {src}" in err and "3,000 records" in err
+    got = list(creator.recordio(dst)())  # no opt-in needed any more
+    assert [g[0] for g in got] == list(range(3000)) and got[5][1].tolist() == [5, 5, 5]
+
+
+def test_cli_convert_without_the_opt_in_fails_in_one_line_and_leaves_nothing(tmp_path, capsys):
+    src, dst = str(tmp_path / "p.dat"), str(tmp_path / "out.recordio")
+    files.write_go(src, _pickled(2))
+    assert cli.main(["recordio", "convert", src, dst]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("loader: error:") and "--allow-pickle" in err and src in err
+    assert not os.path.exists(dst) and not os.path.exists(dst + ".partial")
+
+
+def test_convert_keeps_lod_as_lengths(tmp_path):
+    from loader import LoDTensor
+
+    seq = LoDTensor(np.arange(3, dtype=np.int64).reshape(3, 1))
+    seq.set_recursive_sequence_lengths([[1, 2]])
+    src, dst = str(tmp_path / "f.recordio"), str(tmp_path / "o.recordio")
+    files.write_fluid(src, [fluid_tensors.encode([seq])], files.NONE)
+    assert convert_paddle_file(src, dst) == 1
+    with Scanner(dst) as scanner:
+        (item,) = list(scanner)
+    assert item[0]["recursive_sequence_lengths"] == [[1, 2]] and item[0]["data"].shape == (3, 1)
