@@ -17,6 +17,7 @@ from loader.errors import (
     CorruptFileError,
     DataError,
     LoaderError,
+    MalformedMessageError,
     ProtocolVersionError,
     ServiceUnavailableError,
     ShapeMismatchError,
@@ -117,6 +118,7 @@ __all__ = [
     "WorkerDiedError",
     "TransportError",
     "ServiceUnavailableError",
+    "MalformedMessageError",
     "ProtocolVersionError",
     "ClosedError",
 ]

@@ -81,9 +81,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_gen_data(args: argparse.Namespace) -> int:
     from loader.examples.datagen import generate
 
-    paths = generate(
-        args.dir, format=args.format, files=args.files, samples=args.samples, dim=args.dim, seed=args.seed
-    )
+    paths = generate(args.dir, format=args.format, files=args.files, samples=args.samples, dim=args.dim, seed=args.seed)
     print(f"wrote {len(paths)} {args.format} files of {args.samples} samples (dim {args.dim}) to {args.dir}")
     return EXIT_OK
 
@@ -199,7 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect", required=True, metavar="ADDR", help="the daemon's address, e.g. tcp://HOST:5555")
     p.add_argument("--id", default=None, help="a name for this worker (default: chosen by the daemon)")
     p.add_argument(
-        "--connect-timeout", type=float, default=30.0, metavar="S",
+        "--connect-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
         help="give up when no daemon answers within S seconds (default 30)",
     )
 

@@ -53,7 +53,8 @@ from here and from ``loader``.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from loader.device import Placer, device_count
 from loader.fields import Field, FieldConverter, as_field, declared_field, program_field

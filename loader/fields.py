@@ -13,7 +13,8 @@ import dataclasses
 import itertools
 import math
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +25,7 @@ _SUPPORTED_KINDS = "biufc"  # bool, signed, unsigned, float, complex
 
 # The latest Field made under each name, so that a feed_list of names resolves without a program,
 # as fluid resolved names in its default main program. Fields are tiny and names few.
-_DECLARED: dict[str, "Field"] = {}
+_DECLARED: dict[str, Field] = {}
 _DECLARED_LOCK = threading.Lock()
 
 
@@ -214,9 +215,20 @@ class FieldConverter:
 
 # Fluid's VarType names (``VarType.FP32``, ``paddle.float32``) -> numpy dtype names.
 _FLUID_DTYPES = {
-    "bool": "bool", "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64", "uint8": "uint8",
-    "fp16": "float16", "fp32": "float32", "fp64": "float64", "float16": "float16", "float32": "float32",
-    "float64": "float64", "complex64": "complex64", "complex128": "complex128",
+    "bool": "bool",
+    "int8": "int8",
+    "int16": "int16",
+    "int32": "int32",
+    "int64": "int64",
+    "uint8": "uint8",
+    "fp16": "float16",
+    "fp32": "float32",
+    "fp64": "float64",
+    "float16": "float16",
+    "float32": "float32",
+    "float64": "float64",
+    "complex64": "complex64",
+    "complex128": "complex128",
 }
 
 
@@ -249,7 +261,7 @@ def program_field(program: Any, name: str) -> Field:
     if hasattr(program, "global_block"):
         try:
             var = program.global_block().var(name)
-        except Exception as exc:  # noqa: BLE001 - a program's own lookup error, translated once here
+        except Exception as exc:  # a program's own lookup error, translated once here
             raise ValueError(f"feed_list names {name!r}, which the program does not have ({exc})") from exc
         return as_field(var)
     if isinstance(program, dict):

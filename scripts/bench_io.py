@@ -148,5 +148,7 @@ def run(quick: bool = False) -> list[dict]:
 
 if __name__ == "__main__":
     for row in run(quick="--quick" in sys.argv[1:]):
-        print(f"{row['name']:<48} ours={row['ours']:.4g} peer={row['peer']:.4g} {row['unit']} "
-              f"ratio={row['ratio']:.2f} ({row['target']}) {'ok' if row['passed'] else 'FAILED'}")
+        print(
+            f"{row['name']:<48} ours={row['ours']:.4g} peer={row['peer']:.4g} {row['unit']} "
+            f"ratio={row['ratio']:.2f} ({row['target']}) {'ok' if row['passed'] else 'FAILED'}"
+        )

@@ -69,8 +69,12 @@ def bench_decode(kind: str, quick: bool) -> dict:
     peer, _ = _decode_speed(records, Compressor.ZLIB, repeats)
     return {
         "name": f"recordio: Snappy decode, {kind} (MB/s)",
-        "ours": ours, "peer": peer, "unit": "MB/s", "ratio": ours / peer,
-        "target": "none (information)", "passed": None,
+        "ours": ours,
+        "peer": peer,
+        "unit": "MB/s",
+        "ratio": ours / peer,
+        "target": "none (information)",
+        "passed": None,
         "detail": f"{len(records)} records in one chunk, Snappy stored/raw {ratio_stored:.2f}; "
         f"peer = the same chunk as ZLIB; best of {repeats}",
     }
@@ -84,8 +88,12 @@ def bench_crc32c(quick: bool) -> dict:
     peer = BLOCK_BYTES / _best(lambda: crc32c._update_python(0xFFFFFFFF, block), repeats) / 1e6
     return {
         "name": "recordio: CRC32C of 32 KiB blocks (MB/s)",
-        "ours": ours, "peer": peer, "unit": "MB/s", "ratio": ours / peer,
-        "target": "none (information)", "passed": None,
+        "ours": ours,
+        "peer": peer,
+        "unit": "MB/s",
+        "ratio": ours / peer,
+        "target": "none (information)",
+        "passed": None,
         "detail": f"ours = the numpy path; peer = pure-Python slicing-by-8; best of {repeats}",
     }
 
@@ -97,5 +105,7 @@ def run(quick: bool = False) -> list[dict]:
 
 if __name__ == "__main__":
     for row in run(quick="--quick" in sys.argv[1:]):
-        print(f"{row['name']:<48} ours={row['ours']:.4g} peer={row['peer']:.4g} {row['unit']} "
-              f"ratio={row['ratio']:.2f} ({row['detail']})")
+        print(
+            f"{row['name']:<48} ours={row['ours']:.4g} peer={row['peer']:.4g} {row['unit']} "
+            f"ratio={row['ratio']:.2f} ({row['detail']})"
+        )

@@ -61,8 +61,7 @@ import numpy as np
 # scripts/demo.py (this directory is on sys.path): starting, awaiting and stopping `loader serve`.
 from demo import free_port, start_daemon, stop_daemon, wait_ready
 
-from loader.examples import cpu_heavy
-from loader.examples import datagen
+from loader.examples import cpu_heavy, datagen
 
 ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 SERVE_START_TIMEOUT_S = 30.0
@@ -96,13 +95,22 @@ def child_env() -> dict[str, str]:
     return {**os.environ, **{var: "1" for var in ONE_THREAD}}
 
 
-def result(name: str, ours: float, peer: float, unit: str, target: str, passed: bool, detail: str,
-           ratio: float | None = None) -> dict[str, Any]:
+def result(
+    name: str, ours: float, peer: float, unit: str, target: str, passed: bool, detail: str, ratio: float | None = None
+) -> dict[str, Any]:
     """One row for the driver; ``ratio`` defaults to ours / peer (higher is better for us)."""
     if ratio is None:
         ratio = ours / peer if peer else 0.0
-    return {"name": name, "ours": round(ours, 4), "peer": round(peer, 4), "unit": unit, "ratio": round(ratio, 3),
-            "target": target, "passed": bool(passed), "detail": detail}
+    return {
+        "name": name,
+        "ours": round(ours, 4),
+        "peer": round(peer, 4),
+        "unit": unit,
+        "ratio": round(ratio, 3),
+        "target": target,
+        "passed": bool(passed),
+        "detail": detail,
+    }
 
 
 # -- counting what a consumer receives ------------------------------------------------
@@ -153,15 +161,31 @@ bind = "{bind}"
 class Daemon:
     """``loader serve`` in a child process; stopped with SIGTERM (killed if it will not stop)."""
 
-    def __init__(self, work: str, files: list[str], *, batch_size: int, workers: int, mappers: Iterable[str] = (),
-                 samples_per_message: int = 256, ipc: bool = False) -> None:
+    def __init__(
+        self,
+        work: str,
+        files: list[str],
+        *,
+        batch_size: int,
+        workers: int,
+        mappers: Iterable[str] = (),
+        samples_per_message: int = 256,
+        ipc: bool = False,
+    ) -> None:
         name = f"bench-{os.getpid()}-{time.monotonic_ns()}"
         self.address = f"ipc://{work}/{name}.sock" if ipc else f"tcp://127.0.0.1:{free_port()}"
         config = os.path.join(work, f"{name}.toml")
         with open(config, "w", encoding="utf-8") as fh:
-            fh.write(CONFIG.format(files=", ".join(json.dumps(f) for f in files), batch_size=batch_size,
-                                   mappers=", ".join(json.dumps(m) for m in mappers), workers=workers,
-                                   samples_per_message=samples_per_message, bind=self.address))
+            fh.write(
+                CONFIG.format(
+                    files=", ".join(json.dumps(f) for f in files),
+                    batch_size=batch_size,
+                    mappers=", ".join(json.dumps(m) for m in mappers),
+                    workers=workers,
+                    samples_per_message=samples_per_message,
+                    bind=self.address,
+                )
+            )
         self.proc = start_daemon(config)
         try:
             wait_ready(self.address, self.proc, 1, SERVE_START_TIMEOUT_S)
@@ -210,8 +234,9 @@ def ours_first_batch(work: str, files: list[str], **kwargs: Any) -> tuple[float,
     return in_child("ours_first_batch", work=work, files=files, **kwargs)
 
 
-def ours_rate_here(work: str, files: list[str], *, batch_size: int, workers: int, epochs: int, **daemon_options: Any
-                   ) -> tuple[float, str]:
+def ours_rate_here(
+    work: str, files: list[str], *, batch_size: int, workers: int, epochs: int, **daemon_options: Any
+) -> tuple[float, str]:
     from loader.service.client.client import Client
 
     with Daemon(work, files, batch_size=batch_size, workers=workers, **daemon_options) as daemon:
@@ -221,8 +246,9 @@ def ours_rate_here(work: str, files: list[str], *, batch_size: int, workers: int
     return rate, f"ours {samples} samples in {seconds:.2f}s"
 
 
-def ours_first_batch_here(work: str, files: list[str], *, batch_size: int, workers: int, tries: int
-                          ) -> tuple[float, str]:
+def ours_first_batch_here(
+    work: str, files: list[str], *, batch_size: int, workers: int, tries: int
+) -> tuple[float, str]:
     from loader.service.client.client import Client
 
     times = []
@@ -280,8 +306,14 @@ class NpyDataset:
 def torch_loader(dataset: Any, *, batch_size: int, workers: int, persistent: bool = True) -> Any:
     from torch.utils.data import DataLoader
 
-    return DataLoader(dataset, batch_size=batch_size, num_workers=workers, shuffle=False,
-                      persistent_workers=persistent and workers > 0, pin_memory=False)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        num_workers=workers,
+        shuffle=False,
+        persistent_workers=persistent and workers > 0,
+        pin_memory=False,
+    )
 
 
 def peer_rate(dataset: Any, *, batch_size: int, workers: int, epochs: int) -> tuple[float, str]:
@@ -317,8 +349,9 @@ def best_of(trials: int, *sides: Callable[[], tuple[float, str]]) -> list[tuple[
 
 
 def bench_small(work: str, size: Sizes) -> list[dict[str, Any]]:
-    files = datagen.generate(os.path.join(work, "small"), format="npz", files=size.small_files,
-                              samples=size.small_samples, dim=64)
+    files = datagen.generate(
+        os.path.join(work, "small"), format="npz", files=size.small_files, samples=size.small_samples, dim=64
+    )
     dataset = NpzDataset(files)
     (peer, peer_detail), (ours, ours_detail) = best_of(
         size.trials,
@@ -326,13 +359,23 @@ def bench_small(work: str, size: Sizes) -> list[dict[str, Any]]:
         lambda: ours_rate(work, files, batch_size=256, workers=2, epochs=size.epochs),
     )
     ratio = ours / peer
-    return [result("small_samples_2_workers", ours, peer, "samples/s", ">= 2.0x torch", ratio >= 2.0,
-                   f"64 float32 + int64 label, batch 256; {ours_detail}; {peer_detail}")]
+    return [
+        result(
+            "small_samples_2_workers",
+            ours,
+            peer,
+            "samples/s",
+            ">= 2.0x torch",
+            ratio >= 2.0,
+            f"64 float32 + int64 label, batch 256; {ours_detail}; {peer_detail}",
+        )
+    ]
 
 
 def bench_cpu_heavy(work: str, size: Sizes) -> list[dict[str, Any]]:
-    files = datagen.generate(os.path.join(work, "heavy"), format="npz", files=size.heavy_files,
-                              samples=size.heavy_samples, dim=64)
+    files = datagen.generate(
+        os.path.join(work, "heavy"), format="npz", files=size.heavy_files, samples=size.heavy_samples, dim=64
+    )
     mapper = "loader.examples:cpu_heavy"
     dataset = NpzDataset(files, cpu_heavy)
 
@@ -346,19 +389,33 @@ def bench_cpu_heavy(work: str, size: Sizes) -> list[dict[str, Any]]:
     (peer2, peer_detail), (ours2, ours2_detail), (ours1, ours1_detail), (peer1, _) = measured
     speedup, peer_speedup = ours2 / ours1, peer2 / peer1
     return [
-        result("cpu_heavy_mapper_2_workers", ours2, peer2, "samples/s", ">= 1.0x torch", ours2 >= peer2,
-               f"{mapper} (~0.3 ms/sample) on both sides, batch 256; {ours2_detail}; {peer_detail}"),
-        result("cpu_heavy_scaling_1_to_2_workers", speedup, peer_speedup, "x", ">= 1.7x (ours, 1 -> 2 workers)",
-               speedup >= 1.7,
-               f"ratio = our speedup; peer = torch's speedup (1 worker: {peer1:,.0f} samples/s); ours 1 worker: {ours1:,.0f} samples/s "
-               f"({ours1_detail}), 2 workers: {ours2:,.0f} samples/s",
-               ratio=speedup),
+        result(
+            "cpu_heavy_mapper_2_workers",
+            ours2,
+            peer2,
+            "samples/s",
+            ">= 1.0x torch",
+            ours2 >= peer2,
+            f"{mapper} (~0.3 ms/sample) on both sides, batch 256; {ours2_detail}; {peer_detail}",
+        ),
+        result(
+            "cpu_heavy_scaling_1_to_2_workers",
+            speedup,
+            peer_speedup,
+            "x",
+            ">= 1.7x (ours, 1 -> 2 workers)",
+            speedup >= 1.7,
+            f"ratio = our speedup; peer = torch's speedup (1 worker: {peer1:,.0f} samples/s); ours 1 worker: {ours1:,.0f} samples/s "
+            f"({ours1_detail}), 2 workers: {ours2:,.0f} samples/s",
+            ratio=speedup,
+        ),
     ]
 
 
 def bench_large(work: str, size: Sizes) -> list[dict[str, Any]]:
-    files = datagen.generate(os.path.join(work, "large"), format="npy", files=size.large_files,
-                              samples=size.large_samples, dim=MIB // 4)
+    files = datagen.generate(
+        os.path.join(work, "large"), format="npy", files=size.large_files, samples=size.large_samples, dim=MIB // 4
+    )
     with warnings.catch_warnings():
         # torch.as_tensor on a read-only memory map warns once per worker; the data is never written.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -368,20 +425,39 @@ def bench_large(work: str, size: Sizes) -> list[dict[str, Any]]:
             lambda: ours_rate(work, files, batch_size=8, workers=2, epochs=size.epochs, samples_per_message=8),
         )
     ours_b, peer_b = ours * MIB / 1e6, peer * MIB / 1e6
-    return [result("large_samples_1MiB_2_workers", ours_b, peer_b, "MB/s", ">= 1.5x torch", ours_b >= 1.5 * peer_b,
-                   f"1 MiB float32 rows from .npy, batch 8; {ours_detail}; {peer_detail}")]
+    return [
+        result(
+            "large_samples_1MiB_2_workers",
+            ours_b,
+            peer_b,
+            "MB/s",
+            ">= 1.5x torch",
+            ours_b >= 1.5 * peer_b,
+            f"1 MiB float32 rows from .npy, batch 8; {ours_detail}; {peer_detail}",
+        )
+    ]
 
 
 def bench_first_batch(work: str, size: Sizes) -> list[dict[str, Any]]:
-    files = datagen.generate(os.path.join(work, "small"), format="npz", files=size.small_files,
-                              samples=size.small_samples, dim=64)  # the same files bench_small wrote
+    files = datagen.generate(
+        os.path.join(work, "small"), format="npz", files=size.small_files, samples=size.small_samples, dim=64
+    )  # the same files bench_small wrote
     tries = size.first_batch_tries
     ours, ours_detail = ours_first_batch(work, files, batch_size=256, workers=2, tries=tries)
     peer, peer_detail = peer_first_batch(NpzDataset(files), batch_size=256, workers=2, tries=tries)
-    return [result("first_batch_warm_daemon", ours, peer, "s", "< 0.5 s", ours < 0.5,
-                   f"median; Client(...) -> first batch; peer = iter(DataLoader) -> first batch "
-                   f"(fresh workers); {ours_detail}; {peer_detail}",
-                   ratio=peer / ours if ours > 0 else 0.0)]
+    return [
+        result(
+            "first_batch_warm_daemon",
+            ours,
+            peer,
+            "s",
+            "< 0.5 s",
+            ours < 0.5,
+            f"median; Client(...) -> first batch; peer = iter(DataLoader) -> first batch "
+            f"(fresh workers); {ours_detail}; {peer_detail}",
+            ratio=peer / ours if ours > 0 else 0.0,
+        )
+    ]
 
 
 def run(quick: bool = False) -> list[dict[str, Any]]:
@@ -400,14 +476,18 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
                 results += case(work)
             except Exception as exc:  # one broken case is reported as failed; the others still run
                 line = " ".join(str(exc).split("--- original traceback ---")[0].split())
-                results.append(result(name, 0.0, 0.0, "-", "runs", False, f"error: {type(exc).__name__}: {line}", ratio=0.0))
+                results.append(
+                    result(name, 0.0, 0.0, "-", "runs", False, f"error: {type(exc).__name__}: {line}", ratio=0.0)
+                )
     return results
 
 
 def _print(results: list[dict[str, Any]]) -> None:
     for r in results:
-        print(f"{'PASS' if r['passed'] else 'FAIL'}  {r['name']:<34} ours {r['ours']:>12,.3f}  "
-              f"peer {r['peer']:>12,.3f} {r['unit']:<10} ratio {r['ratio']:>6.2f}  target {r['target']}")
+        print(
+            f"{'PASS' if r['passed'] else 'FAIL'}  {r['name']:<34} ours {r['ours']:>12,.3f}  "
+            f"peer {r['peer']:>12,.3f} {r['unit']:<10} ratio {r['ratio']:>6.2f}  target {r['target']}"
+        )
         print(f"      {r['detail']}")
 
 

@@ -96,8 +96,11 @@ def no_shared_memory_left_behind():
         except OSError:
             return set()
         owners = {name: parse_name(name) for name in names}
-        return {name for name, owner in owners.items() if owner is not None and owner[0] == namespace
-                and owner[1] in started.pids}
+        return {
+            name
+            for name, owner in owners.items()
+            if owner is not None and owner[0] == namespace and owner[1] in started.pids
+        }
 
     before = ours()
     started.install()

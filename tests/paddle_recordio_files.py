@@ -19,7 +19,7 @@ from __future__ import annotations
 import gzip
 import struct
 import zlib
-from typing import Sequence
+from collections.abc import Sequence
 
 from loader.recordio import framing, snappystream
 

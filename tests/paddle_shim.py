@@ -16,7 +16,8 @@ import dataclasses
 import enum
 import sys
 import types
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import loader
 import loader.reader
@@ -90,8 +91,15 @@ class Program:
         return self._block
 
 
-_DTYPES = {"float32": VarType.FP32, "float64": VarType.FP64, "int64": VarType.INT64, "int32": VarType.INT32,
-           "uint8": VarType.UINT8, "bool": VarType.BOOL, "float16": VarType.FP16}
+_DTYPES = {
+    "float32": VarType.FP32,
+    "float64": VarType.FP64,
+    "int64": VarType.INT64,
+    "int32": VarType.INT32,
+    "uint8": VarType.UINT8,
+    "bool": VarType.BOOL,
+    "float16": VarType.FP16,
+}
 
 
 class _Framework:
@@ -100,8 +108,9 @@ class _Framework:
     def __init__(self) -> None:
         self.main = Program()
 
-    def data(self, name: str, shape: Any, dtype: str = "float32", lod_level: int = 0,
-             append_batch_size: bool = True) -> Variable:
+    def data(
+        self, name: str, shape: Any, dtype: str = "float32", lod_level: int = 0, append_batch_size: bool = True
+    ) -> Variable:
         dims = tuple(int(d) for d in shape)
         if append_batch_size and (not dims or dims[0] != -1):
             dims = (-1, *dims)  # fluid.layers.data prepended the batch dimension
@@ -144,7 +153,10 @@ def install(monkeypatch: Any) -> types.ModuleType:
         program_guard=framework.program_guard,
     )
     static = _module(
-        "paddle.static", data=framework.static_data, Program=Program, program_guard=framework.program_guard,
+        "paddle.static",
+        data=framework.static_data,
+        Program=Program,
+        program_guard=framework.program_guard,
         default_main_program=lambda: framework.main,
     )
     paddle = _module("paddle", fluid=fluid, base=fluid, static=static, enable_static=lambda: None)

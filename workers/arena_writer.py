@@ -16,8 +16,7 @@ import numpy as np
 
 from loader.service import protocol as P
 from loader.service.shm import refs as R
-from loader.service.shm.arena import Arena, ArenaError
-from loader.service.shm.arena import arena_path
+from loader.service.shm.arena import Arena, ArenaError, arena_path
 
 log = logging.getLogger("loader.worker")
 
@@ -29,7 +28,7 @@ class ArenaWriter:
         self.arena = arena
 
     @classmethod
-    def from_welcome(cls, info: Any) -> "ArenaWriter | None":
+    def from_welcome(cls, info: Any) -> ArenaWriter | None:
         """The arena a WELCOME names, or None (none named, not mappable here, another token)."""
         if not isinstance(info, dict) or "arena" not in info:
             return None

@@ -10,7 +10,8 @@ which the protocol sends through ``loader.runtime.codec``.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

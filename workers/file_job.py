@@ -16,14 +16,15 @@ skips only its record.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from loader.config import LoaderConfig
 from loader.errors import WorkerError
 from loader.service import protocol as P
 from loader.service.blocks import block_nbytes, block_rows
-from workers.columns import ChunkBuilder, rows_for_bytes
 from workers.arena_writer import ArenaWriter
+from workers.columns import ChunkBuilder, rows_for_bytes
 from workers.sources import FileSource
 
 log = logging.getLogger("loader.worker")
@@ -32,9 +33,17 @@ log = logging.getLogger("loader.worker")
 class FileJob:
     """Reads the file of one lease and sends it; ``run()`` once."""
 
-    def __init__(self, lease: P.Lease, *, config: LoaderConfig, worker_id: str,
-                 mappers: Callable[[], list[Any]], arena: Callable[[], ArenaWriter | None],
-                 send_data: Callable[[list[Any]], None], check: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        lease: P.Lease,
+        *,
+        config: LoaderConfig,
+        worker_id: str,
+        mappers: Callable[[], list[Any]],
+        arena: Callable[[], ArenaWriter | None],
+        send_data: Callable[[list[Any]], None],
+        check: Callable[[], None],
+    ) -> None:
         self.lease, self.config, self.worker_id = lease, config, worker_id
         # The arena is asked for at each chunk: a re-WELCOME during the lease (handled inside
         # ``check``) closes the worker's arena and names a fresh one.
@@ -46,7 +55,7 @@ class FileJob:
         try:
             source = FileSource(self.config, path)
             mappers = self._mappers()
-        except Exception as exc:  # noqa: BLE001 - every failure travels as a message
+        except Exception as exc:  # every failure travels as a message
             if self._failed(exc, None):
                 self._done(sent=0, skipped=1)
             return
@@ -87,7 +96,7 @@ class FileJob:
             self._check()
             try:
                 block = source.read_block(rows)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if not self._failed(exc, record):
                     return None
                 return record, 1
@@ -108,7 +117,7 @@ class FileJob:
                 sample = next(samples)
             except StopIteration:
                 break
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if not self._failed(exc, record):
                     return None
                 skipped += 1
@@ -117,7 +126,7 @@ class FileJob:
                 for mapper in mappers:
                     sample = mapper(sample)
                 builder.add(record, sample)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if not self._failed(exc, record):
                     return None
                 skipped += 1

@@ -30,9 +30,9 @@ from loader.config import LoaderConfig
 from loader.errors import ProtocolVersionError, TransportError
 from loader.service import protocol as P
 from loader.service import transport
+from workers.arena_writer import ArenaWriter
 from workers.control import ControlLink, open_channels
 from workers.file_job import FileJob
-from workers.arena_writer import ArenaWriter
 
 log = logging.getLogger("loader.worker")
 
@@ -70,8 +70,13 @@ def run_worker(
 
 
 class Worker:
-    def __init__(self, connect: Any, worker_id: str, stop_event: threading.Event | None,
-                 connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        connect: Any,
+        worker_id: str,
+        stop_event: threading.Event | None,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
         self.worker_id = worker_id
         self.stop_event = stop_event or threading.Event()
         self.ctl, self.data, self.connect = open_channels(connect)
@@ -220,8 +225,15 @@ class Worker:
     # -- one file -----------------------------------------------------------
     def _serve_lease(self, lease: P.Lease) -> None:
         self.lease = lease
-        job = FileJob(lease, config=self.config, worker_id=self.worker_id, mappers=self._resolved_mappers,
-                      arena=lambda: self.arena, send_data=self._send_data, check=self._check)
+        job = FileJob(
+            lease,
+            config=self.config,
+            worker_id=self.worker_id,
+            mappers=self._resolved_mappers,
+            arena=lambda: self.arena,
+            send_data=self._send_data,
+            check=self._check,
+        )
         try:
             job.run()
         except _Cancelled:

@@ -15,7 +15,8 @@ block is already columnar, so a worker does no per-sample Python work at all.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 

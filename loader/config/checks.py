@@ -86,7 +86,9 @@ def reject_unknown(keys: Any, known: Any, prefix: str, origin: str) -> None:
         if key in known:
             continue
         close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.5)
-        hint = f"; did you mean {prefix}{close[0]}?" if close else f"; known keys: {', '.join(prefix + k for k in known)}"
+        hint = (
+            f"; did you mean {prefix}{close[0]}?" if close else f"; known keys: {', '.join(prefix + k for k in known)}"
+        )
         what = "section" if not prefix else "key"
         raise ConfigError(f"unknown {what} {prefix}{key} ({origin}){hint}")
 
@@ -107,7 +109,9 @@ def plain_copy(value: Any, key: str, origin: str) -> Any:
         return [plain_copy(v, key, origin) for v in value]
     if isinstance(value, PLAIN_TYPES):
         return value
-    raise ConfigError(f"{key} must hold only strings, numbers, booleans, lists and tables, got {show(value)} ({origin})")
+    raise ConfigError(
+        f"{key} must hold only strings, numbers, booleans, lists and tables, got {show(value)} ({origin})"
+    )
 
 
 def plain(value: Any) -> Any:

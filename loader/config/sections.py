@@ -281,4 +281,3 @@ def _build(section_cls: type, values: dict[str, Any], origin: str) -> Any:
         return section_cls(**values, origin=origin)
     except TypeError as exc:  # pragma: no cover - unknown keys are rejected before this
         raise ConfigError(f"{exc} ({origin})") from exc
-

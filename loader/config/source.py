@@ -118,7 +118,9 @@ class SourceConfig:
             with open(path, encoding="utf-8") as fh:
                 lines = [line.strip() for line in fh]
         except OSError as exc:
-            raise ConfigError(f"source.list_file {path!r} cannot be read: {exc.strerror or exc} ({self.origin})") from exc
+            raise ConfigError(
+                f"source.list_file {path!r} cannot be read: {exc.strerror or exc} ({self.origin})"
+            ) from exc
         names = [line for line in lines if line and not line.startswith("#")]
         if not names:
             raise ConfigError(f"source.list_file {path!r} lists no files ({self.origin})")
@@ -150,7 +152,6 @@ class SourceConfig:
     def resolve_provider(self) -> Any:
         """The ``provider`` object (a PyDataProvider2 provider), or None."""
         return None if self.provider is None else import_object(self.provider, what="source.provider")
-
 
 
 def absolute_paths(values: dict[str, Any], base_dir: str | None) -> dict[str, Any]:

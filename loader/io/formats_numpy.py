@@ -123,7 +123,9 @@ class NpzFileReader(ArrayFileReader):
             raise DataError(f"{self.path}: not a readable .npz archive ({exc})") from exc
         self._use_arrays(names, metas, sources)
 
-    def _member(self, raw: Any, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> tuple[Any, Callable[[], np.ndarray]]:
+    def _member(
+        self, raw: Any, archive: zipfile.ZipFile, info: zipfile.ZipInfo
+    ) -> tuple[Any, Callable[[], np.ndarray]]:
         with archive.open(info) as member:
             version = np.lib.format.read_magic(member)
             with _HEADER_LOCK:
@@ -144,7 +146,9 @@ class NpzFileReader(ArrayFileReader):
                 raise ValueError(f"member {info.filename!r}: bad local header")
             offset = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len + header_len
             order: Literal["F", "C"] = "F" if fortran else "C"
-            return (shape, dtype), lambda: np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
+            return (shape, dtype), lambda: np.memmap(
+                path, dtype=dtype, mode="r", offset=offset, shape=shape, order=order
+            )
         return (shape, dtype), lambda: _inflate(path, name)
 
 

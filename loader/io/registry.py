@@ -145,7 +145,9 @@ def create_file_reader(
     factory = _resolve(format if format is not None else format_for(path))
     reader = factory(os.fspath(path), shapes=shapes, dtypes=dtypes, lod_levels=lod_levels, **options)
     if not isinstance(reader, ReaderBase):
-        raise TypeError(f"file reader factory for {os.fspath(path)!r} returned {type(reader).__name__}, not a ReaderBase")
+        raise TypeError(
+            f"file reader factory for {os.fspath(path)!r} returned {type(reader).__name__}, not a ReaderBase"
+        )
     return reader
 
 

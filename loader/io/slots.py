@@ -67,12 +67,12 @@ class SlotChecker:
     def lod_level(self, slot: int) -> int:
         return self.lod_levels[slot] if self.lod_levels is not None else 0
 
-    def check(self, instance: list[np.ndarray], where: str, index: int, names: Sequence[str] | None) -> list[np.ndarray]:
+    def check(
+        self, instance: list[np.ndarray], where: str, index: int, names: Sequence[str] | None
+    ) -> list[np.ndarray]:
         """The instance, normalised; ``ShapeMismatchError`` naming where, record, slot and shapes."""
         if self.num_slots is not None and len(instance) != self.num_slots:
-            raise ShapeMismatchError(
-                f"{where}: record {index} has {len(instance)} slots, {self.num_slots} declared"
-            )
+            raise ShapeMismatchError(f"{where}: record {index} has {len(instance)} slots, {self.num_slots} declared")
         if self.shapes is None and self.dtypes is None:
             return instance
         out = list(instance)
@@ -86,7 +86,9 @@ class SlotChecker:
                 )
         return out
 
-    def _check_shape(self, array: np.ndarray, i: int, where: str, index: int, names: Sequence[str] | None) -> np.ndarray:
+    def _check_shape(
+        self, array: np.ndarray, i: int, where: str, index: int, names: Sequence[str] | None
+    ) -> np.ndarray:
         declared = self.shapes[i]  # type: ignore[index]
         rest = declared[1:]
         if self.lod_level(i) > 0:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
-from loader.runtime.imports import import_object
 from loader.provider.session import DEFAULT_MAX_OPEN_FILES, BatchReader, ProviderSession
 from loader.provider.settings import Settings
 from loader.provider.types import CacheType, InputType
+from loader.runtime.imports import import_object
 
 _TRUE_WORDS = (1, "1", "t", "true", "on")
 _FALSE_WORDS = (0, "0", "f", "false", "off")
@@ -188,7 +189,9 @@ def provider(
     return decorate
 
 
-def iter_file_samples(process: DataProvider, filename: str, is_train: bool = True, **kwargs: Any) -> Iterator[list[Any]]:
+def iter_file_samples(
+    process: DataProvider, filename: str, is_train: bool = True, **kwargs: Any
+) -> Iterator[list[Any]]:
     """The checked samples of one file as lists in slot order (for the service's workers).
 
     Runs ``init_hook`` with ``file_list=[filename]``; to read many files with one

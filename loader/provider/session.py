@@ -5,7 +5,8 @@ from __future__ import annotations
 import operator
 import random
 import threading
-from typing import Any, Generator, Iterator
+from collections.abc import Generator, Iterator
+from typing import Any
 
 from loader.errors import DataError
 from loader.provider.batching import assemble

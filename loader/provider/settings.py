@@ -11,7 +11,8 @@ may set either (Paddle's semantic role labelling demo sets ``slots``).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Iterable, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from loader.provider.types import CacheType, InputType
 

@@ -44,14 +44,32 @@ docstring has the details):
 from __future__ import annotations
 
 from loader.errors import ComposeNotAligned
-from loader.reader import creator
+from loader.reader import (
+    creator,
+    decorator,  # paddle's module name, an alias of decorators
+)
 from loader.reader.decorators import Fake, buffered, cache, chain, compose, fake, firstn, map_readers, shuffle
 from loader.reader.multiprocess import MultiprocessReaderError, multiprocess_reader
 from loader.reader.pipe import PipeReader
 from loader.reader.xmap import xmap_readers
 
-from loader.reader import decorator  # noqa: E402 - paddle's module name, an alias of decorators
-from loader.reader import decorators as _decorators
-
-# Everything the original ``paddle.reader`` exported (decorators.__all__ lists it), plus creator.
-__all__ = [*_decorators.__all__, "MultiprocessReaderError", "creator", "decorator"]
+# Everything the original ``paddle.reader`` exported, plus creator (a test keeps this equal to
+# decorators.__all__ and these three).
+__all__ = [
+    "map_readers",
+    "buffered",
+    "compose",
+    "chain",
+    "shuffle",
+    "firstn",
+    "xmap_readers",
+    "multiprocess_reader",
+    "cache",
+    "Fake",
+    "fake",
+    "PipeReader",
+    "ComposeNotAligned",
+    "MultiprocessReaderError",
+    "creator",
+    "decorator",
+]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 #: A reader: a zero-argument callable returning a fresh iterable of samples.
 Reader = Callable[[], Iterable[Any]]

@@ -8,7 +8,8 @@ their values, single values become 1-tuples).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 
 def as_samples(batch: Any) -> list[tuple[Any, ...]]:

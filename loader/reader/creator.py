@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +46,7 @@ def text_file(path: str | os.PathLike[str]) -> Reader:
     """
 
     def text_reader() -> Iterator[str]:
-        with open(path, "r", encoding="utf-8") as fh:
+        with open(path, encoding="utf-8") as fh:
             for line in fh:
                 yield line.rstrip("\n")
 
@@ -58,9 +59,7 @@ def _path_list(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]])
     elif isinstance(paths, (list, tuple)):
         items = [os.fspath(p) for p in paths]
     else:
-        raise TypeError(
-            f"recordio: paths must be a path, a list of paths or a comma-separated string, got {paths!r}"
-        )
+        raise TypeError(f"recordio: paths must be a path, a list of paths or a comma-separated string, got {paths!r}")
     items = [p for p in items if p]
     if not items:
         raise ValueError("recordio: no paths given")

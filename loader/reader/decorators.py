@@ -17,14 +17,15 @@ from __future__ import annotations
 import itertools
 import random
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from loader.runtime.threads import ThreadPipeline
 from loader.errors import ComposeNotAligned, DataError
 from loader.reader._util import Reader, as_count, check_reader, close_quietly, open_source
 from loader.reader.multiprocess import multiprocess_reader
 from loader.reader.pipe import PipeReader
 from loader.reader.xmap import xmap_readers
+from loader.runtime.threads import ThreadPipeline
 
 
 def map_readers(func: Callable[..., Any], *readers: Reader) -> Reader:

@@ -36,13 +36,14 @@ import multiprocessing.connection
 import os
 import pickle
 import sys
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
-from loader.runtime import codec
-from loader.runtime.threads import POLL_INTERVAL_S  # idle wait between checks; also the child's credit poll
 from loader.errors import WorkerDiedError, WorkerError
-from loader.runtime.processes import PROCESS_JOIN_TIMEOUT_S, context, start_process, stop_process, terminate_now
 from loader.reader._util import Reader, as_count, check_reader
+from loader.runtime import codec
+from loader.runtime.processes import PROCESS_JOIN_TIMEOUT_S, context, start_process, stop_process, terminate_now
+from loader.runtime.threads import POLL_INTERVAL_S  # idle wait between checks; also the child's credit poll
 
 TURN_PATIENCE_S = 1.0  # how long a reader may keep its round-robin turn waiting
 
@@ -84,7 +85,7 @@ def _child_main(reader: Reader, conn: Any, inherited: list[Any], credits: Any, n
                 _send_credit_wait(credits, parent_pid)
             conn.send_bytes(message)
         conn.send_bytes(_END)
-    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the parent
+    except BaseException as exc:  # every failure is reported to the parent
         info = WorkerError.from_exception(exc, worker=name).to_dict()
         try:
             conn.send_bytes(_ERROR + codec.pack(info))

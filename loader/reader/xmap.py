@@ -14,10 +14,11 @@ failed item would have been. Abandoning the iteration stops every thread.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from loader.runtime.threads import POLL_INTERVAL_S, StopRequested, ThreadPipeline
 from loader.reader._util import Reader, as_count, check_reader, close_quietly, open_source
+from loader.runtime.threads import POLL_INTERVAL_S, StopRequested, ThreadPipeline
 
 
 class _SharedSource:
@@ -52,7 +53,7 @@ class _SharedSource:
             except StopIteration:
                 self._exhausted = True
                 return None
-            except Exception as exc:  # noqa: BLE001 - handed to the consumer
+            except Exception as exc:  # handed to the consumer
                 self._exhausted = True
                 return seq, None, exc
         finally:
@@ -77,9 +78,7 @@ class _SharedSource:
             self._turn_changed.notify_all()
 
 
-def _handler(
-    pipeline: ThreadPipeline, shared: _SharedSource, mapper: Callable[[Any], Any], order: bool
-) -> None:
+def _handler(pipeline: ThreadPipeline, shared: _SharedSource, mapper: Callable[[Any], Any], order: bool) -> None:
     while True:
         taken = shared.take()
         if taken is None:
@@ -88,7 +87,7 @@ def _handler(
         if error is None:
             try:
                 item = mapper(item)
-            except Exception as exc:  # noqa: BLE001 - re-raised below, in order
+            except Exception as exc:  # re-raised below, in order
                 error = exc
         if order:
             shared.wait_turn(seq)

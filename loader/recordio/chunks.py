@@ -26,7 +26,8 @@ import enum
 import os
 import struct
 import zlib
-from typing import BinaryIO, Callable, cast
+from collections.abc import Callable
+from typing import BinaryIO, cast
 
 from loader.errors import CorruptFileError
 from loader.recordio import framing, snappystream
@@ -126,10 +127,14 @@ def parse_header(name: str, offset: int, head: bytes, layout: Layout = Layout.FL
     return count, checksum, compressor, size
 
 
-def unpack_payload(name: str, offset: int, count: int, checksum: int, compressor: int, stored: bytes) -> list[memoryview]:
+def unpack_payload(
+    name: str, offset: int, count: int, checksum: int, compressor: int, stored: bytes
+) -> list[memoryview]:
     """Check and inflate a chunk's stored payload and split it into its ``count`` records."""
     if zlib.crc32(stored) != checksum:
-        raise chunk_error(name, offset, f"CRC32 mismatch (stored 0x{checksum:08x}, computed 0x{zlib.crc32(stored):08x})")
+        raise chunk_error(
+            name, offset, f"CRC32 mismatch (stored 0x{checksum:08x}, computed 0x{zlib.crc32(stored):08x})"
+        )
     payload = _decompress(name, offset, compressor, stored)
     view = memoryview(payload)
     records: list[memoryview] = []
@@ -177,7 +182,7 @@ def open_target(target: str | os.PathLike[str] | BinaryIO, mode: str) -> tuple[s
     """``(name, file, owned)``: a path is opened (and owned by the caller); a file object is used as is."""
     if isinstance(target, (str, os.PathLike)):
         name = os.fspath(target)
-        return name, cast(BinaryIO, open(name, mode)), True  # noqa: SIM115 - closed by the owner's close()
+        return name, cast(BinaryIO, open(name, mode)), True  # closed by the owner's close()
     return str(getattr(target, "name", "<stream>")), target, False
 
 

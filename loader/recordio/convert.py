@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from loader.recordio.chunks import DEFAULT_COMPRESSOR, Compressor
 from loader.recordio.writer import Writer

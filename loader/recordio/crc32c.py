@@ -67,8 +67,14 @@ def _update_python(register: int, data: bytes | bytearray | memoryview) -> int:
     for (word,) in _WORDS.iter_unpack(memoryview(data)[:whole]):
         x = word ^ register
         register = (
-            t7[x & 0xFF] ^ t6[(x >> 8) & 0xFF] ^ t5[(x >> 16) & 0xFF] ^ t4[(x >> 24) & 0xFF]
-            ^ t3[(x >> 32) & 0xFF] ^ t2[(x >> 40) & 0xFF] ^ t1[(x >> 48) & 0xFF] ^ t0[x >> 56]
+            t7[x & 0xFF]
+            ^ t6[(x >> 8) & 0xFF]
+            ^ t5[(x >> 16) & 0xFF]
+            ^ t4[(x >> 24) & 0xFF]
+            ^ t3[(x >> 32) & 0xFF]
+            ^ t2[(x >> 40) & 0xFF]
+            ^ t1[(x >> 48) & 0xFF]
+            ^ t0[x >> 56]
         )
     for byte in bytes(data[whole:]):
         register = (register >> 8) ^ t0[(register ^ byte) & 0xFF]

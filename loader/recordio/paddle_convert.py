@@ -17,7 +17,8 @@ import argparse
 import os
 import sys
 import time
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from loader.lod_tensor import LoDTensor
 from loader.recordio.chunks import DEFAULT_COMPRESSOR, Compressor
@@ -111,7 +112,8 @@ def add_command(add: Callable[..., argparse.ArgumentParser]) -> None:
     p.add_argument("src", metavar="SRC", help="a RecordIO file written by PaddlePaddle (or by loader)")
     p.add_argument("dst", metavar="DST", help="the file to write (replaced when the conversion succeeds)")
     p.add_argument(
-        "--allow-pickle", action="store_true",
+        "--allow-pickle",
+        action="store_true",
         help="unpickle Paddle's pickled records with the restricted unpickler (numpy arrays, numbers, strings, "
         "bytes, lists, tuples, dicts only)",
     )

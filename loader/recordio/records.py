@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from loader.runtime import codec
 from loader.errors import DataError
 from loader.recordio import safe_pickle, tensors
 from loader.recordio.chunks import Layout, chunk_error
+from loader.runtime import codec
 
 
 class PickledRecordError(DataError):
@@ -49,7 +49,7 @@ def decode_record(
     if layout is Layout.FLUID:
         try:
             return codec.unpack(raw)
-        except Exception as exc:  # noqa: BLE001 - file bytes are untrusted; any failure means "not ours"
+        except Exception as exc:  # file bytes are untrusted; any failure means "not ours"
             ours = exc
     if safe_pickle.is_pickle(raw):
         if not allow_pickle:

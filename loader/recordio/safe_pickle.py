@@ -131,9 +131,9 @@ def is_pickle(data: bytes | bytearray | memoryview) -> bool:
         return False
     try:
         last = None
-        for last in pickletools.genops(raw):
-            pass
-    except Exception:  # noqa: BLE001 - any parse failure means "not a pickle"
+        for op in pickletools.genops(raw):
+            last = op
+    except Exception:  # any parse failure means "not a pickle"
         return False
     return last is not None and last[0].name == "STOP" and last[2] == len(raw) - 1
 
@@ -151,7 +151,7 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
         raise
     except RecursionError:
         raise DataError("malformed pickle: nested too deeply") from None
-    except Exception as exc:  # noqa: BLE001 - untrusted bytes; every failure is a data error
+    except Exception as exc:  # untrusted bytes; every failure is a data error
         raise DataError(f"malformed pickle: {type(exc).__name__}: {exc}") from None
     return _check_value(value)
 

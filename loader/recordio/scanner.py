@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, BinaryIO, Iterator
+from collections.abc import Iterator
+from typing import Any, BinaryIO
 
 from loader.errors import ClosedError
 from loader.recordio.chunks import HEADER, Layout, chunk_error, detect_layout, open_target, parse_header, unpack_payload
@@ -163,7 +164,7 @@ class Scanner:
         if self._owns_file:
             self._file.close()
 
-    def __enter__(self) -> "Scanner":
+    def __enter__(self) -> Scanner:
         return self
 
     def __exit__(self, *exc: Any) -> None:

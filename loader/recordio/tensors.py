@@ -18,15 +18,28 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from loader.lod_tensor import LoDTensor
 
 # proto::VarType::Type -> numpy (BF16 has no numpy dtype and is refused).
-_VAR_TYPES = {0: "bool", 1: "int16", 2: "int32", 3: "int64", 4: "float16", 5: "float32", 6: "float64",
-              19: "uint64", 20: "uint8", 21: "int8", 23: "complex64", 24: "complex128"}
+_VAR_TYPES = {
+    0: "bool",
+    1: "int16",
+    2: "int32",
+    3: "int64",
+    4: "float16",
+    5: "float32",
+    6: "float64",
+    19: "uint64",
+    20: "uint8",
+    21: "int8",
+    23: "complex64",
+    24: "complex128",
+}
 _TYPE_OF = {np.dtype(name): code for code, name in _VAR_TYPES.items() if code != 19}
 _U32, _U64, _I32 = struct.Struct("<I"), struct.Struct("<Q"), struct.Struct("<i")
 MAX_TENSORS = 1 << 16  # a record with more tensors than this is not one of Fluid's

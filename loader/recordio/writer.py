@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from typing import Any, BinaryIO
 
-from loader.runtime import codec
 from loader.errors import ClosedError
 from loader.recordio.chunks import (
     DEFAULT_COMPRESSOR,
@@ -17,6 +16,7 @@ from loader.recordio.chunks import (
     open_target,
     pack_chunk,
 )
+from loader.runtime import codec
 
 # A chunk is flushed once its records reach this many bytes, whatever max_num_records
 # says, so a scanner's memory stays bounded (one bigger record gets a chunk of its own).
@@ -95,7 +95,7 @@ class Writer:
             if self._owns_file:
                 self._file.close()
 
-    def __enter__(self) -> "Writer":
+    def __enter__(self) -> Writer:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -43,7 +43,9 @@ def import_object(spec: str, *, what: str = "object") -> Any:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise ConfigError(f"{what}: module {module_name!r} has no attribute {attr_path!r} (from {spec!r})") from None
+            raise ConfigError(
+                f"{what}: module {module_name!r} has no attribute {attr_path!r} (from {spec!r})"
+            ) from None
     return obj
 
 

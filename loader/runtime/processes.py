@@ -103,8 +103,9 @@ def terminate_now(proc: multiprocessing.process.BaseProcess) -> int | None:
     return stop_process(proc, join_timeout_s=0.0)
 
 
-def stop_when_orphaned(stop: threading.Event, parent_pid: int,
-                       interval_s: float = PARENT_CHECK_INTERVAL_S) -> threading.Thread:
+def stop_when_orphaned(
+    stop: threading.Event, parent_pid: int, interval_s: float = PARENT_CHECK_INTERVAL_S
+) -> threading.Thread:
     """Set ``stop`` once this process's parent ``parent_pid`` has died (it was reparented); call in the child.
 
     A parent killed with SIGKILL cannot stop its children, and a child that is still
@@ -132,4 +133,12 @@ def cpu_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-__all__ = ["start_process", "start_command", "stop_process", "terminate_now", "context", "cpu_count", "stop_when_orphaned"]
+__all__ = [
+    "start_process",
+    "start_command",
+    "stop_process",
+    "terminate_now",
+    "context",
+    "cpu_count",
+    "stop_when_orphaned",
+]

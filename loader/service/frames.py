@@ -8,7 +8,8 @@ nothing is ever unpickled.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -57,9 +58,15 @@ def read_columns(described: Any, frames: Sequence[Frame]) -> Columns:
         raise MalformedMessageError(f"message describes {count} arrays but has {len(frames)}")
     columns: Columns = {}
     for item, frame in zip(described, frames):
-        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) and isinstance(item[1], str)
-                and isinstance(item[2], list) and len(item[2]) <= MAX_DIMENSIONS
-                and all(type(n) is int and n >= 0 for n in item[2])):
+        if not (
+            isinstance(item, list)
+            and len(item) == 3
+            and isinstance(item[0], str)
+            and isinstance(item[1], str)
+            and isinstance(item[2], list)
+            and len(item[2]) <= MAX_DIMENSIONS
+            and all(type(n) is int and n >= 0 for n in item[2])
+        ):
             raise MalformedMessageError(f"malformed column description {str(item)[:80]!r}")
         name, dtype_str, shape = item
         if name in columns:

@@ -24,7 +24,8 @@ import shutil
 import sys
 import tempfile
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from loader.config import LoaderConfig
 from loader.reader.batches import batch_reader
@@ -46,8 +47,9 @@ def _private_endpoint() -> tuple[str, str | None]:
 class Loader:
     """Coordinator + stage + workers in this process, iterated like a ``Client``. Context manager."""
 
-    def __init__(self, config: LoaderConfig, *, worker_entry: str = DEFAULT_WORKER_ENTRY,
-                 bind: str | None = None) -> None:
+    def __init__(
+        self, config: LoaderConfig, *, worker_entry: str = DEFAULT_WORKER_ENTRY, bind: str | None = None
+    ) -> None:
         self.config = config
         self._tmpdir: str | None = None
         if bind is None:
@@ -64,7 +66,9 @@ class Loader:
             self._remove_tmpdir()
             raise
         try:
-            self._thread = threading.Thread(target=self._daemon.serve, args=(self._stop,), name="loader-daemon", daemon=True)
+            self._thread = threading.Thread(
+                target=self._daemon.serve, args=(self._stop,), name="loader-daemon", daemon=True
+            )
             self._thread.start()
             client = config.client
             self._client = Client(
@@ -114,7 +118,7 @@ class Loader:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
 
-    def __enter__(self) -> "Loader":
+    def __enter__(self) -> Loader:
         return self
 
     def __exit__(self, *exc: Any) -> None:

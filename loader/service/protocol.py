@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar
 
 import msgpack
-import numpy as np
 
 from loader.errors import MalformedMessageError
 from loader.service.frames import Columns, Frame, buffer_of, column_frames, object_array, read_columns
@@ -82,8 +82,15 @@ def _refs(value: Any) -> bool:
         if not isinstance(name, str) or not isinstance(specs, dict) or not specs:
             return False
         for spec_id, spec in specs.items():
-            if not (_count(spec_id) and isinstance(spec, list) and len(spec) == 2 and _text(spec[0])
-                    and isinstance(spec[1], list) and len(spec[1]) <= 32 and all(_count(n) for n in spec[1])):
+            if not (
+                _count(spec_id)
+                and isinstance(spec, list)
+                and len(spec) == 2
+                and _text(spec[0])
+                and isinstance(spec[1], list)
+                and len(spec[1]) <= 32
+                and all(_count(n) for n in spec[1])
+            ):
                 return False
     return True
 
@@ -128,10 +135,15 @@ def _kind(kind: str, *, columns: bool = False) -> Callable[[type], type]:
     def register(cls: type[Message]) -> type[Message]:
         cls.KIND, cls.HAS_COLUMNS = kind, columns
         cls._SCHEMA = tuple(
-            (f.name, f.metadata["key"], f.metadata["check"],
-             f.default if f.default is not _MISSING else (f.default_factory if f.default_factory is not _MISSING
-                                                          else _MISSING),
-             f.metadata["absent"])
+            (
+                f.name,
+                f.metadata["key"],
+                f.metadata["check"],
+                f.default
+                if f.default is not _MISSING
+                else (f.default_factory if f.default_factory is not _MISSING else _MISSING),
+                f.metadata["absent"],
+            )
             for f in dataclasses.fields(cls)
         )
         _KINDS[kind] = cls
@@ -398,8 +410,10 @@ def version_mismatch(message: Versioned, peer: str) -> str | None:
     """None when ``message`` speaks this protocol version, else one line saying why not."""
     if message.version == PROTOCOL_VERSION:
         return None
-    return (f"{peer} speaks loader protocol {message.version} (loader {message.package}), this side speaks "
-            f"{PROTOCOL_VERSION} (loader {_package_version()}): run the same loader version on both sides")
+    return (
+        f"{peer} speaks loader protocol {message.version} (loader {message.package}), this side speaks "
+        f"{PROTOCOL_VERSION} (loader {_package_version()}): run the same loader version on both sides"
+    )
 
 
 __all__ = [

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from tests.helpers import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -18,7 +19,10 @@ def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
     # scripts/demo only sets up .venv and execs scripts/demo.py; call the latter with this interpreter.
     return subprocess.run(
         [sys.executable, os.path.join(ROOT, "scripts", "demo.py"), *args],
-        capture_output=True, text=True, timeout=DEMO_TIMEOUT_S, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=DEMO_TIMEOUT_S,
+        cwd=ROOT,
     )
 
 

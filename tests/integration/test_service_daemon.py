@@ -25,8 +25,13 @@ def served(tmp_path_factory):
     ids = write_id_files(data, 7, [400, 350, 500, 123, 1, 640, 300])
     config = make_config(data, pipeline={"batch_size": 50, "shuffle_buffer": 300})
     with running_daemon(config) as daemon:
-        assert wait_until(lambda: len(query_status(daemon.endpoint)["workers"]) == 2 and all(
-            w["connected"] for w in query_status(daemon.endpoint)["workers"]), timeout_s=20)
+        assert wait_until(
+            lambda: (
+                len(query_status(daemon.endpoint)["workers"]) == 2
+                and all(w["connected"] for w in query_status(daemon.endpoint)["workers"])
+            ),
+            timeout_s=20,
+        )
         yield daemon, ids
 
 
@@ -118,8 +123,12 @@ def test_vanished_client_is_dropped_and_a_new_one_is_served(served):
     ghost.close()
     assert wait_until(lambda: len(query_status(daemon.endpoint)["clients"]) == before - 1, timeout_s=8)
     # Its share is freed: nothing of its epoch stays buffered, leased or queued.
-    assert wait_until(lambda: (lambda s: s["buffered_samples"] == 0 and s["files"]["leased"] == 0
-                                         and s["files"]["queued"] == 0)(query_status(daemon.endpoint)), timeout_s=8)
+    assert wait_until(
+        lambda: (lambda s: s["buffered_samples"] == 0 and s["files"]["leased"] == 0 and s["files"]["queued"] == 0)(
+            query_status(daemon.endpoint)
+        ),
+        timeout_s=8,
+    )
     with Client(daemon.endpoint) as client:
         assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
 
@@ -127,8 +136,10 @@ def test_vanished_client_is_dropped_and_a_new_one_is_served(served):
 def test_peers_of_another_protocol_version_are_refused_with_both_versions(served):
     daemon, ids = served
     other = P.PROTOCOL_VERSION + 1
-    hellos = [P.Hello(worker="old-worker", pid=1, version=other, package="9.9"),
-              P.ClientHello(rank=0, world_size=1, version=other, package="9.9")]
+    hellos = [
+        P.Hello(worker="old-worker", pid=1, version=other, package="9.9"),
+        P.ClientHello(rank=0, world_size=1, version=other, package="9.9"),
+    ]
     for hello in hellos:
         peer = transport.dealer(daemon.endpoint)
         try:
@@ -162,9 +173,11 @@ def test_next_epoch_is_read_ahead_once_every_file_is_leased(tmp_path):
     # must be queued while that file is still being read, so an idle worker never waits for
     # the slowest file of the epoch.
     ids = write_id_files(tmp_path, 2, 60)
-    config = make_config(tmp_path, pipeline={"batch_size": 10, "epochs": 0,
-                                             "mappers": ["tests.helpers:slow_sample_2ms"]},
-                         workers={"count": 1, "samples_per_message": 10})
+    config = make_config(
+        tmp_path,
+        pipeline={"batch_size": 10, "epochs": 0, "mappers": ["tests.helpers:slow_sample_2ms"]},
+        workers={"count": 1, "samples_per_message": 10},
+    )
     with running_daemon(config) as daemon:
         with Client(daemon.endpoint, timeout_s=10) as client:
             epoch = client.epoch()

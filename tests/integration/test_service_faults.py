@@ -29,8 +29,11 @@ pytestmark = pytest.mark.integration
 
 def test_killed_worker_is_replaced_and_epoch_is_exactly_once(tmp_path):
     ids = write_id_files(tmp_path, 4, 400)
-    config = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:slow_sample_2ms"], "batch_size": 40},
-                         workers={"samples_per_message": 16})
+    config = make_config(
+        tmp_path,
+        pipeline={"mappers": ["tests.helpers:slow_sample_2ms"], "batch_size": 40},
+        workers={"samples_per_message": 16},
+    )
     with running_daemon(config) as daemon:
         assert wait_until(lambda: connected_workers(daemon.endpoint) == 2, timeout_s=20)
         with Client(daemon.endpoint, timeout_s=10) as client:
@@ -157,8 +160,9 @@ def test_hand_started_worker_needs_only_the_address(tmp_path):
     with running_daemon(make_config(tmp_path), start_workers=False) as daemon:
         stop = threading.Event()
         result = {}
-        thread = threading.Thread(target=lambda: result.setdefault("rc", run_worker(daemon.endpoint, stop_event=stop)),
-                                  daemon=True)
+        thread = threading.Thread(
+            target=lambda: result.setdefault("rc", run_worker(daemon.endpoint, stop_event=stop)), daemon=True
+        )
         thread.start()
         with Client(daemon.endpoint) as client:
             assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)

@@ -16,8 +16,12 @@ pytestmark = pytest.mark.integration
 
 def test_loader_iterates_configured_epochs_and_cleans_up(tmp_path, no_leaks):
     ids = write_id_files(tmp_path, 3, 200)
-    config = make_config(tmp_path, pipeline={"epochs": 2, "shuffle_buffer": 50, "batch_size": 64},
-                         workers={"count": 1}, service={"bind": "tcp://127.0.0.1:5555"})
+    config = make_config(
+        tmp_path,
+        pipeline={"epochs": 2, "shuffle_buffer": 50, "batch_size": 64},
+        workers={"count": 1},
+        service={"bind": "tcp://127.0.0.1:5555"},
+    )
     with loader.Loader(config) as local:
         got = collect_ids(local)
         assert local.endpoint.startswith("ipc://")
@@ -27,12 +31,17 @@ def test_loader_iterates_configured_epochs_and_cleans_up(tmp_path, no_leaks):
 def test_loader_with_user_reader_list_format_and_strings(tmp_path, no_leaks):
     for i in range(3):
         (tmp_path / f"part{i}.txt").write_text(f"{i * 100} {i * 100 + 40}")
-    config = LoaderConfig.from_dict({
-        "source": {"files": [str(tmp_path / "*.txt")], "reader": "tests.helpers:range_file_reader",
-                   "fields": ["id", "name"]},
-        "pipeline": {"batch_size": 16, "batch_format": "list", "mappers": ["tests.helpers:identity_mapper"]},
-        "workers": {"count": 2, "heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 2.0},
-    })
+    config = LoaderConfig.from_dict(
+        {
+            "source": {
+                "files": [str(tmp_path / "*.txt")],
+                "reader": "tests.helpers:range_file_reader",
+                "fields": ["id", "name"],
+            },
+            "pipeline": {"batch_size": 16, "batch_format": "list", "mappers": ["tests.helpers:identity_mapper"]},
+            "workers": {"count": 2, "heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 2.0},
+        }
+    )
     with loader.Loader(config) as local:
         samples = [s for batch in local.epoch() for s in batch]
         assert sorted(int(i) for i, _ in samples) == [i * 100 + j for i in range(3) for j in range(40)]
@@ -53,12 +62,17 @@ def test_loader_text_format_with_a_parser_named_in_the_config(tmp_path, no_leaks
     lines = [f"{i % 10}\t{' '.join(str(i * 0.5) for _ in range(3))}" for i in range(60)]
     for part in range(3):
         (tmp_path / f"part{part}.txt").write_text("\n".join(lines[part * 20 : part * 20 + 20]) + "\n")
-    config = LoaderConfig.from_dict({
-        "source": {"files": [str(tmp_path / "*.txt")], "format": "text",
-                   "format_options": {"parser": "loader.examples:parse_labeled_line"}},
-        "pipeline": {"batch_size": 8},
-        "workers": {"count": 2},
-    })
+    config = LoaderConfig.from_dict(
+        {
+            "source": {
+                "files": [str(tmp_path / "*.txt")],
+                "format": "text",
+                "format_options": {"parser": "loader.examples:parse_labeled_line"},
+            },
+            "pipeline": {"batch_size": 8},
+            "workers": {"count": 2},
+        }
+    )
     with loader.Loader(config) as local:
         batches = list(local.epoch())
     labels = np.concatenate([np.asarray(b["label"]).reshape(-1) for b in batches])
@@ -69,13 +83,16 @@ def test_loader_reads_a_user_format_from_the_config_formats_table(tmp_path, no_l
     for part in range(2):
         np.save(tmp_path / f"p{part}.npy", np.arange(part * 30, part * 30 + 30, dtype=np.int64))
         (tmp_path / f"p{part}.npy").rename(tmp_path / f"p{part}.rows")
-    config = LoaderConfig.from_dict({
-        "source": {"files": [str(tmp_path / "*.rows")],
-                   "formats": {"rowsfmt": {"factory": "loader.io.formats_numpy:NpyFileReader",
-                                           "suffixes": [".rows"]}}},
-        "pipeline": {"batch_size": 7},
-        "workers": {"count": 1},
-    })
+    config = LoaderConfig.from_dict(
+        {
+            "source": {
+                "files": [str(tmp_path / "*.rows")],
+                "formats": {"rowsfmt": {"factory": "loader.io.formats_numpy:NpyFileReader", "suffixes": [".rows"]}},
+            },
+            "pipeline": {"batch_size": 7},
+            "workers": {"count": 1},
+        }
+    )
     try:
         with loader.Loader(config) as local:
             got = np.concatenate([b["data"] for b in local.epoch()])

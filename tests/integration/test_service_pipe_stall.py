@@ -106,12 +106,22 @@ def test_worker_frozen_mid_message_stalls_nobody_and_is_replaced(tmp_path, monke
     # The frozen worker is found by the 1 s progress timeout. Stopping it costs the daemon's loop up to
     # processes.PROCESS_KILL_TIMEOUT_S (a stopped process acts on SIGTERM only once continued), during
     # which nobody's heartbeats are answered: a heartbeat timeout above that keeps the healthy worker.
-    config = make_config(tmp_path, pipeline={"batch_size": 4, "shuffle_buffer": 0},
-                         workers={"transport": transport, "samples_per_message": 4, "shm_arena_mib": 0,
-                                  "heartbeat_timeout_s": 6.0, "progress_timeout_s": 1.0})
+    config = make_config(
+        tmp_path,
+        pipeline={"batch_size": 4, "shuffle_buffer": 0},
+        workers={
+            "transport": transport,
+            "samples_per_message": 4,
+            "shm_arena_mib": 0,
+            "heartbeat_timeout_s": 6.0,
+            "progress_timeout_s": 1.0,
+        },
+    )
     try:
-        with running_daemon(config, worker_entry=FREEZING_ENTRY) as daemon, \
-                Client(daemon.endpoint, timeout_s=10) as client:
+        with (
+            running_daemon(config, worker_entry=FREEZING_ENTRY) as daemon,
+            Client(daemon.endpoint, timeout_s=10) as client,
+        ):
             got = [int(v) for batch in client.epoch() for v in batch["data"][:, 0]]
             assert marker.exists()  # a worker did freeze mid-message
             assert collections.Counter(got) == collections.Counter(ids)

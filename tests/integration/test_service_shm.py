@@ -50,8 +50,11 @@ def arena_files(daemon) -> list[str]:
 def test_loader_large_rows_exactly_once_through_arenas_then_unlinked(tmp_path, no_leaks, transport):
     ids = write_large_files(tmp_path, 4, 30)
     rows = expected_rows(tmp_path)
-    config = make_config(tmp_path, pipeline={"epochs": 2, "shuffle_buffer": 16, "batch_size": 8},
-                         workers={"samples_per_message": 8, "transport": transport})
+    config = make_config(
+        tmp_path,
+        pipeline={"epochs": 2, "shuffle_buffer": 16, "batch_size": 8},
+        workers={"samples_per_message": 8, "transport": transport},
+    )
     with loader.Loader(config) as local:
         daemon = local._daemon
         got = []
@@ -68,9 +71,11 @@ def test_loader_large_rows_exactly_once_through_arenas_then_unlinked(tmp_path, n
 
 def test_daemon_client_exactly_once_with_a_mapper_and_the_same_data_inline(tmp_path, monkeypatch):
     ids = write_large_files(tmp_path, 3, 40)
-    config = make_config(tmp_path, pipeline={"shuffle_buffer": 20, "batch_size": 8,
-                                             "mappers": ["tests.helpers:identity_mapper"]},
-                         workers={"count": 1, "samples_per_message": 8})
+    config = make_config(
+        tmp_path,
+        pipeline={"shuffle_buffer": 20, "batch_size": 8, "mappers": ["tests.helpers:identity_mapper"]},
+        workers={"count": 1, "samples_per_message": 8},
+    )
     with running_daemon(config) as daemon:
         with Client(daemon.endpoint, timeout_s=10, read_ahead=False) as fast:
             assert fast._arenas is not None
@@ -99,8 +104,11 @@ def test_daemon_client_exactly_once_with_a_mapper_and_the_same_data_inline(tmp_p
 def test_killed_worker_mid_epoch_with_arenas_is_exactly_once(tmp_path):
     ids = write_large_files(tmp_path, 4, 60)
     rows = expected_rows(tmp_path)
-    config = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:slow_sample_2ms"], "batch_size": 8},
-                         workers={"samples_per_message": 8})
+    config = make_config(
+        tmp_path,
+        pipeline={"mappers": ["tests.helpers:slow_sample_2ms"], "batch_size": 8},
+        workers={"samples_per_message": 8},
+    )
     with running_daemon(config) as daemon:
         assert wait_until(lambda: connected_workers(daemon.endpoint) == 2, timeout_s=20)
         with Client(daemon.endpoint, timeout_s=10) as client:
@@ -127,7 +135,11 @@ def test_small_arenas_mix_references_and_inline_rows_exactly_once(tmp_path):
     # 2 MiB arenas hold one chunk of 8 rows of 80 KiB at a time (16 blocks of 32): the others go inline.
     ids = write_large_files(tmp_path, 4, 48)
     rows = expected_rows(tmp_path)
-    config = make_config(tmp_path, pipeline={"shuffle_buffer": 12, "batch_size": 8}, workers={"samples_per_message": 8, "shm_arena_mib": 2})
+    config = make_config(
+        tmp_path,
+        pipeline={"shuffle_buffer": 12, "batch_size": 8},
+        workers={"samples_per_message": 8, "shm_arena_mib": 2},
+    )
     with running_daemon(config) as daemon:
         with Client(daemon.endpoint, timeout_s=10, prefetch=2) as client:
             for _ in range(2):
@@ -142,7 +154,9 @@ def test_small_arenas_mix_references_and_inline_rows_exactly_once(tmp_path):
 
 def test_fast_path_off_sends_everything_inline(tmp_path):
     ids = write_large_files(tmp_path, 2, 20)
-    config = make_config(tmp_path, pipeline={"batch_size": 8}, workers={"count": 1, "samples_per_message": 8, "shm_arena_mib": 0})
+    config = make_config(
+        tmp_path, pipeline={"batch_size": 8}, workers={"count": 1, "samples_per_message": 8, "shm_arena_mib": 0}
+    )
     with running_daemon(config) as daemon:
         assert daemon.arenas is None
         with Client(daemon.endpoint, timeout_s=10) as client:
@@ -153,8 +167,9 @@ def test_fast_path_off_sends_everything_inline(tmp_path):
 
 def test_config_shm_arena_mib_zero_turns_the_fast_path_off(tmp_path):
     ids = write_large_files(tmp_path, 2, 10)
-    config = make_config(tmp_path, pipeline={"batch_size": 4},
-                         workers={"count": 1, "samples_per_message": 4, "shm_arena_mib": 0})
+    config = make_config(
+        tmp_path, pipeline={"batch_size": 4}, workers={"count": 1, "samples_per_message": 4, "shm_arena_mib": 0}
+    )
     with running_daemon(config) as daemon:
         assert daemon.arenas is None
         with Client(daemon.endpoint, timeout_s=10) as client:

@@ -26,8 +26,11 @@ SIZES = [97, 0, 250, 31, 180, 1, 64]
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_exactly_once_per_epoch(tmp_path, transport, no_leaks):
     ids = write_id_files(tmp_path, len(SIZES), SIZES)
-    config = make_config(tmp_path, pipeline={"batch_size": 17, "shuffle_buffer": 64, "epochs": 2},
-                         workers={"transport": transport, "samples_per_message": 23})
+    config = make_config(
+        tmp_path,
+        pipeline={"batch_size": 17, "shuffle_buffer": 64, "epochs": 2},
+        workers={"transport": transport, "samples_per_message": 23},
+    )
     with loader.Loader(config) as local:
         got = collect_ids(local)
         assert local.status()["transport"] == transport
@@ -37,8 +40,11 @@ def test_exactly_once_per_epoch(tmp_path, transport, no_leaks):
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_killed_worker_is_replaced_and_epoch_is_exactly_once(tmp_path, transport):
     ids = write_id_files(tmp_path, 4, 300)
-    config = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:slow_sample_2ms"], "batch_size": 40},
-                         workers={"transport": transport, "samples_per_message": 16})
+    config = make_config(
+        tmp_path,
+        pipeline={"mappers": ["tests.helpers:slow_sample_2ms"], "batch_size": 40},
+        workers={"transport": transport, "samples_per_message": 16},
+    )
     with loader.Loader(config) as local:
         got, killed = [], None
         for i, batch in enumerate(local.epoch()):
@@ -55,8 +61,9 @@ def test_killed_worker_is_replaced_and_epoch_is_exactly_once(tmp_path, transport
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_mapper_error_names_file_record_and_cause(tmp_path, transport):
     write_id_files(tmp_path, 2, 1300)  # id 1234 is record 1234 of file f000
-    config = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:fail_on_1234"]},
-                         workers={"transport": transport})
+    config = make_config(
+        tmp_path, pipeline={"mappers": ["tests.helpers:fail_on_1234"]}, workers={"transport": transport}
+    )
     with loader.Loader(config) as local:
         with pytest.raises(WorkerError) as info:
             collect_ids(local.epoch())
@@ -69,9 +76,11 @@ def test_mapper_error_names_file_record_and_cause(tmp_path, transport):
 @pytest.mark.parametrize("transport", ["zmq", "pipe"])
 def test_mapper_slower_than_heartbeat_timeout_keeps_its_worker(tmp_path, transport):
     ids = write_id_files(tmp_path, 2, 50)
-    config = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:sleep_1500ms_on_7"]},
-                         workers={"transport": transport, "count": 1,
-                                  "heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 1.0})
+    config = make_config(
+        tmp_path,
+        pipeline={"mappers": ["tests.helpers:sleep_1500ms_on_7"]},
+        workers={"transport": transport, "count": 1, "heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 1.0},
+    )
     with loader.Loader(config) as local:
         assert collections.Counter(collect_ids(local.epoch())) == collections.Counter(ids)
         assert local.status()["worker_restarts"] == 0
@@ -80,7 +89,11 @@ def test_mapper_slower_than_heartbeat_timeout_keeps_its_worker(tmp_path, transpo
 def test_hung_worker_is_replaced_after_the_progress_timeout(tmp_path, monkeypatch):
     ids = write_id_files(tmp_path, 3, 40)
     monkeypatch.setenv("LOADER_TEST_HANG_MARKER", str(tmp_path / "hung-once"))
-    config = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:hang_once_on_5"]}, workers={"count": 1, "progress_timeout_s": 1.0})
+    config = make_config(
+        tmp_path,
+        pipeline={"mappers": ["tests.helpers:hang_once_on_5"]},
+        workers={"count": 1, "progress_timeout_s": 1.0},
+    )
     with running_daemon(config) as daemon, loader.Client(daemon.endpoint) as client:
         assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
         assert (tmp_path / "hung-once").exists()
@@ -94,11 +107,16 @@ def test_provider_source_delivers_every_sample_once_with_slot_names(tmp_path, tr
         values = [f * 100 + i for i in range(f * 7 + 5)]
         (tmp_path / f"part{f}.txt").write_text("".join(f"{v}\n" for v in values))
         expected.extend(values)
-    config = LoaderConfig.from_dict({
-        "source": {"files": [str(tmp_path / "*.txt")], "provider": "tests.unit.provider.fixtures:numbered_file_lines"},
-        "pipeline": {"batch_size": 8, "shuffle_buffer": 10, "seed": 3},
-        "workers": {"count": 2, "transport": transport, "heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 2.0},
-    })
+    config = LoaderConfig.from_dict(
+        {
+            "source": {
+                "files": [str(tmp_path / "*.txt")],
+                "provider": "tests.unit.provider.fixtures:numbered_file_lines",
+            },
+            "pipeline": {"batch_size": 8, "shuffle_buffer": 10, "seed": 3},
+            "workers": {"count": 2, "transport": transport, "heartbeat_interval_s": 0.2, "heartbeat_timeout_s": 2.0},
+        }
+    )
     with loader.Loader(config) as local:
         batches = list(local.epoch())
     assert all(set(batch) == {"id", "vec"} for batch in batches)

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from loader import __version__
-from loader.examples import datagen
 from loader.cli import format_status, main
 from loader.errors import LoaderError
+from loader.examples import datagen
 from tests.helpers import free_port, wait_until
 
 CMD_TIMEOUT_S = 60.0
@@ -24,9 +24,7 @@ STOP_TIMEOUT_S = 10.0
 
 
 def loader_cmd(*args: str, timeout: float = CMD_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "loader.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([sys.executable, "-m", "loader.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], match: str) -> str:
@@ -55,7 +53,9 @@ def test_no_command_prints_help_and_fails(capsys) -> None:
 
 
 def test_missing_config() -> None:
-    assert_one_line_error(loader_cmd("serve", "/nonexistent/train.toml"), "config file '/nonexistent/train.toml' does not exist")
+    assert_one_line_error(
+        loader_cmd("serve", "/nonexistent/train.toml"), "config file '/nonexistent/train.toml' does not exist"
+    )
 
 
 def test_malformed_config(tmp_path) -> None:
@@ -92,14 +92,18 @@ def test_missing_listed_file(tmp_path) -> None:
 
 def test_bad_import_in_config(tmp_path) -> None:
     datagen.generate(str(tmp_path), files=1, samples=2)
-    cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n[pipeline]\nmappers = ["no_such_mod_xyz:f"]\n')
+    cfg = write_config(
+        tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n[pipeline]\nmappers = ["no_such_mod_xyz:f"]\n'
+    )
     assert_one_line_error(loader_cmd("serve", cfg), "cannot import module 'no_such_mod_xyz'")
 
 
 def test_bad_command_line_override(tmp_path) -> None:
     datagen.generate(str(tmp_path), files=1, samples=2)
     cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n')
-    assert_one_line_error(loader_cmd("serve", cfg, "--workers", "0"), "workers.count must be >= 1, got 0 (command line)")
+    assert_one_line_error(
+        loader_cmd("serve", cfg, "--workers", "0"), "workers.count must be >= 1, got 0 (command line)"
+    )
     assert_one_line_error(loader_cmd("serve", cfg, "--bind", "nowhere"), "service.bind must look like")
 
 
@@ -111,7 +115,9 @@ def test_check_reports_files(tmp_path) -> None:
 
 
 def test_gen_data(tmp_path) -> None:
-    result = loader_cmd("gen-data", str(tmp_path / "d"), "--format", "npz", "--files", "2", "--samples", "5", "--dim", "3")
+    result = loader_cmd(
+        "gen-data", str(tmp_path / "d"), "--format", "npz", "--files", "2", "--samples", "5", "--dim", "3"
+    )
     assert result.returncode == 0, result.stderr
     assert sorted(os.listdir(tmp_path / "d")) == ["part-00000.npz", "part-00001.npz"]
     assert_one_line_error(loader_cmd("gen-data", str(tmp_path / "e"), "--files", "0"), "must be >= 1")
@@ -193,6 +199,7 @@ def test_serve_status_and_sigterm(tmp_path) -> None:
     children_before = child_pids()
     daemon = start_serve(cfg, address, 2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+
         def reachable() -> bool:
             assert daemon.poll() is None, daemon.communicate(timeout=STOP_TIMEOUT_S)
             return status_or_none(address) is not None
@@ -242,8 +249,11 @@ def test_files_of_a_daemon_killed_with_sigkill_are_removed_by_the_next(tmp_path)
     first = start_serve(cfg, addresses[0], 1, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     second = None
     try:
-        assert wait_until(lambda: len((status_or_none(addresses[0]) or {}).get("workers", [])) == 1,
-                          timeout_s=SERVE_READY_TIMEOUT_S, interval_s=0.2)
+        assert wait_until(
+            lambda: len((status_or_none(addresses[0]) or {}).get("workers", [])) == 1,
+            timeout_s=SERVE_READY_TIMEOUT_S,
+            interval_s=0.2,
+        )
         workers = [w["pid"] for w in status_or_none(addresses[0])["workers"]]
         left = files_of(first.pid)
         assert left, "the daemon made no shared-memory files"
@@ -251,8 +261,9 @@ def test_files_of_a_daemon_killed_with_sigkill_are_removed_by_the_next(tmp_path)
         first.wait(timeout=STOP_TIMEOUT_S)
         assert files_of(first.pid) == left  # SIGKILL: nothing could unlink them
         second = start_serve(cfg, addresses[1], 1, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        assert wait_until(lambda: status_or_none(addresses[1]) is not None, timeout_s=SERVE_READY_TIMEOUT_S,
-                          interval_s=0.2)
+        assert wait_until(
+            lambda: status_or_none(addresses[1]) is not None, timeout_s=SERVE_READY_TIMEOUT_S, interval_s=0.2
+        )
         assert files_of(first.pid) == []
         assert files_of(second.pid)  # its own are there
         second.send_signal(signal.SIGTERM)
@@ -293,8 +304,12 @@ def test_hand_started_worker_joins_and_stops_on_sigterm(tmp_path) -> None:
     try:
         daemon = start_serve(cfg, address, 1, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(daemon)
-        worker = subprocess.Popen([sys.executable, "-m", "loader.cli", "worker", "--connect", address, "--id", "by-hand"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "loader.cli", "worker", "--connect", address, "--id", "by-hand"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         procs.append(worker)
 
         def joined() -> bool:

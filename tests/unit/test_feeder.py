@@ -34,7 +34,9 @@ def test_scalar_labels_and_numpy_samples():
 
 def test_a_wrong_size_names_field_expected_and_received_shape():
     feeder = _mnist_feeder()
-    with pytest.raises(ValueError, match=r"field 'image': expected shape \(1, 28, 28\).*received shape \(783,\).*sample 1"):
+    with pytest.raises(
+        ValueError, match=r"field 'image': expected shape \(1, 28, 28\).*received shape \(783,\).*sample 1"
+    ):
         feeder.feed([([0] * 784, [9]), ([1] * 783, [1])])
     with pytest.raises(ShapeMismatchError):
         feeder.feed([([0] * 783, [9]), ([1] * 783, [1])])

@@ -10,14 +10,12 @@ import numpy as np
 import pytest
 
 import loader
-from loader.runtime import codec
 from loader.errors import ComposeNotAligned, LoaderError, WorkerDiedError, WorkerError
+from loader.runtime import codec
 
 
 def test_version_from_console_script():
-    out = subprocess.run(
-        [sys.executable, "-m", "loader.cli", "--version"], capture_output=True, text=True, timeout=60
-    )
+    out = subprocess.run([sys.executable, "-m", "loader.cli", "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
     assert out.stdout.strip() == f"loader {loader.__version__}"
 

@@ -124,8 +124,9 @@ class Paddle3DataFeederCases(unittest.TestCase):
             self.assertEqual(result["label"].shape(), [2, 1])
 
 
-@pytest.mark.parametrize("case", ["test_lod_level_0_converter", "test_lod_level_1_converter",
-                                  "test_lod_level_2_converter"])
+@pytest.mark.parametrize(
+    "case", ["test_lod_level_0_converter", "test_lod_level_1_converter", "test_lod_level_2_converter"]
+)
 def test_fluid_data_feeder_upstream_cases(paddle, case):
     FluidDataFeederCases.fluid = importlib.import_module("paddle.fluid")
     outcome = unittest.TestResult()
@@ -133,8 +134,9 @@ def test_fluid_data_feeder_upstream_cases(paddle, case):
     assert outcome.wasSuccessful(), outcome.failures + outcome.errors
 
 
-@pytest.mark.parametrize("case", ["test_lod_level_0_converter", "test_lod_level_1_converter",
-                                  "test_lod_level_2_converter"])
+@pytest.mark.parametrize(
+    "case", ["test_lod_level_0_converter", "test_lod_level_1_converter", "test_lod_level_2_converter"]
+)
 def test_paddle3_data_feeder_upstream_cases(paddle, case):
     Paddle3DataFeederCases.paddle = importlib.import_module("paddle")
     outcome = unittest.TestResult()
@@ -148,8 +150,9 @@ def test_the_upstream_cases_can_fail():
         pass
 
     fluid = type("fluid", (), {})()
-    fluid.layers = type("layers", (), {"data": staticmethod(lambda **kw: Field(kw["name"], kw["shape"],
-                                                                                kw.get("dtype", "float32")))})
+    fluid.layers = type(
+        "layers", (), {"data": staticmethod(lambda **kw: Field(kw["name"], kw["shape"], kw.get("dtype", "float32")))}
+    )
     fluid.DataFeeder = DataFeeder
     fluid.CPUPlace = paddle_shim.CPUPlace
     Broken.fluid = fluid
@@ -199,8 +202,15 @@ def test_a_program_may_be_a_list_or_dict_of_fields():
 
 @pytest.mark.parametrize(
     "dtype, expected",
-    [(paddle_shim.VarType.FP32, "float32"), (paddle_shim.VarType.INT64, "int64"), (paddle_shim.VarType.UINT8, "uint8"),
-     ("paddle.float64", "float64"), ("VarType.FP16", "float16"), (np.int16, "int16"), ("bool", "bool")],
+    [
+        (paddle_shim.VarType.FP32, "float32"),
+        (paddle_shim.VarType.INT64, "int64"),
+        (paddle_shim.VarType.UINT8, "uint8"),
+        ("paddle.float64", "float64"),
+        ("VarType.FP16", "float16"),
+        (np.int16, "int16"),
+        ("bool", "bool"),
+    ],
 )
 def test_fluid_dtypes_become_numpy_dtypes(dtype, expected):
     var = paddle_shim.Variable("v", (-1, 1), dtype)

@@ -28,20 +28,27 @@ import itertools
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
 from loader.device import Placer
+from loader.errors import (
+    ClosedError,
+    LoaderError,
+    ProtocolVersionError,
+    ServiceUnavailableError,
+    TransportError,
+    WorkerError,
+)
 from loader.reader.batches import batch_reader
-from loader.errors import (ClosedError, LoaderError, ProtocolVersionError, ServiceUnavailableError, TransportError,
-                           WorkerError)
 from loader.service import protocol as P
-from loader.service.shm import refs as R
 from loader.service import transport
-from loader.service.transport import Channel
 from loader.service.client.batches import to_batch
+from loader.service.shm import refs as R
 from loader.service.shm.cache import ArenaCache
+from loader.service.transport import Channel
 
 DEFAULT_PREFETCH = 4
 DEFAULT_TIMEOUT_S = 30.0
@@ -123,7 +130,7 @@ class Client:
         if not self._thread.is_alive():
             self._waker.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -160,7 +167,7 @@ class Client:
                 return self._out.get(timeout=RECEIVER_POLL_S)
             except queue.Empty:
                 if not self._thread.is_alive() and self._out.empty():
-                    raise ServiceUnavailableError(f"the client's receiver for {self.address} stopped")
+                    raise ServiceUnavailableError(f"the client's receiver for {self.address} stopped") from None
 
     # -- receiver thread ----------------------------------------------------
     def _handshake(self) -> P.ClientWelcome:
@@ -201,18 +208,18 @@ class Client:
                     raise ServiceUnavailableError(
                         f"the loader daemon at {self.address} has been silent for {now - state.last_heard:.1f}s"
                     )
-        except BaseException as exc:  # noqa: BLE001 - whatever stops the receiver reaches the consumer
+        except BaseException as exc:  # whatever stops the receiver reaches the consumer
             self._out.put(("fatal", None, exc))
         finally:
             try:
                 self._channel.try_send(P.encode(P.Bye()), timeout_s=0.0)
-            except Exception:  # noqa: BLE001 - best effort on the way out
+            except Exception:  # best effort on the way out
                 pass
             self._channel.close()
             if self._arenas is not None:
                 self._arenas.close()
 
-    def _run_commands(self, state: "_ReceiverState") -> None:
+    def _run_commands(self, state: _ReceiverState) -> None:
         while True:
             try:
                 command = self._commands.get_nowait()
@@ -221,17 +228,18 @@ class Client:
             _, number, gen = command
             state.gen = gen
             state.credited = self._consumed
-            request = P.Epoch(epoch=number, gen=gen, credit=self.prefetch, ahead=self.read_ahead,
-                              shm=self._arenas is not None)
+            request = P.Epoch(
+                epoch=number, gen=gen, credit=self.prefetch, ahead=self.read_ahead, shm=self._arenas is not None
+            )
             self._channel.send(P.encode(request), timeout_s=self.timeout_s)
 
-    def _return_credits(self, state: "_ReceiverState") -> None:
+    def _return_credits(self, state: _ReceiverState) -> None:
         owed = self._consumed - state.credited
         if owed > 0 and state.gen is not None:
             state.credited += owed
             self._channel.send(P.encode(P.Credit(n=owed, gen=state.gen)), timeout_s=self.timeout_s)
 
-    def _drain(self, state: "_ReceiverState") -> None:
+    def _drain(self, state: _ReceiverState) -> None:
         while True:
             frames = self._channel.recv(0)
             if frames is None:
@@ -298,8 +306,9 @@ def query_status(address: str, timeout_s: float = 5.0) -> dict[str, Any]:
     return dict(answer.status or {})
 
 
-def _request(channel: Channel, frames: list[Any], answers: tuple[type[P.Message], ...],
-             timeout_s: float) -> P.Message | None:
+def _request(
+    channel: Channel, frames: list[Any], answers: tuple[type[P.Message], ...], timeout_s: float
+) -> P.Message | None:
     """Send ``frames`` and wait for a message of one of the ``answers`` types (others are skipped);
     the message, or None when none came within ``timeout_s``."""
     channel.send(frames, timeout_s=timeout_s)

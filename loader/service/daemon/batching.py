@@ -9,7 +9,7 @@ number of times on average, and the mixing matches a classic shuffle buffer of
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 

@@ -25,8 +25,9 @@ import itertools
 import logging
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -101,9 +102,7 @@ class Coordinator:
         return order[rank::world_size]
 
     def enqueue(self, stream_id: int, epoch: int, file_indexes: list[int]) -> None:
-        jobs = deque(
-            Job(next(self._lease_ids), stream_id, epoch, i, self.files[i]) for i in file_indexes
-        )
+        jobs = deque(Job(next(self._lease_ids), stream_id, epoch, i, self.files[i]) for i in file_indexes)
         self._queues[stream_id] = jobs
 
     def cancel_stream(self, stream_id: int) -> list[tuple[str, int]]:

@@ -32,8 +32,17 @@ log = logging.getLogger("loader.daemon")
 class ClientDesk:
     """Sessions of one daemon, served through its router; see the module docstring."""
 
-    def __init__(self, config: LoaderConfig, *, router: RouterLike, stage: Stage, coordinator: Coordinator,
-                 pool: WorkerPool, file_count: int, arenas: ArenaPool | None = None) -> None:
+    def __init__(
+        self,
+        config: LoaderConfig,
+        *,
+        router: RouterLike,
+        stage: Stage,
+        coordinator: Coordinator,
+        pool: WorkerPool,
+        file_count: int,
+        arenas: ArenaPool | None = None,
+    ) -> None:
         self.config = config
         self._router = router
         self.stage = stage
@@ -58,7 +67,9 @@ class ClientDesk:
         log.info("client %d attached (rank %d of %d)", session.session_id, rank, world_size)
         pipeline = self.config.pipeline
         welcome = P.ClientWelcome(
-            session=session.session_id, batch_size=pipeline.batch_size, batch_format=pipeline.batch_format,
+            session=session.session_id,
+            batch_size=pipeline.batch_size,
+            batch_format=pipeline.batch_format,
             files=self._file_count,
             # Clients are dropped after heartbeat_timeout_s of silence: they ping at the workers' pace.
             ping_s=self.config.workers.heartbeat_interval_s,

@@ -23,14 +23,14 @@ from loader.config import LoaderConfig
 from loader.errors import MalformedMessageError
 from loader.service import protocol as P
 from loader.service import transport
-from loader.service.transport import links
-from loader.service.daemon.desk import ClientDesk
 from loader.service.daemon.coordinator import Coordinator
+from loader.service.daemon.desk import ClientDesk
 from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
 from loader.service.daemon.rate import RecentRate
-from loader.service.shm.pool import open_pool
 from loader.service.daemon.stage import Stage
 from loader.service.daemon.workforce import MAX_FILE_ATTEMPTS, WorkerPool
+from loader.service.shm.pool import open_pool
+from loader.service.transport import links
 
 log = logging.getLogger("loader.daemon")
 
@@ -56,8 +56,9 @@ def _open_sources(transport_kind: str, bind: str) -> tuple[Any, Any, Any]:
 class Daemon:
     """Coordinator, stage and workers behind one control endpoint. Context manager."""
 
-    def __init__(self, config: LoaderConfig, *, worker_entry: str = DEFAULT_WORKER_ENTRY,
-                 start_workers: bool = True) -> None:
+    def __init__(
+        self, config: LoaderConfig, *, worker_entry: str = DEFAULT_WORKER_ENTRY, start_workers: bool = True
+    ) -> None:
         """Serve ``config``; ``worker_entry`` names the worker function (tests swap in faulty ones), and
         ``start_workers=False`` waits for hand-started workers only."""
         self.config = config
@@ -80,22 +81,42 @@ class Daemon:
         self._poller.register(self._router)
         self._poller.register(self._data)
         self.stage = Stage(
-            batch_size=pipeline.batch_size, drop_last=pipeline.drop_last, shuffle_buffer=pipeline.shuffle_buffer,
-            seed=seed, samples_per_message=workers.samples_per_message,
-            send=lambda peer, frames: self.clients.send(peer, frames), arenas=self.arenas,
+            batch_size=pipeline.batch_size,
+            drop_last=pipeline.drop_last,
+            shuffle_buffer=pipeline.shuffle_buffer,
+            seed=seed,
+            samples_per_message=workers.samples_per_message,
+            send=lambda peer, frames: self.clients.send(peer, frames),
+            arenas=self.arenas,
         )
         self.coordinator = Coordinator(
-            self.files, seed=seed, shuffle_files=pipeline.shuffle_buffer > 0,
-            heartbeat_timeout_s=float(workers.heartbeat_timeout_s), may_lease=self.stage.may_lease,
+            self.files,
+            seed=seed,
+            shuffle_files=pipeline.shuffle_buffer > 0,
+            heartbeat_timeout_s=float(workers.heartbeat_timeout_s),
+            may_lease=self.stage.may_lease,
             progress_timeout_s=workers.progress_timeout_s,
         )
         self.pool = WorkerPool(
-            self.coordinator, send=self._router.send, config=config.to_dict(), data_endpoint=self.data_endpoint,
-            endpoint=self.endpoint, entry=worker_entry, links=worker_links, on_file_failed=self.stage.fail_file,
+            self.coordinator,
+            send=self._router.send,
+            config=config.to_dict(),
+            data_endpoint=self.data_endpoint,
+            endpoint=self.endpoint,
+            entry=worker_entry,
+            links=worker_links,
+            on_file_failed=self.stage.fail_file,
             arenas=self.arenas,
         )
-        self.clients = ClientDesk(config, router=self._router, stage=self.stage, coordinator=self.coordinator,
-                                  pool=self.pool, file_count=len(self.files), arenas=self.arenas)
+        self.clients = ClientDesk(
+            config,
+            router=self._router,
+            stage=self.stage,
+            coordinator=self.coordinator,
+            pool=self.pool,
+            file_count=len(self.files),
+            arenas=self.arenas,
+        )
         self._started_at = time.monotonic()
         self._rate = RecentRate()
         self._next_housekeeping = 0.0
@@ -127,7 +148,7 @@ class Daemon:
         if self.arenas is not None:
             self.arenas.close()  # after the workers: nothing in /dev/shm outlives the daemon
 
-    def __enter__(self) -> "Daemon":
+    def __enter__(self) -> Daemon:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -209,8 +230,12 @@ class Daemon:
             self._router.send(peer, P.encode(P.Status(status=self.status())))
         elif session is None:
             if not isinstance(message, P.Bye):
-                self._router.send(peer, P.encode(P.Error(
-                    unknown_session=True, message="the daemon does not know this client (restarted?)")))
+                self._router.send(
+                    peer,
+                    P.encode(
+                        P.Error(unknown_session=True, message="the daemon does not know this client (restarted?)")
+                    ),
+                )
         else:
             self.clients.on_message(session, message)
 
@@ -223,8 +248,11 @@ class Daemon:
             "endpoint": self.endpoint,
             "data_endpoint": self.data_endpoint,
             "uptime_s": round(elapsed, 3),
-            "files": {"total": len(self.files), "leased": self.coordinator.leased(),
-                      "queued": self.coordinator.queued()},
+            "files": {
+                "total": len(self.files),
+                "leased": self.coordinator.leased(),
+                "queued": self.coordinator.queued(),
+            },
             "transport": self.config.workers.transport,
             "workers": self.pool.describe(now),
             "worker_restarts": self.coordinator.restarts,
@@ -237,9 +265,15 @@ class Daemon:
             "rejected_messages": self.rejected_messages,
             "shm_arenas": len(self.arenas.arenas) if self.arenas is not None else 0,
             "clients": [
-                {"session": s.session_id, "rank": s.rank, "world_size": s.world_size, "credits": s.credits,
-                 "epoch": s.current.epoch if s.current else None, "batches_sent": s.batches_sent,
-                 "samples_sent": s.samples_sent}
+                {
+                    "session": s.session_id,
+                    "rank": s.rank,
+                    "world_size": s.world_size,
+                    "credits": s.credits,
+                    "epoch": s.current.epoch if s.current else None,
+                    "batches_sent": s.batches_sent,
+                    "samples_sent": s.samples_sent,
+                }
                 for s in self.stage.sessions.values()
             ],
         }

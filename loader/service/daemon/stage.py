@@ -29,18 +29,19 @@ import itertools
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from loader.service import protocol as P
-from loader.service.shm.arena import ArenaError
-from loader.service.shm.pool import ArenaPool
 from loader.service.blocks import Block, block_rows, select
 from loader.service.daemon.batching import Batcher, ShuffleBuffer
 from loader.service.daemon.ledger import FileLedger
 from loader.service.daemon.stage_refs import RefKeeper
+from loader.service.shm.arena import ArenaError
+from loader.service.shm.pool import ArenaPool
 
 log = logging.getLogger("loader.stage")
 
@@ -266,7 +267,9 @@ class Stage:
         stream.incomplete.discard(file_index)
         if ledger.skipped:
             self.skipped_records += ledger.skipped
-            log.warning("skipped %d bad record(s) in file index %d (epoch %d)", ledger.skipped, file_index, stream.epoch)
+            log.warning(
+                "skipped %d bad record(s) in file index %d (epoch %d)", ledger.skipped, file_index, stream.epoch
+            )
         self.events.append(FileComplete(stream.stream_id, file_index))
         if not stream.incomplete:
             stream.batcher.extend(stream.shuffle.flush())
@@ -322,8 +325,12 @@ class Stage:
 
     def arenas_held(self) -> set[int]:
         """Arena ids of the references buffered or outstanding (a retired arena waits for these)."""
-        buffered = [(block, stream.ref_columns) for _, stream in self.streams.values() if stream.ref_columns
-                    for block in stream.buffered_blocks()]
+        buffered = [
+            (block, stream.ref_columns)
+            for _, stream in self.streams.values()
+            if stream.ref_columns
+            for block in stream.buffered_blocks()
+        ]
         return self.refs.held(buffered, self.sessions.values())
 
 

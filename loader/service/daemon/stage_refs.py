@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
 from loader.service import protocol as P
+from loader.service.blocks import Block
 from loader.service.shm import refs as R
 from loader.service.shm.arena import ArenaError
-from loader.service.blocks import Block
 
 
 class RefKeeper:
@@ -58,7 +59,9 @@ class RefKeeper:
                 R.parse_specs({0: spec})  # refuses object dtypes
             for arena_id in np.unique(values[:, 0]).tolist():
                 if self.arena_of(arena_id) is None:
-                    raise ArenaError(f"reference column {name!r} names arena {arena_id}, which this daemon does not have")
+                    raise ArenaError(
+                        f"reference column {name!r} names arena {arena_id}, which this daemon does not have"
+                    )
             columns[name] = self.specs.adopt(values, specs)
             names.append(name)
         return frozenset(names)
@@ -116,8 +119,9 @@ class RefKeeper:
                     self.release(block[name])
 
     # -- batches out ----------------------------------------------------------
-    def outbound(self, session: Any, batch: Block, ref_columns: frozenset[str],
-                 gen: int | None) -> tuple[Block, dict[str, Any] | None]:
+    def outbound(
+        self, session: Any, batch: Block, ref_columns: frozenset[str], gen: int | None
+    ) -> tuple[Block, dict[str, Any] | None]:
         """(the batch to send, its ``Batch.refs``): references where the client maps arenas, copies elsewhere.
 
         Sent references are recorded as outstanding for ``session`` under request ``gen`` (also an

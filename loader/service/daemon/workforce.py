@@ -20,10 +20,11 @@ import logging
 import os
 import socket
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from loader.runtime import processes
 from loader.errors import WorkerDiedError
+from loader.runtime import processes
 from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator, WorkerRecord
 from loader.service.daemon.launcher import start_worker
@@ -42,9 +43,19 @@ FileFailedFn = Callable[[int, int, dict[str, Any]], None]
 class WorkerPool:
     """Workers of one daemon; see the module docstring."""
 
-    def __init__(self, coordinator: Coordinator, *, send: SendFn, config: dict[str, Any], data_endpoint: str,
-                 endpoint: str, entry: str, links: WorkerLinks | None = None, on_file_failed: FileFailedFn,
-                 arenas: ArenaPool | None = None) -> None:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        *,
+        send: SendFn,
+        config: dict[str, Any],
+        data_endpoint: str,
+        endpoint: str,
+        entry: str,
+        links: WorkerLinks | None = None,
+        on_file_failed: FileFailedFn,
+        arenas: ArenaPool | None = None,
+    ) -> None:
         self.coordinator = coordinator
         self._send = send
         self._config = config  # what every WELCOME carries: workers build their readers from it
@@ -64,12 +75,14 @@ class WorkerPool:
         """Start one worker process and register it."""
         self._seq += 1
         worker_id = f"{socket.gethostname()}-{os.getpid()}-{self._seq}"
-        connect = self._links.new_link() if self._links is not None else self._endpoint
-        try:
-            proc = start_worker(connect, worker_id, self._entry)
-        finally:
-            if self._links is not None:
-                connect.close()  # the child has its copies; ours would hide its death
+        if self._links is None:
+            proc = start_worker(self._endpoint, worker_id, self._entry)
+        else:
+            link = self._links.new_link()
+            try:
+                proc = start_worker(link, worker_id, self._entry)
+            finally:
+                link.close()  # the child has its copies; ours would hide its death
         self.coordinator.add_worker(worker_id, proc)
 
     def reap(self) -> None:
@@ -78,7 +91,9 @@ class WorkerPool:
 
     def gone(self, record: WorkerRecord, why: str) -> None:
         """Forget a worker: stop its process, re-lease its files, start a replacement."""
-        log.warning("worker %s (pid %s) %s; re-leasing %d file(s)", record.worker_id, record.pid, why, len(record.leases))
+        log.warning(
+            "worker %s (pid %s) %s; re-leasing %d file(s)", record.worker_id, record.pid, why, len(record.leases)
+        )
         exitcode = None
         if record.process is not None:
             exitcode = processes.stop_process(record.process, join_timeout_s=0.0)
@@ -126,8 +141,9 @@ class WorkerPool:
             else:
                 self._arena_of[record.worker_id] = arena.arena_id
                 shm = {**self._arenas.describe(), "arena": arena.arena_id}
-        self._send(peer, P.encode(P.Welcome(worker=record.worker_id, config=self._config, data=self._data_endpoint,
-                                            shm=shm)))
+        self._send(
+            peer, P.encode(P.Welcome(worker=record.worker_id, config=self._config, data=self._data_endpoint, shm=shm))
+        )
 
     def on_message(self, worker: WorkerRecord, message: P.Message) -> None:
         worker.last_seen = time.monotonic()
@@ -151,8 +167,14 @@ class WorkerPool:
             job = self.coordinator.next_job(record)
             if job is None:
                 return  # nothing leasable now; no other worker would get anything either
-            self._send(record.peer, P.encode(P.Lease(
-                lease=job.lease_id, stream=job.stream_id, epoch=job.epoch, file=job.file_index, path=job.path)))
+            self._send(
+                record.peer,
+                P.encode(
+                    P.Lease(
+                        lease=job.lease_id, stream=job.stream_id, epoch=job.epoch, file=job.file_index, path=job.path
+                    )
+                ),
+            )
 
     def cancel(self, stream_id: int | None) -> None:
         """Forget a stream's jobs and tell the workers reading its files to stop."""
@@ -166,8 +188,15 @@ class WorkerPool:
     def describe(self, now: float) -> list[dict[str, Any]]:
         """The workers part of ``status()``."""
         return [
-            {"id": r.worker_id, "pid": r.pid, "alive": r.alive, "connected": r.peer is not None,
-             "files_done": r.files_done, "leases": len(r.leases), "last_heartbeat_s": round(now - r.last_seen, 3)}
+            {
+                "id": r.worker_id,
+                "pid": r.pid,
+                "alive": r.alive,
+                "connected": r.peer is not None,
+                "files_done": r.files_done,
+                "leases": len(r.leases),
+                "last_heartbeat_s": round(now - r.last_seen, 3),
+            }
             for r in self.coordinator.workers.values()
         ]
 

@@ -96,14 +96,16 @@ class Arena:
         self._fd: int | None = fd
         self._mm: mmap.mmap | None = mm
         self.states = np.frombuffer(mm, np.uint8, count=self.n_blocks, offset=HEADER_BYTES)
-        self.data = np.frombuffer(mm, np.uint8, count=self.n_blocks * self.block_bytes,
-                                  offset=_data_offset(self.n_blocks))
+        self.data = np.frombuffer(
+            mm, np.uint8, count=self.n_blocks * self.block_bytes, offset=_data_offset(self.n_blocks)
+        )
         self._reserved_blocks = 0
 
     # -- lifecycle ----------------------------------------------------------
     @classmethod
-    def create(cls, directory: str, name: str, arena_id: int, nbytes: int, token: bytes,
-               block_bytes: int = BLOCK_BYTES) -> Arena:
+    def create(
+        cls, directory: str, name: str, arena_id: int, nbytes: int, token: bytes, block_bytes: int = BLOCK_BYTES
+    ) -> Arena:
         """Make a new arena file of ``nbytes`` of blocks (sparse until written)."""
         n_blocks = max(0, nbytes // block_bytes)
         path = os.path.join(directory, name)
@@ -222,7 +224,7 @@ class Arena:
     def row(self, start: int, nbytes: int) -> np.ndarray:
         """The bytes of one row (a view into the mapping: copy before freeing)."""
         offset = int(start) * self.block_bytes
-        return self.data[offset:offset + int(nbytes)]
+        return self.data[offset : offset + int(nbytes)]
 
 
 def run_indexes(starts: np.ndarray, run: int) -> np.ndarray:

@@ -52,7 +52,8 @@ class ArenaPool:
         self.arenas: dict[int, Arena] = {}
         self._retired: dict[int, float] = {}  # arena id -> when
         self._probe: Arena | None = Arena.create(
-            self.directory, os.path.basename(arena_path(self.directory, self.prefix, PROBE_ID)), PROBE_ID, 0, self.token)
+            self.directory, os.path.basename(arena_path(self.directory, self.prefix, PROBE_ID)), PROBE_ID, 0, self.token
+        )
 
     def describe(self) -> dict[str, Any]:
         """What a peer needs to find and check arenas (goes into welcomes)."""

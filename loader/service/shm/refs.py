@@ -90,8 +90,13 @@ def row_nbytes(spec: Spec) -> int:
 
 def eligible(values: Any, min_row_bytes: int = MIN_REF_ROW_BYTES) -> bool:
     """Whether a column would travel by reference: a fixed dtype and rows of at least ``min_row_bytes``."""
-    return (isinstance(values, np.ndarray) and values.ndim >= 1 and len(values) > 0 and not values.dtype.hasobject
-            and values.nbytes // len(values) >= min_row_bytes)
+    return (
+        isinstance(values, np.ndarray)
+        and values.ndim >= 1
+        and len(values) > 0
+        and not values.dtype.hasobject
+        and values.nbytes // len(values) >= min_row_bytes
+    )
 
 
 def write_column(arena: Arena, values: np.ndarray, spec_id: int = 0) -> np.ndarray | None:
@@ -104,7 +109,7 @@ def write_column(arena: Arena, values: np.ndarray, spec_id: int = 0) -> np.ndarr
     rows = np.ascontiguousarray(values).reshape(n, -1).view(np.uint8)
     block = arena.block_bytes
     for i, start in enumerate(starts.tolist()):
-        arena.data[start * block:start * block + row_bytes] = rows[i]
+        arena.data[start * block : start * block + row_bytes] = rows[i]
     refs = np.empty((n, REF_WIDTH), dtype=np.int64)
     refs[:, 0], refs[:, 1], refs[:, 2] = arena.arena_id, starts, spec_id
     return refs
@@ -155,5 +160,14 @@ def _arena(arena_of: ArenaOf, arena_id: int) -> Arena:
     return arena
 
 
-__all__ = ["Specs", "MIN_REF_ROW_BYTES", "LOCAL_ARENA", "eligible", "write_column", "gather", "free_refs",
-           "parse_specs", "row_nbytes"]
+__all__ = [
+    "Specs",
+    "MIN_REF_ROW_BYTES",
+    "LOCAL_ARENA",
+    "eligible",
+    "write_column",
+    "gather",
+    "free_refs",
+    "parse_specs",
+    "row_nbytes",
+]

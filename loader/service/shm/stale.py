@@ -85,8 +85,12 @@ def sweep(directory: str) -> list[str]:
             continue
         removed.append(name)
     if removed:
-        log.info("removed %d shared-memory file(s) left in %s by dead loader daemon(s) (pids %s)",
-                 len(removed), directory, ", ".join(str(p) for p in sorted(dead)))
+        log.info(
+            "removed %d shared-memory file(s) left in %s by dead loader daemon(s) (pids %s)",
+            len(removed),
+            directory,
+            ", ".join(str(p) for p in sorted(dead)),
+        )
     return removed
 
 

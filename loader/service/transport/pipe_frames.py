@@ -168,5 +168,4 @@ class FrameWriter:
             self._rest[0] = self._rest[0][n:]
 
 
-
 __all__ = ["FrameReader", "FrameWriter", "FIRST_BUFFER_MAX_BYTES"]

@@ -38,6 +38,7 @@ FEEDER_FLUSH_TIMEOUT_S = 5.0
 _COUNT = struct.Struct("<I")
 _LENGTH = struct.Struct("<Q")
 
+
 # -- framing -----------------------------------------------------------------
 def pack_frames(frames: Sequence[Any]) -> bytes:
     """One bytes object for a multipart message: frame count, frame lengths, then the frames."""

@@ -12,8 +12,6 @@ import sys
 import msgpack
 import pytest
 
-from loader.examples import datagen as _datagen
-from loader.runtime.imports import import_object
 from loader.config import (
     DEFAULT_BIND,
     ClientConfig,
@@ -26,6 +24,8 @@ from loader.config import (
     resolve,
 )
 from loader.errors import ConfigError
+from loader.examples import datagen as _datagen
+from loader.runtime.imports import import_object
 from tests.helpers import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -95,7 +95,10 @@ def test_example_shows_the_defaults() -> None:
     # "every other key has the default shown here"
     config = load_config(os.path.join(ROOT, "configs", "example.toml"))
     assert (config.pipeline, config.workers, config.service, config.client) == (
-        PipelineConfig(), WorkersConfig(), ServiceConfig(), ClientConfig()
+        PipelineConfig(),
+        WorkersConfig(),
+        ServiceConfig(),
+        ClientConfig(),
     )
 
 
@@ -166,9 +169,22 @@ def test_relative_paths_resolve_against_the_config_file(tmp_path) -> None:
 
 def test_round_trip_keeps_every_value() -> None:
     config = make(
-        {"list_file": "/data/train.list", "format": "text", "fields": ["a"], "format_options": {"parser": "m:f", "n": [1, 2]}},
-        pipeline={"mappers": ["a:b", "c.d:e"], "shuffle_buffer": 10, "batch_size": 3, "drop_last": True,
-                  "seed": 7, "epochs": 0, "on_error": "skip", "batch_format": "list"},
+        {
+            "list_file": "/data/train.list",
+            "format": "text",
+            "fields": ["a"],
+            "format_options": {"parser": "m:f", "n": [1, 2]},
+        },
+        pipeline={
+            "mappers": ["a:b", "c.d:e"],
+            "shuffle_buffer": 10,
+            "batch_size": 3,
+            "drop_last": True,
+            "seed": 7,
+            "epochs": 0,
+            "on_error": "skip",
+            "batch_format": "list",
+        },
         workers={"count": 3, "transport": "pipe", "samples_per_message": 8},
         service={"bind": "ipc:///tmp/x.sock"},
         client={"prefetch": 1, "device": "cuda:1", "timeout_s": 2.5},
@@ -373,7 +389,9 @@ def test_resolve_errors() -> None:
 
 def test_check_imports_looks_up_the_format() -> None:
     make({"files": ["a"], "format": "npy"}).check_imports()
-    with pytest.raises(ConfigError, match=r"source.format 'nyp' is not a registered format \(known: .*npy.*\) \(configs/train.toml\)"):
+    with pytest.raises(
+        ConfigError, match=r"source.format 'nyp' is not a registered format \(known: .*npy.*\) \(configs/train.toml\)"
+    ):
         make({"files": ["a"], "format": "nyp"}).check_imports()
 
 

@@ -58,8 +58,17 @@ def _wait_threads_gone(before: set, timeout_s: float = 5.0) -> set:
 
 def test_public_names_and_signatures_are_exactly_as_stated():
     for name in (
-        "ReaderBase", "FileReader", "DecoratedReader", "ShuffleReader", "BatchReader", "MultiPassReader",
-        "DoubleBufferReader", "open_files", "register_file_reader", "to_reader", "from_reader",
+        "ReaderBase",
+        "FileReader",
+        "DecoratedReader",
+        "ShuffleReader",
+        "BatchReader",
+        "MultiPassReader",
+        "DoubleBufferReader",
+        "open_files",
+        "register_file_reader",
+        "to_reader",
+        "from_reader",
     ):
         assert hasattr(lio, name), name
     for cls in (lio.FileReader, lio.DecoratedReader):
@@ -72,8 +81,14 @@ def test_public_names_and_signatures_are_exactly_as_stated():
     assert _params(lio.MultiPassReader) == [("reader", EMPTY), ("pass_num", EMPTY)]
     assert _params(lio.DoubleBufferReader) == [("reader", EMPTY), ("place", "cpu"), ("capacity", 2)]
     assert _params(lio.open_files) == [
-        ("filenames", EMPTY), ("shapes", EMPTY), ("dtypes", EMPTY), ("lod_levels", None), ("thread_num", None),
-        ("buffer_size", None), ("pass_num", 1), ("is_test", False),
+        ("filenames", EMPTY),
+        ("shapes", EMPTY),
+        ("dtypes", EMPTY),
+        ("lod_levels", None),
+        ("thread_num", None),
+        ("buffer_size", None),
+        ("pass_num", 1),
+        ("is_test", False),
     ]
     assert _params(lio.register_file_reader)[:2] == [("format_name", EMPTY), ("factory", EMPTY)]
     assert _params(lio.to_reader) == [("reader_base", EMPTY)]
@@ -411,7 +426,8 @@ def test_bridges_compose_both_ways():
     assert len(list(paddle())) == 4  # every call is a new pass
     mapped = paddle_reader.map_readers(lambda b: int(b[0].sum()), paddle)
     assert list(mapped()) == [3, 12, 21, 9]
-    back = lio.from_reader(paddle_reader.firstn(lio.to_reader(lio.from_reader(RangeReader(5), [[-1]], ["int64"])), 3),
-                           [[-1]], ["int64"])
+    back = lio.from_reader(
+        paddle_reader.firstn(lio.to_reader(lio.from_reader(RangeReader(5), [[-1]], ["int64"])), 3), [[-1]], ["int64"]
+    )
     assert [int(x[0]) for x in back] == [0, 1, 2]
     assert threading.active_count() >= 1

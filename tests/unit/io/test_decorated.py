@@ -228,7 +228,9 @@ def test_seed_004_graph_composes(tmp_path, no_leaks):
         np.savez(tmp_path / f"p{i}.npz", x=rng.random((330, 1, 2)).astype(np.float32), y=rng.integers(0, 9, (330, 1)))
     files = [str(tmp_path / f"p{i}.npz") for i in range(3)]
     graph = lio.DoubleBufferReader(
-        lio.BatchReader(lio.ShuffleReader(lio.open_files(files, [[-1, 2], [-1, 1]], ["float32", "int64"]), 7, seed=1), 10)
+        lio.BatchReader(
+            lio.ShuffleReader(lio.open_files(files, [[-1, 2], [-1, 1]], ["float32", "int64"]), 7, seed=1), 10
+        )
     )
     with graph:
         shapes = [(b[0].shape, b[1].shape) for b in graph]

@@ -66,7 +66,9 @@ def test_every_instance_exactly_once_per_pass(workdir, sizes, thread_num, buffer
     directory = tempfile.mkdtemp(dir=workdir)
     paths = _write_files(directory, sizes, kinds)
     before = threading.active_count()
-    with lio.open_files(paths, [[-1, 2]], ["int64"], thread_num=thread_num, buffer_size=buffer_size, pass_num=2) as reader:
+    with lio.open_files(
+        paths, [[-1, 2]], ["int64"], thread_num=thread_num, buffer_size=buffer_size, pass_num=2
+    ) as reader:
         got = _ids(reader)
     expected = _expected(sizes)
     assert Counter(got) == Counter(expected * 2)
@@ -90,7 +92,9 @@ def test_every_instance_exactly_once_per_pass(workdir, sizes, thread_num, buffer
     stop_after=st.integers(0, 400),
     seed=st.integers(0, 2**16),
 )
-def test_reinit_anywhere_then_shuffled_batches_still_cover_everything_once(workdir, sizes, thread_num, stop_after, seed):
+def test_reinit_anywhere_then_shuffled_batches_still_cover_everything_once(
+    workdir, sizes, thread_num, stop_after, seed
+):
     directory = tempfile.mkdtemp(dir=workdir)
     paths = _write_files(directory, sizes, "npy")
     source = lio.open_files(paths, [[-1, 2]], ["int64"], thread_num=thread_num, buffer_size=2)

@@ -126,14 +126,24 @@ def _files(n: int) -> list[str]:
 
 def test_provider_names_and_signatures_are_exactly_as_stated():
     assert _params(provider) == [
-        ("input_types", None), ("should_shuffle", None), ("pool_size", -1), ("min_pool_size", -1),
-        ("can_over_batch_size", True), ("calc_batch_size", None), ("cache", CacheType.NO_CACHE), ("check", False),
-        ("check_fail_continue", False), ("init_hook", None), ("kwargs", EMPTY),
+        ("input_types", None),
+        ("should_shuffle", None),
+        ("pool_size", -1),
+        ("min_pool_size", -1),
+        ("can_over_batch_size", True),
+        ("calc_batch_size", None),
+        ("cache", CacheType.NO_CACHE),
+        ("check", False),
+        ("check_fail_continue", False),
+        ("init_hook", None),
+        ("kwargs", EMPTY),
     ]
     for base in ("dense_vector", "sparse_binary_vector", "sparse_float_vector", "sparse_vector", "integer_value"):
         plain, seq, sub = getattr(P, base)(7), getattr(P, base + "_sequence")(7), getattr(P, base + "_sub_sequence")(7)
         assert (plain.seq_type, seq.seq_type, sub.seq_type) == (
-            SequenceType.NO_SEQUENCE, SequenceType.SEQUENCE, SequenceType.SUB_SEQUENCE
+            SequenceType.NO_SEQUENCE,
+            SequenceType.SEQUENCE,
+            SequenceType.SUB_SEQUENCE,
         )
         assert plain.dim == seq.dim == sub.dim == 7
     assert P.sparse_vector(3) == P.sparse_float_vector(3)
@@ -141,19 +151,33 @@ def test_provider_names_and_signatures_are_exactly_as_stated():
     assert {m.name for m in CacheType} == {"NO_CACHE", "CACHE_PASS_IN_MEM"}
     assert _params(numbered.reader) == [("file_list", EMPTY), ("is_train", True), ("kwargs", EMPTY)]
     assert _params(numbered.batch_reader) == [
-        ("file_list", EMPTY), ("batch_size", EMPTY), ("is_train", True), ("drop_last", False), ("kwargs", EMPTY)
+        ("file_list", EMPTY),
+        ("batch_size", EMPTY),
+        ("is_train", True),
+        ("drop_last", False),
+        ("kwargs", EMPTY),
     ]
     assert _params(loader.Field) == [
-        ("name", EMPTY), ("shape", EMPTY), ("dtype", "float32"), ("lod_level", 0), ("flatten", False)
+        ("name", EMPTY),
+        ("shape", EMPTY),
+        ("dtype", "float32"),
+        ("lod_level", 0),
+        ("flatten", False),
     ]
     assert _params(loader.DataFeeder) == [
-        ("feed_list", EMPTY), ("place", "cpu"), ("program", None), ("return_arrays", False)
+        ("feed_list", EMPTY),
+        ("place", "cpu"),
+        ("program", None),
+        ("return_arrays", False),
     ]
     feeder = loader.DataFeeder([loader.Field("x", [-1, 1])])
     assert _params(feeder.feed) == [("minibatch", EMPTY)]
     assert _params(feeder.feed_parallel) == [("minibatches", EMPTY), ("num_places", None)]
     assert _params(feeder.decorate_reader) == [
-        ("reader", EMPTY), ("multi_devices", EMPTY), ("num_places", None), ("drop_last", True)
+        ("reader", EMPTY),
+        ("multi_devices", EMPTY),
+        ("num_places", None),
+        ("drop_last", True),
     ]
     from loader.feeder import DataFeeder, Field, LoDTensor
 
@@ -234,10 +258,14 @@ def test_pool_size_bounds_samples_in_memory_and_min_pool_size_is_the_granularity
 
 
 def test_calc_batch_size_and_can_over_batch_size():
-    strict = [b["slot0"].recursive_sequence_lengths()[0] for b in weighted_strict.batch_reader(["f"], 10, is_train=False)()]
+    strict = [
+        b["slot0"].recursive_sequence_lengths()[0] for b in weighted_strict.batch_reader(["f"], 10, is_train=False)()
+    ]
     assert all(sum(lengths) <= 10 or len(lengths) == 1 for lengths in strict)
     assert strict == [[4, 4], [4], [9, 1], [12], [3]]
-    loose = [b["slot0"].recursive_sequence_lengths()[0] for b in weighted_loose.batch_reader(["f"], 10, is_train=False)()]
+    loose = [
+        b["slot0"].recursive_sequence_lengths()[0] for b in weighted_loose.batch_reader(["f"], 10, is_train=False)()
+    ]
     assert loose == [[4, 4, 4], [9, 1], [12], [3]]
 
 

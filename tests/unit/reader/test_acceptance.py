@@ -56,7 +56,11 @@ def test_public_names_and_signatures_are_exactly_as_stated():
     assert _params(reader.shuffle) == [("reader", EMPTY), ("buf_size", EMPTY), ("seed", None)]
     assert _params(reader.firstn) == [("reader", EMPTY), ("n", EMPTY)]
     assert _params(reader.xmap_readers) == [
-        ("mapper", EMPTY), ("reader", EMPTY), ("process_num", EMPTY), ("buffer_size", EMPTY), ("order", False)
+        ("mapper", EMPTY),
+        ("reader", EMPTY),
+        ("process_num", EMPTY),
+        ("buffer_size", EMPTY),
+        ("order", False),
     ]
     assert _params(reader.multiprocess_reader) == [("readers", EMPTY), ("use_pipe", True), ("queue_size", 1000)]
     assert _params(reader.cache) == [("reader", EMPTY)]

@@ -312,9 +312,29 @@ def test_decorators_are_lazy_and_reiterable():
 def test_public_names():
     from loader.reader import creator, decorators
 
-    for name in ("map_readers", "buffered", "compose", "chain", "shuffle", "firstn", "xmap_readers",
-                 "multiprocess_reader", "cache", "Fake", "PipeReader", "ComposeNotAligned"):
+    for name in (
+        "map_readers",
+        "buffered",
+        "compose",
+        "chain",
+        "shuffle",
+        "firstn",
+        "xmap_readers",
+        "multiprocess_reader",
+        "cache",
+        "Fake",
+        "PipeReader",
+        "ComposeNotAligned",
+    ):
         assert getattr(reader, name) is getattr(decorators, name)
     assert reader.ComposeNotAligned is ComposeNotAligned
     assert reader.creator is creator
     assert callable(creator.np_array) and callable(creator.text_file) and callable(creator.recordio)
+
+
+def test_the_reader_package_exports_every_decorator():
+    import loader.reader as package
+    from loader.reader import decorators
+
+    assert package.__all__ == [*decorators.__all__, "MultiprocessReaderError", "creator", "decorator"]
+    assert all(hasattr(package, name) for name in package.__all__)

@@ -89,9 +89,7 @@ class DecoratorCases(unittest.TestCase):
 
     def test_compose_not_aligned_no_check(self):
         total = 0
-        reader = self.paddle.reader.compose(
-            self.paddle.reader.chain(_ten(0), _ten(0)), _ten(0), check_alignment=False
-        )
+        reader = self.paddle.reader.compose(self.paddle.reader.chain(_ten(0), _ten(0)), _ten(0), check_alignment=False)
         for e in reader():
             total += 1
         self.assertEqual(total, 10)

@@ -48,11 +48,13 @@ def test_worked_example_of_docs_paddle_md(tmp_path):
     files.write_go(src, [pickle.dumps(s, protocol=2) for s in samples], files.SNAPPY)
     (tmp_path / "mnist").mkdir()
     assert convert_paddle_file(src, str(tmp_path / "mnist" / "part-0.recordio"), allow_pickle=True) == 40
-    config = LoaderConfig.from_dict({
-        "source": {"files": [str(tmp_path / "mnist" / "*.recordio")], "fields": ["image", "label"]},
-        "pipeline": {"batch_size": 8, "shuffle_buffer": 16, "seed": 1},
-        "workers": {"count": 1},
-    })
+    config = LoaderConfig.from_dict(
+        {
+            "source": {"files": [str(tmp_path / "mnist" / "*.recordio")], "fields": ["image", "label"]},
+            "pipeline": {"batch_size": 8, "shuffle_buffer": 16, "seed": 1},
+            "workers": {"count": 1},
+        }
+    )
     feeder = DataFeeder([Field("image", [-1, 1, 28, 28]), Field("label", [-1, 1], "int64")])
     with loader.Loader(config) as local:
         train_reader = local.reader()

@@ -19,10 +19,10 @@ import pytest
 
 from loader import cli
 from loader.errors import CorruptFileError, DataError
+from loader.reader import creator
 from loader.recordio import Layout, PickledRecordError, Scanner, UnsafePickleError, convert_paddle_file, framing
 from loader.recordio import tensors as fluid_tensors
 from loader.recordio.crc32c import crc32c, masked_crc32c
-from loader.reader import creator
 from tests import paddle_recordio_files as files
 from tests import paddle_shim
 

@@ -71,10 +71,14 @@ HOSTILE = {
     "set": pickle.dumps({1, 2}, protocol=4),
     # _reconstruct handed a class other than ndarray: protocol 0, GLOBAL numpy.memmap as the subtype.
     "_reconstruct with a foreign subtype": _global("numpy.core.multiarray", "_reconstruct")
-    + b"(" + _global("numpy", "memmap") + b"(I0\ntS'b'\ntR.",
+    + b"("
+    + _global("numpy", "memmap")
+    + b"(I0\ntS'b'\ntR.",
     # _reconstruct handed a harmless-looking callable as the subtype.
     "_reconstruct with dtype as subtype": _global("numpy.core.multiarray", "_reconstruct")
-    + b"(" + _global("numpy", "dtype") + b"(I0\ntS'b'\ntR.",
+    + b"("
+    + _global("numpy", "dtype")
+    + b"(I0\ntS'b'\ntR.",
     # NEWOBJ on the ndarray marker (protocol 2): cls.__new__ must not build anything.
     "NEWOBJ on ndarray": b"\x80\x02" + _global("numpy", "ndarray") + b"K\x05\x85\x81.",
     # _codecs.encode with another codec than latin1.
@@ -93,8 +97,18 @@ def test_hostile_pickles_are_refused(name):
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("name", ["os.system via protocol 0", "posix.system", "builtins.eval", "numpy.memmap",
-                                  "nested reduce in a tuple", "ndarray subclass", "copyreg._reconstructor"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "os.system via protocol 0",
+        "posix.system",
+        "builtins.eval",
+        "numpy.memmap",
+        "nested reduce in a tuple",
+        "ndarray subclass",
+        "copyreg._reconstructor",
+    ],
+)
 def test_a_refused_global_is_named(name):
     with pytest.raises(UnsafePickleError, match=r"refused (global|an array of class) [\w.]+"):
         safe_pickle.loads(HOSTILE[name])
@@ -149,8 +163,11 @@ _SEEDS = _GOOD + list(HOSTILE.values())
 
 
 @settings(max_examples=400, deadline=None)
-@given(seed=st.sampled_from(_SEEDS), edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)),
-                                                    max_size=6), cut=st.integers(0, 10_000))
+@given(
+    seed=st.sampled_from(_SEEDS),
+    edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=6),
+    cut=st.integers(0, 10_000),
+)
 def test_fuzz_mutated_pickles_never_run_code(seed, edits, cut):
     data = bytearray(seed)
     for pos, byte in edits:

@@ -12,17 +12,17 @@ import os
 import random
 import struct
 import zlib
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loader.runtime import codec
 from loader.errors import CorruptFileError
 from loader.recordio import HEADER, MAGIC, Compressor, Scanner, Writer, crc32c, snappy, snappystream
 from loader.recordio.snappy import SnappyError
+from loader.runtime import codec
 
 BIG = 1 << 20  # max_length for hand-built blocks that are not about the limit
 

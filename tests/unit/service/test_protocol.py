@@ -37,14 +37,27 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
     P.Heartbeat: {},
     P.Cancel: {"lease": COUNT},
     P.Bye: {"reason": TEXT},
-    P.Error: {**VERSIONED, "message": TEXT, "refused": TEXT + "?", "unknown_session": FLAG, "g": COUNT + "?",
-              "error": MAPPING + "?"},
+    P.Error: {
+        **VERSIONED,
+        "message": TEXT,
+        "refused": TEXT + "?",
+        "unknown_session": FLAG,
+        "g": COUNT + "?",
+        "error": MAPPING + "?",
+    },
     P.Chunk: {**FILE, "r": COUNT, "n": COUNT, "sk": TEXT, "refs": REFS + "?"},
     P.FileDone: {**FILE, "sent": COUNT, "skipped": COUNT},
     P.FileError: {**FILE, "error": MAPPING},
     P.ClientHello: {**VERSIONED, "rank": COUNT, "world_size": COUNT, "prefetch": COUNT},
-    P.ClientWelcome: {**VERSIONED, "session": COUNT, "batch_size": COUNT, "batch_format": TEXT, "files": COUNT,
-                      "ping_s": SECONDS, "shm": MAPPING + "?"},
+    P.ClientWelcome: {
+        **VERSIONED,
+        "session": COUNT,
+        "batch_size": COUNT,
+        "batch_format": TEXT,
+        "files": COUNT,
+        "ping_s": SECONDS,
+        "shm": MAPPING + "?",
+    },
     P.Epoch: {"e": COUNT, "g": COUNT, "credit": COUNT + "?", "ahead": FLAG, "shm": FLAG},
     P.Credit: {"n": COUNT, "g": COUNT + "?"},
     P.Batch: {"e": COUNT, "g": COUNT + "?", "n": COUNT, "sk": TEXT, "refs": REFS + "?"},
@@ -72,26 +85,43 @@ ERROR_DICT = WorkerError("Boom", "bad", "tb", worker="w1", file="/d/f.npy", reco
 # One message of each kind with every field set (optional ones not None), and its columns.
 EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
     P.Hello: (P.Hello(worker="w1", pid=4242), {}),
-    P.Welcome: (P.Welcome(worker="w1", config={"pipeline": {"batch_size": 4}}, data="tcp://127.0.0.1:5001",
-                          shm={"arenas": [1, 2], "dir": "/dev/shm"}), {}),
+    P.Welcome: (
+        P.Welcome(
+            worker="w1",
+            config={"pipeline": {"batch_size": 4}},
+            data="tcp://127.0.0.1:5001",
+            shm={"arenas": [1, 2], "dir": "/dev/shm"},
+        ),
+        {},
+    ),
     P.LeaseRequest: (P.LeaseRequest(), {}),
     P.Lease: (P.Lease(lease=7, stream=3, epoch=2, file=11, path="/data/part-0011.npy"), {}),
     P.Heartbeat: (P.Heartbeat(), {}),
     P.Cancel: (P.Cancel(lease=7), {}),
     P.Bye: (P.Bye(reason="stopping"), {}),
     P.Error: (P.Error(message="boom", refused="version", unknown_session=True, gen=5, error=ERROR_DICT), {}),
-    P.Chunk: (P.Chunk(stream=3, file=11, lease=7, worker="w1", record=40, count=3, sample_kind="dict", refs=REFS_X),
-              {"x": np.array([[1, 0, 0], [1, 1, 3], [1, 2, 0]], np.int64), "y": np.arange(3, dtype=np.float32),
-               P.INDEX_COLUMN: np.array([40, 42, 43], np.int64), "o": P.object_array([b"a", [1, 2], "z"])}),
+    P.Chunk: (
+        P.Chunk(stream=3, file=11, lease=7, worker="w1", record=40, count=3, sample_kind="dict", refs=REFS_X),
+        {
+            "x": np.array([[1, 0, 0], [1, 1, 3], [1, 2, 0]], np.int64),
+            "y": np.arange(3, dtype=np.float32),
+            P.INDEX_COLUMN: np.array([40, 42, 43], np.int64),
+            "o": P.object_array([b"a", [1, 2], "z"]),
+        },
+    ),
     P.FileDone: (P.FileDone(stream=3, file=11, lease=7, worker="w1", sent=100, skipped=2), {}),
     P.FileError: (P.FileError(stream=3, file=11, lease=7, worker="w1", error=ERROR_DICT), {}),
     P.ClientHello: (P.ClientHello(rank=1, world_size=4, prefetch=8), {}),
-    P.ClientWelcome: (P.ClientWelcome(session=9, batch_size=32, batch_format="stacked", files=100, ping_s=0.5,
-                                      shm={"arenas": []}), {}),
+    P.ClientWelcome: (
+        P.ClientWelcome(session=9, batch_size=32, batch_format="stacked", files=100, ping_s=0.5, shm={"arenas": []}),
+        {},
+    ),
     P.Epoch: (P.Epoch(epoch=2, gen=6, credit=4, ahead=False, shm=True), {}),
     P.Credit: (P.Credit(n=3, gen=6), {}),
-    P.Batch: (P.Batch(epoch=2, gen=6, count=2, sample_kind="dict", refs={"x": {0: ["<f4", [4]]}}),
-              {"x": np.array([[1, 0, 0], [1, 1, 0]], np.int64), "y": np.array([[1.5, 2.5], [3.5, 4.5]])}),
+    P.Batch: (
+        P.Batch(epoch=2, gen=6, count=2, sample_kind="dict", refs={"x": {0: ["<f4", [4]]}}),
+        {"x": np.array([[1, 0, 0], [1, 1, 0]], np.int64), "y": np.array([[1.5, 2.5], [3.5, 4.5]])},
+    ),
     P.End: (P.End(epoch=2, gen=6, batches=10, samples=317), {}),
     P.Ping: (P.Ping(), {}),
     P.Pong: (P.Pong(), {}),
@@ -105,10 +135,26 @@ BAD: dict[str, list] = {
     FLAG: [1, 0, "true", None, 1.0, [True]],
     SECONDS: [-0.5, -1, math.nan, math.inf, -math.inf, True, "1", None, [1.0]],
     MAPPING: [[], "x", 5, None, True, b"{}"],
-    REFS: [[], "x", 5, None, {"x": {}}, {"x": []}, {"x": {"0": ["<f4", [4]]}}, {"x": {-1: ["<f4", [4]]}},
-           {"x": {True: ["<f4", [4]]}}, {"x": {0: ["<f4"]}}, {"x": {0: ("<f4", [4], 1)}}, {"x": {0: [5, [4]]}},
-           {"x": {0: ["<f4", 4]}}, {"x": {0: ["<f4", [-1]]}}, {"x": {0: ["<f4", [1.5]]}}, {"x": {0: ["<f4", [1] * 33]}},
-           {5: {0: ["<f4", [4]]}}, {"x": {0: ["x" * (P.MAX_TEXT + 1), [4]]}}],
+    REFS: [
+        [],
+        "x",
+        5,
+        None,
+        {"x": {}},
+        {"x": []},
+        {"x": {"0": ["<f4", [4]]}},
+        {"x": {-1: ["<f4", [4]]}},
+        {"x": {True: ["<f4", [4]]}},
+        {"x": {0: ["<f4"]}},
+        {"x": {0: ("<f4", [4], 1)}},
+        {"x": {0: [5, [4]]}},
+        {"x": {0: ["<f4", 4]}},
+        {"x": {0: ["<f4", [-1]]}},
+        {"x": {0: ["<f4", [1.5]]}},
+        {"x": {0: ["<f4", [1] * 33]}},
+        {5: {0: ["<f4", [4]]}},
+        {"x": {0: ["x" * (P.MAX_TEXT + 1), [4]]}},
+    ],
 }
 
 
@@ -162,8 +208,11 @@ def test_the_tables_cover_every_kind_and_field():
     for cls, fields in FIELDS.items():
         keys = [f.metadata["key"] for f in dataclasses.fields(cls)]
         assert sorted(keys) == sorted(fields), cls.__name__
-        required = {f.metadata["key"] for f in dataclasses.fields(cls)
-                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        required = {
+            f.metadata["key"]
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        }
         assert required == REQUIRED.get(cls, set()), cls.__name__
         assert cls.HAS_COLUMNS == (cls in (P.Chunk, P.Batch)), cls.__name__
 
@@ -197,8 +246,12 @@ def test_every_kind_round_trips_with_only_its_required_fields(cls):
 
 
 def test_round_trip_keeps_dtype_shape_and_values():
-    cols = {"x": np.arange(12, dtype=np.float32).reshape(3, 4), "y": np.array([1, 2, 3], dtype=np.int8),
-            "s": np.array(["a", "bb", "ccc"]), "empty": np.zeros((3, 0), dtype=np.float64)}
+    cols = {
+        "x": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "y": np.array([1, 2, 3], dtype=np.int8),
+        "s": np.array(["a", "bb", "ccc"]),
+        "empty": np.zeros((3, 0), dtype=np.float64),
+    }
     message, out = P.decode(P.encode(_chunk(3), cols))
     assert message == _chunk(3)
     _assert_columns_equal(out, cols)
@@ -293,21 +346,32 @@ def test_malformed_messages_raise_malformed_message_error(frames):
         (_chunk_head(n=2, cols=[["x", "V0", [2]]]), [b""]),
         (_chunk_head(n=1, cols=[["x", "i4,(", [1]]]), [b"1234"]),
         # the same inside an object column (loader.runtime.codec's ndarray and scalar extensions)
-        (_chunk_head(n=1, cols=[["x", "|O", [1]]]),
-         [msgpack.packb([msgpack.ExtType(1, _ndarray_ext("i4,(", [1], b"1234"))])]),
-        (_chunk_head(n=1, cols=[["x", "|O", [1]]]),
-         [msgpack.packb([msgpack.ExtType(3, msgpack.packb(["i4,(", b"1234"]))])]),
+        (
+            _chunk_head(n=1, cols=[["x", "|O", [1]]]),
+            [msgpack.packb([msgpack.ExtType(1, _ndarray_ext("i4,(", [1], b"1234"))])],
+        ),
+        (
+            _chunk_head(n=1, cols=[["x", "|O", [1]]]),
+            [msgpack.packb([msgpack.ExtType(3, msgpack.packb(["i4,(", b"1234"]))])],
+        ),
     ],
-    ids=["zero-rows-huge-dim", "zero-rows-dim-over-uint64", "zero-itemsize", "dtype-syntax-error",
-         "object-ndarray-dtype-syntax-error", "object-scalar-dtype-syntax-error"],
+    ids=[
+        "zero-rows-huge-dim",
+        "zero-rows-dim-over-uint64",
+        "zero-itemsize",
+        "dtype-syntax-error",
+        "object-ndarray-dtype-syntax-error",
+        "object-scalar-dtype-syntax-error",
+    ],
 )
 def test_columns_numpy_refuses_raise_malformed_message_error(head, frames):
     with pytest.raises(MalformedMessageError):
         P.decode(_frames(head, frames))
 
 
-@pytest.mark.parametrize("kind", ["nope", "", "CHUNK", b"chunk", 5, None, True, 1.5, ["chunk"], {"k": "chunk"}, (1, 2)],
-                         ids=repr)
+@pytest.mark.parametrize(
+    "kind", ["nope", "", "CHUNK", b"chunk", 5, None, True, 1.5, ["chunk"], {"k": "chunk"}, (1, 2)], ids=repr
+)
 def test_unknown_kind(kind):
     with pytest.raises(MalformedMessageError, match="unknown message kind"):
         P.decode(_frames({"k": kind, "s": 1}))
@@ -344,12 +408,14 @@ def test_a_missing_optional_field_takes_its_default(cls, key):
     assert getattr(got, name.name) == want
 
 
-BAD_CASES = [(cls, key, value) for cls in KINDS for key, category in FIELDS[cls].items()
-             for value in _bad_values(category)]
+BAD_CASES = [
+    (cls, key, value) for cls in KINDS for key, category in FIELDS[cls].items() for value in _bad_values(category)
+]
 
 
-@pytest.mark.parametrize("cls, key, value", BAD_CASES,
-                         ids=[f"{c.__name__}-{k}-{repr(v)[:40]}" for c, k, v in BAD_CASES])
+@pytest.mark.parametrize(
+    "cls, key, value", BAD_CASES, ids=[f"{c.__name__}-{k}-{repr(v)[:40]}" for c, k, v in BAD_CASES]
+)
 def test_a_wrongly_typed_field_is_malformed(cls, key, value):
     message, columns = EXAMPLES[cls]
     head, rest = _wire(message, columns or None)
@@ -382,14 +448,18 @@ def test_limits_are_inclusive_where_they_should_be():
 
 
 @pytest.mark.parametrize("cls", [P.Chunk, P.Batch], ids=lambda c: c.__name__)
-@pytest.mark.parametrize("columns", [
-    {"x": np.arange(4)},  # one row too many
-    {"x": np.arange(2)},  # one too few
-    {"x": np.arange(3), "y": np.zeros((2, 5))},  # one column of several
-    {"x": P.object_array([b"a", b"b"])},  # an object column
-    {"x": np.zeros((0, 3))},
-    {"x": np.array(5)},  # 0-d: no rows at all
-], ids=["more", "fewer", "second-column", "object", "empty", "0-d"])
+@pytest.mark.parametrize(
+    "columns",
+    [
+        {"x": np.arange(4)},  # one row too many
+        {"x": np.arange(2)},  # one too few
+        {"x": np.arange(3), "y": np.zeros((2, 5))},  # one column of several
+        {"x": P.object_array([b"a", b"b"])},  # an object column
+        {"x": np.zeros((0, 3))},
+        {"x": np.array(5)},  # 0-d: no rows at all
+    ],
+    ids=["more", "fewer", "second-column", "object", "empty", "0-d"],
+)
 def test_columns_must_have_count_rows(cls, columns):
     message = _chunk(3) if cls is P.Chunk else P.Batch(epoch=0, count=3)
     with pytest.raises(MalformedMessageError, match="does not have 3 rows"):
@@ -433,8 +503,14 @@ def test_a_deeply_nested_object_column_is_refused_not_a_crash():
 # -- whatever a peer sends: a message or MalformedMessageError ------------------------------------------------------
 WIRE_KEYS = sorted({key for fields in FIELDS.values() for key in fields} | {"k", "cols"})
 texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)  # what msgpack can encode
-scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1)
-           | st.floats(allow_nan=True, allow_infinity=True) | texts | st.binary(max_size=12))
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | texts
+    | st.binary(max_size=12)
+)
 values = st.recursive(
     scalars,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(texts | st.integers(-3, 40), inner, max_size=4),
@@ -443,16 +519,20 @@ values = st.recursive(
 small_counts = st.integers(min_value=-2, max_value=6)
 column_descriptions = st.lists(
     st.lists(st.one_of(st.sampled_from(["x", "y", P.INDEX_COLUMN]), values), min_size=3, max_size=3).map(list)
-    | st.tuples(st.sampled_from(["x", "y", "x"]),
-                st.sampled_from(["<f4", "<i8", "|u1", "|O", "O", "<U3", "V0", "V4", "bogus", "f4,i4"]),
-                st.lists(small_counts | st.integers(0, 2**64 - 1), max_size=3)).map(list),
+    | st.tuples(
+        st.sampled_from(["x", "y", "x"]),
+        st.sampled_from(["<f4", "<i8", "|u1", "|O", "O", "<U3", "V0", "V4", "bogus", "f4,i4"]),
+        st.lists(small_counts | st.integers(0, 2**64 - 1), max_size=3),
+    ).map(list),
     max_size=3,
 )
 kinds = st.sampled_from([cls.KIND for cls in KINDS]) | values
 wire_values = {key: values | small_counts for key in WIRE_KEYS if key not in ("k", "cols")}
 headers = st.fixed_dictionaries({"k": kinds}, optional={**wire_values, "cols": column_descriptions | values})
-frame_bodies = st.lists(st.binary(max_size=40) | st.builds(lambda n: np.arange(n, dtype=np.float32).tobytes(),
-                                                           st.integers(0, 6)), max_size=3)
+frame_bodies = st.lists(
+    st.binary(max_size=40) | st.builds(lambda n: np.arange(n, dtype=np.float32).tobytes(), st.integers(0, 6)),
+    max_size=3,
+)
 
 
 def _decodes_or_is_malformed(frames):
@@ -485,5 +565,5 @@ def test_bit_flipped_messages_decode_or_are_malformed(cls, data):
             frames[which][bit // 8] ^= 1 << (bit % 8)
     if data.draw(st.booleans(), label="truncate"):
         which = data.draw(st.integers(0, len(frames) - 1), label="truncated frame")
-        del frames[which][data.draw(st.integers(0, len(frames[which])), label="at"):]
+        del frames[which][data.draw(st.integers(0, len(frames[which])), label="at") :]
     _decodes_or_is_malformed([bytes(frame) for frame in frames])

@@ -36,8 +36,14 @@ class FakeDaemon:
                 message, _ = P.decode(frames)
                 if isinstance(message, P.ClientHello):
                     self.hello = message, msgpack.unpackb(frames[0])
-                    welcome = {"session": 1, "batch_size": 2, "batch_format": "stacked", "files": 1, "ping_s": 0.5,
-                               **self.welcome}
+                    welcome = {
+                        "session": 1,
+                        "batch_size": 2,
+                        "batch_format": "stacked",
+                        "files": 1,
+                        "ping_s": 0.5,
+                        **self.welcome,
+                    }
                     self.channel.send(P.encode(P.ClientWelcome(**welcome)))
                     if self.silent:
                         return
@@ -127,5 +133,7 @@ def test_client_says_its_protocol_version_and_refuses_a_daemon_of_another():
     hello, raw = daemon.hello
     assert hello.version == P.PROTOCOL_VERSION and raw["v"] == P.PROTOCOL_VERSION  # said on the wire
     message = str(info.value)
-    assert message.startswith(f"the daemon at fake://daemon speaks loader protocol {P.PROTOCOL_VERSION + 1} (loader 9.9)")
+    assert message.startswith(
+        f"the daemon at fake://daemon speaks loader protocol {P.PROTOCOL_VERSION + 1} (loader 9.9)"
+    )
     assert f"this side speaks {P.PROTOCOL_VERSION}" in message and "\n" not in message

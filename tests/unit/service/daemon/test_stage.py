@@ -25,8 +25,9 @@ class Recorder:
 
 
 def _stage(send, batch_size=4, shuffle=0, drop_last=False):
-    return Stage(batch_size=batch_size, drop_last=drop_last, shuffle_buffer=shuffle, seed=3,
-                 samples_per_message=8, send=send)
+    return Stage(
+        batch_size=batch_size, drop_last=drop_last, shuffle_buffer=shuffle, seed=3, samples_per_message=8, send=send
+    )
 
 
 def _chunk(stream, f, first, values):

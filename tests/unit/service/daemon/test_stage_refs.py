@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from loader.service import protocol as P
+from loader.service.daemon.stage import Stage
 from loader.service.shm import refs as R
 from loader.service.shm.pool import ArenaPool
-from loader.service.daemon.stage import Stage
 
 ROW = 16 * 1024  # float32 values: 64 KiB rows, one block each
 
@@ -35,8 +35,15 @@ def pool(tmp_path):
 
 def _setup(pool, *, shm=True, batch_size=4, shuffle=0, drop_last=False, files=(0,)):
     rec = Recorder()
-    stage = Stage(batch_size=batch_size, drop_last=drop_last, shuffle_buffer=shuffle, seed=3,
-                  samples_per_message=8, send=rec, arenas=pool)
+    stage = Stage(
+        batch_size=batch_size,
+        drop_last=drop_last,
+        shuffle_buffer=shuffle,
+        seed=3,
+        samples_per_message=8,
+        send=rec,
+        arenas=pool,
+    )
     session = stage.open_session(b"peer", 0, 1, prefetch=100)
     stage.on_epoch_request(session, shm)
     stream = stage.new_stream(session, 0, list(files))
@@ -159,8 +166,9 @@ def test_retired_arena_is_held_while_the_stage_has_its_rows(pool):
 
 def test_malformed_reference_columns_are_dropped(pool):
     rec, stage, session, stream, arena = _setup(pool)
-    chunk = P.Chunk(stream=stream.stream_id, file=0, lease=1, worker="w1", record=0, count=2,
-                    refs={"x": {0: ["<f4", [ROW]]}})
+    chunk = P.Chunk(
+        stream=stream.stream_id, file=0, lease=1, worker="w1", record=0, count=2, refs={"x": {0: ["<f4", [ROW]]}}
+    )
     stage.on_chunk(chunk, {"x": np.zeros((2, 2), np.int64)})
     good = np.array([[arena.arena_id, 0, 0], [arena.arena_id, 1, 0]], dtype=np.int64)
     stage.on_chunk(dataclasses.replace(chunk, refs={"x": {0: ["|O", [1]]}}), {"x": good})
@@ -173,8 +181,15 @@ def test_reference_spec_of_a_dtype_numpy_does_not_know_is_dropped(pool):
     # drop it like any other malformed reference column, not raise into the daemon's loop.
     rec, stage, session, stream, arena = _setup(pool)
     good = np.array([[arena.arena_id, 0, 0], [arena.arena_id, 1, 0]], dtype=np.int64)
-    chunk = P.Chunk(stream=stream.stream_id, file=0, lease=1, worker="w1", record=0, count=2,
-                    refs={"x": {0: ["not-a-dtype", [ROW]]}})
+    chunk = P.Chunk(
+        stream=stream.stream_id,
+        file=0,
+        lease=1,
+        worker="w1",
+        record=0,
+        count=2,
+        refs={"x": {0: ["not-a-dtype", [ROW]]}},
+    )
     assert P.decode(P.encode(chunk, {"x": good}))[0] == chunk
     stage.on_chunk(chunk, {"x": good})
     assert stream.rows_buffered == 0

@@ -12,8 +12,7 @@ import pytest
 from loader.runtime import processes
 from loader.service.shm import arena as arena_mod
 from loader.service.shm import refs as R
-from loader.service.shm.arena import Arena, ArenaError, free_runs
-from loader.service.shm.arena import arena_path
+from loader.service.shm.arena import Arena, ArenaError, arena_path, free_runs
 from loader.service.shm.cache import ArenaCache
 from loader.service.shm.pool import ArenaPool
 
@@ -89,10 +88,18 @@ def test_filesystem_full_is_a_failed_allocation(pool, monkeypatch):
 # -- gather ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype, shape", [
-    ("<f4", (3, 64, 128)), ("|u1", (300, 300, 3)), ("<i8", (9000,)), ("<f2", (257, 129)),
-    ("|b1", (70000,)), ("<c8", (8193,)), (">i4", (130, 130)),
-])
+@pytest.mark.parametrize(
+    "dtype, shape",
+    [
+        ("<f4", (3, 64, 128)),
+        ("|u1", (300, 300, 3)),
+        ("<i8", (9000,)),
+        ("<f2", (257, 129)),
+        ("|b1", (70000,)),
+        ("<c8", (8193,)),
+        (">i4", (130, 130)),
+    ],
+)
 def test_gather_returns_identical_fresh_arrays(pool, dtype, shape):
     arena = pool.create()
     rng = np.random.default_rng(7)

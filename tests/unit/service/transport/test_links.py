@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from loader.errors import TransportError
-from loader.service.transport import pipe_frames
 from loader.service import protocol as P
 from loader.service import transport
+from loader.service.transport import pipe_frames
 from loader.service.transport.inproc import FakeChannel
 from loader.service.transport.links import MAX_MESSAGE_BYTES, WorkerLinks, pack_frames, unpack_frames
 from loader.service.transport.pipe_frames import FIRST_BUFFER_MAX_BYTES, FrameReader, FrameWriter
@@ -145,7 +145,7 @@ def _send_bytes_output(blob: bytes) -> bytes:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 class _PipeLinks:
@@ -300,11 +300,15 @@ def test_a_dropped_link_never_delivers_the_rest_of_its_message(pipe_links):
     assert links.data.recv(0.1) is None and not links.data.owns(peer)
 
 
-@pytest.mark.parametrize("header", [
-    struct.pack("!iQ", -1, 1 << 62),
-    struct.pack("!iQ", -1, MAX_MESSAGE_BYTES + 1),
-    struct.pack("!i", -7),
-], ids=["absurd", "over-limit", "negative"])
+@pytest.mark.parametrize(
+    "header",
+    [
+        struct.pack("!iQ", -1, 1 << 62),
+        struct.pack("!iQ", -1, MAX_MESSAGE_BYTES + 1),
+        struct.pack("!i", -7),
+    ],
+    ids=["absurd", "over-limit", "negative"],
+)
 def test_garbled_length_drops_the_link_with_a_log_line(header, caplog, pipe_links):
     caplog.set_level(logging.WARNING, logger="loader.daemon")
     links = pipe_links.links
