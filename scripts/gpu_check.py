@@ -258,7 +258,56 @@ def calibrate_sleep() -> float:
     return cycles / start.elapsed_time(end)
 
 
-def per_batch(address: str, device: str, count: int, step: Callable[[Any], Any]) -> tuple[float, int]:
+class ReceiverProfile:
+    """With ``--profile``: time the client's receiver spends in ``refs.gather`` and ``Placer.stage``, and
+    the process's minor page faults, per batch of each ``per_batch`` figure."""
+
+    def __init__(self) -> None:
+        from loader import device
+        from loader.service import refs
+
+        self.totals = {"gather": 0.0, "stage": 0.0, "staged": 0}
+        self.figures: list[dict[str, Any]] = []
+        stage, gather = device.Placer.stage, refs.gather
+
+        def timed_stage(placer: Any, obj: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return stage(placer, obj)
+            finally:
+                self.totals["stage"] += time.perf_counter() - start
+                self.totals["staged"] += 1
+
+        def timed_gather(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return gather(*args, **kwargs)
+            finally:
+                self.totals["gather"] += time.perf_counter() - start
+
+        device.Placer.stage, refs.gather = timed_stage, timed_gather
+
+    def start(self) -> None:
+        import resource
+
+        self.totals.update(gather=0.0, stage=0.0, staged=0)
+        self.faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+    def stop(self, label: str, batches: int) -> None:
+        import resource
+
+        n = max(self.totals["staged"], 1)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.faults
+        self.figures.append({"figure": label, "gather_ms": round(self.totals["gather"] / n * 1e3, 3),
+                             "stage_ms": round(self.totals["stage"] / n * 1e3, 3),
+                             "minor_faults_per_batch": round(faults / max(batches, 1))})
+
+
+PROFILE: ReceiverProfile | None = None
+
+
+def per_batch(address: str, device: str, count: int, step: Callable[[Any], Any], label: str = ""
+              ) -> tuple[float, int]:
     """Mean seconds per batch over ``count`` epochs of a fresh ``Client(address, device=device)``
     (after one warm-up epoch), and the batches timed."""
     import torch
@@ -269,6 +318,8 @@ def per_batch(address: str, device: str, count: int, step: Callable[[Any], Any])
         for batch in client.epoch():
             step(batch)
         torch.cuda.synchronize()
+        if PROFILE is not None:
+            PROFILE.start()
         n = 0
         start = time.perf_counter()
         for _ in range(count):
@@ -276,7 +327,10 @@ def per_batch(address: str, device: str, count: int, step: Callable[[Any], Any])
                 step(batch)
                 n += 1
         torch.cuda.synchronize()
-        return (time.perf_counter() - start) / n, n
+        seconds = (time.perf_counter() - start) / n
+        if PROFILE is not None:
+            PROFILE.stop(label or device, n)
+        return seconds, n
 
 
 def overlap(work: str, files: int, samples: int, dim: int, batch_size: int, workers: int,
@@ -307,9 +361,9 @@ def overlap(work: str, files: int, samples: int, dim: int, batch_size: int, work
     rows: list[dict[str, Any]] = []
     with Served(config, address, workers), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        load_ours, n = per_batch(address, "cuda", epochs, lambda b: b["data"])
-        load_manual, _ = per_batch(address, "cpu", epochs, manual)
-        load_cpu, _ = per_batch(address, "cpu", epochs, lambda b: b["data"])
+        load_ours, n = per_batch(address, "cuda", epochs, lambda b: b["data"], "load ours_cuda")
+        load_manual, _ = per_batch(address, "cpu", epochs, manual, "load cpu_then_to_cuda")
+        load_cpu, _ = per_batch(address, "cpu", epochs, lambda b: b["data"], "load cpu_numpy")
         compute(resident, 1)  # the first launches load the kernels (lazy module loading): not timed
         for ms in sleeps_ms:
             t0 = time.perf_counter()
@@ -317,9 +371,10 @@ def overlap(work: str, files: int, samples: int, dim: int, batch_size: int, work
             for _ in range(reps):
                 compute(resident, ms)
             compute_s = (time.perf_counter() - t0) / reps
-            ours_s, _ = per_batch(address, "cuda", epochs, lambda b: compute(b["data"], ms))
-            manual_s, _ = per_batch(address, "cpu", epochs, lambda b: compute(manual(b), ms))
-            pinned_s, _ = per_batch(address, "cpu", epochs, lambda b: compute(manual_pinned(b), ms))
+            ours_s, _ = per_batch(address, "cuda", epochs, lambda b: compute(b["data"], ms), f"ours sleep {ms}")
+            manual_s, _ = per_batch(address, "cpu", epochs, lambda b: compute(manual(b), ms), f"manual sleep {ms}")
+            pinned_s, _ = per_batch(address, "cpu", epochs, lambda b: compute(manual_pinned(b), ms),
+                                    f"manual_pinned sleep {ms}")
             rows.append({"sleep_ms": ms, "compute_ms": round(compute_s * 1e3, 3), "ours_ms": round(ours_s * 1e3, 3),
                          "manual_ms": round(manual_s * 1e3, 3), "manual_pinned_ms": round(pinned_s * 1e3, 3)})
     return {"dataset": f"{files} npy files x {samples} rows, dim {dim} float32 ({dim * 4 // 1024} KiB rows), "
@@ -328,7 +383,8 @@ def overlap(work: str, files: int, samples: int, dim: int, batch_size: int, work
                                        "cpu_then_to_cuda": round(load_manual * 1e3, 3),
                                        "cpu_numpy": round(load_cpu * 1e3, 3)},
             "sleep_cycles_per_ms": round(cycles_per_ms), "rows": rows,
-            "max_memory_allocated_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1)}
+            "max_memory_allocated_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1),
+            **({"receiver_profile": PROFILE.figures} if PROFILE is not None else {})}
 
 
 def machine() -> dict[str, Any]:
@@ -349,7 +405,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--skip-overlap", action="store_true")
+    parser.add_argument("--only", default="", help="comma-separated steps: small, large, local_loader, overlap")
+    parser.add_argument("--profile", action="store_true",
+                        help="time the client receiver's gather and stage, and count page faults (overlap step)")
     args = parser.parse_args(argv)
+    if args.profile:
+        global PROFILE
+        PROFILE = ReceiverProfile()
     results: dict[str, Any] = {"machine": machine()}
     extra = []
     if args.device != "torch:cpu":
@@ -368,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
         if not args.skip_overlap and args.device.startswith("cuda"):
             steps.append(("overlap", lambda: overlap(work, 16, 512, 16384, 256, 4, [0, 2, 5, 10, 20], 2)))
+        if args.only:
+            steps = [(name, step) for name, step in steps if name in args.only.split(",")]
         for name, step in steps:
             start = time.perf_counter()
             try:
