@@ -59,10 +59,15 @@ class _FakeTensor:
     def __init__(self, array, log, where="cpu", pinned=False):
         self.array, self.log, self.where, self.pinned = array, log, where, pinned
         self.is_cuda = where.startswith("cuda")
+        self.dtype = array.dtype
 
     def pin_memory(self):
-        self.log.append("pin")
-        return _FakeTensor(self.array.copy(), self.log, pinned=True)
+        # Tensor.pin_memory() copies on torch's intra-op thread pool, which stalls on a host
+        # whose cores are busy with the loader's workers: the placer copies with numpy instead.
+        raise AssertionError("stage must not call Tensor.pin_memory(): copy into torch.empty(pin_memory=True)")
+
+    def numpy(self):
+        return self.array
 
     def to(self, device, non_blocking=False):
         assert self.pinned and non_blocking, "copies must come from pinned memory, asynchronously"
@@ -120,9 +125,19 @@ def _fake_torch(log, real=None):
     if cuda is not None:
         Stream.wait_event = _checked(cuda.Stream.wait_event, Stream.wait_event)
         Event.record = _checked(cuda.Event.record, Event.record)
+    def from_numpy(array):
+        if not array.dtype.isnative:
+            raise ValueError("given numpy array has byte order different from the native byte order")
+        return _FakeTensor(array, log)
+
+    def empty(shape, dtype=None, pin_memory=False):
+        if pin_memory:
+            log.append("pin")
+        return _FakeTensor(np.empty(shape, dtype=dtype), log, pinned=pin_memory)
+
     Device.__module__ = "torch"
     torch.device, torch.Tensor = Device, _FakeTensor
-    torch.from_numpy = lambda a: _FakeTensor(a, log)
+    torch.from_numpy, torch.empty = from_numpy, empty
     torch.cuda = types.SimpleNamespace(
         is_available=lambda: True,
         device_count=lambda: 2,
@@ -164,6 +179,31 @@ def test_cuda_path_pins_copies_on_a_side_stream_and_the_consumer_waits(monkeypat
     assert Placer(sys.modules["torch"].device("cuda", 1)).place == "cuda:1"
 
 
+def test_cuda_stage_copies_any_layout_once_into_pinned_memory(monkeypatch):
+    # Read-only (np.frombuffer on received frames), strided and byte-swapped arrays (a
+    # big-endian .npy) go straight into a pinned buffer with numpy: no torch.from_numpy of
+    # the array (which refuses the last two) and no intermediate copy.
+    log: list = []
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(log))
+    monkeypatch.setattr(device_mod, "_host_array", lambda a: pytest.fail("no intermediate host copy"))
+    read_only = np.frombuffer(np.arange(6, dtype=np.float32).tobytes(), dtype=np.float32).reshape(2, 3)
+    big_endian = np.arange(4, dtype=">i8")
+    batch = {"r": read_only, "s": np.arange(12, dtype=np.int32).reshape(3, 4)[:, ::2], "b": big_endian,
+             "z": np.array(2.5), "e": np.zeros((0, 3), np.uint8), "m": np.array([True, False])}
+    out = Placer("cuda:0").place_now(batch)
+    assert log.count("pin") == len(batch)
+    for name, array in batch.items():
+        assert out[name].where == "cuda:0" and out[name].array.dtype.isnative
+        assert out[name].array.shape == array.shape and out[name].array.tolist() == array.tolist(), name
+
+
+def test_torch_cpu_place_takes_byte_swapped_arrays(monkeypatch):
+    log: list = []
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(log))
+    out = Placer("torch:cpu").place_now({"b": np.arange(3, dtype=">f4")})
+    assert out["b"].array.dtype == np.float32 and out["b"].array.tolist() == [0, 1, 2]
+
+
 # -- real libraries ------------------------------------------------------------------------
 
 _HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -194,6 +234,9 @@ def test_the_tensor_methods_the_cuda_path_uses_exist_in_torch():
 
     tensor = torch.from_numpy(np.arange(3, dtype=np.float32))
     assert tensor.to(torch.device("cpu"), non_blocking=True).tolist() == [0, 1, 2]
+    empty = torch.empty((2, 3), dtype=torch.from_numpy(np.empty(0, np.int64)).dtype, pin_memory=False)
+    np.copyto(empty.numpy(), np.ones((2, 3), ">i8"), casting="equiv")
+    assert empty.dtype == torch.int64 and empty.sum().item() == 6
     assert callable(tensor.pin_memory) and callable(tensor.record_stream) and tensor.is_cuda is False
     assert torch.device("cuda", 1).index == 1 and torch.device("cuda", 1).type == "cuda"
 
@@ -204,7 +247,8 @@ def test_cuda_place_with_torch_copies_asynchronously():
     import torch
 
     placer = Placer("cuda")
-    batch = {"x": np.random.rand(256, 128).astype(np.float32), "t": LoDTensor(np.arange(5), [[2, 3]])}
+    batch = {"x": np.random.rand(256, 128).astype(np.float32), "t": LoDTensor(np.arange(5), [[2, 3]]),
+             "b": np.frombuffer(np.arange(6, dtype=">f8").tobytes(), dtype=">f8")[::2]}
     staged = []
     producer = threading.Thread(target=lambda: staged.append(placer.stage(batch)))
     producer.start()
@@ -214,6 +258,7 @@ def test_cuda_place_with_torch_copies_asynchronously():
     torch.cuda.current_stream().synchronize()
     np.testing.assert_array_equal(out["x"].cpu().numpy(), batch["x"])
     assert out["t"].data.cpu().tolist() == list(range(5))
+    assert out["b"].is_cuda and out["b"].dtype == torch.float64 and out["b"].cpu().tolist() == [0, 2, 4]
 
 
 @pytest.mark.skipif(not _HAS_TORCH or _cuda_available(), reason="needs torch without a CUDA device")
