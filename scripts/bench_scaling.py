@@ -34,25 +34,32 @@ import tempfile
 import time
 from typing import Any
 
-from loader import _datagen
-from loader.examples import cpu_heavy
-
 # bench_service (this directory is on sys.path when run as a script).
-import bench_service as bs  # noqa: E402
+import bench_service as bs
+
+from loader.examples import cpu_heavy, datagen
 
 HEAVY_FILES, HEAVY_SAMPLES = 56, 256  # 14,336 samples; 56 = 1*2*4*7*2: divides 1, 2, 4, 8, 14
 SMALL_FILES, SMALL_SAMPLES = 28, 8192  # 229,376 samples; 28 divides 1, 4, 14
 BATCH = 256
 
 
-def measure(label: str, work: str, files: list[str], dataset: Any, workers: int, epochs: int,
-            mappers: list[str]) -> dict[str, Any]:
+def measure(
+    label: str, work: str, files: list[str], dataset: Any, workers: int, epochs: int, mappers: list[str]
+) -> dict[str, Any]:
     start = time.perf_counter()
     ours, ours_detail = bs.ours_rate(work, files, batch_size=BATCH, workers=workers, epochs=epochs, mappers=mappers)
     peer, peer_detail = bs.peer_rate(dataset, batch_size=BATCH, workers=workers, epochs=epochs)
-    row = {"case": label, "workers": workers, "epochs": epochs, "ours": round(ours, 1), "torch": round(peer, 1),
-           "ratio": round(ours / peer, 3), "detail": f"{ours_detail}; {peer_detail}",
-           "seconds": round(time.perf_counter() - start, 1)}
+    row = {
+        "case": label,
+        "workers": workers,
+        "epochs": epochs,
+        "ours": round(ours, 1),
+        "torch": round(peer, 1),
+        "ratio": round(ours / peer, 3),
+        "detail": f"{ours_detail}; {peer_detail}",
+        "seconds": round(time.perf_counter() - start, 1),
+    }
     print(json.dumps(row), flush=True)
     return row
 
@@ -68,8 +75,10 @@ def efficiency(rows: list[dict[str, Any]]) -> None:
 def table(title: str, rows: list[dict[str, Any]]) -> str:
     lines = [title, f"{'workers':>7} {'ours/s':>12} {'eff':>6} {'torch/s':>12} {'eff':>6} {'ours/torch':>10}"]
     for r in rows:
-        lines.append(f"{r['workers']:>7} {r['ours']:>12,.0f} {r.get('ours_eff', 0):>6.2f} {r['torch']:>12,.0f} "
-                     f"{r.get('torch_eff', 0):>6.2f} {r['ratio']:>10.2f}")
+        lines.append(
+            f"{r['workers']:>7} {r['ours']:>12,.0f} {r.get('ours_eff', 0):>6.2f} {r['torch']:>12,.0f} "
+            f"{r.get('torch_eff', 0):>6.2f} {r['ratio']:>10.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -85,8 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     small_workers = [int(w) for w in args.small_workers.split(",") if w]
     import torch
 
-    machine = {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-               "torch": torch.__version__, "processor": platform.processor() or platform.machine()}
+    machine = {
+        "cpus": os.cpu_count(),
+        "affinity": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "processor": platform.processor() or platform.machine(),
+    }
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
             machine["model"] = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), "")
@@ -95,25 +109,36 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"machine": machine}), flush=True)
     results: dict[str, Any] = {"machine": machine, "heavy": [], "small": []}
     with tempfile.TemporaryDirectory(prefix="loader-bench-scaling-") as work:
-        heavy_files = _datagen.generate(os.path.join(work, "heavy"), format="npz", files=HEAVY_FILES,
-                                        samples=HEAVY_SAMPLES, dim=64)
+        heavy_files = datagen.generate(
+            os.path.join(work, "heavy"), format="npz", files=HEAVY_FILES, samples=HEAVY_SAMPLES, dim=64
+        )
         heavy_set = bs.NpzDataset(heavy_files, cpu_heavy)
         for w in heavy_workers:
-            results["heavy"].append(measure("cpu_heavy", work, heavy_files, heavy_set, w, max(2, w),
-                                            ["loader.examples:cpu_heavy"]))
+            results["heavy"].append(
+                measure("cpu_heavy", work, heavy_files, heavy_set, w, max(2, w), ["loader.examples:cpu_heavy"])
+            )
         if small_workers:
-            small_files = _datagen.generate(os.path.join(work, "small"), format="npz", files=SMALL_FILES,
-                                            samples=SMALL_SAMPLES, dim=64)
+            small_files = datagen.generate(
+                os.path.join(work, "small"), format="npz", files=SMALL_FILES, samples=SMALL_SAMPLES, dim=64
+            )
             small_set = bs.NpzDataset(small_files)
             for w in small_workers:
                 results["small"].append(measure("small", work, small_files, small_set, w, 3, []))
     efficiency(results["heavy"])
     efficiency(results["small"])
-    print(table(f"CPU-heavy mapper (loader.examples:cpu_heavy), {HEAVY_FILES}x{HEAVY_SAMPLES} samples, batch {BATCH}",
-                results["heavy"]))
+    print(
+        table(
+            f"CPU-heavy mapper (loader.examples:cpu_heavy), {HEAVY_FILES}x{HEAVY_SAMPLES} samples, batch {BATCH}",
+            results["heavy"],
+        )
+    )
     if results["small"]:
-        print(table(f"small samples (64 float32 + int64), {SMALL_FILES}x{SMALL_SAMPLES} samples, batch {BATCH}",
-                    results["small"]))
+        print(
+            table(
+                f"small samples (64 float32 + int64), {SMALL_FILES}x{SMALL_SAMPLES} samples, batch {BATCH}",
+                results["small"],
+            )
+        )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(results, fh, indent=2)

@@ -5,7 +5,7 @@
 What it does (run it on a machine with a CUDA device; ``--device torch:cpu``
 runs the correctness part anywhere torch is installed, for a dry run):
 
-1. Writes two datasets with ``loader._datagen`` (the code behind ``loader
+1. Writes two datasets with ``loader.examples.datagen`` (the code behind ``loader
    gen-data``): "small" = ``.npz`` with ``x`` float32[64] + ``label`` int64
    (rows travel inline through the daemon), "large" = ``.npy`` float32[16384]
    (64 KiB rows: they travel worker -> client through the shared-memory arenas).
@@ -41,14 +41,15 @@ import sys
 import tempfile
 import time
 import warnings
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
-from loader import _datagen
-
 # scripts/demo.py (this directory is on sys.path): starting, awaiting and stopping `loader serve`.
-from demo import free_port, start_daemon, stop_daemon, wait_ready  # noqa: E402
+from demo import free_port, start_daemon, stop_daemon, wait_ready
+
+from loader.examples import datagen
 
 SERVE_START_TIMEOUT_S = 60.0
 CLIENT_TIMEOUT_S = 60.0
@@ -75,12 +76,31 @@ device = "{device}"
 """
 
 
-def write_config(work: str, name: str, files: list[str], *, batch_size: int, workers: int, shuffle: int,
-                 per_message: int, bind: str, device: str = "cpu") -> str:
+def write_config(
+    work: str,
+    name: str,
+    files: list[str],
+    *,
+    batch_size: int,
+    workers: int,
+    shuffle: int,
+    per_message: int,
+    bind: str,
+    device: str = "cpu",
+) -> str:
     path = os.path.join(work, f"{name}.toml")
     with open(path, "w", encoding="utf-8") as fh:
-        fh.write(CONFIG.format(files=", ".join(json.dumps(f) for f in files), batch_size=batch_size,
-                               workers=workers, shuffle=shuffle, per_message=per_message, bind=bind, device=device))
+        fh.write(
+            CONFIG.format(
+                files=", ".join(json.dumps(f) for f in files),
+                batch_size=batch_size,
+                workers=workers,
+                shuffle=shuffle,
+                per_message=per_message,
+                bind=bind,
+                device=device,
+            )
+        )
     return path
 
 
@@ -96,7 +116,7 @@ class Served:
             stop_daemon(self.proc)
             raise
 
-    def __enter__(self) -> "Served":
+    def __enter__(self) -> Served:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -124,7 +144,7 @@ def row_keys(columns: list[np.ndarray]) -> list[bytes]:
 def source_keys(fmt: str, files: int, samples: int, dim: int) -> collections.Counter:
     keys: collections.Counter = collections.Counter()
     for index in range(files):
-        features, labels = _datagen.file_arrays(index, samples, dim, 0)
+        features, labels = datagen.file_arrays(index, samples, dim, 0)
         keys.update(row_keys([features, labels] if fmt == "npz" else [features]))
     return keys
 
@@ -137,8 +157,9 @@ def to_numpy(leaf: Any) -> np.ndarray:
     return leaf.cpu().numpy()  # torch: a copy on the consumer's stream, after its wait on the event
 
 
-def check_epoch(batches: Iterable[dict[str, Any]], slots: list[str], dtypes: dict[str, str], device: str
-                ) -> tuple[collections.Counter, int, list[str]]:
+def check_epoch(
+    batches: Iterable[dict[str, Any]], slots: list[str], dtypes: dict[str, str], device: str
+) -> tuple[collections.Counter, int, list[str]]:
     """(row-hash multiset, batches, problems) of one epoch; every leaf is checked for its place and dtype."""
     problems: list[str] = []
     keys: collections.Counter = collections.Counter()
@@ -189,31 +210,51 @@ def exactly_once(got: collections.Counter, expected: collections.Counter) -> str
 # -- correctness ---------------------------------------------------------------------
 
 
-def correctness(work: str, name: str, fmt: str, files: int, samples: int, dim: int, batch_size: int,
-                device: str, extra_devices: list[str]) -> dict[str, Any]:
+def correctness(
+    work: str,
+    name: str,
+    fmt: str,
+    files: int,
+    samples: int,
+    dim: int,
+    batch_size: int,
+    device: str,
+    extra_devices: list[str],
+) -> dict[str, Any]:
     from loader.service.client import Client
 
-    paths = _datagen.generate(os.path.join(work, name), format=fmt, files=files, samples=samples, dim=dim)
+    paths = datagen.generate(os.path.join(work, name), format=fmt, files=files, samples=samples, dim=dim)
     slots = ["x", "label"] if fmt == "npz" else ["data"]
     dtypes = {"x": "float32", "label": "int64", "data": "float32"}
     expected = source_keys(fmt, files, samples, dim)
     address = f"tcp://127.0.0.1:{free_port()}"
-    config = write_config(work, name, paths, batch_size=batch_size, workers=2, shuffle=batch_size * 4,
-                          per_message=64 if fmt == "npz" else 16, bind=address)
-    out: dict[str, Any] = {"dataset": f"{name}: {files} {fmt} files x {samples} rows, dim {dim}, batch {batch_size}",
-                           "rows": sum(expected.values()), "problems": []}
+    config = write_config(
+        work,
+        name,
+        paths,
+        batch_size=batch_size,
+        workers=2,
+        shuffle=batch_size * 4,
+        per_message=64 if fmt == "npz" else 16,
+        bind=address,
+    )
+    out: dict[str, Any] = {
+        "dataset": f"{name}: {files} {fmt} files x {samples} rows, dim {dim}, batch {batch_size}",
+        "rows": sum(expected.values()),
+        "problems": [],
+    }
     with Served(config, address, 2):
         with Client(address, device="cpu", timeout_s=CLIENT_TIMEOUT_S) as client:
             cpu_keys, cpu_batches, problems = check_epoch(client.epoch(), slots, dtypes, "cpu")
         out["problems"] += [f"cpu epoch: {p}" for p in problems]
-        if (bad := exactly_once(cpu_keys, expected)):
+        if bad := exactly_once(cpu_keys, expected):
             out["problems"].append(f"cpu epoch vs files: {bad}")
         for dev in [device, *extra_devices]:
             with Client(address, device=dev, timeout_s=CLIENT_TIMEOUT_S) as client:
                 for epoch in range(2):
                     keys, count, problems = check_epoch(client.epoch(), slots, dtypes, dev)
                     out["problems"] += [f"{dev} epoch {epoch}: {p}" for p in problems[:5]]
-                    if (bad := exactly_once(keys, expected)):
+                    if bad := exactly_once(keys, expected):
                         out["problems"].append(f"{dev} epoch {epoch} vs files: {bad}")
                     if keys != cpu_keys:
                         out["problems"].append(f"{dev} epoch {epoch}: rows differ from the cpu epoch")
@@ -229,13 +270,24 @@ def local_loader(work: str, device: str) -> dict[str, Any]:
     import loader
 
     files, samples, dim = 3, 500, 64
-    paths = _datagen.generate(os.path.join(work, "local"), format="npz", files=files, samples=samples, dim=dim)
-    config = loader.load_config(write_config(work, "local", paths, batch_size=64, workers=2, shuffle=256,
-                                             per_message=64, bind="tcp://127.0.0.1:5555", device=device))
+    paths = datagen.generate(os.path.join(work, "local"), format="npz", files=files, samples=samples, dim=dim)
+    config = loader.load_config(
+        write_config(
+            work,
+            "local",
+            paths,
+            batch_size=64,
+            workers=2,
+            shuffle=256,
+            per_message=64,
+            bind="tcp://127.0.0.1:5555",
+            device=device,
+        )
+    )
     expected = source_keys("npz", files, samples, dim)
     with loader.Loader(config) as local:
         keys, count, problems = check_epoch(local.epoch(), ["x", "label"], {"x": "float32", "label": "int64"}, device)
-    if (bad := exactly_once(keys, expected)):
+    if bad := exactly_once(keys, expected):
         problems.append(f"vs files: {bad}")
     return {"batches": count, "rows": sum(keys.values()), "problems": problems}
 
@@ -298,16 +350,20 @@ class ReceiverProfile:
 
         n = max(self.totals["staged"], 1)
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self.faults
-        self.figures.append({"figure": label, "gather_ms": round(self.totals["gather"] / n * 1e3, 3),
-                             "stage_ms": round(self.totals["stage"] / n * 1e3, 3),
-                             "minor_faults_per_batch": round(faults / max(batches, 1))})
+        self.figures.append(
+            {
+                "figure": label,
+                "gather_ms": round(self.totals["gather"] / n * 1e3, 3),
+                "stage_ms": round(self.totals["stage"] / n * 1e3, 3),
+                "minor_faults_per_batch": round(faults / max(batches, 1)),
+            }
+        )
 
 
 PROFILE: ReceiverProfile | None = None
 
 
-def per_batch(address: str, device: str, count: int, step: Callable[[Any], Any], label: str = ""
-              ) -> tuple[float, int]:
+def per_batch(address: str, device: str, count: int, step: Callable[[Any], Any], label: str = "") -> tuple[float, int]:
     """Mean seconds per batch over ``count`` epochs of a fresh ``Client(address, device=device)``
     (after one warm-up epoch), and the batches timed."""
     import torch
@@ -333,14 +389,16 @@ def per_batch(address: str, device: str, count: int, step: Callable[[Any], Any],
         return seconds, n
 
 
-def overlap(work: str, files: int, samples: int, dim: int, batch_size: int, workers: int,
-            sleeps_ms: list[float], epochs: int) -> dict[str, Any]:
+def overlap(
+    work: str, files: int, samples: int, dim: int, batch_size: int, workers: int, sleeps_ms: list[float], epochs: int
+) -> dict[str, Any]:
     import torch
 
-    paths = _datagen.generate(os.path.join(work, "overlap"), format="npy", files=files, samples=samples, dim=dim)
+    paths = datagen.generate(os.path.join(work, "overlap"), format="npy", files=files, samples=samples, dim=dim)
     address = f"tcp://127.0.0.1:{free_port()}"
-    config = write_config(work, "overlap", paths, batch_size=batch_size, workers=workers, shuffle=0, per_message=16,
-                          bind=address)
+    config = write_config(
+        work, "overlap", paths, batch_size=batch_size, workers=workers, shuffle=0, per_message=16, bind=address
+    )
     cuda = torch.device("cuda", 0)
     cycles_per_ms = calibrate_sleep()
     batch_mib = batch_size * dim * 4 / 2**20
@@ -371,20 +429,35 @@ def overlap(work: str, files: int, samples: int, dim: int, batch_size: int, work
             for _ in range(reps):
                 compute(resident, ms)
             compute_s = (time.perf_counter() - t0) / reps
-            ours_s, _ = per_batch(address, "cuda", epochs, lambda b: compute(b["data"], ms), f"ours sleep {ms}")
-            manual_s, _ = per_batch(address, "cpu", epochs, lambda b: compute(manual(b), ms), f"manual sleep {ms}")
-            pinned_s, _ = per_batch(address, "cpu", epochs, lambda b: compute(manual_pinned(b), ms),
-                                    f"manual_pinned sleep {ms}")
-            rows.append({"sleep_ms": ms, "compute_ms": round(compute_s * 1e3, 3), "ours_ms": round(ours_s * 1e3, 3),
-                         "manual_ms": round(manual_s * 1e3, 3), "manual_pinned_ms": round(pinned_s * 1e3, 3)})
-    return {"dataset": f"{files} npy files x {samples} rows, dim {dim} float32 ({dim * 4 // 1024} KiB rows), "
-                       f"batch {batch_size} = {batch_mib:.0f} MiB, {workers} workers, {n} batches timed per figure",
-            "load_only_ms_per_batch": {"ours_cuda": round(load_ours * 1e3, 3),
-                                       "cpu_then_to_cuda": round(load_manual * 1e3, 3),
-                                       "cpu_numpy": round(load_cpu * 1e3, 3)},
-            "sleep_cycles_per_ms": round(cycles_per_ms), "rows": rows,
-            "max_memory_allocated_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1),
-            **({"receiver_profile": PROFILE.figures} if PROFILE is not None else {})}
+            ours_s, _ = per_batch(address, "cuda", epochs, lambda b, ms=ms: compute(b["data"], ms), f"ours sleep {ms}")
+            manual_s, _ = per_batch(
+                address, "cpu", epochs, lambda b, ms=ms: compute(manual(b), ms), f"manual sleep {ms}"
+            )
+            pinned_s, _ = per_batch(
+                address, "cpu", epochs, lambda b, ms=ms: compute(manual_pinned(b), ms), f"manual_pinned sleep {ms}"
+            )
+            rows.append(
+                {
+                    "sleep_ms": ms,
+                    "compute_ms": round(compute_s * 1e3, 3),
+                    "ours_ms": round(ours_s * 1e3, 3),
+                    "manual_ms": round(manual_s * 1e3, 3),
+                    "manual_pinned_ms": round(pinned_s * 1e3, 3),
+                }
+            )
+    return {
+        "dataset": f"{files} npy files x {samples} rows, dim {dim} float32 ({dim * 4 // 1024} KiB rows), "
+        f"batch {batch_size} = {batch_mib:.0f} MiB, {workers} workers, {n} batches timed per figure",
+        "load_only_ms_per_batch": {
+            "ours_cuda": round(load_ours * 1e3, 3),
+            "cpu_then_to_cuda": round(load_manual * 1e3, 3),
+            "cpu_numpy": round(load_cpu * 1e3, 3),
+        },
+        "sleep_cycles_per_ms": round(cycles_per_ms),
+        "rows": rows,
+        "max_memory_allocated_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1),
+        **({"receiver_profile": PROFILE.figures} if PROFILE is not None else {}),
+    }
 
 
 def machine() -> dict[str, Any]:
@@ -406,8 +479,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--skip-overlap", action="store_true")
     parser.add_argument("--only", default="", help="comma-separated steps: small, large, local_loader, overlap")
-    parser.add_argument("--profile", action="store_true",
-                        help="time the client receiver's gather and stage, and count page faults (overlap step)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="time the client receiver's gather and stage, and count page faults (overlap step)",
+    )
     args = parser.parse_args(argv)
     if args.profile:
         global PROFILE
@@ -436,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             try:
                 results[name] = step()
-            except Exception as exc:  # noqa: BLE001 - report and go on with the other steps
+            except Exception as exc:
                 import traceback
 
                 results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}

@@ -125,6 +125,7 @@ def _fake_torch(log, real=None):
     if cuda is not None:
         Stream.wait_event = _checked(cuda.Stream.wait_event, Stream.wait_event)
         Event.record = _checked(cuda.Event.record, Event.record)
+
     def from_numpy(array):
         if not array.dtype.isnative:
             raise ValueError("given numpy array has byte order different from the native byte order")
@@ -188,8 +189,14 @@ def test_cuda_stage_copies_any_layout_once_into_pinned_memory(monkeypatch):
     monkeypatch.setattr(device_mod, "_host_array", lambda a: pytest.fail("no intermediate host copy"))
     read_only = np.frombuffer(np.arange(6, dtype=np.float32).tobytes(), dtype=np.float32).reshape(2, 3)
     big_endian = np.arange(4, dtype=">i8")
-    batch = {"r": read_only, "s": np.arange(12, dtype=np.int32).reshape(3, 4)[:, ::2], "b": big_endian,
-             "z": np.array(2.5), "e": np.zeros((0, 3), np.uint8), "m": np.array([True, False])}
+    batch = {
+        "r": read_only,
+        "s": np.arange(12, dtype=np.int32).reshape(3, 4)[:, ::2],
+        "b": big_endian,
+        "z": np.array(2.5),
+        "e": np.zeros((0, 3), np.uint8),
+        "m": np.array([True, False]),
+    }
     out = Placer("cuda:0").place_now(batch)
     assert log.count("pin") == len(batch)
     for name, array in batch.items():
@@ -247,8 +254,11 @@ def test_cuda_place_with_torch_copies_asynchronously():
     import torch
 
     placer = Placer("cuda")
-    batch = {"x": np.random.rand(256, 128).astype(np.float32), "t": LoDTensor(np.arange(5), [[2, 3]]),
-             "b": np.frombuffer(np.arange(6, dtype=">f8").tobytes(), dtype=">f8")[::2]}
+    batch = {
+        "x": np.random.rand(256, 128).astype(np.float32),
+        "t": LoDTensor(np.arange(5), [[2, 3]]),
+        "b": np.frombuffer(np.arange(6, dtype=">f8").tobytes(), dtype=">f8")[::2],
+    }
     staged = []
     producer = threading.Thread(target=lambda: staged.append(placer.stage(batch)))
     producer.start()
