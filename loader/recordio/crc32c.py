@@ -29,6 +29,8 @@ import struct
 
 import numpy as np
 
+from loader.recordio import native
+
 POLY = 0x82F63B78  # Castagnoli, bit-reflected
 MASK_DELTA = 0xA282EAD8  # the constant of the Snappy/LevelDB CRC mask
 ROW_BYTES = 256  # bytes per row of the numpy path (one 256-entry table per column)
@@ -133,7 +135,14 @@ def _update_numpy(register: int, data: bytes | bytearray | memoryview) -> int:
 
 
 def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
-    """CRC32C of ``data``; pass a previous result as ``crc`` to continue it."""
+    """CRC32C of ``data``; pass a previous result as ``crc`` to continue it (google-crc32c when installed)."""
+    if native.CRC32C is not None:
+        return int(native.CRC32C.extend(crc, bytes(data)))
+    return crc32c_python(data, crc)
+
+
+def crc32c_python(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
+    """``crc32c`` in pure Python and numpy (the fallback, and the reference for google-crc32c)."""
     register = crc ^ 0xFFFFFFFF
     view = memoryview(data).cast("B")
     piece = ROW_BYTES * MAX_ROWS

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from loader.recordio import native
+
 
 class SnappyError(ValueError):
     """A Snappy block or stream is malformed; the message says what and where."""
@@ -53,8 +55,30 @@ def _read_varint(src: bytes, pos: int, end: int) -> tuple[int, int]:
     return value, pos
 
 
-def decompress(src: bytes, start: int = 0, end: int | None = None, *, max_length: int) -> bytearray:
-    """Decode the raw Snappy block ``src[start:end]``; positions in errors count from ``start``."""
+def decompress(src: bytes, start: int = 0, end: int | None = None, *, max_length: int) -> bytes | bytearray:
+    """Decode the raw Snappy block ``src[start:end]``; positions in errors count from ``start``.
+
+    With cramjam installed (``native.SNAPPY``) its C decoder does the work; a block it refuses is
+    decoded again here, so the error names the exact position either way.
+    """
+    end = len(src) if end is None else end
+    size, pos = _read_varint(src, start, end)
+    if size > max_length:  # checked before either decoder allocates
+        raise SnappyError(f"declared length {size} exceeds the limit of {max_length} bytes")
+    if native.SNAPPY is not None:
+        try:
+            out = native.SNAPPY.decompress_raw(memoryview(src)[start:end])
+        except Exception:  # cramjam says little about where: the pure decoder below says exactly
+            pass
+        else:
+            data = bytes(out)
+            if len(data) == size:
+                return data
+    return decompress_python(src, start, end, max_length=max_length)
+
+
+def decompress_python(src: bytes, start: int = 0, end: int | None = None, *, max_length: int) -> bytearray:
+    """``decompress`` in pure Python (the fallback, and the reference the tests hold cramjam to)."""
     end = len(src) if end is None else end
     size, pos = _read_varint(src, start, end)
     if size > max_length:
@@ -202,6 +226,13 @@ def _emit_copy(out: bytearray, offset: int, length: int) -> None:
 
 
 def compress(data: bytes) -> bytes:
+    """A raw Snappy block holding ``data`` (cramjam's encoder when installed, else ``compress_python``)."""
+    if native.SNAPPY is not None:
+        return bytes(native.SNAPPY.compress_raw(bytes(data)))
+    return compress_python(data)
+
+
+def compress_python(data: bytes) -> bytes:
     """A raw Snappy block holding ``data``: greedy matches of 4+ bytes through a hash table.
 
     Literals, copy-1 and copy-2 elements only. Runs of misses make it step

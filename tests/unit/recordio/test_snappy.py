@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from loader.errors import CorruptFileError
-from loader.recordio import HEADER, MAGIC, Compressor, Scanner, Writer, crc32c, snappy, snappystream
+from loader.recordio import HEADER, MAGIC, Compressor, Scanner, Writer, crc32c, native, snappy, snappystream
 from loader.recordio.snappy import SnappyError
 from loader.runtime import codec
 
@@ -427,3 +427,49 @@ def test_outer_crc32_is_checked_before_the_snappy_stream(tmp_path):
     with pytest.raises(CorruptFileError, match="CRC32 mismatch"):
         with Scanner(path) as scanner:
             list(scanner.raw_records())
+
+
+# -- the optional C codecs (cramjam, google-crc32c): same bytes as the pure-Python reference ------------
+needs_cramjam = pytest.mark.skipif(native.SNAPPY is None, reason="cramjam is not installed (the snappy extra)")
+needs_google_crc = pytest.mark.skipif(native.CRC32C is None, reason="google-crc32c (with its C code) is not installed")
+
+
+@needs_cramjam
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=5000), st.integers(min_value=0, max_value=40))
+def test_cramjam_and_the_pure_decoder_agree(data, repeats):
+    payload = data * (1 + repeats % 5) + bytes(repeats * 50)
+    for block in (snappy.compress(payload), snappy.compress_python(payload)):
+        assert bytes(snappy.decompress(block, max_length=BIG)) == payload
+        assert bytes(snappy.decompress_python(block, max_length=BIG)) == payload
+
+
+@needs_cramjam
+@settings(max_examples=300, deadline=None)
+@given(st.binary(min_size=1, max_size=3000), st.data())
+def test_a_damaged_block_fails_the_same_way_with_cramjam_installed(data, draw):
+    block = bytearray(snappy.compress_python(data * 3))
+    at = draw.draw(st.integers(min_value=0, max_value=len(block) - 1))
+    block[at] ^= draw.draw(st.integers(min_value=1, max_value=255))
+    try:
+        expected = bytes(snappy.decompress_python(bytes(block), max_length=BIG))
+    except snappy.SnappyError as exc:
+        with pytest.raises(snappy.SnappyError) as got:
+            snappy.decompress(bytes(block), max_length=BIG)
+        assert str(got.value) == str(exc)  # the pure decoder words the error, position included
+    else:
+        assert bytes(snappy.decompress(bytes(block), max_length=BIG)) == expected
+
+
+@needs_cramjam
+def test_the_declared_length_limit_holds_with_cramjam_installed():
+    with pytest.raises(snappy.SnappyError, match="exceeds the limit"):
+        snappy.decompress(snappy.compress(bytes(70000)), max_length=65536)
+
+
+@needs_google_crc
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=70000), st.integers(min_value=0, max_value=2**32 - 1))
+def test_google_crc32c_and_the_pure_crc_agree(data, start):
+    assert crc32c.crc32c(data) == crc32c.crc32c_python(data)
+    assert crc32c.crc32c(data, start) == crc32c.crc32c_python(data, start)
