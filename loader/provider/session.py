@@ -15,7 +15,7 @@ from loader.provider.settings import ProviderLike, Settings
 from loader.provider.types import CacheType
 
 # Shuffle granularity when min_pool_size is -1. The original then pooled the whole data
-# set before the first batch (issue #4030); a fixed default keeps memory bounded.
+# set before the first batch (PaddlePaddle issue #4030: memory grew with the data); a fixed default keeps memory bounded.
 DEFAULT_MIN_POOL_SIZE = 1000
 # Files read at once when shuffling: samples are drawn from a random one of them.
 DEFAULT_MAX_OPEN_FILES = 8

@@ -1,4 +1,4 @@
-"""Acceptance test for issue 4 (``loader.provider``, ``loader.DataFeeder``, ``loader.device``), as written."""
+"""Acceptance test of the provider, DataFeeder and device placement (`loader.provider`, `loader.DataFeeder`, `loader.device`), as the spec was written."""
 
 from __future__ import annotations
 
