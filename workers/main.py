@@ -155,12 +155,14 @@ class Worker:
             self._check_version(message)
             if isinstance(message, P.Welcome):
                 self._configure(message)
+                log.info("worker %s (pid %d) connected to %s", self.worker_id, os.getpid(), self.connect)
                 return True
         return False
 
     def _configure(self, welcome: P.Welcome) -> None:
         self.worker_id = welcome.worker
         self.config = LoaderConfig.from_dict(welcome.config, origin=f"daemon at {self.connect}")
+        self.config.add_import_path()  # mapper/reader modules beside the daemon's config file
         self.hb_interval_s = self.config.workers.heartbeat_interval_s
         if self.arena is not None:
             self.arena.close()  # a re-welcome names a fresh arena; what we sent from the old one stays valid

@@ -37,7 +37,7 @@ else:  # pragma: no cover - Python 3.10
 from loader.config.checks import DEFAULT_ORIGIN, Check, origin_field, plain, reject_unknown, show
 from loader.config.source import SourceConfig, absolute_paths
 from loader.errors import ConfigError
-from loader.runtime.imports import import_object
+from loader.runtime.imports import add_import_path, import_object
 
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
 TRANSPORTS = ("zmq", "pipe", "queue")
@@ -161,6 +161,7 @@ class ClientConfig:
         check.number("timeout_s")
 
 
+_TOP_KEYS = ("import_path",)  # keys outside the sections
 _SECTIONS: dict[str, type] = {
     "source": SourceConfig,
     "pipeline": PipelineConfig,
@@ -179,7 +180,15 @@ class LoaderConfig:
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     service: ServiceConfig = field(default_factory=ServiceConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
+    # Directories searched for mapper/reader/provider modules (after sys.path); relative to the config file.
+    import_path: tuple[str, ...] = (".",)
     origin: str = origin_field()
+
+    def __post_init__(self) -> None:
+        paths = self.import_path
+        if isinstance(paths, str) or not all(isinstance(p, str) and p for p in paths):
+            raise ConfigError(f"import_path must be a list of directories, got {show(paths)} ({self.origin})")
+        object.__setattr__(self, "import_path", tuple(paths))
 
     @classmethod
     def from_dict(
@@ -193,8 +202,16 @@ class LoaderConfig:
         """
         if not isinstance(mapping, Mapping):
             raise ConfigError(f"a config must be a table of sections, got {show(mapping)} ({origin})")
-        reject_unknown(mapping.keys(), _SECTIONS, "", origin)
+        reject_unknown(mapping.keys(), {*_SECTIONS, *_TOP_KEYS}, "", origin)
         sections: dict[str, Any] = {}
+        base = os.path.abspath(base_dir) if base_dir is not None else os.getcwd()
+        import_path = mapping.get("import_path", ["."])
+        if isinstance(import_path, (list, tuple)):
+            import_path = [
+                os.path.normpath(os.path.join(base, os.path.expanduser(p))) if isinstance(p, str) and p else p
+                for p in import_path
+            ]
+        sections["import_path"] = import_path
         for name, section_cls in _SECTIONS.items():
             values = mapping.get(name, {})
             if not isinstance(values, Mapping):
@@ -215,6 +232,7 @@ class LoaderConfig:
             out[name] = {
                 f.name: plain(getattr(section, f.name)) for f in dataclasses.fields(section) if f.name != "origin"
             }
+        out["import_path"] = list(self.import_path)
         return out
 
     def override(self, changes: Mapping[str, Any], *, origin: str = "command line") -> LoaderConfig:
@@ -225,11 +243,18 @@ class LoaderConfig:
         data = self.to_dict()
         for dotted, value in changes.items():
             section, _, key = dotted.partition(".")
+            if not key and section in _TOP_KEYS:
+                data[section] = value
+                continue
             reject_unknown([section], _SECTIONS, "", origin)
             reject_unknown([key], set(data[section]), f"{section}.", origin)
             data[section][key] = value
         LoaderConfig.from_dict(data, origin=origin)
         return LoaderConfig.from_dict(data, origin=self.origin)
+
+    def add_import_path(self) -> None:
+        """Make ``import_path`` searchable in this process (the daemon and every worker call it first)."""
+        add_import_path(self.import_path)
 
     def check_imports(self) -> None:
         """Import every ``"module:function"`` and look up ``source.format`` now.
@@ -238,6 +263,7 @@ class LoaderConfig:
         every worker. Not called on creation: a config may name code that only
         the worker hosts have.
         """
+        self.add_import_path()
         self.source.register_formats()
         if self.source.format is not None:
             from loader.io.registry import registered_formats

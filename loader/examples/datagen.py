@@ -6,8 +6,9 @@ so two runs with the same arguments write identical files.
 
 Layouts, ``part-XXXXX.<format>`` per file:
 
-* ``npy``: ``float32[M, dim]`` features only (the built-in reader memory-maps
-  it; one slot, ``data``).
+* ``npy``: ``part-XXXXX.npy`` = ``float32[M, dim]`` features (slot ``data``) and
+  its companion ``part-XXXXX.label.npy`` = ``int64[M]`` labels (slot ``label``);
+  the built-in reader memory-maps both.
 * ``npz``: uncompressed (``np.savez``) with ``x`` = ``float32[M, dim]`` and
   ``label`` = ``int64[M]``; the built-in reader memory-maps both (two slots).
 * ``recordio``: each record a ``[float32[dim], int64]`` sample (two slots).
@@ -58,6 +59,7 @@ def generate(
         features, labels = file_arrays(index, samples, dim, seed)
         if format == "npy":
             np.save(path, features)
+            np.save(path[: -len(".npy")] + ".label.npy", labels)  # a companion: the field "label"
         elif format == "npz":
             np.savez(path, x=features, label=labels)  # stored, not deflated: memory-mappable
         else:

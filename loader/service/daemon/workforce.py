@@ -91,8 +91,14 @@ class WorkerPool:
 
     def gone(self, record: WorkerRecord, why: str) -> None:
         """Forget a worker: stop its process, re-lease its files, start a replacement."""
-        log.warning(
-            "worker %s (pid %s) %s; re-leasing %d file(s)", record.worker_id, record.pid, why, len(record.leases)
+        level = logging.INFO if why == "said goodbye" and not record.leases else logging.WARNING
+        log.log(
+            level,
+            "worker %s (pid %s) left: %s; re-leasing %d file(s)",
+            record.worker_id,
+            record.pid,
+            why,
+            len(record.leases),
         )
         exitcode = None
         if record.process is not None:
@@ -131,6 +137,7 @@ class WorkerPool:
             self._send(peer, P.encode(P.Error(refused="version", message=mismatch)))
             return
         record = self.coordinator.hello(hello.worker or peer.hex(), peer, hello.pid)
+        log.info("worker %s (pid %s) joined", record.worker_id, hello.pid)
         shm = None
         if self._arenas is not None:
             self._arenas.retire(self._arena_of.pop(record.worker_id, None))
