@@ -47,7 +47,7 @@ BATCH_FORMATS = ("stacked", "list")
 # tcp://HOST:PORT (HOST may be [ipv6] or *; PORT may be * for "any free port"), or ipc://PATH
 _TCP_BIND = re.compile(r"^tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(?P<port>\d+|\*)$")
 _IPC_BIND = re.compile(r"^ipc://\S+$")
-_DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+|gpu|gpu:\d+)$")
+_DEVICE = re.compile(r"^(cpu|torch|torch:cpu|((torch|cupy):)?(cuda|gpu)(:\d+)?)$")
 _LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
 
 
@@ -157,7 +157,7 @@ class ClientConfig:
         check.integer("prefetch", minimum=1)
         check.text("device")
         if not _DEVICE.match(self.device):
-            check.fail("device", f"must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+            check.fail("device", f"must be 'cpu', 'torch', 'torch:cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         check.number("timeout_s")
 
 

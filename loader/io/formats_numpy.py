@@ -92,6 +92,11 @@ class ArrayFileReader(FileReader):
         self._arrays: list[np.ndarray] | None = None
         self._length = next(iter(lengths.values()))
 
+    @property
+    def rows(self) -> int:
+        """Instances in the file (known from the headers alone)."""
+        return int(self._length)
+
     def _load(self) -> list[np.ndarray]:
         if self._arrays is None:
             arrays = [np.asarray(source()) for source in self._sources]  # plain ndarray views: fast row indexing

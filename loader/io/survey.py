@@ -61,6 +61,24 @@ def survey(source: Any) -> Survey:
     return result
 
 
+def count_samples(source: Any, paths: list[str]) -> list[int] | None:
+    """Samples in each of ``paths`` from the files' headers (``.npy``, ``.npz``); None where a format
+    cannot tell without reading everything (a reader, a provider, recordio, text)."""
+    if source.reader is not None or source.provider is not None:
+        return None
+    from loader.io.formats_numpy import ArrayFileReader
+    from loader.io.registry import create_file_reader
+
+    source.register_formats()
+    counts = []
+    for path in paths:
+        with create_file_reader(path, format=source.format, **source.file_reader_options()) as reader:
+            if not isinstance(reader, ArrayFileReader):
+                return None
+            counts.append(reader.rows)
+    return counts
+
+
 def _survey_blocks(result: Survey, path: str, source: Any, names: list[str] | None) -> None:
     from loader.io.registry import create_file_reader
 
@@ -96,4 +114,4 @@ def _name(names: list[str] | None, index: int) -> str:
     return names[index] if names and index < len(names) else str(index)
 
 
-__all__ = ["survey", "Survey", "FieldSummary"]
+__all__ = ["survey", "count_samples", "Survey", "FieldSummary"]

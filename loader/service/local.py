@@ -30,7 +30,7 @@ from typing import Any
 
 from loader.config import LoaderConfig
 from loader.reader.batches import batch_reader
-from loader.service.client.client import Client, query_status
+from loader.service.client.client import Client, EpochBatches, query_status
 from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
 from loader.service.daemon.loop import Daemon
 
@@ -111,7 +111,7 @@ class Loader:
     def endpoint(self) -> str:
         return self._daemon.endpoint
 
-    def epoch(self, epoch: int | None = None) -> Any:
+    def epoch(self, epoch: int | None = None) -> EpochBatches:
         """The batches of the next epoch (or of ``epoch``); ``len()`` of it is its number of batches when known."""
         return self._client.epoch(epoch)
 

@@ -286,6 +286,8 @@ class ClientWelcome(Versioned):
     files: int = wire("files", _count)
     ping_s: float = wire("ping_s", _seconds)
     shm: dict[str, Any] | None = wire("shm", _optional(_mapping), None)
+    # Batches in each epoch of this session, where the daemon could count them from file headers.
+    batches: int | None = wire("batches", _optional(_count), None)
 
 
 @_kind("epoch")

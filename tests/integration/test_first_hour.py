@@ -135,3 +135,51 @@ def _trackers() -> set[int]:
         except OSError:
             pass
     return found
+
+
+def test_len_of_an_epoch_is_its_number_of_batches(tmp_path):
+    from loader.config import LoaderConfig
+
+    generate(str(tmp_path / "data"), format="npy", files=3, samples=25, dim=2)
+
+    def config(**pipeline):
+        return LoaderConfig.from_dict(
+            {
+                "source": {"files": [str(tmp_path / "data" / "part-*.npy")]},
+                "pipeline": {"batch_size": 10, **pipeline},
+                "workers": {"count": 1},
+            }
+        )
+
+    for pipeline in ({}, {"drop_last": True}, {"shuffle_buffer": 30, "seed": 1}):
+        with loader.Loader(config(**pipeline)) as local:
+            epoch = local.epoch()
+            expected = len(epoch)
+            assert len(list(epoch)) == expected
+
+
+def test_len_of_an_epoch_per_rank_and_when_unknown(tmp_path):
+    from loader.config import LoaderConfig
+    from tests.integration.conftest import running_daemon
+
+    generate(str(tmp_path / "data"), format="npy", files=3, samples=25, dim=2)
+    config = LoaderConfig.from_dict(
+        {
+            "source": {"files": [str(tmp_path / "data" / "part-*.npy")]},
+            "pipeline": {"batch_size": 10},
+            "workers": {"count": 1},
+            "service": {"bind": "tcp://127.0.0.1:*"},
+        }
+    )
+    with running_daemon(config) as daemon:
+        for rank in (0, 1):
+            with loader.Client(daemon.endpoint, rank=rank, world_size=2) as client:
+                epoch = client.epoch()
+                assert len(epoch) == len(list(epoch))
+    generate(str(tmp_path / "rio"), format="recordio", files=1, samples=5, dim=2)
+    config = LoaderConfig.from_dict({"source": {"files": [str(tmp_path / "rio" / "*")]}, "workers": {"count": 1}})
+    with loader.Loader(config) as local:
+        epoch = local.epoch()
+        with pytest.raises(TypeError, match="not known ahead"):
+            len(epoch)
+        assert sum(len(b["0"]) if "0" in b else len(next(iter(b.values()))) for b in epoch) == 5

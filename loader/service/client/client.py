@@ -57,6 +57,42 @@ RECEIVER_POLL_S = 0.1
 THREAD_JOIN_TIMEOUT_S = 5.0
 
 
+class EpochBatches(Iterator[Any]):
+    """The batches of one epoch, as ``Client.epoch()`` returns them: an iterator with a length.
+
+    ``len()`` is the number of batches the epoch will have (for a learning-rate schedule or a
+    progress bar) where the daemon can count it from file headers (``.npy``, ``.npz``; with
+    several ranks, when every file has the same number of rows); otherwise ``len()`` raises
+    ``TypeError``. With ``on_error = "skip"`` skipped records can make the epoch shorter.
+    """
+
+    def __init__(self, batches: Iterator[Any], length: int | None, epoch: int) -> None:
+        self._batches, self._length, self.epoch = batches, length, epoch
+
+    def __iter__(self) -> EpochBatches:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._batches)
+
+    def __bool__(self) -> bool:
+        return True  # an iterator is always true; without this, bool() would ask __len__
+
+    def __len__(self) -> int:
+        if self._length is None:
+            raise TypeError(
+                "this epoch's number of batches is not known ahead: the daemon counts it only for "
+                ".npy/.npz files (and, with several ranks, files of equal length)"
+            )
+        return self._length
+
+    def close(self) -> None:
+        """Stop iterating (what leaving a ``for`` loop early does to a generator)."""
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            close()
+
+
 class Client:
     """Batches of one share of each epoch from a loader daemon. Context manager."""
 
@@ -104,15 +140,18 @@ class Client:
         self._thread.start()
 
     # -- public -------------------------------------------------------------
-    def epoch(self, epoch: int | None = None) -> Iterator[Any]:
-        """Iterate the batches of the next epoch (or of ``epoch``); ends with ``StopIteration``."""
+    def epoch(self, epoch: int | None = None) -> EpochBatches:
+        """Iterate the batches of the next epoch (or of ``epoch``); ends with ``StopIteration``.
+
+        ``len()`` of it is the number of batches, where the daemon knows it (see ``EpochBatches``).
+        """
         self._check_usable()
         number = self._next_epoch if epoch is None else int(epoch)
         self._next_epoch = number + 1
         gen = next(self._gens)
         self._commands.put(("epoch", number, gen))
         self._waker.wake()
-        return self._iterate(gen)
+        return EpochBatches(self._iterate(gen), self.info.batches, number)
 
     def reader(self) -> Callable[[], Iterator[Any]]:
         """A paddle batch reader: each call iterates the next epoch, as lists of sample tuples in field order."""
@@ -324,4 +363,4 @@ def _request(
                 return message
 
 
-__all__ = ["Client", "query_status"]
+__all__ = ["Client", "EpochBatches", "query_status"]

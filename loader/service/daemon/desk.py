@@ -16,6 +16,7 @@ leases are cancelled.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from loader.config import LoaderConfig
@@ -42,6 +43,7 @@ class ClientDesk:
         pool: WorkerPool,
         file_count: int,
         arenas: ArenaPool | None = None,
+        count_samples: Callable[[], list[int] | None] = lambda: None,
     ) -> None:
         self.config = config
         self._router = router
@@ -50,7 +52,27 @@ class ClientDesk:
         self.pool = pool
         self._file_count = file_count
         self._arenas = arenas
+        self._count_samples = count_samples  # asked once, at the first client (it reads file headers)
+        self._samples: list[int] | None = None  # per file
+        self._counted = False
         self.heartbeat_timeout_s = float(config.workers.heartbeat_timeout_s)
+
+    def _epoch_batches(self, rank: int, world_size: int) -> int | None:
+        """Batches of each epoch for this rank, when known: the files' rows are known, and the rank's
+        share of them is the same in every epoch (one rank, or files of equal length)."""
+        if not self._counted:
+            self._counted = True
+            try:
+                self._samples = self._count_samples()
+            except Exception as exc:  # an unreadable header: the workers will report it with the file
+                log.warning("could not count the samples of an epoch: %s", exc)
+        rows = self._samples
+        if rows is None or (world_size > 1 and len(set(rows)) > 1):
+            return None
+        samples = sum(rows) if world_size == 1 else len(range(rank, len(rows), world_size)) * rows[0]
+        pipeline = self.config.pipeline
+        full, partial = divmod(samples, pipeline.batch_size)
+        return full + (1 if partial and not pipeline.drop_last else 0)
 
     def hello(self, peer: bytes, hello: P.ClientHello) -> None:
         """CLIENT_HELLO: open a session (replacing this peer's old one) and answer CLIENT_WELCOME."""
@@ -75,6 +97,7 @@ class ClientDesk:
             ping_s=self.config.workers.heartbeat_interval_s,
             # The client probes the arenas, and answers in each EPOCH.
             shm=self._arenas.describe() if self._arenas is not None else None,
+            batches=self._epoch_batches(rank, world_size),
         )
         self._router.send(peer, P.encode(welcome))
 

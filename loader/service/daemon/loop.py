@@ -21,6 +21,7 @@ from typing import Any
 
 from loader.config import LoaderConfig
 from loader.errors import MalformedMessageError
+from loader.io.survey import count_samples
 from loader.service import protocol as P
 from loader.service import transport
 from loader.service.daemon.coordinator import Coordinator
@@ -116,6 +117,7 @@ class Daemon:
             pool=self.pool,
             file_count=len(self.files),
             arenas=self.arenas,
+            count_samples=lambda: count_samples(config.source, self.files),
         )
         self._started_at = time.monotonic()
         self._rate = RecentRate()
