@@ -183,3 +183,70 @@ def test_len_of_an_epoch_per_rank_and_when_unknown(tmp_path):
         with pytest.raises(TypeError, match="not known ahead"):
             len(epoch)
         assert sum(len(b["0"]) if "0" in b else len(next(iter(b.values()))) for b in epoch) == 5
+
+
+def _daemon_config(tmp_path, **workers):
+    from loader.config import LoaderConfig
+
+    generate(str(tmp_path / "data"), format="npy", files=2, samples=20, dim=2)
+    return LoaderConfig.from_dict(
+        {
+            "source": {"files": [str(tmp_path / "data" / "part-*.npy")]},
+            "workers": {"count": 1, **workers},
+            "service": {"bind": "tcp://127.0.0.1:*"},
+        }
+    )
+
+
+def _loader_cli(*args: str, **popen) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    return subprocess.Popen([sys.executable, "-m", "loader.cli", *args], env=env, **popen)
+
+
+def test_status_watch_refreshes_in_place_and_a_closed_pipe_ends_it_quietly(tmp_path):
+    from tests.integration.conftest import running_daemon
+
+    with running_daemon(_daemon_config(tmp_path)) as daemon:
+        host_port = daemon.endpoint[len("tcp://") :]
+        proc = _loader_cli("status", host_port, "--watch", "0.1", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            seen = b""
+            while seen.count(b"\x1b[H\x1b[J") < 2:  # two frames, each homing the cursor and clearing
+                chunk = proc.stdout.read1(65536)
+                assert chunk, proc.stderr.read().decode()
+                seen += chunk
+            assert b"workers:" in seen
+            proc.stdout.close()  # like `| head`: the reader goes away
+            assert proc.wait(timeout=SCRIPT_TIMEOUT_S) == 0
+            err = proc.stderr.read().decode()
+            assert "Broken pipe" not in err and "Traceback" not in err, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=SCRIPT_TIMEOUT_S)
+
+
+def test_a_hand_started_worker_says_where_it_connected_and_the_daemon_logs_it(tmp_path, caplog):
+    import logging
+    import signal
+
+    from tests.helpers import wait_until
+    from tests.integration.conftest import connected_workers, running_daemon
+
+    caplog.set_level(logging.INFO, logger="loader.daemon")
+    with running_daemon(_daemon_config(tmp_path), start_workers=False) as daemon:
+        proc = _loader_cli("worker", "--connect", daemon.endpoint, stderr=subprocess.PIPE, text=True)
+        try:
+            line = proc.stderr.readline()
+            while line and "connected to" not in line:
+                line = proc.stderr.readline()
+            assert daemon.endpoint in line
+            assert wait_until(lambda: connected_workers(daemon.endpoint) == 1)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=SCRIPT_TIMEOUT_S) == 0
+            assert wait_until(lambda: "left" in caplog.text)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=SCRIPT_TIMEOUT_S)
+    assert "joined" in caplog.text
