@@ -92,14 +92,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     from loader.io.survey import survey
 
     config = _load_checked(args.config, {})
-    found = survey(config.source)
-    samples = "samples not counted (a provider)" if found.samples is None else f"{found.samples} samples"
-    print(
-        f"{args.config}: ok, {found.files} files, {samples}, {config.workers.count} workers, bind {config.service.bind}"
-    )
-    if found.fields:
-        rows = [{"field": f.name, "shape": f.shape, "dtype": f.dtype} for f in found.fields]
-        print("\n".join(_table(rows, "  ")))
+    print(f"{args.config}: ok, {config.workers.count} workers, bind {config.service.bind}")
+    for name in config.dataset_names:
+        found = survey(config.dataset(name).source)
+        samples = "samples not counted (a provider)" if found.samples is None else f"{found.samples} samples"
+        print(f"dataset {name}: {found.files} files, {samples}")
+        if found.fields:
+            rows = [{"field": f.name, "shape": f.shape, "dtype": f.dtype} for f in found.fields]
+            print("\n".join(_table(rows, "  ")))
     return EXIT_OK
 
 
@@ -120,7 +120,8 @@ def _load_checked(path: str, overrides: dict[str, Any]) -> Any:
     if given:
         config = config.override(given, origin="command line")
     config.check_imports()
-    config.source.expand_files()  # a missing file or empty list is reported before binding a port
+    for name in config.dataset_names:  # a missing file or empty list is reported before binding a port
+        config.dataset(name).source.expand_files()
     return config
 
 

@@ -161,7 +161,22 @@ class ClientConfig:
         check.number("timeout_s")
 
 
-_TOP_KEYS = ("import_path",)  # keys outside the sections
+_TOP_KEYS = ("import_path", "datasets")  # keys outside the sections
+DEFAULT_DATASET = "default"  # the dataset of [source] and [pipeline]
+_DATASET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+_DATASET_SECTIONS = ("source", "pipeline")
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """A further dataset served by the same daemon and workers: ``[datasets.NAME.source]`` and
+    ``[datasets.NAME.pipeline]`` (its own files, batch size, epochs, seed, mappers)."""
+
+    name: str
+    source: SourceConfig
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+
+
 _SECTIONS: dict[str, type] = {
     "source": SourceConfig,
     "pipeline": PipelineConfig,
@@ -182,6 +197,8 @@ class LoaderConfig:
     client: ClientConfig = field(default_factory=ClientConfig)
     # Directories searched for mapper/reader/provider modules (after sys.path); relative to the config file.
     import_path: tuple[str, ...] = (".",)
+    # Further named datasets; [source] and [pipeline] are the dataset named "default".
+    datasets: tuple[DatasetConfig, ...] = ()
     origin: str = origin_field()
 
     def __post_init__(self) -> None:
@@ -212,6 +229,7 @@ class LoaderConfig:
                 for p in import_path
             ]
         sections["import_path"] = import_path
+        sections["datasets"] = _datasets(mapping.get("datasets", {}), origin, base_dir)
         for name, section_cls in _SECTIONS.items():
             values = mapping.get(name, {})
             if not isinstance(values, Mapping):
@@ -233,7 +251,24 @@ class LoaderConfig:
                 f.name: plain(getattr(section, f.name)) for f in dataclasses.fields(section) if f.name != "origin"
             }
         out["import_path"] = list(self.import_path)
+        out["datasets"] = {
+            d.name: {name: _plain_section(getattr(d, name)) for name in _DATASET_SECTIONS} for d in self.datasets
+        }
         return out
+
+    @property
+    def dataset_names(self) -> list[str]:
+        """``"default"`` and the names of ``datasets``, in the config's order."""
+        return [DEFAULT_DATASET, *(d.name for d in self.datasets)]
+
+    def dataset(self, name: str) -> LoaderConfig:
+        """This config with ``source`` and ``pipeline`` of the dataset ``name`` (``ConfigError`` if unknown)."""
+        if name == DEFAULT_DATASET:
+            return self
+        for candidate in self.datasets:
+            if candidate.name == name:
+                return dataclasses.replace(self, source=candidate.source, pipeline=candidate.pipeline)
+        raise ConfigError(f"no dataset named {name!r}; this config has {', '.join(map(repr, self.dataset_names))}")
 
     def override(self, changes: Mapping[str, Any], *, origin: str = "command line") -> LoaderConfig:
         """A copy with dotted keys replaced (``{"workers.count": 4}``), checked like a file.
@@ -264,6 +299,11 @@ class LoaderConfig:
         the worker hosts have.
         """
         self.add_import_path()
+        for name in self.dataset_names[1:]:
+            self.dataset(name)._check_dataset_imports()
+        self._check_dataset_imports()
+
+    def _check_dataset_imports(self) -> None:
         self.source.register_formats()
         if self.source.format is not None:
             from loader.io.registry import registered_formats
@@ -278,6 +318,39 @@ class LoaderConfig:
         self.source.resolve_provider()
         self.pipeline.resolve_mappers()
         self.source.file_reader_options()
+
+
+def _plain_section(section: Any) -> dict[str, Any]:
+    return {f.name: plain(getattr(section, f.name)) for f in dataclasses.fields(section) if f.name != "origin"}
+
+
+def _datasets(value: Any, origin: str, base_dir: str | None) -> tuple[DatasetConfig, ...]:
+    """``[datasets.NAME.source]`` / ``[datasets.NAME.pipeline]`` tables, checked like the top-level ones."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"datasets must be a table of named datasets, got {show(value)} ({origin})")
+    found = []
+    for name, tables in value.items():
+        where = f"datasets.{name}"
+        if not isinstance(name, str) or not _DATASET_NAME.match(name) or name == DEFAULT_DATASET:
+            raise ConfigError(f"{where}: a dataset name must be a word other than {DEFAULT_DATASET!r} ({origin})")
+        if not isinstance(tables, Mapping) or "source" not in tables:
+            raise ConfigError(f"{where} must be a table with a source table (and optionally pipeline) ({origin})")
+        reject_unknown(tables.keys(), _DATASET_SECTIONS, f"{where}.", origin)
+        built: dict[str, Any] = {}
+        for section in _DATASET_SECTIONS:
+            values = tables.get(section, {})
+            if not isinstance(values, Mapping):
+                raise ConfigError(f"{where}.{section} must be a table, got {show(values)} ({origin})")
+            section_cls = _SECTIONS[section]
+            known = {f.name for f in dataclasses.fields(section_cls)} - {"origin"}
+            reject_unknown(values.keys(), known, f"{where}.{section}.", origin)
+            values = absolute_paths(dict(values), base_dir) if section == "source" else dict(values)
+            try:
+                built[section] = _build(section_cls, values, origin)
+            except ConfigError as exc:  # the section checks name "source.x": say which dataset
+                raise ConfigError(f"{where}: {exc}") from exc
+        found.append(DatasetConfig(name=name, **built))
+    return tuple(found)
 
 
 def load_config(path: str | os.PathLike[str]) -> LoaderConfig:

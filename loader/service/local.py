@@ -54,6 +54,7 @@ class _Parts:
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
         self.client: Client | None = None
+        self.more_clients: list[Client] = []  # Loader.client(dataset=...)
         self.daemon: Daemon | None = None
 
     def remove_tmpdir(self) -> None:
@@ -64,8 +65,9 @@ class _Parts:
 
 def _shut_down(parts: _Parts) -> None:
     """Stop the client, the daemon thread and the workers; release the shared memory and the endpoint."""
-    if parts.client is not None:
-        parts.client.close()
+    for client in [parts.client, *parts.more_clients]:
+        if client is not None:
+            client.close()
     parts.stop.set()
     if parts.thread is not None:
         parts.thread.join(DAEMON_JOIN_TIMEOUT_S)
@@ -114,6 +116,16 @@ class Loader:
     def epoch(self, epoch: int | None = None) -> EpochBatches:
         """The batches of the next epoch (or of ``epoch``); ``len()`` of it is its number of batches when known."""
         return self._client.epoch(epoch)
+
+    def client(self, dataset: str = "default", **options: Any) -> Client:
+        """Another ``Client`` of this loader's daemon, e.g. for the dataset ``"eval"`` of the config's
+        ``[datasets.eval]``; closed with the ``Loader``. ``options`` are ``Client``'s keyword arguments
+        (device, prefetch, timeout_s default to the config's ``[client]``)."""
+        client = self.config.client
+        options = {"device": client.device, "prefetch": client.prefetch, "timeout_s": client.timeout_s, **options}
+        made = Client(self._daemon.endpoint, dataset=dataset, **options)
+        self._parts.more_clients.append(made)
+        return made
 
     def reader(self) -> Callable[[], Iterator[Any]]:
         """A paddle batch reader: each call iterates the next epoch, as lists of sample tuples in field order."""

@@ -189,6 +189,7 @@ class Lease(Message):
     epoch: int = wire("e", _count)
     file: int = wire("f", _count)
     path: str = wire("path", _path)
+    dataset: str = wire("ds", _text, "default")  # whose source and pipeline read the file
 
 
 @_kind("hb")
@@ -273,6 +274,7 @@ class ClientHello(Versioned):
     rank: int = wire("rank", _count, 0)
     world_size: int = wire("world_size", _count, 1)
     prefetch: int = wire("prefetch", _count, 4)
+    dataset: str = wire("ds", _text, "default")
 
 
 @_kind("cwelcome")

@@ -75,8 +75,8 @@ def test_check_counts_samples_per_field(tmp_path) -> None:
     cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n')
     result = loader_cmd("check", cfg)
     assert result.returncode == 0, result.stderr
-    assert "ok, 2 files, 9 samples" in result.stdout
-    rows = [line.split() for line in result.stdout.splitlines()[2:]]
+    assert "dataset default: 2 files, 9 samples" in result.stdout
+    rows = [line.split() for line in result.stdout.splitlines()[3:]]
     assert rows == [["data", "(2,", "3)", "float16"], ["label", "()", "int32"], ["weight", "()", "float64"]]
 
 

@@ -36,6 +36,7 @@ import numpy as np
 from loader.device import Placer
 from loader.errors import (
     ClosedError,
+    ConfigError,
     LoaderError,
     ProtocolVersionError,
     ServiceUnavailableError,
@@ -108,10 +109,12 @@ class Client:
         read_ahead: bool = True,
         channel: Channel | None = None,
         shm: bool = True,
+        dataset: str = "default",
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.address, self.rank, self.world_size = address, rank, world_size
+        self.dataset = dataset  # which of the daemon's datasets ([source] is "default", [datasets.NAME])
         self.prefetch = int(prefetch or DEFAULT_PREFETCH)
         self.timeout_s = float(timeout_s)
         self.read_ahead = read_ahead
@@ -210,12 +213,12 @@ class Client:
 
     # -- receiver thread ----------------------------------------------------
     def _handshake(self) -> P.ClientWelcome:
-        hello = P.ClientHello(rank=self.rank, world_size=self.world_size, prefetch=self.prefetch)
+        hello = P.ClientHello(rank=self.rank, world_size=self.world_size, prefetch=self.prefetch, dataset=self.dataset)
         answer = _request(self._channel, P.encode(hello), (P.ClientWelcome, P.Error), self.timeout_s)
         if answer is None:
             raise ServiceUnavailableError(f"no loader daemon answered at {self.address} within {self.timeout_s:g}s")
         if isinstance(answer, P.Error):
-            error = ProtocolVersionError if answer.refused == "version" else LoaderError
+            error = {"version": ProtocolVersionError, "dataset": ConfigError}.get(answer.refused or "", LoaderError)
             raise error(f"the daemon at {self.address} refused the client: {answer.message}")
         assert isinstance(answer, P.ClientWelcome)
         mismatch = P.version_mismatch(answer, f"the daemon at {self.address}")

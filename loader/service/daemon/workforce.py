@@ -55,6 +55,7 @@ class WorkerPool:
         links: WorkerLinks | None = None,
         on_file_failed: FileFailedFn,
         arenas: ArenaPool | None = None,
+        dataset_of: Callable[[int], str] = lambda file_index: "default",
     ) -> None:
         self.coordinator = coordinator
         self._send = send
@@ -66,6 +67,7 @@ class WorkerPool:
         self._on_file_failed = on_file_failed
         self._attempts: dict[tuple[int, int], int] = {}
         self._arenas = arenas
+        self._dataset_of = dataset_of  # file index -> the dataset whose source and pipeline read it
         self._arena_of: dict[str, int] = {}  # worker id -> its arena id
         self._seq = 0
         self.closing = False
@@ -178,7 +180,12 @@ class WorkerPool:
                 record.peer,
                 P.encode(
                     P.Lease(
-                        lease=job.lease_id, stream=job.stream_id, epoch=job.epoch, file=job.file_index, path=job.path
+                        lease=job.lease_id,
+                        stream=job.stream_id,
+                        epoch=job.epoch,
+                        file=job.file_index,
+                        path=job.path,
+                        dataset=self._dataset_of(job.file_index),
                     )
                 ),
             )

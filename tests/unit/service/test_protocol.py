@@ -33,7 +33,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
     P.Hello: {**VERSIONED, "worker": TEXT + "?", "pid": COUNT + "?"},
     P.Welcome: {**VERSIONED, "worker": TEXT, "config": MAPPING, "data": TEXT, "shm": MAPPING + "?"},
     P.LeaseRequest: {},
-    P.Lease: {"lease": COUNT, "s": COUNT, "e": COUNT, "f": COUNT, "path": PATH},
+    P.Lease: {"lease": COUNT, "s": COUNT, "e": COUNT, "f": COUNT, "path": PATH, "ds": TEXT},
     P.Heartbeat: {},
     P.Cancel: {"lease": COUNT},
     P.Bye: {"reason": TEXT},
@@ -48,7 +48,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
     P.Chunk: {**FILE, "r": COUNT, "n": COUNT, "sk": TEXT, "refs": REFS + "?"},
     P.FileDone: {**FILE, "sent": COUNT, "skipped": COUNT},
     P.FileError: {**FILE, "error": MAPPING},
-    P.ClientHello: {**VERSIONED, "rank": COUNT, "world_size": COUNT, "prefetch": COUNT},
+    P.ClientHello: {**VERSIONED, "rank": COUNT, "world_size": COUNT, "prefetch": COUNT, "ds": TEXT},
     P.ClientWelcome: {
         **VERSIONED,
         "session": COUNT,
