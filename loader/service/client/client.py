@@ -95,7 +95,13 @@ class EpochBatches(Iterator[Any]):
 
 
 class Client:
-    """Batches of one share of each epoch from a loader daemon. Context manager."""
+    """Batches of one share of each epoch from a loader daemon. Context manager.
+
+    ``dataset`` names which of the daemon's datasets to read (``"default"``: the config's
+    ``[source]``/``[pipeline]``; others are its ``[datasets.NAME]`` tables). ``device``: ``"cpu"``
+    numpy arrays, ``"torch"``/``"torch:cpu"`` CPU tensors, ``"cuda"``/``"cuda:N"``/a ``torch.device``
+    GPU tensors (see ``loader.device``).
+    """
 
     def __init__(
         self,
