@@ -43,7 +43,7 @@ if _typing.TYPE_CHECKING:  # what the lazy names below resolve to, for type chec
 # never installed has no metadata and says so rather than repeating a number by hand.
 _VERSION_NOT_INSTALLED = "0+unknown"
 try:
-    __version__: str = _metadata.version("loader")
+    __version__: str = _metadata.version("loader-service")
 except _metadata.PackageNotFoundError:
     __version__ = _VERSION_NOT_INSTALLED
 

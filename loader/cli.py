@@ -3,9 +3,9 @@
 ::
 
     loader serve CONFIG [--bind ADDR] [--workers N]   run the daemon until Ctrl-C / SIGTERM
-    loader status ADDRESS [--json]                    ask a running daemon how it is doing
+    loader status [ADDRESS|HOST:PORT|CONFIG] [--json] [--watch [S]]   ask a running daemon how it is doing
     loader worker --connect tcp://HOST:PORT           run one worker by hand (any host)
-    loader check CONFIG                               validate a config and its file list
+    loader check CONFIG                               validate a config; count samples per field
     loader gen-data DIR --format npy|npz|recordio --files N --samples M   synthetic data
     loader recordio convert SRC DST [--allow-pickle]  rewrite a PaddlePaddle RecordIO file as ours
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -33,6 +34,7 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 STATUS_TIMEOUT_S = 5.0
+WATCH_INTERVAL_S = 1.0
 log = logging.getLogger("loader.cli")
 
 
@@ -53,11 +55,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from loader.config.address import daemon_address
     from loader.service.client.client import query_status
 
-    status = query_status(args.address, timeout_s=args.timeout)
-    print(json.dumps(status, indent=2, sort_keys=True, default=str) if args.json else format_status(status))
+    address = daemon_address(args.address)
+    if args.watch is None:
+        print(_render_status(query_status(address, timeout_s=args.timeout), args.json))
+        return EXIT_OK
+    stop = threading.Event()
+    with _stop_on_signals(stop):
+        while not stop.is_set():
+            text = _render_status(query_status(address, timeout_s=args.timeout), args.json)
+            # Home the cursor and clear below it: the view refreshes in place, like top(1).
+            sys.stdout.write(f"\x1b[H\x1b[J{address}  (every {args.watch:g} s, Ctrl-C to stop)\n{text}\n")
+            sys.stdout.flush()
+            stop.wait(args.watch)
     return EXIT_OK
+
+
+def _render_status(status: dict[str, Any], as_json: bool) -> str:
+    return json.dumps(status, indent=2, sort_keys=True, default=str) if as_json else format_status(status)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -72,9 +89,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from loader.io.survey import survey
+
     config = _load_checked(args.config, {})
-    files = config.source.expand_files()
-    print(f"{args.config}: ok, {len(files)} files, {config.workers.count} workers, bind {config.service.bind}")
+    print(f"{args.config}: ok, {config.workers.count} workers, bind {config.service.bind}")
+    for name in config.dataset_names:
+        found = survey(config.dataset(name).source)
+        samples = "samples not counted (a provider)" if found.samples is None else f"{found.samples} samples"
+        print(f"dataset {name}: {found.files} files, {samples}")
+        if found.fields:
+            rows = [{"field": f.name, "shape": f.shape, "dtype": f.dtype} for f in found.fields]
+            print("\n".join(_table(rows, "  ")))
     return EXIT_OK
 
 
@@ -95,7 +120,8 @@ def _load_checked(path: str, overrides: dict[str, Any]) -> Any:
     if given:
         config = config.override(given, origin="command line")
     config.check_imports()
-    config.source.expand_files()  # a missing file or empty list is reported before binding a port
+    for name in config.dataset_names:  # a missing file or empty list is reported before binding a port
+        config.dataset(name).source.expand_files()
     return config
 
 
@@ -189,13 +215,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", metavar="N", type=int, help="worker processes (instead of workers.count)")
 
     p = add("status", cmd_status, "show a running daemon's workers, files, throughput and clients")
-    p.add_argument("address", metavar="ADDRESS", help="the daemon's address, e.g. tcp://127.0.0.1:5555")
+    p.add_argument(
+        "address",
+        metavar="ADDRESS",
+        nargs="?",
+        help="the daemon: tcp://HOST:PORT, HOST:PORT, ipc://PATH, or a config file (its service.bind); "
+        "default tcp://127.0.0.1:5555, the default bind",
+    )
     p.add_argument("--json", action="store_true", help="print the raw status as JSON")
     p.add_argument("--timeout", type=float, default=STATUS_TIMEOUT_S, metavar="S", help="seconds to wait (default 5)")
+    p.add_argument(
+        "--watch",
+        type=float,
+        nargs="?",
+        const=WATCH_INTERVAL_S,
+        metavar="S",
+        help=f"refresh in place every S seconds (default {WATCH_INTERVAL_S:g}) until Ctrl-C",
+    )
 
     p = add("worker", cmd_worker, "run one worker that serves the daemon at --connect")
     p.add_argument("--connect", required=True, metavar="ADDR", help="the daemon's address, e.g. tcp://HOST:5555")
-    p.add_argument("--id", default=None, help="a name for this worker (default: chosen by the daemon)")
+    p.add_argument("--id", default=None, metavar="NAME", help="a name for this worker (default: chosen by the daemon)")
     p.add_argument(
         "--connect-timeout",
         type=float,
@@ -204,16 +244,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="give up when no daemon answers within S seconds (default 30)",
     )
 
-    p = add("check", cmd_check, "validate a config: keys, values, imports and the file list")
-    p.add_argument("config", metavar="CONFIG")
+    p = add("check", cmd_check, "validate a config (keys, values, imports, files) and count samples per field")
+    p.add_argument("config", metavar="CONFIG", help="a TOML config (see configs/example.toml)")
 
     p = add("gen-data", cmd_gen_data, "write a synthetic dataset (features + integer labels)")
-    p.add_argument("dir", metavar="DIR")
-    p.add_argument("--format", choices=["npy", "npz", "recordio"], default="npy")
+    p.add_argument("dir", metavar="DIR", help="the directory to write part-XXXXX files into (created)")
+    p.add_argument(
+        "--format",
+        choices=["npy", "npz", "recordio"],
+        default="npy",
+        help="npy: part-N.npy features + part-N.label.npy labels; npz: keys x and label; "
+        "recordio: records [features, label] (default npy)",
+    )
     p.add_argument("--files", type=int, default=4, metavar="N", help="files to write (default 4)")
     p.add_argument("--samples", type=int, default=1024, metavar="M", help="samples per file (default 1024)")
     p.add_argument("--dim", type=int, default=64, help="float32 features per sample (default 64)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the values are a function of the seed (default 0)")
 
     from loader.recordio.paddle_convert import add_command as add_recordio_command  # its logic lives there
 
@@ -241,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return args.func(args)
+    except BrokenPipeError:
+        # The reader of our output left (``loader status --json | head``): not an error. Point stdout
+        # at /dev/null so the interpreter's final flush does not complain again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except KeyboardInterrupt:
         print("loader: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

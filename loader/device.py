@@ -13,7 +13,7 @@ Contract used by ``DoubleBufferReader``, ``DataFeeder`` and the service client::
 Places:
 
 * ``"cpu"``: numpy, both steps return the input unchanged.
-* ``"torch:cpu"``: ``torch.Tensor`` on the CPU sharing memory with the arrays where possible.
+* ``"torch"`` or ``"torch:cpu"``: ``torch.Tensor`` on the CPU sharing memory with the arrays where possible.
 * ``"cuda"``, ``"cuda:N"``, ``"gpu:N"`` or a ``torch.device``: torch tensors on that device when
   torch is installed, else cupy arrays. ``"torch:cuda:N"`` / ``"cupy:cuda:N"`` pick the library.
 
@@ -65,7 +65,10 @@ def _parse_place(place: Any) -> tuple[str, str, int]:
         return library, kind, int(index)
     if not isinstance(place, str):
         raise ValueError(f"unsupported place {place!r}: use 'cpu', 'cuda', 'cuda:N', 'torch:cpu' or a torch.device")
-    match = _PLACE_RE.match(place.strip().lower())
+    text = place.strip().lower()
+    if text in ("torch", "cupy"):  # the library alone: torch tensors on the CPU (cupy has no CPU place)
+        text += ":cpu"
+    match = _PLACE_RE.match(text)
     if match is None:
         raise ValueError(f"unsupported place {place!r}: use 'cpu', 'cuda', 'cuda:N', 'torch:cpu' or a torch.device")
     library, kind, index = match.group(1), match.group(2), int(match.group(3) or 0)

@@ -1,14 +1,16 @@
-"""The demo behind ``scripts/demo``: a dataset, a daemon, a client, two epochs, a clean stop.
+"""The demo behind ``scripts/demo``: a dataset, a daemon, a client training a model, a clean stop.
 
-1. write a few thousand samples in several ``.npy`` files to a temp dir
-   (``loader.examples.datagen``, the same code as ``loader gen-data``);
+1. write a few thousand labelled samples in several ``.npy`` files (features) with their
+   ``.label.npy`` companions to a temp dir (``loader.examples.datagen``, as ``loader gen-data``);
 2. start ``loader serve`` on them (a config written next to the data, a free port);
-3. read two epochs with ``loader.Client`` and print batches and samples/s per epoch;
+3. train a small numpy model (softmax regression) for two epochs on batches from
+   ``loader.Client``, printing per epoch: batches, samples, the mean loss and accuracy, the
+   epoch's wall time, and the part of it the training loop spent waiting for data;
 4. print ``loader status`` as a trainer's operator would see it;
 5. stop the daemon with SIGTERM and check that it exits 0.
 
-``--local`` runs the same pipeline in this process with the reader toolkit
-(creator -> shuffle -> batch), without the service.
+Every figure printed is measured in this run. ``--local`` trains on the same data in this
+process with the reader toolkit (creator -> shuffle -> batch), without the service.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ WORKERS = 2
 SERVE_START_TIMEOUT_S = 20.0
 SERVE_STOP_TIMEOUT_S = 15.0
 STATUS_TIMEOUT_S = 5.0
+LEARNING_RATE = 0.5
 
 CONFIG = """\
 # written by scripts/demo.py
@@ -63,14 +66,60 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def timed_epoch(batches: Iterable[Any]) -> tuple[int, int, float]:
-    """Consume one epoch: (batches, samples, seconds)."""
-    count = samples = 0
+class SoftmaxRegression:
+    """The demo's model: ``softmax(x @ w + b)``, trained by plain SGD on the cross-entropy."""
+
+    def __init__(self, dim: int, classes: int, learning_rate: float = LEARNING_RATE) -> None:
+        self.w = np.zeros((dim, classes), np.float64)
+        self.b = np.zeros(classes, np.float64)
+        self.learning_rate = learning_rate
+
+    def step(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
+        """One SGD step on a batch; (mean loss, correct predictions) before the step."""
+        logits = x @ self.w + self.b
+        logits -= logits.max(axis=1, keepdims=True)
+        probs = np.exp(logits)
+        probs /= probs.sum(axis=1, keepdims=True)
+        rows = np.arange(len(y))
+        loss = float(-np.log(probs[rows, y] + 1e-12).mean())
+        correct = int((probs.argmax(axis=1) == y).sum())
+        grad = probs
+        grad[rows, y] -= 1.0
+        grad /= len(y)
+        self.w -= self.learning_rate * (x.T @ grad)
+        self.b -= self.learning_rate * grad.sum(axis=0)
+        return loss, correct
+
+
+def timed_epoch(batches: Iterable[Any], model: SoftmaxRegression | None = None) -> dict[str, Any]:
+    """Consume (and train on) one epoch; what was measured."""
+    count = samples = correct = 0
+    loss_sum = waited = 0.0
     start = time.perf_counter()
-    for batch in batches:
+    iterator = iter(batches)
+    while True:
+        asked = time.perf_counter()
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            break
+        waited += time.perf_counter() - asked
         count += 1
-        samples += batch_length(batch)
-    return count, samples, time.perf_counter() - start
+        n = batch_length(batch)
+        samples += n
+        if model is not None:
+            loss, right = model.step(np.asarray(batch["data"], np.float64), np.asarray(batch["label"]))
+            loss_sum += loss * n
+            correct += right
+    seconds = time.perf_counter() - start
+    return {
+        "batches": count,
+        "samples": samples,
+        "seconds": seconds,
+        "waited": waited,
+        "loss": loss_sum,
+        "correct": correct,
+    }
 
 
 def batch_length(batch: Any) -> int:
@@ -84,9 +133,15 @@ def batch_length(batch: Any) -> int:
     return len(batch)
 
 
-def report(epoch: int, batches: int, samples: int, seconds: float) -> None:
-    rate = samples / seconds if seconds > 0 else float("inf")
-    print(f"epoch {epoch}: {batches} batches, {samples} samples in {seconds:.2f} s ({rate:,.0f} samples/s)")
+def report(epoch: int, measured: dict[str, Any]) -> None:
+    samples, seconds = measured["samples"], measured["seconds"]
+    trained = ""
+    if samples:
+        trained = f", loss {measured['loss'] / samples:.3f}, accuracy {measured['correct'] / samples:.1%}"
+    print(
+        f"epoch {epoch}: {measured['batches']} batches, {samples} samples{trained}; "
+        f"{seconds:.2f} s, of which {measured['waited']:.2f} s waiting for data"
+    )
 
 
 def run_local(data_dir: str) -> int:
@@ -94,15 +149,23 @@ def run_local(data_dir: str) -> int:
     import loader
     from loader import reader
 
-    files = sorted(p for p in os.listdir(data_dir) if p.endswith(".npy"))
+    files = sorted(p for p in os.listdir(data_dir) if p.endswith(".npy") and not p.endswith(".label.npy"))
 
-    def rows() -> Iterable[np.ndarray]:
+    def rows() -> Iterable[tuple[np.ndarray, np.int64]]:
         for name in files:
-            yield from np.load(os.path.join(data_dir, name), mmap_mode="r")
+            features = np.load(os.path.join(data_dir, name), mmap_mode="r")
+            labels = np.load(os.path.join(data_dir, name[: -len(".npy")] + ".label.npy"), mmap_mode="r")
+            yield from zip(features, labels)
 
-    batches = loader.batch(reader.shuffle(rows, buf_size=2048, seed=0), BATCH_SIZE)
+    samples = loader.batch(reader.shuffle(rows, buf_size=2048, seed=0), BATCH_SIZE)
+
+    def batches() -> Iterable[dict[str, np.ndarray]]:
+        for batch in samples():
+            yield {"data": np.stack([x for x, _ in batch]), "label": np.array([y for _, y in batch])}
+
+    model = SoftmaxRegression(DIM, datagen.LABEL_CLASSES)
     for epoch in range(EPOCHS):
-        report(epoch, *timed_epoch(batches()))
+        report(epoch, timed_epoch(batches(), model))
     return 0
 
 
@@ -117,9 +180,10 @@ def run_service(data_dir: str) -> int:
     daemon = start_daemon(config_path)
     try:
         wait_ready(address, daemon, WORKERS, SERVE_START_TIMEOUT_S)
+        model = SoftmaxRegression(DIM, datagen.LABEL_CLASSES)
         with Client(address, timeout_s=30.0) as client:
             for epoch in range(EPOCHS):
-                report(epoch, *timed_epoch(client.epoch()))
+                report(epoch, timed_epoch(client.epoch(), model))
         show_status(address)
         start = time.perf_counter()
         code = stop_daemon(daemon)
@@ -190,7 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="loader-demo-") as data_dir:
         datagen.generate(data_dir, format="npy", files=FILES, samples=SAMPLES_PER_FILE, dim=DIM)
         total = FILES * SAMPLES_PER_FILE
-        print(f"dataset: {FILES} .npy files, {total} samples of {DIM} float32 in {data_dir}")
+        print(
+            f"dataset: {FILES} .npy files (+ .label.npy), {total} samples of {DIM} float32 "
+            f"and a label in 0..{datagen.LABEL_CLASSES - 1}, in {data_dir}"
+        )
         try:
             return run(data_dir)
         except DaemonNotReady as exc:

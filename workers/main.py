@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from loader.config import LoaderConfig
-from loader.errors import ProtocolVersionError, TransportError
+from loader.errors import ConfigError, ProtocolVersionError, TransportError
 from loader.service import protocol as P
 from loader.service import transport
 from workers.arena_writer import ArenaWriter
@@ -82,7 +82,7 @@ class Worker:
         self.ctl, self.data, self.connect = open_channels(connect)
         self.link: ControlLink | None = None
         self.config: Any = None
-        self.mappers: list[Any] = []
+        self.mappers: dict[str, list[Any]] = {}  # per dataset, resolved at its first lease
         self.hb_interval_s = 0.5
         self.next_check = 0.0
         self.lease: P.Lease | None = None
@@ -155,12 +155,14 @@ class Worker:
             self._check_version(message)
             if isinstance(message, P.Welcome):
                 self._configure(message)
+                log.info("worker %s (pid %d) connected to %s", self.worker_id, os.getpid(), self.connect)
                 return True
         return False
 
     def _configure(self, welcome: P.Welcome) -> None:
         self.worker_id = welcome.worker
         self.config = LoaderConfig.from_dict(welcome.config, origin=f"daemon at {self.connect}")
+        self.config.add_import_path()  # mapper/reader modules beside the daemon's config file
         self.hb_interval_s = self.config.workers.heartbeat_interval_s
         if self.arena is not None:
             self.arena.close()  # a re-welcome names a fresh arena; what we sent from the old one stays valid
@@ -227,9 +229,9 @@ class Worker:
         self.lease = lease
         job = FileJob(
             lease,
-            config=self.config,
+            config=self._dataset_config(lease.dataset),
             worker_id=self.worker_id,
-            mappers=self._resolved_mappers,
+            mappers=lambda: self._resolved_mappers(lease.dataset),
             arena=lambda: self.arena,
             send_data=self._send_data,
             check=self._check,
@@ -241,11 +243,20 @@ class Worker:
         finally:
             self.lease = None
 
-    def _resolved_mappers(self) -> list[Any]:
-        # Resolved on the first lease, inside the job, so an import error is reported like a file error.
-        if not self.mappers and self.config.pipeline.mappers:
-            self.mappers = self.config.pipeline.resolve_mappers()
-        return self.mappers
+    def _dataset_config(self, name: str) -> Any:
+        """The config with the source and pipeline of dataset ``name`` (the default one if unknown:
+        a daemon only names datasets of the config it sent; the file then fails as the default reads it)."""
+        try:
+            return self.config.dataset(name)
+        except ConfigError:
+            log.error("worker %s: the daemon named an unknown dataset %r", self.worker_id, name)
+            return self.config
+
+    def _resolved_mappers(self, dataset: str) -> list[Any]:
+        # Resolved on a dataset's first lease, inside the job, so an import error is reported like a file error.
+        if dataset not in self.mappers:
+            self.mappers[dataset] = self._dataset_config(dataset).pipeline.resolve_mappers()
+        return self.mappers[dataset]
 
 
 __all__ = ["run_worker", "Worker"]

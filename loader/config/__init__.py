@@ -2,7 +2,9 @@
 
 from loader.config.sections import (
     DEFAULT_BIND,
+    DEFAULT_DATASET,
     ClientConfig,
+    DatasetConfig,
     LoaderConfig,
     PipelineConfig,
     ServiceConfig,
@@ -22,4 +24,6 @@ __all__ = [
     "load_config",
     "resolve",
     "DEFAULT_BIND",
+    "DEFAULT_DATASET",
+    "DatasetConfig",
 ]

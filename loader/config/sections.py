@@ -37,7 +37,7 @@ else:  # pragma: no cover - Python 3.10
 from loader.config.checks import DEFAULT_ORIGIN, Check, origin_field, plain, reject_unknown, show
 from loader.config.source import SourceConfig, absolute_paths
 from loader.errors import ConfigError
-from loader.runtime.imports import import_object
+from loader.runtime.imports import add_import_path, import_object
 
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
 TRANSPORTS = ("zmq", "pipe", "queue")
@@ -47,7 +47,7 @@ BATCH_FORMATS = ("stacked", "list")
 # tcp://HOST:PORT (HOST may be [ipv6] or *; PORT may be * for "any free port"), or ipc://PATH
 _TCP_BIND = re.compile(r"^tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(?P<port>\d+|\*)$")
 _IPC_BIND = re.compile(r"^ipc://\S+$")
-_DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+|gpu|gpu:\d+)$")
+_DEVICE = re.compile(r"^(cpu|torch|torch:cpu|((torch|cupy):)?(cuda|gpu)(:\d+)?)$")
 _LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
 
 
@@ -157,8 +157,24 @@ class ClientConfig:
         check.integer("prefetch", minimum=1)
         check.text("device")
         if not _DEVICE.match(self.device):
-            check.fail("device", f"must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+            check.fail("device", f"must be 'cpu', 'torch', 'torch:cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         check.number("timeout_s")
+
+
+_TOP_KEYS = ("import_path", "datasets")  # keys outside the sections
+DEFAULT_DATASET = "default"  # the dataset of [source] and [pipeline]
+_DATASET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+_DATASET_SECTIONS = ("source", "pipeline")
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """A further dataset served by the same daemon and workers: ``[datasets.NAME.source]`` and
+    ``[datasets.NAME.pipeline]`` (its own files, batch size, epochs, seed, mappers)."""
+
+    name: str
+    source: SourceConfig
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
 
 
 _SECTIONS: dict[str, type] = {
@@ -179,7 +195,17 @@ class LoaderConfig:
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     service: ServiceConfig = field(default_factory=ServiceConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
+    # Directories searched for mapper/reader/provider modules (after sys.path); relative to the config file.
+    import_path: tuple[str, ...] = (".",)
+    # Further named datasets; [source] and [pipeline] are the dataset named "default".
+    datasets: tuple[DatasetConfig, ...] = ()
     origin: str = origin_field()
+
+    def __post_init__(self) -> None:
+        paths = self.import_path
+        if isinstance(paths, str) or not all(isinstance(p, str) and p for p in paths):
+            raise ConfigError(f"import_path must be a list of directories, got {show(paths)} ({self.origin})")
+        object.__setattr__(self, "import_path", tuple(paths))
 
     @classmethod
     def from_dict(
@@ -193,8 +219,17 @@ class LoaderConfig:
         """
         if not isinstance(mapping, Mapping):
             raise ConfigError(f"a config must be a table of sections, got {show(mapping)} ({origin})")
-        reject_unknown(mapping.keys(), _SECTIONS, "", origin)
+        reject_unknown(mapping.keys(), {*_SECTIONS, *_TOP_KEYS}, "", origin)
         sections: dict[str, Any] = {}
+        base = os.path.abspath(base_dir) if base_dir is not None else os.getcwd()
+        import_path = mapping.get("import_path", ["."])
+        if isinstance(import_path, (list, tuple)):
+            import_path = [
+                os.path.normpath(os.path.join(base, os.path.expanduser(p))) if isinstance(p, str) and p else p
+                for p in import_path
+            ]
+        sections["import_path"] = import_path
+        sections["datasets"] = _datasets(mapping.get("datasets", {}), origin, base_dir)
         for name, section_cls in _SECTIONS.items():
             values = mapping.get(name, {})
             if not isinstance(values, Mapping):
@@ -215,7 +250,25 @@ class LoaderConfig:
             out[name] = {
                 f.name: plain(getattr(section, f.name)) for f in dataclasses.fields(section) if f.name != "origin"
             }
+        out["import_path"] = list(self.import_path)
+        out["datasets"] = {
+            d.name: {name: _plain_section(getattr(d, name)) for name in _DATASET_SECTIONS} for d in self.datasets
+        }
         return out
+
+    @property
+    def dataset_names(self) -> list[str]:
+        """``"default"`` and the names of ``datasets``, in the config's order."""
+        return [DEFAULT_DATASET, *(d.name for d in self.datasets)]
+
+    def dataset(self, name: str) -> LoaderConfig:
+        """This config with ``source`` and ``pipeline`` of the dataset ``name`` (``ConfigError`` if unknown)."""
+        if name == DEFAULT_DATASET:
+            return self
+        for candidate in self.datasets:
+            if candidate.name == name:
+                return dataclasses.replace(self, source=candidate.source, pipeline=candidate.pipeline)
+        raise ConfigError(f"no dataset named {name!r}; this config has {', '.join(map(repr, self.dataset_names))}")
 
     def override(self, changes: Mapping[str, Any], *, origin: str = "command line") -> LoaderConfig:
         """A copy with dotted keys replaced (``{"workers.count": 4}``), checked like a file.
@@ -225,11 +278,18 @@ class LoaderConfig:
         data = self.to_dict()
         for dotted, value in changes.items():
             section, _, key = dotted.partition(".")
+            if not key and section in _TOP_KEYS:
+                data[section] = value
+                continue
             reject_unknown([section], _SECTIONS, "", origin)
             reject_unknown([key], set(data[section]), f"{section}.", origin)
             data[section][key] = value
         LoaderConfig.from_dict(data, origin=origin)
         return LoaderConfig.from_dict(data, origin=self.origin)
+
+    def add_import_path(self) -> None:
+        """Make ``import_path`` searchable in this process (the daemon and every worker call it first)."""
+        add_import_path(self.import_path)
 
     def check_imports(self) -> None:
         """Import every ``"module:function"`` and look up ``source.format`` now.
@@ -238,6 +298,12 @@ class LoaderConfig:
         every worker. Not called on creation: a config may name code that only
         the worker hosts have.
         """
+        self.add_import_path()
+        for name in self.dataset_names[1:]:
+            self.dataset(name)._check_dataset_imports()
+        self._check_dataset_imports()
+
+    def _check_dataset_imports(self) -> None:
         self.source.register_formats()
         if self.source.format is not None:
             from loader.io.registry import registered_formats
@@ -252,6 +318,39 @@ class LoaderConfig:
         self.source.resolve_provider()
         self.pipeline.resolve_mappers()
         self.source.file_reader_options()
+
+
+def _plain_section(section: Any) -> dict[str, Any]:
+    return {f.name: plain(getattr(section, f.name)) for f in dataclasses.fields(section) if f.name != "origin"}
+
+
+def _datasets(value: Any, origin: str, base_dir: str | None) -> tuple[DatasetConfig, ...]:
+    """``[datasets.NAME.source]`` / ``[datasets.NAME.pipeline]`` tables, checked like the top-level ones."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"datasets must be a table of named datasets, got {show(value)} ({origin})")
+    found = []
+    for name, tables in value.items():
+        where = f"datasets.{name}"
+        if not isinstance(name, str) or not _DATASET_NAME.match(name) or name == DEFAULT_DATASET:
+            raise ConfigError(f"{where}: a dataset name must be a word other than {DEFAULT_DATASET!r} ({origin})")
+        if not isinstance(tables, Mapping) or "source" not in tables:
+            raise ConfigError(f"{where} must be a table with a source table (and optionally pipeline) ({origin})")
+        reject_unknown(tables.keys(), _DATASET_SECTIONS, f"{where}.", origin)
+        built: dict[str, Any] = {}
+        for section in _DATASET_SECTIONS:
+            values = tables.get(section, {})
+            if not isinstance(values, Mapping):
+                raise ConfigError(f"{where}.{section} must be a table, got {show(values)} ({origin})")
+            section_cls = _SECTIONS[section]
+            known = {f.name for f in dataclasses.fields(section_cls)} - {"origin"}
+            reject_unknown(values.keys(), known, f"{where}.{section}.", origin)
+            values = absolute_paths(dict(values), base_dir) if section == "source" else dict(values)
+            try:
+                built[section] = _build(section_cls, values, origin)
+            except ConfigError as exc:  # the section checks name "source.x": say which dataset
+                raise ConfigError(f"{where}: {exc}") from exc
+        found.append(DatasetConfig(name=name, **built))
+    return tuple(found)
 
 
 def load_config(path: str | os.PathLike[str]) -> LoaderConfig:

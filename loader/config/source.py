@@ -110,6 +110,10 @@ class SourceConfig:
                     raise ConfigError(f"source.files pattern {pattern!r} matched no files ({self.origin})")
                 raise ConfigError(f"source.files: file {pattern!r} does not exist ({self.origin})")
             found.update(os.path.abspath(p) for p in matches)
+        if self.format in (None, "npy"):
+            from loader.io.formats_numpy import drop_companions  # read with their main file, never alone
+
+            return drop_companions(sorted(found))
         return sorted(found)
 
     def _read_list_file(self) -> list[str]:

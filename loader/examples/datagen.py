@@ -6,8 +6,9 @@ so two runs with the same arguments write identical files.
 
 Layouts, ``part-XXXXX.<format>`` per file:
 
-* ``npy``: ``float32[M, dim]`` features only (the built-in reader memory-maps
-  it; one slot, ``data``).
+* ``npy``: ``part-XXXXX.npy`` = ``float32[M, dim]`` features (slot ``data``) and
+  its companion ``part-XXXXX.label.npy`` = ``int64[M]`` labels (slot ``label``);
+  the built-in reader memory-maps both.
 * ``npz``: uncompressed (``np.savez``) with ``x`` = ``float32[M, dim]`` and
   ``label`` = ``int64[M]``; the built-in reader memory-maps both (two slots).
 * ``recordio``: each record a ``[float32[dim], int64]`` sample (two slots).
@@ -30,10 +31,15 @@ def file_name(index: int, fmt: str) -> str:
 
 
 def file_arrays(index: int, samples: int, dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Features and labels of file ``index`` (deterministic in seed and index)."""
+    """Features and labels of file ``index`` (deterministic in seed and index).
+
+    A label is the class whose direction (one fixed random projection per seed, shared by every
+    file) the features point along most, so a model can learn it: the demo's loss falls.
+    """
     rng = np.random.default_rng([seed, index])
     features = rng.standard_normal((samples, dim), dtype=np.float32)
-    labels = rng.integers(0, LABEL_CLASSES, size=samples, dtype=np.int64)
+    directions = np.random.default_rng([seed, 2**31]).standard_normal((dim, LABEL_CLASSES), dtype=np.float32)
+    labels = np.argmax(features @ directions, axis=1).astype(np.int64)
     return features, labels
 
 
@@ -58,6 +64,7 @@ def generate(
         features, labels = file_arrays(index, samples, dim, seed)
         if format == "npy":
             np.save(path, features)
+            np.save(path[: -len(".npy")] + ".label.npy", labels)  # a companion: the field "label"
         elif format == "npz":
             np.savez(path, x=features, label=labels)  # stored, not deflated: memory-mappable
         else:

@@ -1,6 +1,11 @@
 """The ``.npy`` and ``.npz`` file formats: one instance per row of the first axis.
 
-``.npy``: one slot named ``data``, memory-mapped read-only.
+``.npy``: one slot named ``data``, memory-mapped read-only, plus one slot per
+*companion* file: beside ``part-0.npy``, a file ``part-0.label.npy`` is the field
+``label`` of the same samples (same number of rows; any number of companions, in
+name order after ``data``). So labels and other fields travel with ``.npy`` data
+without packing them into columns. A file list drops companions whose main file
+is listed (``drop_companions``): ``part-*.npy`` leases ``part-0.npy`` only.
 
 ``.npz``: one slot per key, in the archive's order; every key must have the same
 number of rows. ``np.load`` cannot memory-map an ``.npz``, so this reader opens
@@ -15,6 +20,10 @@ dtypes are checked once per file, since every row of an array shares them.
 
 from __future__ import annotations
 
+import functools
+import glob
+import os
+import re
 import struct
 import threading
 import zipfile
@@ -33,6 +42,31 @@ _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., file name length, e
 # one at a time.
 _HEADER_LOCK = threading.Lock()
 _ArraySource = Callable[[], np.ndarray]
+_COMPANION = re.compile(r"^(?P<main>.+)\.(?P<field>[A-Za-z_][A-Za-z0-9_-]*)\.npy$")
+
+
+def companions(path: str) -> list[tuple[str, str]]:
+    """``(field, path)`` of each companion of the ``.npy`` file ``path``, in field order."""
+    if not path.endswith(".npy"):
+        return []
+    stem = path[: -len(".npy")]
+    found = []
+    for candidate in glob.glob(glob.escape(stem) + ".*.npy"):
+        match = _COMPANION.match(candidate)
+        if match is not None and match["main"] == stem and os.path.isfile(candidate):
+            found.append((match["field"], candidate))
+    return sorted(found)
+
+
+def drop_companions(paths: list[str]) -> list[str]:
+    """``paths`` without the companions of other listed ``.npy`` files (they are read with them)."""
+    listed = set(paths)
+    kept = []
+    for path in paths:
+        match = _COMPANION.match(path)
+        if match is None or match["main"] + ".npy" not in listed:
+            kept.append(path)
+    return kept
 
 
 class ArrayFileReader(FileReader):
@@ -57,6 +91,11 @@ class ArrayFileReader(FileReader):
         self._sources = sources
         self._arrays: list[np.ndarray] | None = None
         self._length = next(iter(lengths.values()))
+
+    @property
+    def rows(self) -> int:
+        """Instances in the file (known from the headers alone)."""
+        return int(self._length)
 
     def _load(self) -> list[np.ndarray]:
         if self._arrays is None:
@@ -94,15 +133,28 @@ class ArrayFileReader(FileReader):
 
 
 class NpyFileReader(ArrayFileReader):
-    """Rows of one ``.npy`` array, memory-mapped: one slot named ``data``."""
+    """Rows of one ``.npy`` array, memory-mapped: a slot named ``data``, then one per companion file."""
 
     def _open(self) -> None:  # type: ignore[override] # a format takes only its own options
-        try:
-            with _HEADER_LOCK:
-                array = np.load(self.path, mmap_mode="r", allow_pickle=False)
-        except ValueError as exc:  # object arrays, bad headers
-            raise DataError(f"{self.path}: not a readable .npy array ({exc})") from exc
-        self._use_arrays(["data"], [(array.shape, array.dtype)], [lambda: array])
+        names, arrays = ["data"], [_load_npy(self.path)]
+        for field, path in companions(self.path):
+            if field == "data":
+                raise DataError(f"{path}: a companion may not be named 'data' (the field of {self.path})")
+            names.append(field)
+            arrays.append(_load_npy(path))
+        self._use_arrays(names, [(a.shape, a.dtype) for a in arrays], [functools.partial(_same, a) for a in arrays])
+
+
+def _same(array: np.ndarray) -> np.ndarray:
+    return array
+
+
+def _load_npy(path: str) -> np.ndarray:
+    try:
+        with _HEADER_LOCK:
+            return np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as exc:  # object arrays, bad headers
+        raise DataError(f"{path}: not a readable .npy array ({exc})") from exc
 
 
 class NpzFileReader(ArrayFileReader):
@@ -157,4 +209,4 @@ def _inflate(path: str, member: str) -> np.ndarray:
         return np.lib.format.read_array(fh, allow_pickle=False)
 
 
-__all__ = ["NpyFileReader", "NpzFileReader"]
+__all__ = ["NpyFileReader", "NpzFileReader", "companions", "drop_companions"]

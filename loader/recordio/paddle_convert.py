@@ -117,7 +117,12 @@ def add_command(add: Callable[..., argparse.ArgumentParser]) -> None:
         help="unpickle Paddle's pickled records with the restricted unpickler (numpy arrays, numbers, strings, "
         "bytes, lists, tuples, dicts only)",
     )
-    p.add_argument("--compressor", choices=["NONE", "ZLIB", "SNAPPY"], default=DEFAULT_COMPRESSOR.name)
+    p.add_argument(
+        "--compressor",
+        choices=["NONE", "ZLIB", "SNAPPY"],
+        default=DEFAULT_COMPRESSOR.name,
+        help=f"how DST's chunks are compressed (default {DEFAULT_COMPRESSOR.name})",
+    )
 
 
 __all__ = ["convert_paddle_file", "cmd_recordio", "add_command", "ProgressLine"]

@@ -3,12 +3,22 @@
 Configs name user code (a reader, a provider, mappers, a text parser) by
 string, so that a config is plain data that can cross a process or host
 boundary; each process resolves the names itself, lazily, when it needs them.
+
+A config's ``import_path`` (by default the config file's directory) is added to
+``sys.path`` (at the end: a module beside the config never shadows an installed
+one) by ``add_import_path`` before anything is resolved, in the daemon and in
+every worker, so ``mappers = ["my_maps:split"]`` finds ``my_maps.py`` beside the
+config without ``PYTHONPATH``. When a module is not found, the error names it, the
+directories searched and the fix.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import re
+import sys
+from collections.abc import Iterable
 from typing import Any
 
 from loader.errors import ConfigError
@@ -20,6 +30,31 @@ SPEC_PATTERN = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.
 def is_spec(text: object) -> bool:
     """True when ``text`` looks like ``"module:attribute"``."""
     return isinstance(text, str) and SPEC_PATTERN.match(text) is not None
+
+
+def add_import_path(directories: Iterable[str]) -> None:
+    """Append ``directories`` to ``sys.path`` (those not there yet); they are searched after the rest."""
+    for directory in directories:
+        directory = os.path.abspath(directory)
+        if directory not in sys.path:
+            sys.path.append(directory)
+        if directory not in _IMPORT_PATH:
+            _IMPORT_PATH.append(directory)
+
+
+_IMPORT_PATH: list[str] = []  # what add_import_path added, named by the not-found message
+
+
+def _not_found_hint(module_name: str, exc: BaseException) -> str:
+    top = module_name.split(".")[0]
+    if not isinstance(exc, ModuleNotFoundError) or exc.name not in (top, module_name):
+        return ""  # found, but failed inside (its own import error, a bug at import time)
+    searched = ", ".join(_IMPORT_PATH) or "(none)"
+    return (
+        f"; searched sys.path and the config's import_path: {searched}; "
+        f"fix: put {top}.py (or the package {top}/) beside the config file, list its directory in the "
+        f"config's top-level import_path, or add it to PYTHONPATH"
+    )
 
 
 def import_object(spec: str, *, what: str = "object") -> Any:
@@ -37,6 +72,7 @@ def import_object(spec: str, *, what: str = "object") -> Any:
     except Exception as exc:  # an ImportError, or user code failing at import time
         raise ConfigError(
             f"{what}: cannot import module {module_name!r} for {spec!r}: {type(exc).__name__}: {exc}"
+            f"{_not_found_hint(module_name, exc)}"
         ) from exc
     obj: Any = module
     for part in attr_path.split("."):
@@ -49,4 +85,4 @@ def import_object(spec: str, *, what: str = "object") -> Any:
     return obj
 
 
-__all__ = ["import_object", "is_spec", "SPEC_PATTERN"]
+__all__ = ["import_object", "add_import_path", "is_spec", "SPEC_PATTERN"]

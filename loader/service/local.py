@@ -24,12 +24,13 @@ import shutil
 import sys
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from loader.config import LoaderConfig
 from loader.reader.batches import batch_reader
-from loader.service.client.client import Client, query_status
+from loader.service.client.client import Client, EpochBatches, query_status
 from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
 from loader.service.daemon.loop import Daemon
 
@@ -44,34 +45,64 @@ def _private_endpoint() -> tuple[str, str | None]:
     return f"ipc://{os.path.join(tmpdir, 'control')}", tmpdir
 
 
+class _Parts:
+    """What a ``Loader`` owns, apart from the ``Loader`` itself, so a finalizer can stop it all
+    without keeping the ``Loader`` alive (``weakref.finalize`` must not hold its object)."""
+
+    def __init__(self) -> None:
+        self.tmpdir: str | None = None
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.client: Client | None = None
+        self.more_clients: list[Client] = []  # Loader.client(dataset=...)
+        self.daemon: Daemon | None = None
+
+    def remove_tmpdir(self) -> None:
+        if self.tmpdir is not None:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self.tmpdir = None
+
+
+def _shut_down(parts: _Parts) -> None:
+    """Stop the client, the daemon thread and the workers; release the shared memory and the endpoint."""
+    for client in [parts.client, *parts.more_clients]:
+        if client is not None:
+            client.close()
+    parts.stop.set()
+    if parts.thread is not None:
+        parts.thread.join(DAEMON_JOIN_TIMEOUT_S)
+    if parts.daemon is not None:
+        parts.daemon.close()
+    parts.remove_tmpdir()
+
+
 class Loader:
-    """Coordinator + stage + workers in this process, iterated like a ``Client``. Context manager."""
+    """Coordinator + stage + workers in this process, iterated like a ``Client``. Context manager.
+
+    ``close()`` (or leaving ``with``) releases everything; a ``Loader`` that is never
+    closed is closed when it is garbage-collected or, at the latest, when the
+    interpreter exits, so its workers and shared memory never outlive the program.
+    """
 
     def __init__(
         self, config: LoaderConfig, *, worker_entry: str = DEFAULT_WORKER_ENTRY, bind: str | None = None
     ) -> None:
+        config.check_imports()  # a broken mapper or reader module fails here, not in every worker
         self.config = config
-        self._tmpdir: str | None = None
+        self._parts = parts = _Parts()
+        self._finalizer = weakref.finalize(self, _shut_down, parts)  # also runs at interpreter exit
         if bind is None:
-            bind, self._tmpdir = _private_endpoint()
+            bind, parts.tmpdir = _private_endpoint()
         # The daemon thread listens where only this process looks (a private ipc endpoint by default).
         config = dataclasses.replace(config, service=dataclasses.replace(config.service, bind=bind))
-        self._stop = threading.Event()
-        self._closed = False
-        self._thread: threading.Thread | None = None
-        self._client: Client | None = None
         try:
-            self._daemon = Daemon(config, worker_entry=worker_entry)
-        except BaseException:
-            self._remove_tmpdir()
-            raise
-        try:
-            self._thread = threading.Thread(
-                target=self._daemon.serve, args=(self._stop,), name="loader-daemon", daemon=True
+            self._daemon = parts.daemon = Daemon(config, worker_entry=worker_entry)
+            parts.thread = threading.Thread(
+                target=self._daemon.serve, args=(parts.stop,), name="loader-daemon", daemon=True
             )
-            self._thread.start()
+            parts.thread.start()
             client = config.client
-            self._client = Client(
+            self._client = parts.client = Client(
                 self._daemon.endpoint, device=client.device, prefetch=client.prefetch, timeout_s=client.timeout_s
             )
         except BaseException:
@@ -82,10 +113,19 @@ class Loader:
     def endpoint(self) -> str:
         return self._daemon.endpoint
 
-    def epoch(self, epoch: int | None = None) -> Iterator[Any]:
-        """The batches of the next epoch (or of ``epoch``)."""
-        assert self._client is not None
+    def epoch(self, epoch: int | None = None) -> EpochBatches:
+        """The batches of the next epoch (or of ``epoch``); ``len()`` of it is its number of batches when known."""
         return self._client.epoch(epoch)
+
+    def client(self, dataset: str = "default", **options: Any) -> Client:
+        """Another ``Client`` of this loader's daemon, e.g. for the dataset ``"eval"`` of the config's
+        ``[datasets.eval]``; closed with the ``Loader``. ``options`` are ``Client``'s keyword arguments
+        (device, prefetch, timeout_s default to the config's ``[client]``)."""
+        client = self.config.client
+        options = {"device": client.device, "prefetch": client.prefetch, "timeout_s": client.timeout_s, **options}
+        made = Client(self._daemon.endpoint, dataset=dataset, **options)
+        self._parts.more_clients.append(made)
+        return made
 
     def reader(self) -> Callable[[], Iterator[Any]]:
         """A paddle batch reader: each call iterates the next epoch, as lists of sample tuples in field order."""
@@ -102,21 +142,7 @@ class Loader:
 
     def close(self) -> None:
         """Stop the client, the daemon thread and the workers. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._client is not None:
-            self._client.close()
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(DAEMON_JOIN_TIMEOUT_S)
-        self._daemon.close()
-        self._remove_tmpdir()
-
-    def _remove_tmpdir(self) -> None:
-        if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
+        self._finalizer()  # runs _shut_down once; later calls do nothing
 
     def __enter__(self) -> Loader:
         return self

@@ -189,6 +189,7 @@ class Lease(Message):
     epoch: int = wire("e", _count)
     file: int = wire("f", _count)
     path: str = wire("path", _path)
+    dataset: str = wire("ds", _text, "default")  # whose source and pipeline read the file
 
 
 @_kind("hb")
@@ -273,6 +274,7 @@ class ClientHello(Versioned):
     rank: int = wire("rank", _count, 0)
     world_size: int = wire("world_size", _count, 1)
     prefetch: int = wire("prefetch", _count, 4)
+    dataset: str = wire("ds", _text, "default")
 
 
 @_kind("cwelcome")
@@ -286,6 +288,8 @@ class ClientWelcome(Versioned):
     files: int = wire("files", _count)
     ping_s: float = wire("ping_s", _seconds)
     shm: dict[str, Any] | None = wire("shm", _optional(_mapping), None)
+    # Batches in each epoch of this session, where the daemon could count them from file headers.
+    batches: int | None = wire("batches", _optional(_count), None)
 
 
 @_kind("epoch")

@@ -33,7 +33,7 @@ def test_demo_serves_two_epochs_and_stops_cleanly() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     epochs = re.findall(r"^epoch (\d): (\d+) batches, (\d+) samples", result.stdout, re.M)
     assert epochs == [("0", "47", "6000"), ("1", "47", "6000")], result.stdout
-    assert "samples/s" in result.stdout
+    assert_loss_falls(result.stdout)
     assert "workers:" in result.stdout  # the loader status table
     assert "exit code 0" in result.stdout
     assert "Traceback" not in result.stderr
@@ -43,6 +43,12 @@ def test_demo_local_pipeline() -> None:
     result = run_demo("--local")
     assert result.returncode == 0, result.stderr
     assert len(re.findall(r"^epoch \d: 47 batches, 6000 samples", result.stdout, re.M)) == 2
+    assert_loss_falls(result.stdout)
+
+
+def assert_loss_falls(stdout: str) -> None:
+    losses = [float(x) for x in re.findall(r"^epoch \d: .* loss ([0-9.]+),", stdout, re.M)]
+    assert len(losses) == 2 and losses[1] < losses[0] < 2.31, stdout  # 2.30 = ln(10), a model that knows nothing
 
 
 def test_demo_script_is_executable() -> None:

@@ -111,7 +111,7 @@ def test_check_reports_files(tmp_path) -> None:
     datagen.generate(str(tmp_path), files=3, samples=2)
     cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n')
     result = loader_cmd("check", cfg)
-    assert result.returncode == 0 and "ok, 3 files" in result.stdout
+    assert result.returncode == 0 and "dataset default: 3 files" in result.stdout
 
 
 def test_gen_data(tmp_path) -> None:

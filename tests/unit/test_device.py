@@ -275,3 +275,10 @@ def test_cuda_place_with_torch_copies_asynchronously():
 def test_cuda_place_with_torch_but_no_device_fails_at_construction():
     with pytest.raises(ValueError, match=r"torch sees 0 CUDA device\(s\), no device 0"):
         Placer("torch:cuda")
+
+
+def test_torch_alone_means_torch_tensors_on_the_cpu() -> None:
+    from loader.device import _parse_place
+
+    assert _parse_place("torch") == _parse_place("torch:cpu") == ("torch", "cpu", 0)
+    assert _parse_place("cpu") == ("numpy", "cpu", 0)

@@ -82,7 +82,7 @@ def test_unknown_attribute_raises_attribute_error():
 
 
 def test_version_comes_from_the_installed_metadata():
-    assert loader.__version__ == importlib.metadata.version("loader")
+    assert loader.__version__ == importlib.metadata.version("loader-service")
 
 
 def test_version_without_metadata_says_so():

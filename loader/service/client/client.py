@@ -36,6 +36,7 @@ import numpy as np
 from loader.device import Placer
 from loader.errors import (
     ClosedError,
+    ConfigError,
     LoaderError,
     ProtocolVersionError,
     ServiceUnavailableError,
@@ -57,8 +58,50 @@ RECEIVER_POLL_S = 0.1
 THREAD_JOIN_TIMEOUT_S = 5.0
 
 
+class EpochBatches(Iterator[Any]):
+    """The batches of one epoch, as ``Client.epoch()`` returns them: an iterator with a length.
+
+    ``len()`` is the number of batches the epoch will have (for a learning-rate schedule or a
+    progress bar) where the daemon can count it from file headers (``.npy``, ``.npz``; with
+    several ranks, when every file has the same number of rows); otherwise ``len()`` raises
+    ``TypeError``. With ``on_error = "skip"`` skipped records can make the epoch shorter.
+    """
+
+    def __init__(self, batches: Iterator[Any], length: int | None, epoch: int) -> None:
+        self._batches, self._length, self.epoch = batches, length, epoch
+
+    def __iter__(self) -> EpochBatches:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._batches)
+
+    def __bool__(self) -> bool:
+        return True  # an iterator is always true; without this, bool() would ask __len__
+
+    def __len__(self) -> int:
+        if self._length is None:
+            raise TypeError(
+                "this epoch's number of batches is not known ahead: the daemon counts it only for "
+                ".npy/.npz files (and, with several ranks, files of equal length)"
+            )
+        return self._length
+
+    def close(self) -> None:
+        """Stop iterating (what leaving a ``for`` loop early does to a generator)."""
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            close()
+
+
 class Client:
-    """Batches of one share of each epoch from a loader daemon. Context manager."""
+    """Batches of one share of each epoch from a loader daemon. Context manager.
+
+    ``dataset`` names which of the daemon's datasets to read (``"default"``: the config's
+    ``[source]``/``[pipeline]``; others are its ``[datasets.NAME]`` tables). ``device``: ``"cpu"``
+    numpy arrays, ``"torch"``/``"torch:cpu"`` CPU tensors, ``"cuda"``/``"cuda:N"``/a ``torch.device``
+    GPU tensors (see ``loader.device``).
+    """
 
     def __init__(
         self,
@@ -72,10 +115,12 @@ class Client:
         read_ahead: bool = True,
         channel: Channel | None = None,
         shm: bool = True,
+        dataset: str = "default",
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.address, self.rank, self.world_size = address, rank, world_size
+        self.dataset = dataset  # which of the daemon's datasets ([source] is "default", [datasets.NAME])
         self.prefetch = int(prefetch or DEFAULT_PREFETCH)
         self.timeout_s = float(timeout_s)
         self.read_ahead = read_ahead
@@ -104,15 +149,18 @@ class Client:
         self._thread.start()
 
     # -- public -------------------------------------------------------------
-    def epoch(self, epoch: int | None = None) -> Iterator[Any]:
-        """Iterate the batches of the next epoch (or of ``epoch``); ends with ``StopIteration``."""
+    def epoch(self, epoch: int | None = None) -> EpochBatches:
+        """Iterate the batches of the next epoch (or of ``epoch``); ends with ``StopIteration``.
+
+        ``len()`` of it is the number of batches, where the daemon knows it (see ``EpochBatches``).
+        """
         self._check_usable()
         number = self._next_epoch if epoch is None else int(epoch)
         self._next_epoch = number + 1
         gen = next(self._gens)
         self._commands.put(("epoch", number, gen))
         self._waker.wake()
-        return self._iterate(gen)
+        return EpochBatches(self._iterate(gen), self.info.batches, number)
 
     def reader(self) -> Callable[[], Iterator[Any]]:
         """A paddle batch reader: each call iterates the next epoch, as lists of sample tuples in field order."""
@@ -171,12 +219,12 @@ class Client:
 
     # -- receiver thread ----------------------------------------------------
     def _handshake(self) -> P.ClientWelcome:
-        hello = P.ClientHello(rank=self.rank, world_size=self.world_size, prefetch=self.prefetch)
+        hello = P.ClientHello(rank=self.rank, world_size=self.world_size, prefetch=self.prefetch, dataset=self.dataset)
         answer = _request(self._channel, P.encode(hello), (P.ClientWelcome, P.Error), self.timeout_s)
         if answer is None:
             raise ServiceUnavailableError(f"no loader daemon answered at {self.address} within {self.timeout_s:g}s")
         if isinstance(answer, P.Error):
-            error = ProtocolVersionError if answer.refused == "version" else LoaderError
+            error = {"version": ProtocolVersionError, "dataset": ConfigError}.get(answer.refused or "", LoaderError)
             raise error(f"the daemon at {self.address} refused the client: {answer.message}")
         assert isinstance(answer, P.ClientWelcome)
         mismatch = P.version_mismatch(answer, f"the daemon at {self.address}")
@@ -324,4 +372,4 @@ def _request(
                 return message
 
 
-__all__ = ["Client", "query_status"]
+__all__ = ["Client", "EpochBatches", "query_status"]

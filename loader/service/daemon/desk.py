@@ -19,8 +19,10 @@ import logging
 from typing import Any
 
 from loader.config import LoaderConfig
+from loader.io.survey import count_samples
 from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator
+from loader.service.daemon.datasets import Dataset, DatasetTable
 from loader.service.daemon.stage import FileComplete, Session, Stage, Stream
 from loader.service.daemon.workforce import WorkerPool
 from loader.service.shm.pool import ArenaPool
@@ -42,6 +44,7 @@ class ClientDesk:
         pool: WorkerPool,
         file_count: int,
         arenas: ArenaPool | None = None,
+        datasets: DatasetTable | None = None,
     ) -> None:
         self.config = config
         self._router = router
@@ -50,7 +53,27 @@ class ClientDesk:
         self.pool = pool
         self._file_count = file_count
         self._arenas = arenas
+        self.datasets = datasets if datasets is not None else DatasetTable(config)
+        # Rows per file of each dataset, counted at its first client (it reads file headers); None: unknown.
+        self._rows: dict[str, list[int] | None] = {}
         self.heartbeat_timeout_s = float(config.workers.heartbeat_timeout_s)
+
+    def _epoch_batches(self, dataset: Dataset, rank: int, world_size: int) -> int | None:
+        """Batches of each epoch for this rank, when known: the files' rows are known, and the rank's
+        share of them is the same in every epoch (one rank, or files of equal length)."""
+        if dataset.name not in self._rows:
+            self._rows[dataset.name] = None
+            try:
+                self._rows[dataset.name] = count_samples(dataset.config.source, dataset.files)
+            except Exception as exc:  # an unreadable header: the workers will report it with the file
+                log.warning("could not count the samples of an epoch of dataset %r: %s", dataset.name, exc)
+        rows = self._rows[dataset.name]
+        if rows is None or (world_size > 1 and len(set(rows)) > 1):
+            return None
+        samples = sum(rows) if world_size == 1 else len(range(rank, len(rows), world_size)) * rows[0]
+        pipeline = dataset.config.pipeline
+        full, partial = divmod(samples, pipeline.batch_size)
+        return full + (1 if partial and not pipeline.drop_last else 0)
 
     def hello(self, peer: bytes, hello: P.ClientHello) -> None:
         """CLIENT_HELLO: open a session (replacing this peer's old one) and answer CLIENT_WELCOME."""
@@ -63,18 +86,26 @@ class ClientDesk:
         if not 0 <= rank < world_size:
             self._router.send(peer, P.encode(P.Error(message=f"rank {rank} is outside world_size {world_size}")))
             return
+        dataset = self.datasets.by_name.get(hello.dataset)
+        if dataset is None:
+            known = ", ".join(repr(name) for name in self.datasets.by_name)
+            message = f"this daemon serves no dataset named {hello.dataset!r} (it serves {known})"
+            self._router.send(peer, P.encode(P.Error(refused="dataset", message=message)))
+            return
         session = self.stage.open_session(peer, rank, world_size, hello.prefetch)
-        log.info("client %d attached (rank %d of %d)", session.session_id, rank, world_size)
-        pipeline = self.config.pipeline
+        session.dataset, session.settings = dataset.name, dataset.settings
+        log.info("client %d attached (dataset %s, rank %d of %d)", session.session_id, dataset.name, rank, world_size)
+        pipeline = dataset.config.pipeline
         welcome = P.ClientWelcome(
             session=session.session_id,
             batch_size=pipeline.batch_size,
             batch_format=pipeline.batch_format,
-            files=self._file_count,
+            files=len(dataset.files),
             # Clients are dropped after heartbeat_timeout_s of silence: they ping at the workers' pace.
             ping_s=self.config.workers.heartbeat_interval_s,
             # The client probes the arenas, and answers in each EPOCH.
             shm=self._arenas.describe() if self._arenas is not None else None,
+            batches=self._epoch_batches(dataset, rank, world_size),
         )
         self._router.send(peer, P.encode(welcome))
 
@@ -100,7 +131,7 @@ class ClientDesk:
             stream = ahead
         else:
             self.pool.cancel(self.stage.drop_stream(ahead))
-            files = self.coordinator.share(epoch, session.rank, session.world_size)
+            files = self._share(session, epoch)
             stream = self.stage.new_stream(session, epoch, files)
             self.coordinator.enqueue(stream.stream_id, epoch, files)
         stream.gen = gen
@@ -120,13 +151,19 @@ class ClientDesk:
         if not session.read_ahead or session.ahead is not None or session.current is not finished:
             return
         epoch = finished.epoch + 1
-        if 0 < self.config.pipeline.epochs <= epoch:
+        if 0 < self.datasets.get(session.dataset).config.pipeline.epochs <= epoch:
             # The config says training stops after `epochs` (numbered from 0); a client
             # may still ask for more, but reading them ahead would be wasted work.
             return
-        files = self.coordinator.share(epoch, session.rank, session.world_size)
+        files = self._share(session, epoch)
         session.ahead = self.stage.new_stream(session, epoch, files)
         self.coordinator.enqueue(session.ahead.stream_id, epoch, files)
+
+    def _share(self, session: Session, epoch: int) -> list[int]:
+        """The files of ``session``'s share of ``epoch`` (of the dataset it reads)."""
+        if len(self.datasets.by_name) == 1:  # one dataset: the coordinator's own order
+            return self.coordinator.share(epoch, session.rank, session.world_size)
+        return self.datasets.get(session.dataset).share(epoch, session.rank, session.world_size)
 
     def drop(self, session: Session, why: str) -> None:
         """Forget a client: free its rows and cancel the leases of its streams."""

@@ -29,6 +29,7 @@ def start_worker(connect: Any, worker_id: str, entry: str = DEFAULT_WORKER_ENTRY
         (entry, connect, worker_id, os.getpid()),
         name=f"loader-worker-{worker_id}",
         method="spawn",
+        import_main=False,  # a worker needs the config, never the training script
     )
 
 

@@ -14,7 +14,6 @@ message it only notes that the sending worker made progress.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from typing import Any
@@ -24,6 +23,7 @@ from loader.errors import MalformedMessageError
 from loader.service import protocol as P
 from loader.service import transport
 from loader.service.daemon.coordinator import Coordinator
+from loader.service.daemon.datasets import DatasetTable
 from loader.service.daemon.desk import ClientDesk
 from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
 from loader.service.daemon.rate import RecentRate
@@ -63,8 +63,9 @@ class Daemon:
         ``start_workers=False`` waits for hand-started workers only."""
         self.config = config
         pipeline, workers = config.pipeline, config.workers
-        self.files = config.source.expand_files()  # ConfigError for no match / empty list
-        seed = pipeline.seed if pipeline.seed is not None else random.SystemRandom().randrange(2**32)
+        self.datasets = DatasetTable(config)  # every dataset's files; ConfigError for no match / empty list
+        self.files = self.datasets.files
+        seed = self.datasets.default.seed
         self._closed = False
         self.rejected_messages = 0  # malformed messages dropped
         # Bind first: a daemon that cannot bind (port in use) touches nothing in /dev/shm.
@@ -107,6 +108,7 @@ class Daemon:
             links=worker_links,
             on_file_failed=self.stage.fail_file,
             arenas=self.arenas,
+            dataset_of=lambda file_index: self.datasets.owner(file_index).name,
         )
         self.clients = ClientDesk(
             config,
@@ -116,6 +118,7 @@ class Daemon:
             pool=self.pool,
             file_count=len(self.files),
             arenas=self.arenas,
+            datasets=self.datasets,
         )
         self._started_at = time.monotonic()
         self._rate = RecentRate()
@@ -253,6 +256,7 @@ class Daemon:
                 "leased": self.coordinator.leased(),
                 "queued": self.coordinator.queued(),
             },
+            "datasets": [d.describe() for d in self.datasets.by_name.values()],
             "transport": self.config.workers.transport,
             "workers": self.pool.describe(now),
             "worker_restarts": self.coordinator.restarts,
@@ -267,6 +271,7 @@ class Daemon:
             "clients": [
                 {
                     "session": s.session_id,
+                    "dataset": s.dataset,
                     "rank": s.rank,
                     "world_size": s.world_size,
                     "credits": s.credits,

@@ -78,6 +78,16 @@ class Stream:
         return self.shuffle.blocks() + self.batcher.blocks()
 
 
+@dataclass(frozen=True)
+class StreamSettings:
+    """How one dataset's streams are shuffled and batched (a session reads one dataset)."""
+
+    batch_size: int
+    drop_last: bool
+    shuffle_buffer: int
+    seed: int
+
+
 @dataclass
 class Session:
     session_id: int
@@ -95,6 +105,8 @@ class Session:
     shm: bool = False  # the client maps the daemon's arenas (it says so with each EPOCH)
     # (request id, reference arrays) per batch sent and not yet taken by the consumer
     outstanding: deque = field(default_factory=deque)
+    dataset: str = "default"
+    settings: StreamSettings | None = None  # None: the stage's own (the default dataset's)
 
 
 @dataclass(frozen=True)
@@ -135,6 +147,7 @@ class Stage:
         self.drop_last = drop_last
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
+        self.settings = StreamSettings(batch_size, drop_last, shuffle_buffer, seed)
         self.samples_per_message = samples_per_message
         self.send = send
         self.sessions: dict[bytes, Session] = {}
@@ -166,7 +179,8 @@ class Stage:
         return [s.stream_id for s in streams]
 
     def buffer_limit_rows(self, session: Session) -> int:
-        return 2 * self.shuffle_buffer + self.batch_size * (session.prefetch + 2) + self.samples_per_message
+        settings = session.settings or self.settings
+        return 2 * settings.shuffle_buffer + settings.batch_size * (session.prefetch + 2) + self.samples_per_message
 
     def may_lease(self, stream_id: int) -> bool:
         entry = self.streams.get(stream_id)
@@ -177,13 +191,14 @@ class Stage:
 
     # -- streams ------------------------------------------------------------
     def new_stream(self, session: Session, epoch: int, file_indexes: list[int]) -> Stream:
-        rng = np.random.default_rng((self.seed, epoch, session.rank, session.world_size))
+        settings = session.settings or self.settings
+        rng = np.random.default_rng((settings.seed, epoch, session.rank, session.world_size))
         stream = Stream(
             next(self._ids),
             epoch,
             {i: FileLedger() for i in file_indexes},
-            ShuffleBuffer(self.shuffle_buffer, rng),
-            Batcher(self.batch_size, self.drop_last),
+            ShuffleBuffer(settings.shuffle_buffer, rng),
+            Batcher(settings.batch_size, settings.drop_last),
             incomplete=set(file_indexes),
         )
         self.streams[stream.stream_id] = (session, stream)
@@ -283,7 +298,7 @@ class Stage:
         while session.credits > 0:
             batch = stream.batcher.pop()
             if batch is None and stream.input_done:
-                if self.drop_last and stream.ref_columns:
+                if stream.batcher.drop_last and stream.ref_columns:
                     self.refs.release_blocks(stream.batcher.drain(), stream.ref_columns)
                 batch = stream.batcher.flush()
             if batch is None:

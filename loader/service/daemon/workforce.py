@@ -55,6 +55,7 @@ class WorkerPool:
         links: WorkerLinks | None = None,
         on_file_failed: FileFailedFn,
         arenas: ArenaPool | None = None,
+        dataset_of: Callable[[int], str] = lambda file_index: "default",
     ) -> None:
         self.coordinator = coordinator
         self._send = send
@@ -66,6 +67,7 @@ class WorkerPool:
         self._on_file_failed = on_file_failed
         self._attempts: dict[tuple[int, int], int] = {}
         self._arenas = arenas
+        self._dataset_of = dataset_of  # file index -> the dataset whose source and pipeline read it
         self._arena_of: dict[str, int] = {}  # worker id -> its arena id
         self._seq = 0
         self.closing = False
@@ -91,8 +93,14 @@ class WorkerPool:
 
     def gone(self, record: WorkerRecord, why: str) -> None:
         """Forget a worker: stop its process, re-lease its files, start a replacement."""
-        log.warning(
-            "worker %s (pid %s) %s; re-leasing %d file(s)", record.worker_id, record.pid, why, len(record.leases)
+        level = logging.INFO if why == "said goodbye" and not record.leases else logging.WARNING
+        log.log(
+            level,
+            "worker %s (pid %s) left: %s; re-leasing %d file(s)",
+            record.worker_id,
+            record.pid,
+            why,
+            len(record.leases),
         )
         exitcode = None
         if record.process is not None:
@@ -131,6 +139,7 @@ class WorkerPool:
             self._send(peer, P.encode(P.Error(refused="version", message=mismatch)))
             return
         record = self.coordinator.hello(hello.worker or peer.hex(), peer, hello.pid)
+        log.info("worker %s (pid %s) joined", record.worker_id, hello.pid)
         shm = None
         if self._arenas is not None:
             self._arenas.retire(self._arena_of.pop(record.worker_id, None))
@@ -171,7 +180,12 @@ class WorkerPool:
                 record.peer,
                 P.encode(
                     P.Lease(
-                        lease=job.lease_id, stream=job.stream_id, epoch=job.epoch, file=job.file_index, path=job.path
+                        lease=job.lease_id,
+                        stream=job.stream_id,
+                        epoch=job.epoch,
+                        file=job.file_index,
+                        path=job.path,
+                        dataset=self._dataset_of(job.file_index),
                     )
                 ),
             )

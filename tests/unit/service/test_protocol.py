@@ -33,7 +33,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
     P.Hello: {**VERSIONED, "worker": TEXT + "?", "pid": COUNT + "?"},
     P.Welcome: {**VERSIONED, "worker": TEXT, "config": MAPPING, "data": TEXT, "shm": MAPPING + "?"},
     P.LeaseRequest: {},
-    P.Lease: {"lease": COUNT, "s": COUNT, "e": COUNT, "f": COUNT, "path": PATH},
+    P.Lease: {"lease": COUNT, "s": COUNT, "e": COUNT, "f": COUNT, "path": PATH, "ds": TEXT},
     P.Heartbeat: {},
     P.Cancel: {"lease": COUNT},
     P.Bye: {"reason": TEXT},
@@ -48,7 +48,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
     P.Chunk: {**FILE, "r": COUNT, "n": COUNT, "sk": TEXT, "refs": REFS + "?"},
     P.FileDone: {**FILE, "sent": COUNT, "skipped": COUNT},
     P.FileError: {**FILE, "error": MAPPING},
-    P.ClientHello: {**VERSIONED, "rank": COUNT, "world_size": COUNT, "prefetch": COUNT},
+    P.ClientHello: {**VERSIONED, "rank": COUNT, "world_size": COUNT, "prefetch": COUNT, "ds": TEXT},
     P.ClientWelcome: {
         **VERSIONED,
         "session": COUNT,
@@ -57,6 +57,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
         "files": COUNT,
         "ping_s": SECONDS,
         "shm": MAPPING + "?",
+        "batches": COUNT + "?",
     },
     P.Epoch: {"e": COUNT, "g": COUNT, "credit": COUNT + "?", "ahead": FLAG, "shm": FLAG},
     P.Credit: {"n": COUNT, "g": COUNT + "?"},
@@ -113,7 +114,9 @@ EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
     P.FileError: (P.FileError(stream=3, file=11, lease=7, worker="w1", error=ERROR_DICT), {}),
     P.ClientHello: (P.ClientHello(rank=1, world_size=4, prefetch=8), {}),
     P.ClientWelcome: (
-        P.ClientWelcome(session=9, batch_size=32, batch_format="stacked", files=100, ping_s=0.5, shm={"arenas": []}),
+        P.ClientWelcome(
+            session=9, batch_size=32, batch_format="stacked", files=100, ping_s=0.5, shm={"arenas": []}, batches=4
+        ),
         {},
     ),
     P.Epoch: (P.Epoch(epoch=2, gen=6, credit=4, ahead=False, shm=True), {}),

@@ -1,0 +1,40 @@
+"""Where ``loader status`` finds a daemon: an address, ``host:port``, a config file, or nothing.
+
+``tcp://HOST:PORT`` and ``ipc://PATH`` are used as they are; ``HOST:PORT`` (or
+``:PORT``) means ``tcp://HOST:PORT``; a path to a TOML file means that config's
+``service.bind`` (a wildcard host, ``*`` or ``0.0.0.0``, is asked on loopback);
+nothing means the default bind, ``tcp://127.0.0.1:5555``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from loader.config.sections import DEFAULT_BIND, load_config
+from loader.errors import ConfigError
+
+_HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]*):(?P<port>\d+)$")
+_WILDCARD = re.compile(r"^tcp://(\*|0\.0\.0\.0|\[::\]):")
+
+
+def daemon_address(given: str | None) -> str:
+    """The address to reach the daemon that ``given`` names (see the module docstring)."""
+    if given is None or given == "":
+        return DEFAULT_BIND
+    if given.startswith(("tcp://", "ipc://")):
+        return given
+    if os.path.isfile(given) or given.endswith(".toml"):
+        bind = load_config(given).service.bind
+        if bind.endswith(":*"):
+            raise ConfigError(f"{given} binds any free port ({bind}): give the address the daemon logged instead")
+        return _WILDCARD.sub("tcp://127.0.0.1:", bind)
+    match = _HOST_PORT.match(given)
+    if match is None:
+        raise ConfigError(
+            f"{given!r} is not a daemon address: give tcp://HOST:PORT, HOST:PORT, ipc://PATH or a config file"
+        )
+    return f"tcp://{match['host'] or '127.0.0.1'}:{match['port']}"
+
+
+__all__ = ["daemon_address"]

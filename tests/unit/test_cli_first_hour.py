@@ -1,0 +1,104 @@
+"""The ``loader`` command as a newcomer meets it: addresses, help, check's survey, gen-data's labels, pipes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from loader.cli import build_parser
+from loader.config import DEFAULT_BIND, LoaderConfig
+from loader.config.address import daemon_address
+from loader.errors import ConfigError
+from loader.examples import datagen
+from loader.io.survey import survey
+from tests.helpers import free_port
+from tests.unit.test_cli import loader_cmd, write_config
+
+CMD_TIMEOUT_S = 60.0
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+@pytest.mark.parametrize("name", sorted(_subcommands()))
+def test_every_argument_of_every_command_is_explained(name) -> None:
+    for action in _subcommands()[name]._actions:
+        if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+            continue
+        assert action.help, f"loader {name}: {'/'.join(action.option_strings) or action.dest} has no help"
+
+
+def test_status_finds_the_daemon_from_host_port_a_config_or_nothing(tmp_path) -> None:
+    assert daemon_address(None) == DEFAULT_BIND
+    assert daemon_address("127.0.0.1:7001") == "tcp://127.0.0.1:7001"
+    assert daemon_address(":7002") == "tcp://127.0.0.1:7002"
+    assert daemon_address("tcp://10.0.0.2:7003") == "tcp://10.0.0.2:7003"
+    datagen.generate(str(tmp_path), files=1, samples=2)
+    cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n[service]\nbind = "tcp://0.0.0.0:7004"\n')
+    assert daemon_address(cfg) == "tcp://127.0.0.1:7004"  # a wildcard bind is asked on loopback
+    with pytest.raises(ConfigError, match="not a daemon address"):
+        daemon_address("localhost")
+
+
+def test_status_with_host_port_reaches_nobody_in_one_line() -> None:
+    port = free_port()
+    result = loader_cmd("status", f"127.0.0.1:{port}", "--timeout", "0.5")
+    assert result.returncode == 1 and result.stderr.count("\n") == 1
+    assert f"no loader daemon answered at tcp://127.0.0.1:{port}" in result.stderr
+
+
+@pytest.mark.parametrize("fmt", datagen.FORMATS)
+def test_gen_data_writes_features_and_labels_for_every_format(tmp_path, fmt) -> None:
+    result = loader_cmd("gen-data", str(tmp_path), "--format", fmt, "--files", "2", "--samples", "7", "--dim", "3")
+    assert result.returncode == 0, result.stderr
+    source = LoaderConfig.from_dict({"source": {"files": [str(tmp_path / "*")]}}).source
+    found = survey(source)
+    assert (found.files, found.samples) == (2, 14)
+    assert [(f.shape, f.dtype) for f in found.fields] == [("(3,)", "float32"), ("()", "int64")]
+
+
+def test_check_counts_samples_per_field(tmp_path) -> None:
+    np.save(tmp_path / "a.npy", np.zeros((5, 2, 3), np.float16))
+    np.save(tmp_path / "a.label.npy", np.arange(5, dtype=np.int32))
+    np.save(tmp_path / "a.weight.npy", np.ones(5, np.float64))
+    np.save(tmp_path / "b.npy", np.zeros((4, 2, 3), np.float16))
+    np.save(tmp_path / "b.label.npy", np.arange(4, dtype=np.int32))
+    np.save(tmp_path / "b.weight.npy", np.ones(4, np.float64))
+    cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n')
+    result = loader_cmd("check", cfg)
+    assert result.returncode == 0, result.stderr
+    assert "dataset default: 2 files, 9 samples" in result.stdout
+    rows = [line.split() for line in result.stdout.splitlines()[3:]]
+    assert rows == [["data", "(2,", "3)", "float16"], ["label", "()", "int32"], ["weight", "()", "float64"]]
+
+
+def test_a_companion_with_a_different_length_is_refused(tmp_path) -> None:
+    from loader.errors import ShapeMismatchError
+    from loader.io.registry import create_file_reader
+
+    np.save(tmp_path / "a.npy", np.zeros((5, 2)))
+    np.save(tmp_path / "a.label.npy", np.zeros(4))
+    with pytest.raises(ShapeMismatchError, match="different numbers of rows"):
+        create_file_reader(str(tmp_path / "a.npy"))
+
+
+def test_help_of_bench_installs_nothing(tmp_path) -> None:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHON": sys.executable, "PATH": os.environ.get("PATH", "")}
+    done = subprocess.run(
+        [os.path.join(root, "scripts", "bench"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=CMD_TIMEOUT_S,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--quick" in done.stdout and "installing" not in done.stderr
