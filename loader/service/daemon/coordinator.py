@@ -17,12 +17,19 @@ The coordinator decides, workers obey:
   data for ``progress_timeout_s`` (``LEASE_PROGRESS_TIMEOUT_S`` by default:
   generous, since a worker sends a chunk at least every 50 ms while samples
   flow) is hung, and is treated like a dead one.
+* Leases are owned: each grant gets a fresh random ``token`` (``LEASE_TOKEN_BYTES``)
+  that only the worker it was sent to learns (on its control connection), and
+  ``owns`` accepts a data message only when its lease id, token, stream, file
+  and worker all match a lease held now. The data endpoint cannot tell senders
+  apart, so this token is what binds a chunk to the worker that holds the lease.
 """
 
 from __future__ import annotations
 
+import hmac
 import itertools
 import logging
+import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -35,6 +42,8 @@ log = logging.getLogger("loader.coordinator")
 
 # A leased worker that sends no data for this long is hung (one sample may not take longer).
 LEASE_PROGRESS_TIMEOUT_S = 120.0
+# Random bytes of a lease token: unguessable, so a forged data message cannot claim a lease.
+LEASE_TOKEN_BYTES = 16
 
 
 @dataclass
@@ -45,6 +54,7 @@ class Job:
     file_index: int
     path: str
     worker: str | None = None
+    token: str = ""  # issued afresh with every grant (``next_job``)
 
 
 @dataclass
@@ -59,6 +69,7 @@ class WorkerRecord:
     files_done: int = 0
     started: float = field(default_factory=time.monotonic)
     progress_at: float = field(default_factory=time.monotonic)  # last lease granted or data received
+    claim: str | None = None  # the secret a worker this daemon started must show in its first HELLO
 
     @property
     def alive(self) -> bool:
@@ -129,6 +140,7 @@ class Coordinator:
             if not worker.leases:
                 worker.progress_at = time.monotonic()
             job.worker = worker.worker_id
+            job.token = secrets.token_hex(LEASE_TOKEN_BYTES)
             worker.leases[job.lease_id] = job
             worker.waiting = False
             return job
@@ -166,6 +178,18 @@ class Coordinator:
         record = self.workers.get(worker_id) or self.add_worker(worker_id)
         record.peer, record.pid, record.last_seen = peer, pid, time.monotonic()
         return record
+
+    def owns(self, worker_id: str, lease_id: int, token: str, stream_id: int, file_index: int) -> bool:
+        """Whether ``worker_id`` holds lease ``lease_id`` with ``token`` for this stream and file right now."""
+        record = self.workers.get(worker_id)
+        job = record.leases.get(lease_id) if record is not None else None
+        return (
+            job is not None
+            and job.stream_id == stream_id
+            and job.file_index == file_index
+            and bool(job.token)
+            and hmac.compare_digest(job.token.encode(), token.encode())
+        )
 
     def progressed(self, worker_id: str | None) -> None:
         """A worker sent data: it is working, whatever its heartbeats say."""
