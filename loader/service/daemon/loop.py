@@ -263,10 +263,11 @@ class Daemon:
             self.rejects.reject(who, f"{message.KIND} failed: {type(exc).__name__}: {exc}")
 
     def _on_file_message(self, message: P.FileMessage, columns: P.Columns) -> None:
-        # The coordinator only notes the time: a worker that sends data is not hung.
-        self.coordinator.progressed(message.worker)
         if isinstance(message, P.Chunk):
             self.stage.refs.check_owned(message.refs, columns, self.pool.arena_of(message.worker))
+        # The coordinator only notes the time: a worker that sends (acceptable) data is not hung.
+        self.coordinator.progressed(message.worker)
+        if isinstance(message, P.Chunk):
             self.stage.on_chunk(message, columns)
         elif isinstance(message, P.FileDone):
             self.stage.on_done(message)
