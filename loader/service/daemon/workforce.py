@@ -39,6 +39,7 @@ from loader.runtime import processes
 from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator, WorkerRecord
 from loader.service.daemon.launcher import start_worker
+from loader.service.daemon.rejects import LOG_EVERY_S
 from loader.service.shm.pool import ArenaPool
 from loader.service.transport.auth import CurveClient, Dial
 from loader.service.transport.links import WorkerLinks
@@ -88,6 +89,7 @@ class WorkerPool:
         self._seq = 0
         self._issued = itertools.count(1)
         self._max_workers, self._max_arenas = max_workers, max_arenas
+        self._cap_logged_at = -LOG_EVERY_S
         self._own_keys = own_keys  # the CURVE keys of the workers this daemon starts (None: no authentication)
         self.closing = False
 
@@ -115,8 +117,10 @@ class WorkerPool:
 
     def gone(self, record: WorkerRecord, why: str) -> None:
         """Forget a worker: stop its process, re-lease its files, start a replacement."""
-        log.warning(
-            "worker %s (pid %s) %s; re-leasing %d file(s)", record.worker_id, record.pid, why, len(record.leases)
+        # A peer's own goodbye is routine (and a peer could send them in a loop): info, not a warning.
+        level = logging.INFO if why == "said goodbye" else logging.WARNING
+        log.log(
+            level, "worker %s (pid %s) %s; re-leasing %d file(s)", record.worker_id, record.pid, why, len(record.leases)
         )
         exitcode = None
         if record.process is not None:
@@ -125,7 +129,11 @@ class WorkerPool:
             self._links.control.drop(record.peer)
         if self._arenas is not None:
             self._arenas.retire(self._arena_of.pop(record.worker_id, None))
-        for job in self.coordinator.remove_worker(record):
+        orphans = self.coordinator.remove_worker(record)
+        # Only deaths of workers this daemon started count against a file: a peer that takes a lease and
+        # leaves (says BYE, goes silent) must not be able to fail an epoch by doing it three times.
+        counted = orphans if record.process is not None and why != "said goodbye" else []
+        for job in counted:
             key = (job.stream_id, job.file_index)
             self._attempts[key] = self._attempts.get(key, 0) + 1
             if self._attempts[key] >= MAX_FILE_ATTEMPTS:
@@ -166,7 +174,12 @@ class WorkerPool:
         if self._arenas is not None:
             self._arenas.retire(self._arena_of.pop(record.worker_id, None))
             if len(self._arenas.arenas) >= self._max_arenas:
-                log.warning("no shared-memory arena for worker %s: the daemon has its cap of arenas", record.worker_id)
+                now = time.monotonic()
+                if now - self._cap_logged_at >= LOG_EVERY_S:  # a HELLO flood gets one line a minute
+                    self._cap_logged_at = now
+                    log.warning(
+                        "no shared-memory arena for worker %s: the daemon has its cap of arenas", record.worker_id
+                    )
             else:
                 shm = self._new_arena(record)
         self._send(
