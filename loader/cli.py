@@ -66,7 +66,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from workers.main import EXIT_NO_DAEMON, run_worker
 
     connect: Any = args.connect
-    curve = peer_keys(args.key, args.daemon_public_key, "loader worker --key/--daemon-public-key")
+    key, daemon_public = args.key, args.daemon_public_key
+    if args.config and not (key or daemon_public):
+        from loader.config import load_config
+
+        service = load_config(args.config).service  # only its keys: the files may live elsewhere
+        key, daemon_public = service.peer_key, service.daemon_public_key
+    curve = peer_keys(key, daemon_public, "loader worker --key/--daemon-public-key")
     if curve is not None:
         connect = Dial(args.connect, curve)
     stop = threading.Event()
@@ -232,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p.add_argument("--key", metavar="FILE", help="this worker's CURVE secret key file (or LOADER_PEER_KEY)")
+    p.add_argument("--config", metavar="CONFIG", help="take --key and --daemon-public-key from its [service]")
     p.add_argument(
         "--daemon-public-key", metavar="FILE", help="the daemon's CURVE public key file (or LOADER_DAEMON_PUBLIC_KEY)"
     )

@@ -225,3 +225,26 @@ def test_second_host_authenticated_peers_read_exact_epochs_and_others_get_nothin
         served = _on_second_host(name, admitted, daemon.endpoint, "--epochs", "2", "--timeout", "30")
         assert served["client"] == "served"
         assert [collections.Counter(e) for e in served["epochs"]] == [collections.Counter(ids)] * 2
+
+
+def test_loader_in_process_ignores_daemon_keys_on_its_private_endpoint(tmp_path, keys):
+    import loader
+
+    ids = write_id_files(tmp_path, len(FILES), FILES)
+    config = _auth_config(tmp_path, keys)
+    with loader.Loader(config) as local:
+        assert collections.Counter(collect_ids(local.epoch())) == collections.Counter(ids)
+
+
+def test_loader_worker_takes_its_keys_from_a_config_and_refuses_half_of_them(tmp_path, keys):
+    config = tmp_path / "worker.toml"
+    config.write_text(f'[source]\nfiles = ["*.npy"]\n[service]\npeer_key = "{keys["worker"]}"\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "loader.cli", "worker", "--connect", "tcp://127.0.0.1:1", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()]  # one line
+    assert "both" in done.stderr
