@@ -291,3 +291,48 @@ def test_a_fake_worker_that_takes_leases_and_sends_nothing_stalls_nothing_past_t
             )
         finally:
             fake.close()
+
+
+# -- 17: shared-memory rows of a client that never returns credits --------------------------------------------
+@pytest.mark.slow
+def test_arena_rows_of_clients_that_return_no_credit_are_reclaimed(tmp_path):
+    from tests.integration.test_service_shm import write_large_files
+
+    ids = write_large_files(tmp_path, 3, 24)
+    config = make_config(
+        tmp_path,
+        pipeline={"batch_size": 4},
+        workers={"samples_per_message": 4},
+        service={"reclaim_after_s": 1.0},
+    )
+
+    def outstanding_rows() -> int:
+        """Rows sent to clients by reference and not yet freed (read across threads: polled only)."""
+        sessions = list(daemon.stage.sessions.values())
+        return sum(len(refs) for s in sessions for entry in list(s.outstanding) for refs in entry[1])
+
+    with running_daemon(config) as daemon:
+        _ready(daemon)
+        fakes = [transport.dealer(daemon.endpoint) for _ in range(3)]
+        try:
+            for fake in fakes:  # claim shared memory, take batches, never credit them
+                assert isinstance(ask(fake, P.encode(P.ClientHello(prefetch=4))), P.ClientWelcome)
+                fake.send(P.encode(P.Epoch(epoch=0, gen=1, credit=4, shm=True)))
+            pinned = wait_until(lambda: outstanding_rows() >= 3 * 4 * 4, timeout_s=20)
+            assert pinned, "the fakes were sent rows by reference"
+
+            def reclaimed() -> bool:
+                for fake in fakes:  # alive: pings keep their sessions
+                    fake.send(P.encode(P.Ping()))
+                    while fake.recv(0) is not None:
+                        pass
+                return outstanding_rows() == 0
+
+            assert wait_until(reclaimed, timeout_s=20, interval_s=0.3)
+            assert len(query_status(daemon.endpoint)["clients"]) == 3  # still attached, yet holding nothing
+        finally:
+            for fake in fakes:
+                fake.close()
+        with Client(daemon.endpoint, timeout_s=30) as client:
+            got = [int(i) for batch in client.epoch() for i in batch["data"][:, 0]]
+        assert collections.Counter(got) == collections.Counter(ids)
