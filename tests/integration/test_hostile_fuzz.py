@@ -4,7 +4,7 @@ legitimate client reads exact epochs throughout. The decoder alone is fuzzed in 
 Each hypothesis example is one mutation (keys dropped, values replaced by anything msgpack can carry),
 applied to a valid message of every kind and sent by each role: a stranger, a client with a session, a
 worker that said hello, and anyone on the data endpoint. ``LOADER_FUZZ_EXAMPLES`` sets the number of
-examples (default 300: with 24 kinds and 4 roles, about 29,000 messages, 1,200 per kind).
+examples (default 800: with the 20 kinds and 4 roles, about 64,000 messages, 3,200 per kind).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tests.unit.service.test_protocol import EXAMPLES
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-EXAMPLE_COUNT = int(os.environ.get("LOADER_FUZZ_EXAMPLES", "300"))
+EXAMPLE_COUNT = int(os.environ.get("LOADER_FUZZ_EXAMPLES", "800"))
 FILES = [120, 90, 200, 60]
 
 BASES: list[tuple[dict[str, Any], list[Any]]] = []
@@ -131,6 +131,6 @@ def test_no_message_from_any_role_stops_the_daemon_or_spoils_an_epoch(tmp_path):
         assert reader.error is None, reader.error
         assert reader.epochs and all(reader.epochs), reader.epochs
         status = query_status(daemon.endpoint)
-        assert status["rejected_messages"] > 0
+        assert status["rejected_messages"] > EXAMPLE_COUNT * len(BASES)  # most of what was sent was refused
         with Client(daemon.endpoint, timeout_s=30) as after:
             assert collections.Counter(collect_ids(after.epoch())) == collections.Counter(ids)

@@ -44,6 +44,8 @@ log = logging.getLogger("loader.coordinator")
 LEASE_PROGRESS_TIMEOUT_S = 120.0
 # Random bytes of a lease token: unguessable, so a forged data message cannot claim a lease.
 LEASE_TOKEN_BYTES = 16
+# Leases remembered after they end, so a worker's late data for one is told from a forgery (bounded).
+ENDED_LEASES_KEPT = 4096
 
 
 @dataclass
@@ -106,6 +108,7 @@ class Coordinator:
         self._queues: OrderedDict[int, deque[Job]] = OrderedDict()
         self._lease_ids = itertools.count(1)
         self.restarts = 0
+        self._ended: OrderedDict[tuple[str, int], str] = OrderedDict()  # (worker, lease id) -> its token
 
     # -- file order and jobs ------------------------------------------------
     def share(self, epoch: int, rank: int, world_size: int) -> list[int]:
@@ -123,7 +126,7 @@ class Coordinator:
         for worker in self.workers.values():
             for lease_id, job in list(worker.leases.items()):
                 if job.stream_id == stream_id:
-                    del worker.leases[lease_id]
+                    self._end(worker.worker_id, worker.leases.pop(lease_id))
                     cancelled.append((worker.worker_id, lease_id))
         return cancelled
 
@@ -151,7 +154,7 @@ class Coordinator:
         for worker in self.workers.values():
             for lease_id, job in list(worker.leases.items()):
                 if job.stream_id == stream_id and job.file_index == file_index:
-                    del worker.leases[lease_id]
+                    self._end(worker.worker_id, worker.leases.pop(lease_id))
                     worker.files_done += 1
         queue = self._queues.get(stream_id)
         if queue:
@@ -191,6 +194,16 @@ class Coordinator:
             and hmac.compare_digest(job.token.encode(), token.encode())
         )
 
+    def _end(self, worker_id: str, job: Job) -> None:
+        self._ended[(worker_id, job.lease_id)] = job.token
+        while len(self._ended) > ENDED_LEASES_KEPT:
+            self._ended.popitem(last=False)
+
+    def was_owned(self, worker_id: str, lease_id: int, token: str) -> bool:
+        """Whether ``worker_id`` held lease ``lease_id`` with ``token`` until recently (its data is late, not forged)."""
+        ended = self._ended.get((worker_id, lease_id))
+        return ended is not None and bool(ended) and hmac.compare_digest(ended.encode(), token.encode())
+
     def progressed(self, worker_id: str | None) -> None:
         """A worker sent data: it is working, whatever its heartbeats say."""
         record = self.workers.get(worker_id) if worker_id is not None else None
@@ -222,6 +235,7 @@ class Coordinator:
         self.workers.pop(record.worker_id, None)
         orphans = sorted(record.leases.values(), key=lambda j: j.lease_id, reverse=True)
         for job in orphans:
+            self._end(record.worker_id, job)
             queue = self._queues.get(job.stream_id)
             if queue is None:
                 continue  # the stream was cancelled meanwhile

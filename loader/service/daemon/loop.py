@@ -106,6 +106,7 @@ class Daemon:
         seed = pipeline.seed if pipeline.seed is not None else random.SystemRandom().randrange(2**32)
         self._closed = False
         self.rejects = Rejects()  # messages dropped: malformed, not the sender's, or that made a handler raise
+        self.late_data = 0  # data messages of leases that ended meanwhile, dropped (not an attack)
         self._auth, own_keys = _authentication(config.service)
         try:
             # Bind first: a daemon that cannot bind (port in use) touches nothing in /dev/shm.
@@ -254,7 +255,9 @@ class Daemon:
             return
         who = f"data from worker {message.worker[:64]!r}"
         if not self.coordinator.owns(message.worker, message.lease, message.token, message.stream, message.file):
-            # A forged message, or a late one of a lease already over (cancelled, re-leased, finished).
+            if self.coordinator.was_owned(message.worker, message.lease, message.token):
+                self.late_data += 1  # its lease ended meanwhile (cancelled, re-leased, finished): routine
+                return
             self.rejects.reject(who, f"lease {message.lease} (stream {message.stream}, file {message.file}) is not its")
             return
         try:
@@ -341,6 +344,7 @@ class Daemon:
             "duplicates_dropped": self.stage.dropped_duplicates,
             "skipped_records": self.stage.skipped_records,
             "rejected_messages": self.rejected_messages,
+            "late_data_dropped": self.late_data,
             "shm_arenas": len(self.arenas.arenas) if self.arenas is not None else 0,
             "clients": [
                 {

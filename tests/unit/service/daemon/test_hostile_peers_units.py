@@ -64,6 +64,10 @@ def test_data_is_owned_only_by_the_lease_holder_with_its_token():
     regrant = coordinator.next_job(other)
     assert regrant is not None and regrant.lease_id == job.lease_id and regrant.token != old_token
     assert not coordinator.owns("w2", job.lease_id, old_token, 7, job.file_index)
+    # w1's late data for the lease it lost is told apart from a forgery (dropped quietly, not counted)
+    assert coordinator.was_owned("w1", job.lease_id, old_token)
+    assert not coordinator.was_owned("w1", job.lease_id, regrant.token)
+    assert not coordinator.was_owned("w2", job.lease_id, old_token)
 
 
 # -- arena references ------------------------------------------------------------------------------------------
