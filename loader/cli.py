@@ -47,7 +47,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         with Daemon(config) as daemon:
             endpoint = daemon.endpoint  # the real port when bound to "*"
             log.info("serving %s on %s with %d workers", args.config, endpoint, config.workers.count)
-            if not config.service.is_loopback:
+            if not config.service.is_loopback and not config.service.authenticated:
                 log.warning("%s is reachable from other hosts: anyone who can connect can read the data", endpoint)
             daemon.serve(stop)
     log.info("stopped")
@@ -78,14 +78,46 @@ def _render_status(status: dict[str, Any], as_json: bool) -> str:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from loader.service.transport.auth import Dial, peer_keys
     from workers.main import EXIT_NO_DAEMON, run_worker
 
+    connect: Any = args.connect
+    key, daemon_public = args.key, args.daemon_public_key
+    if args.config and not (key or daemon_public):
+        from loader.config import load_config
+
+        service = load_config(args.config).service  # only its keys: the files may live elsewhere
+        key, daemon_public = service.peer_key, service.daemon_public_key
+    curve = peer_keys(key, daemon_public, "loader worker --key/--daemon-public-key")
+    if curve is not None:
+        connect = Dial(args.connect, curve)
     stop = threading.Event()
     with _stop_on_signals(stop):
-        code = run_worker(args.connect, worker_id=args.id, stop_event=stop, connect_timeout_s=args.connect_timeout)
+        code = run_worker(connect, worker_id=args.id, stop_event=stop, connect_timeout_s=args.connect_timeout)
     if code == EXIT_NO_DAEMON:
         raise ServiceUnavailableError(f"no loader daemon answered at {args.connect} within {args.connect_timeout:g} s")
     return code
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    """Key pairs for CURVE: the daemon's, and one per peer name, with the public ones it admits."""
+    import shutil
+
+    from loader.service.transport.sockets import create_key_files
+
+    names = args.peer or ["worker", "client"]
+    daemon_public, daemon_secret = create_key_files(args.dir, "daemon")
+    authorized = os.path.join(args.dir, "authorized")
+    os.makedirs(authorized, mode=0o700, exist_ok=True)
+    print(f"daemon:  service.daemon_key = {daemon_secret!r}, service.authorized_keys = {authorized!r}")
+    for name in names:
+        public, secret = create_key_files(os.path.join(args.dir, "peers"), name)
+        shutil.copy(public, os.path.join(authorized, os.path.basename(public)))
+        print(f"{name}:  {ENV_PEER_KEY_HINT} {secret!r} and the daemon's public key {daemon_public!r}")
+    return EXIT_OK
+
+
+ENV_PEER_KEY_HINT = "service.peer_key (or LOADER_PEER_KEY) ="
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -243,6 +275,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="give up when no daemon answers within S seconds (default 30)",
     )
+
+    p.add_argument("--key", metavar="FILE", help="this worker's CURVE secret key file (or LOADER_PEER_KEY)")
+    p.add_argument("--config", metavar="CONFIG", help="take --key and --daemon-public-key from its [service]")
+    p.add_argument(
+        "--daemon-public-key", metavar="FILE", help="the daemon's CURVE public key file (or LOADER_DAEMON_PUBLIC_KEY)"
+    )
+
+    p = add("keys", cmd_keys, "create CURVE key pairs: the daemon's, and one per peer it admits (docs/security.md)")
+    p.add_argument("dir", metavar="DIR", help="where to write them (created, owner-only)")
+    p.add_argument("--peer", action="append", metavar="NAME", help="a peer's name (repeatable; default worker, client)")
 
     p = add("check", cmd_check, "validate a config (keys, values, imports, files) and count samples per field")
     p.add_argument("config", metavar="CONFIG", help="a TOML config (see configs/example.toml)")

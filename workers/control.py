@@ -34,7 +34,9 @@ def open_channels(connect: Any) -> tuple[Any, Any, str]:
     if opener is not None:
         control, data = opener()
         return control, data, str(connect)
-    # Over zmq the data endpoint is learnt from WELCOME.
+    # Over zmq the data endpoint is learnt from WELCOME; a Dial carries the address and the worker's CURVE keys.
+    if isinstance(connect, transport.Dial):
+        return transport.dealer(connect.address, curve=connect.curve), None, connect.address
     return transport.dealer(connect), None, str(connect)
 
 

@@ -72,7 +72,13 @@ class FileJob:
     def _tag(self) -> dict[str, Any]:
         """The fields every message about this lease's file carries."""
         lease = self.lease
-        return {"stream": lease.stream, "file": lease.file, "lease": lease.lease, "worker": self.worker_id}
+        return {
+            "stream": lease.stream,
+            "file": lease.file,
+            "lease": lease.lease,
+            "worker": self.worker_id,
+            "token": lease.token,
+        }
 
     def _done(self, sent: int, skipped: int) -> None:
         self._send_data(P.encode(P.FileDone(**self._tag(), sent=sent, skipped=skipped)))

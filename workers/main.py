@@ -80,6 +80,7 @@ class Worker:
         self.worker_id = worker_id
         self.stop_event = stop_event or threading.Event()
         self.ctl, self.data, self.connect = open_channels(connect)
+        self.curve = connect.curve if isinstance(connect, transport.Dial) else None  # keys for the data socket too
         self.link: ControlLink | None = None
         self.config: Any = None
         self.mappers: dict[str, list[Any]] = {}  # per dataset, resolved at its first lease
@@ -168,7 +169,7 @@ class Worker:
             self.arena.close()  # a re-welcome names a fresh arena; what we sent from the old one stays valid
         self.arena = ArenaWriter.from_welcome(welcome.shm)
         if self.data is None:
-            self.data = transport.push(transport.reachable_endpoint(welcome.data, self.connect))
+            self.data = transport.push(transport.reachable_endpoint(welcome.data, self.connect), curve=self.curve)
 
     # -- control ------------------------------------------------------------
     def _send_ctl(self, message: P.Message) -> None:

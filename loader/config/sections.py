@@ -125,10 +125,34 @@ class ServiceConfig:
     """
 
     bind: str = DEFAULT_BIND
+    # CURVE authentication (docs/security.md): the daemon's secret key file and a directory of admitted public keys.
+    daemon_key: str | None = None
+    authorized_keys: str | None = None
+    # A worker's or client's own secret key file, and the daemon's public key file.
+    peer_key: str | None = None
+    daemon_public_key: str | None = None
+    # Bind beyond loopback without authentication: anyone who can reach the port reads the data.
+    insecure: bool = False
+    # Caps on peers: what a flood of hellos can make the daemon hold.
+    max_workers: int = 64
+    max_clients: int = 64
+    # Largest data message (one frame) the daemon accepts from a worker; a bigger one disconnects the sender.
+    max_message_mib: int = 256
+    # Shared-memory rows sent to a client stay reserved this long at most when it returns no credit for them.
+    reclaim_after_s: float = 60.0
     origin: str = origin_field()
 
     def __post_init__(self) -> None:
         check = Check(self, "service")
+        for key in ("daemon_key", "authorized_keys", "peer_key", "daemon_public_key"):
+            check.text(key, optional=True)
+        check.boolean("insecure")
+        check.integer("max_workers", minimum=1)
+        check.integer("max_clients", minimum=1)
+        check.integer("max_message_mib", minimum=1)
+        check.number("reclaim_after_s")
+        if (self.daemon_key is None) != (self.authorized_keys is None):
+            check.fail("authorized_keys", "and service.daemon_key go together: give both or neither")
         check.text("bind")
         tcp = _TCP_BIND.match(self.bind)
         if tcp is None and _IPC_BIND.match(self.bind) is None:
@@ -141,6 +165,11 @@ class ServiceConfig:
         """True when only this host can connect (loopback TCP or an ipc:// path)."""
         tcp = _TCP_BIND.match(self.bind)
         return tcp is None or tcp["host"] in _LOOPBACK_HOSTS or tcp["host"].startswith("127.")
+
+    @property
+    def authenticated(self) -> bool:
+        """True when the daemon admits only listed keys (CURVE)."""
+        return self.daemon_key is not None
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,9 @@ class Loader:
         if bind is None:
             bind, parts.tmpdir = _private_endpoint()
         # The daemon thread listens where only this process looks (a private ipc endpoint by default).
-        config = dataclasses.replace(config, service=dataclasses.replace(config.service, bind=bind))
+        # The private endpoint is this process's own (an ipc socket file of mode 0600): no CURVE keys needed.
+        service = dataclasses.replace(config.service, bind=bind, daemon_key=None, authorized_keys=None)
+        config = dataclasses.replace(config, service=service)
         try:
             self._daemon = parts.daemon = Daemon(config, worker_entry=worker_entry)
             parts.thread = threading.Thread(

@@ -182,7 +182,7 @@ class LeaseRequest(Message):
 @_kind("lease")
 @dataclass(frozen=True, kw_only=True)
 class Lease(Message):
-    """Read file ``file`` (at ``path``) of ``stream``'s epoch ``epoch``."""
+    """Read file ``file`` (at ``path``) of ``stream``'s epoch ``epoch``; echo ``token`` in every data message."""
 
     lease: int = wire("lease", _count)
     stream: int = wire("s", _count)
@@ -190,6 +190,7 @@ class Lease(Message):
     file: int = wire("f", _count)
     path: str = wire("path", _path)
     dataset: str = wire("ds", _text, "default")  # whose source and pipeline read the file
+    token: str = wire("t", _text, "")
 
 
 @_kind("hb")
@@ -229,12 +230,13 @@ class Error(Versioned):
 # -- data: workers to the daemon ------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class FileMessage(Message):
-    """Anything a worker says about one leased file."""
+    """Anything a worker says about one leased file; ``token`` is its lease's (the daemon checks it)."""
 
     stream: int = wire("s", _count)
     file: int = wire("f", _count)
     lease: int = wire("l", _count)
     worker: str = wire("w", _text)
+    token: str = wire("t", _text, "")
 
 
 @_kind("chunk", columns=True)

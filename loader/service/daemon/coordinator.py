@@ -17,12 +17,19 @@ The coordinator decides, workers obey:
   data for ``progress_timeout_s`` (``LEASE_PROGRESS_TIMEOUT_S`` by default:
   generous, since a worker sends a chunk at least every 50 ms while samples
   flow) is hung, and is treated like a dead one.
+* Leases are owned: each grant gets a fresh random ``token`` (``LEASE_TOKEN_BYTES``)
+  that only the worker it was sent to learns (on its control connection), and
+  ``owns`` accepts a data message only when its lease id, token, stream, file
+  and worker all match a lease held now. The data endpoint cannot tell senders
+  apart, so this token is what binds a chunk to the worker that holds the lease.
 """
 
 from __future__ import annotations
 
+import hmac
 import itertools
 import logging
+import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -35,6 +42,10 @@ log = logging.getLogger("loader.coordinator")
 
 # A leased worker that sends no data for this long is hung (one sample may not take longer).
 LEASE_PROGRESS_TIMEOUT_S = 120.0
+# Random bytes of a lease token: unguessable, so a forged data message cannot claim a lease.
+LEASE_TOKEN_BYTES = 16
+# Leases remembered after they end, so a worker's late data for one is told from a forgery (bounded).
+ENDED_LEASES_KEPT = 4096
 
 
 @dataclass
@@ -45,6 +56,7 @@ class Job:
     file_index: int
     path: str
     worker: str | None = None
+    token: str = ""  # issued afresh with every grant (``next_job``)
 
 
 @dataclass
@@ -59,6 +71,7 @@ class WorkerRecord:
     files_done: int = 0
     started: float = field(default_factory=time.monotonic)
     progress_at: float = field(default_factory=time.monotonic)  # last lease granted or data received
+    claim: str | None = None  # the secret a worker this daemon started must show in its first HELLO
 
     @property
     def alive(self) -> bool:
@@ -95,6 +108,7 @@ class Coordinator:
         self._queues: OrderedDict[int, deque[Job]] = OrderedDict()
         self._lease_ids = itertools.count(1)
         self.restarts = 0
+        self._ended: OrderedDict[tuple[str, int], str] = OrderedDict()  # (worker, lease id) -> its token
 
     # -- file order and jobs ------------------------------------------------
     def share(self, epoch: int, rank: int, world_size: int) -> list[int]:
@@ -112,7 +126,7 @@ class Coordinator:
         for worker in self.workers.values():
             for lease_id, job in list(worker.leases.items()):
                 if job.stream_id == stream_id:
-                    del worker.leases[lease_id]
+                    self._end(worker.worker_id, worker.leases.pop(lease_id))
                     cancelled.append((worker.worker_id, lease_id))
         return cancelled
 
@@ -129,6 +143,7 @@ class Coordinator:
             if not worker.leases:
                 worker.progress_at = time.monotonic()
             job.worker = worker.worker_id
+            job.token = secrets.token_hex(LEASE_TOKEN_BYTES)
             worker.leases[job.lease_id] = job
             worker.waiting = False
             return job
@@ -139,7 +154,7 @@ class Coordinator:
         for worker in self.workers.values():
             for lease_id, job in list(worker.leases.items()):
                 if job.stream_id == stream_id and job.file_index == file_index:
-                    del worker.leases[lease_id]
+                    self._end(worker.worker_id, worker.leases.pop(lease_id))
                     worker.files_done += 1
         queue = self._queues.get(stream_id)
         if queue:
@@ -166,6 +181,28 @@ class Coordinator:
         record = self.workers.get(worker_id) or self.add_worker(worker_id)
         record.peer, record.pid, record.last_seen = peer, pid, time.monotonic()
         return record
+
+    def owns(self, worker_id: str, lease_id: int, token: str, stream_id: int, file_index: int) -> bool:
+        """Whether ``worker_id`` holds lease ``lease_id`` with ``token`` for this stream and file right now."""
+        record = self.workers.get(worker_id)
+        job = record.leases.get(lease_id) if record is not None else None
+        return (
+            job is not None
+            and job.stream_id == stream_id
+            and job.file_index == file_index
+            and bool(job.token)
+            and hmac.compare_digest(job.token.encode(), token.encode())
+        )
+
+    def _end(self, worker_id: str, job: Job) -> None:
+        self._ended[(worker_id, job.lease_id)] = job.token
+        while len(self._ended) > ENDED_LEASES_KEPT:
+            self._ended.popitem(last=False)
+
+    def was_owned(self, worker_id: str, lease_id: int, token: str) -> bool:
+        """Whether ``worker_id`` held lease ``lease_id`` with ``token`` until recently (its data is late, not forged)."""
+        ended = self._ended.get((worker_id, lease_id))
+        return ended is not None and bool(ended) and hmac.compare_digest(ended.encode(), token.encode())
 
     def progressed(self, worker_id: str | None) -> None:
         """A worker sent data: it is working, whatever its heartbeats say."""
@@ -198,6 +235,7 @@ class Coordinator:
         self.workers.pop(record.worker_id, None)
         orphans = sorted(record.leases.values(), key=lambda j: j.lease_id, reverse=True)
         for job in orphans:
+            self._end(record.worker_id, job)
             queue = self._queues.get(job.stream_id)
             if queue is None:
                 continue  # the stream was cancelled meanwhile

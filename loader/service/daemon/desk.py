@@ -11,6 +11,11 @@ the next epoch instead of idling until the slowest file is in; the stage's
 lease gate still bounds what is buffered. A client that says BYE, cannot be
 reached, or is silent for ``heartbeat_timeout_s`` is dropped and its streams'
 leases are cancelled.
+
+What a client asks for is checked before it is acted on (rank inside
+world_size, prefetch and credits at most ``MAX_PREFETCH``, at most
+``service.max_clients`` sessions); a refused request gets an ERROR saying why
+and its reason goes back to the loop, which counts it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from loader.service.shm.pool import ArenaPool
 from loader.service.transport import RouterLike
 
 log = logging.getLogger("loader.daemon")
+
+# Most batches a client may have in flight: its prefetch sizes the stage's buffer, so it must be bounded.
+MAX_PREFETCH = 1024
 
 
 class ClientDesk:
@@ -75,23 +83,30 @@ class ClientDesk:
         full, partial = divmod(samples, pipeline.batch_size)
         return full + (1 if partial and not pipeline.drop_last else 0)
 
-    def hello(self, peer: bytes, hello: P.ClientHello) -> None:
-        """CLIENT_HELLO: open a session (replacing this peer's old one) and answer CLIENT_WELCOME."""
+    def _refuse(self, peer: bytes, why: str, refused: str | None = None) -> str:
+        self._router.send(peer, P.encode(P.Error(refused=refused, message=why)))
+        return why
+
+    def hello(self, peer: bytes, hello: P.ClientHello) -> str | None:
+        """CLIENT_HELLO: open a session (replacing this peer's old one) and answer CLIENT_WELCOME; or why not."""
         mismatch = P.version_mismatch(hello, "the client")
         if mismatch is not None:
             log.error("refused %s", mismatch)
-            self._router.send(peer, P.encode(P.Error(refused="version", message=mismatch)))
-            return
+            return self._refuse(peer, mismatch, "version")
         rank, world_size = hello.rank, hello.world_size
         if not 0 <= rank < world_size:
-            self._router.send(peer, P.encode(P.Error(message=f"rank {rank} is outside world_size {world_size}")))
-            return
+            return self._refuse(peer, f"rank {rank} is outside world_size {world_size}")
+        if not 1 <= hello.prefetch <= MAX_PREFETCH:
+            return self._refuse(peer, f"prefetch {hello.prefetch} is outside 1..{MAX_PREFETCH}")
         dataset = self.datasets.by_name.get(hello.dataset)
         if dataset is None:
             known = ", ".join(repr(name) for name in self.datasets.by_name)
-            message = f"this daemon serves no dataset named {hello.dataset!r} (it serves {known})"
-            self._router.send(peer, P.encode(P.Error(refused="dataset", message=message)))
-            return
+            return self._refuse(
+                peer, f"this daemon serves no dataset named {hello.dataset!r} (it serves {known})", "dataset"
+            )
+        cap = self.config.service.max_clients
+        if peer not in self.stage.sessions and len(self.stage.sessions) >= cap:
+            return self._refuse(peer, f"the daemon serves {cap} clients, its cap (service.max_clients)", "capacity")
         session = self.stage.open_session(peer, rank, world_size, hello.prefetch)
         session.dataset, session.settings = dataset.name, dataset.settings
         log.info("client %d attached (dataset %s, rank %d of %d)", session.session_id, dataset.name, rank, world_size)
@@ -108,19 +123,27 @@ class ClientDesk:
             batches=self._epoch_batches(dataset, rank, world_size),
         )
         self._router.send(peer, P.encode(welcome))
+        return None
 
-    def on_message(self, session: Session, message: P.Message) -> None:
-        """CREDIT, PING, EPOCH or BYE from a known client."""
+    def on_message(self, session: Session, message: P.Message) -> str | None:
+        """CREDIT, PING, EPOCH or BYE from a known client; why it was refused, if it was."""
         if isinstance(message, P.Credit):
+            if message.n > MAX_PREFETCH:
+                return f"a credit of {message.n} batches is over {MAX_PREFETCH}"
             self.stage.on_credit(session, message.gen, message.n)
+            # Credits beyond what a client can have in flight would only let it flood its own socket.
+            session.credits = min(session.credits, MAX_PREFETCH)
         elif isinstance(message, P.Ping):
             self._router.send(session.peer, P.encode(P.Pong()))
         elif isinstance(message, P.Epoch):
+            if message.credit is not None and not 1 <= message.credit <= MAX_PREFETCH:
+                return self._refuse(session.peer, f"an epoch credit of {message.credit} is outside 1..{MAX_PREFETCH}")
             self.stage.on_epoch_request(session, message.shm)
             credits = message.credit if message.credit is not None else session.prefetch
             self._start_epoch(session, message.epoch, message.gen, credits, message.ahead)
         elif isinstance(message, P.Bye):
             self.drop(session, "said goodbye")
+        return None
 
     def _start_epoch(self, session: Session, epoch: int, gen: int, credits: int, read_ahead: bool) -> None:
         self.pool.cancel(self.stage.drop_stream(session.current))

@@ -9,6 +9,16 @@ for every transport. Worker messages go to ``WorkerPool`` (``workforce``),
 client messages to ``ClientDesk`` (``desk``), data to the ``Stage``. No locks:
 one thread runs it all. The coordinator never sees sample bytes; per data
 message it only notes that the sending worker made progress.
+
+Every peer is treated as hostile (``docs/security.md``): a message is acted on
+only once it decoded, and a data message only when its sender holds the
+lease it names (``Coordinator.owns``: lease id, token, stream, file, worker)
+and its shared-memory references lie in that worker's own arena
+(``RefKeeper.check_owned``). Whatever a handler raises because of a message is
+caught, counted in ``status()["rejected_messages"]`` and logged at most once
+per peer per minute (``rejects``): nothing a peer sends stops the daemon. With
+``service.daemon_key`` the sockets are CURVE servers admitting only the listed
+keys, plus a key pair made for the daemon's own workers.
 """
 
 from __future__ import annotations
@@ -19,7 +29,8 @@ import time
 from typing import Any
 
 from loader.config import LoaderConfig
-from loader.errors import MalformedMessageError
+from loader.config.sections import ServiceConfig
+from loader.errors import ConfigError, MalformedMessageError
 from loader.service import protocol as P
 from loader.service import transport
 from loader.service.daemon.coordinator import Coordinator
@@ -27,10 +38,11 @@ from loader.service.daemon.datasets import DatasetTable
 from loader.service.daemon.desk import ClientDesk
 from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
 from loader.service.daemon.rate import RecentRate
+from loader.service.daemon.rejects import Rejects
 from loader.service.daemon.stage import Stage
 from loader.service.daemon.workforce import MAX_FILE_ATTEMPTS, WorkerPool
 from loader.service.shm.pool import open_pool
-from loader.service.transport import links
+from loader.service.transport import auth, links, sockets
 
 log = logging.getLogger("loader.daemon")
 
@@ -38,16 +50,43 @@ POLL_INTERVAL_S = 0.05
 HOUSEKEEPING_INTERVAL_S = 0.1
 MAX_DRAIN_MESSAGES = 64  # per socket per loop turn, so one busy socket cannot starve the other
 WORKER_JOIN_TIMEOUT_S = 2.0
+# Largest control message the daemon takes (hellos, epochs, credits are tiny; nothing there carries columns).
+MAX_CONTROL_MESSAGE_BYTES = 1024 * 1024
 
 
-def _open_sources(transport_kind: str, bind: str) -> tuple[Any, Any, Any]:
+def _authentication(service: ServiceConfig) -> tuple[sockets.AuthServer | None, auth.CurveClient | None]:
+    """(the CURVE server, the keys of the daemon's own workers), or (None, None) without ``daemon_key``.
+
+    A daemon bound beyond loopback refuses to start unauthenticated unless ``service.insecure`` says so.
+    """
+    if not service.authenticated:
+        if not service.is_loopback and not service.insecure:
+            raise ConfigError(
+                f"service.bind {service.bind!r} reaches beyond this host and the daemon has no authentication: "
+                f"set service.daemon_key and service.authorized_keys (`loader keys`), or service.insecure = true "
+                f"to let anyone who reaches the port read the data ({service.origin})"
+            )
+        return None, None
+    assert service.daemon_key is not None and service.authorized_keys is not None
+    keys = auth.server_keys(service.daemon_key, service.authorized_keys)
+    own_public, own_secret = sockets.curve_keypair()  # the daemon's own workers: a pair made for them alone
+    server = sockets.AuthServer(keys.admitting(own_public))
+    return server, auth.CurveClient(keys.public, own_public, own_secret)
+
+
+def _open_sources(transport_kind: str, service: ServiceConfig, server: Any) -> tuple[Any, Any, Any]:
     """(router, data source, worker links or None) for ``config.workers.transport``."""
-    router = transport.Router(bind)
+    router = transport.Router(service.bind, server=server, max_message_bytes=MAX_CONTROL_MESSAGE_BYTES)
     try:
         if transport_kind in links.MP_TRANSPORTS:
             worker_links = links.WorkerLinks(transport_kind)
             return links.SplitRouter(router, worker_links.control), worker_links.data, worker_links
-        return router, transport.pull(transport.data_endpoint_for(router.endpoint)), None
+        data = transport.pull(
+            transport.data_endpoint_for(router.endpoint),
+            server=server,
+            max_message_bytes=service.max_message_mib * 1024 * 1024,
+        )
+        return router, data, None
     except BaseException:
         router.close()
         raise
@@ -67,14 +106,23 @@ class Daemon:
         self.files = self.datasets.files
         seed = self.datasets.default.seed
         self._closed = False
-        self.rejected_messages = 0  # malformed messages dropped
-        # Bind first: a daemon that cannot bind (port in use) touches nothing in /dev/shm.
-        self._router, self._data, worker_links = _open_sources(workers.transport, config.service.bind)
+        self.rejects = Rejects()  # messages dropped: malformed, not the sender's, or that made a handler raise
+        self.late_data = 0  # data messages of leases that ended meanwhile, dropped (not an attack)
+        self._auth, own_keys = _authentication(config.service)
+        try:
+            # Bind first: a daemon that cannot bind (port in use) touches nothing in /dev/shm.
+            self._router, self._data, worker_links = _open_sources(workers.transport, config.service, self._auth)
+        except BaseException:
+            if self._auth is not None:
+                self._auth.close()
+            raise
         try:
             self.arenas = open_pool(workers.shm_arena_mib * 1024 * 1024)
         except BaseException:
             self._router.close()
             self._data.close()
+            if self._auth is not None:
+                self._auth.close()
             raise
         self.endpoint = self._router.endpoint
         self.data_endpoint = self._data.endpoint
@@ -109,6 +157,9 @@ class Daemon:
             on_file_failed=self.stage.fail_file,
             arenas=self.arenas,
             dataset_of=lambda file_index: self.datasets.owner(file_index).name,
+            max_workers=config.service.max_workers,
+            max_arenas=2 * (config.service.max_workers + workers.count),
+            own_keys=own_keys,
         )
         self.clients = ClientDesk(
             config,
@@ -148,6 +199,8 @@ class Daemon:
         self.pool.close(WORKER_JOIN_TIMEOUT_S)
         self._router.close()
         self._data.close()
+        if self._auth is not None:
+            self._auth.close()  # after the sockets: terminating its context waits for them
         if self.arenas is not None:
             self.arenas.close()  # after the workers: nothing in /dev/shm outlives the daemon
 
@@ -184,27 +237,41 @@ class Daemon:
             self._rate.record(now, self.stage.samples_in)
             self.pool.reap()
             self.clients.reap(now)
+            self.stage.refs.reclaim(self.stage.sessions.values(), now, self.config.service.reclaim_after_s)
             if self.arenas is not None and self.arenas.has_retired:
-                self.arenas.collect(self.stage.arenas_held(), now)
+                for arena_id in self.arenas.collect(self.stage.arenas_held(), now):
+                    self.stage.refs.forget_arena(arena_id)
 
-    def _decode(self, frames: list[Any], source: str) -> tuple[P.Message, P.Columns] | None:
-        try:
-            return P.decode(frames)
-        except MalformedMessageError as exc:  # what a peer sends never stops the daemon
-            self.rejected_messages += 1
-            log.warning("dropping a malformed %s message: %s", source, exc)
-            return None
+    @property
+    def rejected_messages(self) -> int:
+        """Messages dropped because of what a peer sent (``status()["rejected_messages"]``)."""
+        return self.rejects.count
 
     def _on_data(self, frames: list[Any]) -> None:
-        decoded = self._decode(frames, "data")
-        if decoded is None:
+        try:
+            message, columns = P.decode(frames)
+        except MalformedMessageError as exc:  # the data endpoint cannot name its sender
+            self.rejects.reject("the data endpoint", f"malformed: {exc}")
             return
-        message, columns = decoded
         if not isinstance(message, P.FileMessage):
-            self.rejected_messages += 1
-            log.warning("dropping a %s message on the data endpoint", message.KIND)
+            self.rejects.reject("the data endpoint", f"a {message.KIND} message has no business there")
             return
-        # The coordinator only notes the time: a worker that sends data is not hung.
+        who = f"data from worker {message.worker[:64]!r}"
+        if not self.coordinator.owns(message.worker, message.lease, message.token, message.stream, message.file):
+            if self.coordinator.was_owned(message.worker, message.lease, message.token):
+                self.late_data += 1  # its lease ended meanwhile (cancelled, re-leased, finished): routine
+                return
+            self.rejects.reject(who, f"lease {message.lease} (stream {message.stream}, file {message.file}) is not its")
+            return
+        try:
+            self._on_file_message(message, columns)
+        except Exception as exc:  # whatever a peer's message makes a handler raise
+            self.rejects.reject(who, f"{message.KIND} failed: {type(exc).__name__}: {exc}")
+
+    def _on_file_message(self, message: P.FileMessage, columns: P.Columns) -> None:
+        if isinstance(message, P.Chunk):
+            self.stage.refs.check_owned(message.refs, columns, self.pool.arena_of(message.worker))
+        # The coordinator only notes the time: a worker that sends (acceptable) data is not hung.
         self.coordinator.progressed(message.worker)
         if isinstance(message, P.Chunk):
             self.stage.on_chunk(message, columns)
@@ -214,10 +281,18 @@ class Daemon:
             self.stage.on_file_error(message)
 
     def _on_control(self, peer: bytes, frames: list[Any]) -> None:
-        decoded = self._decode(frames, "control")
-        if decoded is None:
+        who = who_of(peer)
+        try:
+            message, _ = P.decode(frames)
+        except MalformedMessageError as exc:
+            self.rejects.reject(who, f"malformed: {exc}")
             return
-        message = decoded[0]
+        try:
+            self._on_control_message(peer, message)
+        except Exception as exc:  # whatever a peer's message makes a handler raise
+            self.rejects.reject(who, f"{message.KIND} failed: {type(exc).__name__}: {exc}")
+
+    def _on_control_message(self, peer: bytes, message: P.Message) -> None:
         worker = self.coordinator.by_peer(peer)
         if worker is not None:
             self.pool.on_message(worker, message)
@@ -226,9 +301,13 @@ class Daemon:
         if session is not None:
             session.last_seen = time.monotonic()
         if isinstance(message, P.Hello):
-            self.pool.hello(peer, message)
+            refused = self.pool.hello(peer, message)
+            if refused:
+                self.rejects.reject(who_of(peer), refused)
         elif isinstance(message, P.ClientHello):
-            self.clients.hello(peer, message)
+            refused = self.clients.hello(peer, message)
+            if refused:
+                self.rejects.reject(who_of(peer), refused)
         elif isinstance(message, P.Status):
             self._router.send(peer, P.encode(P.Status(status=self.status())))
         elif session is None:
@@ -240,7 +319,9 @@ class Daemon:
                     ),
                 )
         else:
-            self.clients.on_message(session, message)
+            refused = self.clients.on_message(session, message)
+            if refused:
+                self.rejects.reject(who_of(peer), refused)
 
     # -- status -------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -267,6 +348,7 @@ class Daemon:
             "duplicates_dropped": self.stage.dropped_duplicates,
             "skipped_records": self.stage.skipped_records,
             "rejected_messages": self.rejected_messages,
+            "late_data_dropped": self.late_data,
             "shm_arenas": len(self.arenas.arenas) if self.arenas is not None else 0,
             "clients": [
                 {
@@ -282,6 +364,10 @@ class Daemon:
                 for s in self.stage.sessions.values()
             ],
         }
+
+
+def who_of(peer: bytes) -> str:
+    return f"peer {peer.hex()[:32]}"
 
 
 __all__ = ["Daemon", "MAX_FILE_ATTEMPTS"]

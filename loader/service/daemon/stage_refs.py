@@ -19,11 +19,21 @@ touched). Its rules:
   arrives, before its consumer can take it, so this never frees a row being read,
   and a client that dies leaks nothing. Every row the stage drops (duplicates,
   cancelled streams, ``drop_last``) is freed through ``release``.
+* A client that returns no credit for a batch holds its rows at most
+  ``service.reclaim_after_s`` (``reclaim``): it copied them when the batch
+  arrived, so freeing them then cannot take a row from under a reader.
+* A worker's references are believed only for what it holds (``check_owned``,
+  before ``adopt``): rows of its own arena, in range, allocated (state byte
+  used), not overlapping, and not already held by the stage. Held blocks are
+  tracked per arena until released, so a forged or replayed reference can
+  neither free a row the stage still holds nor make two rows share blocks.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
+import time
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -33,7 +43,7 @@ import numpy as np
 from loader.service import protocol as P
 from loader.service.blocks import Block
 from loader.service.shm import refs as R
-from loader.service.shm.arena import ArenaError
+from loader.service.shm.arena import USED, ArenaError, run_indexes
 
 
 class RefKeeper:
@@ -42,11 +52,63 @@ class RefKeeper:
         self.specs = R.Specs()
         self.local: dict[int, Any] = {}
         self._local_ids = itertools.count()
+        self._held: dict[int, np.ndarray] = {}  # arena id -> per block: held by the stage (adopted, not freed)
 
     def arena_of(self, arena_id: int) -> Any:
         return self.arenas.get(arena_id) if self.arenas is not None else None
 
     # -- chunks in ------------------------------------------------------------
+    def check_owned(self, described: dict[str, Any] | None, columns: Block, own_arena: int | None) -> None:
+        """``ArenaError`` unless every reference of a chunk is a run of blocks its sender may hand over
+        (see the module docstring); marks those blocks held."""
+        if not described:
+            return
+        arena = self.arena_of(own_arena) if own_arena is not None else None
+        if arena is None or arena.closed:
+            raise ArenaError("a chunk carries references, but its sender has no arena of this daemon")
+        blocks = []
+        for name, specs in described.items():
+            values = columns.get(name)
+            if values is None or values.ndim != 2 or values.shape[1] != R.REF_WIDTH or values.dtype.kind not in "iu":
+                raise ArenaError(f"reference column {name!r} is malformed")
+            values = values.astype(np.int64, copy=False)
+            if np.any(values[:, 0] != own_arena):
+                raise ArenaError(f"reference column {name!r} names an arena that is not its sender's")
+            parsed = R.parse_specs(specs)
+            for spec_id in np.unique(values[:, 2]).tolist():
+                if spec_id not in parsed:
+                    raise ArenaError(f"reference column {name!r} names a spec its header does not describe")
+                dtype, shape = parsed[spec_id]
+                nbytes = math.prod(shape) * np.dtype(dtype).itemsize  # Python ints: no overflow
+                if nbytes > arena.n_blocks * arena.block_bytes:
+                    raise ArenaError(f"reference column {name!r} claims rows larger than the arena")
+                run = arena.blocks_for(nbytes)
+                starts = values[values[:, 2] == spec_id, 1]
+                if int(starts.min()) < 0 or int(starts.max()) + run > arena.n_blocks:
+                    raise ArenaError(f"reference column {name!r} names blocks outside its arena")
+                blocks.append(run_indexes(starts, run))
+        taken = np.concatenate(blocks) if blocks else np.zeros(0, np.int64)
+        if len(np.unique(taken)) != len(taken):
+            raise ArenaError("a chunk's references overlap")
+        held = self._held.setdefault(arena.arena_id, np.zeros(arena.n_blocks, dtype=bool))
+        if np.any(arena.states[taken] != USED) or np.any(held[taken]):
+            raise ArenaError("a chunk references blocks that are free or already handed over")
+        held[taken] = True
+
+    def _unhold(self, refs: np.ndarray) -> None:
+        """The stage no longer holds these rows' blocks (they are freed, or about to be)."""
+        for arena_id, spec_id in np.unique(refs[:, [0, 2]], axis=0).tolist() if len(refs) else ():
+            held = self._held.get(arena_id)
+            arena = self.arena_of(arena_id)
+            if held is None or arena is None or spec_id not in self.specs.specs:
+                continue
+            run = arena.blocks_for(R.row_nbytes(self.specs.specs[spec_id]))
+            starts = refs[(refs[:, 0] == arena_id) & (refs[:, 2] == spec_id), 1]
+            held[run_indexes(starts.astype(np.int64), run)] = False
+
+    def forget_arena(self, arena_id: int) -> None:
+        self._held.pop(arena_id, None)
+
     def adopt(self, described: dict[str, Any] | None, columns: Block) -> frozenset[str]:
         """Renumber a chunk's reference columns (``Chunk.refs``) to our specs; their names. ``ArenaError`` when malformed."""
         described = described or {}
@@ -86,6 +148,7 @@ class RefKeeper:
     # -- copying out and freeing ---------------------------------------------
     def materialize(self, refs: np.ndarray) -> np.ndarray:
         """The rows' data as an inline column (one copy); arena rows are freed, local rows forgotten."""
+        self._unhold(refs[refs[:, 0] != R.LOCAL_ARENA] if len(refs) else refs)
         if len(refs) and not np.any(refs[:, 0] == R.LOCAL_ARENA):
             return R.gather(refs, self.specs.specs, self.arena_of)
         rows = []
@@ -110,6 +173,7 @@ class RefKeeper:
         local = refs[:, 0] == R.LOCAL_ARENA
         for key in refs[local, 1].tolist():
             self.local.pop(key, None)
+        self._unhold(refs[~local])
         R.free_refs(refs[~local], self.specs.specs, self.arena_of)
 
     def release_blocks(self, blocks: Iterable[Block], names: frozenset[str]) -> None:
@@ -139,7 +203,7 @@ class RefKeeper:
                 sent.append(refs)
             else:
                 batch[name] = self.materialize(refs)
-        session.outstanding.append((gen, sent))
+        session.outstanding.append((gen, sent, time.monotonic()))
         return batch, described or None
 
     def credited(self, session: Any, gen: Any, count: int) -> None:
@@ -149,6 +213,21 @@ class RefKeeper:
             for refs in queue.popleft()[1]:
                 self.release(refs)
             count -= 1
+
+    def reclaim(self, sessions: Iterable[Any], now: float, after_s: float) -> None:
+        """Free the rows of batches sent more than ``after_s`` ago whose credit never came back.
+
+        The entries stay (empty), so credits still line up with batches."""
+        for session in sessions:
+            queue: deque = session.outstanding
+            for i in range(len(queue)):
+                gen, sent, sent_at = queue[i]
+                if now - sent_at <= after_s:
+                    break
+                if sent:
+                    for refs in sent:
+                        self.release(refs)
+                    queue[i] = (gen, [], sent_at)
 
     def release_outstanding(self, session: Any) -> None:
         """A new epoch request (the client copied every earlier batch it will read) or the client left."""
@@ -165,7 +244,7 @@ class RefKeeper:
                 if name in block:
                     ids.update(np.unique(block[name][:, 0]).tolist())
         for session in sessions:
-            for _, sent in session.outstanding:
+            for _, sent, _ in session.outstanding:
                 for refs in sent:
                     ids.update(np.unique(refs[:, 0]).tolist())
         return ids

@@ -12,12 +12,23 @@ With the shared-memory fast path on (``arenas``, an ``shm.pool.ArenaPool``) ever
 HELLO gets a fresh arena named in its WELCOME, and the worker's previous one,
 if any, is retired (unlinked once nothing refers to it): an arena has one
 writer at a time, and the blocks a killed writer had taken die with its arena.
+
+Worker ids are the daemon's to give. A worker this daemon starts is told its
+id with a secret claim (``<id>#<claim>``) that only its first HELLO can use;
+any other HELLO (a hand-started worker, or one that was forgotten) gets the
+name it asks for only when no record has it, else a fresh one, so no HELLO
+can take over a live worker's record, and its BYE can only end its own. Hand-started workers are capped at ``max_workers`` and
+arenas at ``max_arenas`` (beyond it a worker sends its rows inline): a flood
+of HELLOs is refused, one line each, instead of exhausting descriptors.
 """
 
 from __future__ import annotations
 
+import hmac
+import itertools
 import logging
 import os
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -28,12 +39,17 @@ from loader.runtime import processes
 from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator, WorkerRecord
 from loader.service.daemon.launcher import start_worker
+from loader.service.daemon.rejects import LOG_EVERY_S
 from loader.service.shm.pool import ArenaPool
+from loader.service.transport.auth import CurveClient, Dial
 from loader.service.transport.links import WorkerLinks
 
 log = logging.getLogger("loader.daemon")
 
 MAX_FILE_ATTEMPTS = 3  # worker deaths while holding one file before that file fails the epoch
+CLAIM_SEP = "#"  # between a started worker's id and its claim secret, in the worker id it is started with
+CLAIM_BYTES = 16
+MAX_ID_PREFIX = 64  # characters of a hand-started worker's own name kept in the id the daemon issues
 
 SendFn = Callable[[bytes, list[Any]], bool]
 # (stream id, file index, WorkerError.to_dict()): a file failed for good.
@@ -56,6 +72,9 @@ class WorkerPool:
         on_file_failed: FileFailedFn,
         arenas: ArenaPool | None = None,
         dataset_of: Callable[[int], str] = lambda file_index: "default",
+        max_workers: int = 64,
+        max_arenas: int = 256,
+        own_keys: CurveClient | None = None,
     ) -> None:
         self.coordinator = coordinator
         self._send = send
@@ -70,6 +89,10 @@ class WorkerPool:
         self._dataset_of = dataset_of  # file index -> the dataset whose source and pipeline read it
         self._arena_of: dict[str, int] = {}  # worker id -> its arena id
         self._seq = 0
+        self._issued = itertools.count(1)
+        self._max_workers, self._max_arenas = max_workers, max_arenas
+        self._cap_logged_at = -LOG_EVERY_S
+        self._own_keys = own_keys  # the CURVE keys of the workers this daemon starts (None: no authentication)
         self.closing = False
 
     # -- processes ----------------------------------------------------------
@@ -77,15 +100,18 @@ class WorkerPool:
         """Start one worker process and register it."""
         self._seq += 1
         worker_id = f"{socket.gethostname()}-{os.getpid()}-{self._seq}"
+        claim = secrets.token_hex(CLAIM_BYTES)
+        claimed_id = f"{worker_id}{CLAIM_SEP}{claim}"  # travels to the child in spawn's pipe, never in argv
         if self._links is None:
-            proc = start_worker(self._endpoint, worker_id, self._entry)
+            connect: Any = Dial(self._endpoint, self._own_keys) if self._own_keys is not None else self._endpoint
+            proc = start_worker(connect, claimed_id, self._entry)
         else:
             link = self._links.new_link()
             try:
-                proc = start_worker(link, worker_id, self._entry)
+                proc = start_worker(link, claimed_id, self._entry)
             finally:
                 link.close()  # the child has its copies; ours would hide its death
-        self.coordinator.add_worker(worker_id, proc)
+        self.coordinator.add_worker(worker_id, proc).claim = claim
 
     def reap(self) -> None:
         for record, why in self.coordinator.find_dead():
@@ -93,7 +119,8 @@ class WorkerPool:
 
     def gone(self, record: WorkerRecord, why: str) -> None:
         """Forget a worker: stop its process, re-lease its files, start a replacement."""
-        level = logging.INFO if why == "said goodbye" and not record.leases else logging.WARNING
+        # A peer's own goodbye is routine (and a peer could send them in a loop): info, not a warning.
+        level = logging.INFO if why == "said goodbye" else logging.WARNING
         log.log(
             level,
             "worker %s (pid %s) left: %s; re-leasing %d file(s)",
@@ -109,7 +136,11 @@ class WorkerPool:
             self._links.control.drop(record.peer)
         if self._arenas is not None:
             self._arenas.retire(self._arena_of.pop(record.worker_id, None))
-        for job in self.coordinator.remove_worker(record):
+        orphans = self.coordinator.remove_worker(record)
+        # Only deaths of workers this daemon started count against a file: a peer that takes a lease and
+        # leaves (says BYE, goes silent) must not be able to fail an epoch by doing it three times.
+        counted = orphans if record.process is not None and why != "said goodbye" else []
+        for job in counted:
             key = (job.stream_id, job.file_index)
             self._attempts[key] = self._attempts.get(key, 0) + 1
             if self._attempts[key] >= MAX_FILE_ATTEMPTS:
@@ -132,27 +163,72 @@ class WorkerPool:
                 processes.stop_process(record.process, join_timeout_s=max(0.0, deadline - time.monotonic()))
 
     # -- messages -----------------------------------------------------------
-    def hello(self, peer: bytes, hello: P.Hello) -> None:
-        mismatch = P.version_mismatch(hello, f"worker {hello.worker or peer.hex()} (pid {hello.pid})")
+    def hello(self, peer: bytes, hello: P.Hello, known: WorkerRecord | None = None) -> str | None:
+        """Admit a worker (``known``: one already admitted on this connection, saying hello again) and
+        answer WELCOME; None, or why it was refused (the refusal is sent to the peer too)."""
+        public = (hello.worker or "").partition(CLAIM_SEP)[0][:MAX_ID_PREFIX]
+        mismatch = P.version_mismatch(hello, f"worker {public or peer.hex()} (pid {hello.pid})")
         if mismatch is not None:
             log.error("refused %s", mismatch)
             self._send(peer, P.encode(P.Error(refused="version", message=mismatch)))
-            return
-        record = self.coordinator.hello(hello.worker or peer.hex(), peer, hello.pid)
+            return mismatch
+        record = known if known is not None else self._admit(peer, hello)
+        if isinstance(record, str):
+            self._send(peer, P.encode(P.Error(refused="worker", message=record)))
+            return record
+        record.peer, record.pid, record.last_seen = peer, hello.pid, time.monotonic()
         log.info("worker %s (pid %s) joined", record.worker_id, hello.pid)
         shm = None
         if self._arenas is not None:
             self._arenas.retire(self._arena_of.pop(record.worker_id, None))
-            try:
-                arena = self._arenas.create()
-            except OSError as exc:  # /dev/shm full or unusable: this worker sends inline frames
-                log.warning("no shared-memory arena for worker %s: %s", record.worker_id, exc)
+            if len(self._arenas.arenas) >= self._max_arenas:
+                now = time.monotonic()
+                if now - self._cap_logged_at >= LOG_EVERY_S:  # a HELLO flood gets one line a minute
+                    self._cap_logged_at = now
+                    log.warning(
+                        "no shared-memory arena for worker %s: the daemon has its cap of arenas", record.worker_id
+                    )
             else:
-                self._arena_of[record.worker_id] = arena.arena_id
-                shm = {**self._arenas.describe(), "arena": arena.arena_id}
+                shm = self._new_arena(record)
         self._send(
             peer, P.encode(P.Welcome(worker=record.worker_id, config=self._config, data=self._data_endpoint, shm=shm))
         )
+        return None
+
+    def _admit(self, peer: bytes, hello: P.Hello) -> WorkerRecord | str:
+        """The record of a new connection's worker, or why not: a started worker's claim, or a fresh id."""
+        public, sep, claim = (hello.worker or "").partition(CLAIM_SEP)
+        if sep:
+            record = self.coordinator.workers.get(public)
+            if record is None or record.claim is None or not hmac.compare_digest(record.claim.encode(), claim.encode()):
+                return f"worker id {public[:MAX_ID_PREFIX]!r} is not this peer's to claim"
+            record.claim = None  # used: nobody can claim this record again
+            return record
+        hand_started = sum(1 for r in self.coordinator.workers.values() if r.process is None)
+        if hand_started >= self._max_workers:
+            return f"the daemon has {hand_started} workers started by hand, its cap (service.max_workers)"
+        # The name asked for only while no record has it: a HELLO naming a live worker gets a fresh id,
+        # never its record (so never its leases, and its BYE ends only itself).
+        name = public[:MAX_ID_PREFIX]
+        if not name or name in self.coordinator.workers:
+            name = f"{name or 'worker'}~{next(self._issued)}"
+            while name in self.coordinator.workers:
+                name = f"{public[:MAX_ID_PREFIX] or 'worker'}~{next(self._issued)}"
+        return self.coordinator.add_worker(name)
+
+    def arena_of(self, worker_id: str) -> int | None:
+        """The id of the arena ``worker_id`` writes (None: it has none)."""
+        return self._arena_of.get(worker_id)
+
+    def _new_arena(self, record: WorkerRecord) -> dict[str, Any] | None:
+        assert self._arenas is not None
+        try:
+            arena = self._arenas.create()
+        except OSError as exc:  # /dev/shm full or unusable: this worker sends inline frames
+            log.warning("no shared-memory arena for worker %s: %s", record.worker_id, exc)
+            return None
+        self._arena_of[record.worker_id] = arena.arena_id
+        return {**self._arenas.describe(), "arena": arena.arena_id}
 
     def on_message(self, worker: WorkerRecord, message: P.Message) -> None:
         worker.last_seen = time.monotonic()
@@ -163,9 +239,9 @@ class WorkerPool:
             self._send(worker.peer, P.encode(P.Heartbeat()))
         elif isinstance(message, P.Bye):
             self.gone(worker, "said goodbye")
-        elif isinstance(message, P.Hello):  # a restarted worker reusing its id
+        elif isinstance(message, P.Hello):  # the same connection again: the worker lost its welcome
             assert worker.peer is not None
-            self.hello(worker.peer, message)
+            self.hello(worker.peer, message, known=worker)
 
     # -- leases -------------------------------------------------------------
     def dispatch(self) -> None:
@@ -186,6 +262,7 @@ class WorkerPool:
                         file=job.file_index,
                         path=job.path,
                         dataset=self._dataset_of(job.file_index),
+                        token=job.token,
                     )
                 ),
             )

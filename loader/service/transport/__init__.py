@@ -1,8 +1,10 @@
 """Transport: the channel protocol, ZeroMQ sockets (the one zmq import), worker pipe links and their framing."""
 
+from loader.service.transport.auth import CurveClient, CurveServer, Dial
 from loader.service.transport.channel import Channel, Frames, RouterLike
 from loader.service.transport.inproc import FakeChannel, Waker
 from loader.service.transport.sockets import (
+    AuthServer,
     Poller,
     Router,
     ZmqChannel,
@@ -14,6 +16,10 @@ from loader.service.transport.sockets import (
 )
 
 __all__ = [
+    "AuthServer",
+    "CurveClient",
+    "CurveServer",
+    "Dial",
     "Channel",
     "Frames",
     "RouterLike",

@@ -8,22 +8,39 @@ Every socket has ``linger=0`` and is closed on every path; every receive takes a
 timeout; zmq errors become ``TransportError``/``ServiceUnavailableError`` naming
 the endpoint. Multipart frames are received with ``copy=False`` so large array
 frames are used in place.
+
+Authentication (``transport.auth`` holds the keys as plain data): a daemon
+with keys binds its sockets as CURVE servers in a context of its own
+(``AuthServer``), whose ZAP handler (``zmq.auth.thread.ThreadAuthenticator``)
+admits only the listed public keys; a peer's DEALER and PUSH sockets are CURVE
+clients when given keys (or when ``LOADER_PEER_KEY`` and
+``LOADER_DAEMON_PUBLIC_KEY`` name key files). A peer without an admitted key
+never completes the handshake: not one of its messages reaches the daemon.
+Every daemon socket has a maximum inbound message size (``MAXMSGSIZE``): a
+peer that sends more is disconnected by zmq before the daemon buffers it.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
 import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
 
-from loader.errors import ServiceUnavailableError, TransportError
+from loader.errors import ConfigError, ServiceUnavailableError, TransportError
+from loader.service.transport.auth import CurveClient, CurveServer, peer_from_env
 
 SEND_TIMEOUT_S = 10.0
 # Frames at least this large are sent without copying (zmq keeps a reference).
 ZERO_COPY_MIN_BYTES = 64 * 1024
 # Messages queued per peer before a sender blocks: bounded, and large enough for bursts.
 HIGH_WATER_MARK = 64
+# Bytes of a random DEALER identity: a ROUTER routes by it, so it must not be guessable (zmq's own are counters).
+IDENTITY_BYTES = 16
 
 Frames = list[Any]
 
@@ -38,24 +55,111 @@ def _translate(exc: zmq.ZMQError, action: str, endpoint: str) -> TransportError:
     return TransportError(f"{action} {endpoint} failed: {exc}")
 
 
+class AuthServer:
+    """A daemon's CURVE side: its own zmq context with a ZAP handler admitting ``keys.allowed``.
+
+    Its own context, because a context has one ZAP handler and tests run several daemons in one
+    process. ``close()`` (after the daemon's sockets are closed) stops the handler; idempotent.
+    """
+
+    def __init__(self, keys: CurveServer) -> None:
+        self.keys = keys
+        self.context = zmq.Context()
+        self._auth = ThreadAuthenticator(self.context)
+        self._auth.start()
+        self._auth.configure_curve_callback(domain="*", credentials_provider=_Allowed(keys.allowed))
+        self.closed = False
+
+    def secure(self, sock: zmq.Socket) -> None:
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self.keys.secret)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, self.keys.public)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._auth.stop()
+            self.context.term()
+
+
+class _Allowed:
+    """``ThreadAuthenticator``'s credentials provider: is this (z85) public key listed?"""
+
+    def __init__(self, allowed: frozenset[bytes]) -> None:
+        self.allowed = allowed
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key in self.allowed
+
+
+def curve_keypair() -> tuple[bytes, bytes]:
+    """A fresh (public, secret) CURVE key pair, z85-encoded."""
+    return zmq.curve_keypair()
+
+
+def create_key_files(directory: str, name: str) -> tuple[str, str]:
+    """Write ``name.key`` (public) and ``name.key_secret`` (owner-only) into ``directory``; their paths."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    public, secret = zmq.auth.create_certificates(directory, name)
+    os.chmod(secret, 0o600)
+    return str(public), str(secret)
+
+
+def load_key_file(path: str) -> tuple[bytes, bytes | None]:
+    """(public, secret or None) from a zmq certificate file; ``ConfigError`` naming the file otherwise."""
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read CURVE key file {path}: {exc}") from exc
+    if public is None:
+        raise ConfigError(f"cannot read CURVE key file {path}: it holds no public key")
+    return public, secret
+
+
+def load_public_keys(directory: str) -> frozenset[bytes]:
+    """The public keys of every ``*.key`` file in ``directory``."""
+    if not os.path.isdir(directory):
+        raise ConfigError(f"authorized keys directory {directory} does not exist")
+    return frozenset(zmq.auth.load_certificates(directory))
+
+
 class _Socket:
     """One zmq socket with the house settings; ``close()`` is idempotent."""
 
-    def __init__(self, kind: int, endpoint: str, *, bind: bool, identity: bytes | None = None) -> None:
-        self._sock = _context().socket(kind)
+    def __init__(
+        self,
+        kind: int,
+        endpoint: str,
+        *,
+        bind: bool,
+        identity: bytes | None = None,
+        curve: CurveClient | None = None,
+        server: AuthServer | None = None,
+        max_message_bytes: int | None = None,
+    ) -> None:
+        self._sock = (server.context if server is not None else _context()).socket(kind)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, HIGH_WATER_MARK)
         self._sock.setsockopt(zmq.RCVHWM, HIGH_WATER_MARK)
+        if max_message_bytes is not None:
+            self._sock.setsockopt(zmq.MAXMSGSIZE, int(max_message_bytes))
         if identity is not None:
             self._sock.setsockopt(zmq.IDENTITY, identity)
         if kind == zmq.ROUTER:
             # A reply to a vanished client must fail loudly, not vanish silently.
             self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if server is not None:
+            server.secure(self._sock)
+        elif curve is not None:
+            self._sock.setsockopt(zmq.CURVE_SERVERKEY, curve.server_public)
+            self._sock.setsockopt(zmq.CURVE_PUBLICKEY, curve.public)
+            self._sock.setsockopt(zmq.CURVE_SECRETKEY, curve.secret)
         self.endpoint = endpoint
         try:
             if bind:
                 self._sock.bind(endpoint)
                 self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+                _owner_only(self.endpoint)
             else:
                 self._sock.connect(endpoint)
         except zmq.ZMQError as exc:
@@ -101,6 +205,14 @@ class _Socket:
         self.close()
 
 
+def _owner_only(endpoint: str) -> None:
+    """An ``ipc://`` socket file gets mode 0600: other local users cannot connect to it."""
+    if endpoint.startswith("ipc://"):
+        path = endpoint[len("ipc://") :]
+        if path and not path.startswith("@"):  # "@name": Linux abstract namespace, no file
+            os.chmod(path, 0o600)
+
+
 def _nbytes(frame: Any) -> int:
     try:
         return memoryview(frame).nbytes
@@ -128,8 +240,10 @@ class ZmqChannel(_Socket):
 class Router(_Socket):
     """The daemon's well-known endpoint: many DEALER peers, addressed by identity."""
 
-    def __init__(self, endpoint: str) -> None:
-        super().__init__(zmq.ROUTER, endpoint, bind=True)
+    def __init__(
+        self, endpoint: str, *, server: AuthServer | None = None, max_message_bytes: int | None = None
+    ) -> None:
+        super().__init__(zmq.ROUTER, endpoint, bind=True, server=server, max_message_bytes=max_message_bytes)
 
     def send(self, peer: bytes, frames: Sequence[Any]) -> bool:
         """Send to ``peer`` without blocking; False when the peer is gone or full."""
@@ -151,16 +265,19 @@ class Router(_Socket):
         return bytes(frames[0].buffer), frames[1:]
 
 
-def dealer(endpoint: str, identity: bytes | None = None) -> ZmqChannel:
-    return ZmqChannel(zmq.DEALER, endpoint, bind=False, identity=identity)
+def dealer(endpoint: str, identity: bytes | None = None, curve: CurveClient | None = None) -> ZmqChannel:
+    """A peer's control socket; a random identity unless given; CURVE keys given or from the environment."""
+    if identity is None:
+        identity = b"\x01" + secrets.token_bytes(IDENTITY_BYTES - 1)  # zmq reserves a leading zero byte
+    return ZmqChannel(zmq.DEALER, endpoint, bind=False, identity=identity, curve=curve or peer_from_env())
 
 
-def push(endpoint: str) -> ZmqChannel:
-    return ZmqChannel(zmq.PUSH, endpoint, bind=False)
+def push(endpoint: str, curve: CurveClient | None = None) -> ZmqChannel:
+    return ZmqChannel(zmq.PUSH, endpoint, bind=False, curve=curve or peer_from_env())
 
 
-def pull(endpoint: str) -> ZmqChannel:
-    return ZmqChannel(zmq.PULL, endpoint, bind=True)
+def pull(endpoint: str, *, server: AuthServer | None = None, max_message_bytes: int | None = None) -> ZmqChannel:
+    return ZmqChannel(zmq.PULL, endpoint, bind=True, server=server, max_message_bytes=max_message_bytes)
 
 
 def data_endpoint_for(control: str) -> str:
@@ -235,6 +352,11 @@ class Poller:
 
 
 __all__ = [
+    "AuthServer",
+    "curve_keypair",
+    "create_key_files",
+    "load_key_file",
+    "load_public_keys",
     "ZmqChannel",
     "Router",
     "Poller",

@@ -28,12 +28,12 @@ from loader.service import protocol as P
 # A field's category says what it accepts; "?" marks an optional one (nil on the wire, or absent, is fine).
 COUNT, TEXT, PATH, FLAG, SECONDS, MAPPING, REFS = "count", "text", "path", "flag", "seconds", "mapping", "refs"
 VERSIONED = {"v": COUNT, "lv": TEXT}
-FILE = {"s": COUNT, "f": COUNT, "l": COUNT, "w": TEXT}
+FILE = {"s": COUNT, "f": COUNT, "l": COUNT, "w": TEXT, "t": TEXT}
 FIELDS: dict[type[P.Message], dict[str, str]] = {
     P.Hello: {**VERSIONED, "worker": TEXT + "?", "pid": COUNT + "?"},
     P.Welcome: {**VERSIONED, "worker": TEXT, "config": MAPPING, "data": TEXT, "shm": MAPPING + "?"},
     P.LeaseRequest: {},
-    P.Lease: {"lease": COUNT, "s": COUNT, "e": COUNT, "f": COUNT, "path": PATH, "ds": TEXT},
+    P.Lease: {"lease": COUNT, "s": COUNT, "e": COUNT, "f": COUNT, "path": PATH, "ds": TEXT, "t": TEXT},
     P.Heartbeat: {},
     P.Cancel: {"lease": COUNT},
     P.Bye: {"reason": TEXT},

@@ -1,0 +1,41 @@
+"""Messages the daemon refuses: counted, and logged at most once per peer per minute.
+
+Whatever a peer sends, the daemon goes on: a message that fails decoding, names
+what its sender does not hold, or makes a handler raise is dropped here. The
+count is ``status()["rejected_messages"]``; the log says why, but a peer that
+sends garbage in a loop gets one line per ``LOG_EVERY_S``, so it cannot fill
+the disk or drown the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+log = logging.getLogger("loader.daemon")
+
+LOG_EVERY_S = 60.0
+MAX_REMEMBERED_PEERS = 1024  # peers whose last log line is remembered (a flood of peers forgets the oldest)
+
+
+class Rejects:
+    """The daemon's count of refused messages and its rate-limited log of them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._logged_at: dict[str, float] = {}
+
+    def reject(self, peer: str, why: str) -> None:
+        """Count a refused message from ``peer`` and log ``why`` unless this peer was logged recently."""
+        self.count += 1
+        now = time.monotonic()
+        last = self._logged_at.get(peer)
+        if last is not None and now - last < LOG_EVERY_S:
+            return
+        if last is None and len(self._logged_at) >= MAX_REMEMBERED_PEERS:
+            del self._logged_at[next(iter(self._logged_at))]
+        self._logged_at[peer] = now
+        log.warning("dropping a message from %s: %s (further ones within %.0fs are not logged)", peer, why, LOG_EVERY_S)
+
+
+__all__ = ["Rejects", "LOG_EVERY_S"]

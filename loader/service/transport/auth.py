@@ -1,0 +1,104 @@
+"""CURVE keys as plain data: the daemon's (``CurveServer``), a peer's (``CurveClient``), and a worker's dial.
+
+zmq's CURVE gives each socket a long-term key pair; a daemon with keys admits
+only peers whose public key it lists, and every byte between them is
+encrypted. This module only reads and carries keys (z85 bytes, as zmq's
+certificate files hold them); the sockets that use them are made in
+``sockets.py``, the one module that imports zmq. See ``docs/security.md``.
+
+Peers find their keys in the config (``service.peer_key`` and
+``service.daemon_public_key``) or, for a ``Client`` made by hand, in the
+environment: ``LOADER_PEER_KEY`` (this peer's secret key file) and
+``LOADER_DAEMON_PUBLIC_KEY`` (the daemon's public key file).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from loader.errors import ConfigError
+
+ENV_PEER_KEY = "LOADER_PEER_KEY"
+ENV_DAEMON_PUBLIC_KEY = "LOADER_DAEMON_PUBLIC_KEY"
+
+
+@dataclass(frozen=True)
+class CurveClient:
+    """A peer's keys: the daemon's public key, and the peer's own pair."""
+
+    server_public: bytes
+    public: bytes
+    secret: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class CurveServer:
+    """The daemon's key pair and the public keys it admits."""
+
+    public: bytes
+    secret: bytes = field(repr=False)
+    allowed: frozenset[bytes] = frozenset()
+
+    def admitting(self, *publics: bytes) -> CurveServer:
+        return CurveServer(self.public, self.secret, self.allowed | frozenset(publics))
+
+
+@dataclass(frozen=True)
+class Dial:
+    """Where a worker connects, with its keys (the daemon's own workers get a key pair made for them)."""
+
+    address: str
+    curve: CurveClient | None = None
+
+    def __str__(self) -> str:
+        return self.address
+
+
+def _secret(path: str) -> tuple[bytes, bytes]:
+    from loader.service.transport.sockets import load_key_file  # the zmq side
+
+    public, secret = load_key_file(path)
+    if secret is None:
+        raise ConfigError(f"CURVE key file {path} holds no secret key (give the .key_secret file)")
+    return public, secret
+
+
+def peer_keys(peer_key: str | None, daemon_public_key: str | None, what: str = "service") -> CurveClient | None:
+    """A peer's keys from its key files (both or neither), or None."""
+    if not peer_key and not daemon_public_key:
+        return None
+    if not peer_key or not daemon_public_key:
+        raise ConfigError(
+            f"{what}: CURVE needs both the peer's secret key file and the daemon's public key file, got only one"
+        )
+    from loader.service.transport.sockets import load_key_file
+
+    public, secret = _secret(peer_key)
+    server_public, _ = load_key_file(daemon_public_key)
+    return CurveClient(server_public, public, secret)
+
+
+def peer_from_env() -> CurveClient | None:
+    """A peer's keys named by ``LOADER_PEER_KEY`` and ``LOADER_DAEMON_PUBLIC_KEY``, or None."""
+    return peer_keys(os.environ.get(ENV_PEER_KEY), os.environ.get(ENV_DAEMON_PUBLIC_KEY), "environment")
+
+
+def server_keys(daemon_key: str, authorized_keys: str) -> CurveServer:
+    """The daemon's keys: its secret key file and a directory of admitted public keys (``*.key``)."""
+    from loader.service.transport.sockets import load_public_keys
+
+    public, secret = _secret(daemon_key)
+    return CurveServer(public, secret, load_public_keys(authorized_keys))
+
+
+__all__ = [
+    "CurveClient",
+    "CurveServer",
+    "Dial",
+    "peer_keys",
+    "peer_from_env",
+    "server_keys",
+    "ENV_PEER_KEY",
+    "ENV_DAEMON_PUBLIC_KEY",
+]

@@ -1,0 +1,338 @@
+"""Hostile peers against a live daemon: each attack is refused or bounded, and a legitimate client still
+reads exact epochs afterwards (docs/security.md). One test per attack the tracker lists."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+
+from loader import Client
+from loader.service import protocol as P
+from loader.service import transport
+from loader.service.client.client import query_status
+from tests.helpers import wait_until
+from tests.integration.conftest import collect_ids, make_config, running_daemon, write_id_files
+
+pytestmark = pytest.mark.integration
+
+FILES = [300, 250, 400, 120, 350, 200]
+HOSTILE = {
+    "service": {"max_workers": 4, "max_clients": 6, "max_message_mib": 1},
+    # Fake workers that hold leases and send nothing are replaced after this long.
+    "workers": {"progress_timeout_s": 3.0},
+}
+
+
+def _config(tmp_path: Any, **overrides: Any) -> Any:
+    sections = {name: dict(values) for name, values in HOSTILE.items()}
+    for name, values in overrides.items():
+        sections.setdefault(name, {}).update(values)
+    return make_config(tmp_path, pipeline={"batch_size": 20, "shuffle_buffer": 50}, **sections)
+
+
+def _ready(daemon: Any, workers: int = 2) -> None:
+    assert wait_until(
+        lambda: sum(w["connected"] for w in query_status(daemon.endpoint)["workers"]) >= workers, timeout_s=30
+    )
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    data = tmp_path_factory.mktemp("hostile-data")
+    ids = write_id_files(data, len(FILES), FILES)
+    with running_daemon(_config(data)) as daemon:
+        _ready(daemon)
+        yield daemon, ids
+
+
+def exact_epochs(daemon: Any, ids: list[int], epochs: int = 1) -> None:
+    with Client(daemon.endpoint, timeout_s=30) as client:
+        for _ in range(epochs):
+            assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
+
+
+def rejected(daemon: Any) -> int:
+    return int(query_status(daemon.endpoint)["rejected_messages"])
+
+
+@contextlib.contextmanager
+def raw_peer(endpoint: str) -> Iterator[Any]:
+    peer = transport.dealer(endpoint)
+    try:
+        yield peer
+    finally:
+        peer.close()
+
+
+def ask(peer: Any, frames: list[Any], timeout_s: float = 5.0) -> P.Message | None:
+    peer.send(frames)
+    got = peer.recv(timeout_s)
+    return P.decode(got)[0] if got is not None else None
+
+
+def raw(**head: Any) -> list[bytes]:
+    return [msgpack.packb(head, use_bin_type=True)]
+
+
+def live_worker_ids(daemon: Any) -> list[str]:
+    return [w["id"] for w in query_status(daemon.endpoint)["workers"] if w["connected"]]
+
+
+# -- 11: no single message stops the daemon ---------------------------------------------------------------------
+def test_bad_messages_on_both_endpoints_are_dropped_counted_and_the_daemon_serves_on(hostile):
+    daemon, ids = hostile
+    before = rejected(daemon)
+    with raw_peer(daemon.endpoint) as peer:
+        for hello in (P.ClientHello(rank=3, world_size=2), P.ClientHello(prefetch=10**9)):
+            answer = ask(peer, P.encode(hello))
+            assert isinstance(answer, P.Error) and answer.message, answer
+        assert isinstance(ask(peer, P.encode(P.ClientHello(prefetch=2))), P.ClientWelcome)
+        peer.send(raw(k="epoch", g=1))  # epoch missing
+        peer.send(raw(k="epoch", e=-1, g=1))  # negative epoch
+        peer.send(P.encode(P.Credit(n=2**61, gen=1)))  # a credit no client can have in flight
+        answer = ask(peer, P.encode(P.Epoch(epoch=0, gen=1, credit=10**9)))
+        assert isinstance(answer, P.Error), answer
+        peer.send(P.encode(P.Bye()))
+    push = transport.push(daemon.data_endpoint)
+    try:
+        push.send([b"\x93not msgpack"])
+        push.send(P.encode(P.Hello(worker="x")))  # a control message on the data endpoint
+        push.send(P.encode(P.FileDone(stream=1, file=0, lease=1, worker="nobody", sent=0)))
+        # Open until they arrived: a socket closed at once (linger 0) drops what it has not sent.
+        assert wait_until(lambda: rejected(daemon) == before + 9, timeout_s=10), rejected(daemon) - before
+    finally:
+        push.close()
+    exact_epochs(daemon, ids)
+
+
+# -- 12: data is accepted only from the worker holding the lease, with its token --------------------------------
+def _forgery(kind: str, stream: int, file: int, lease: int, worker: str) -> list[Any]:
+    tag = {"stream": stream, "file": file, "lease": lease, "worker": worker}
+    if kind == "chunk":
+        values = np.arange(10**9, 10**9 + 512, dtype=np.int64)
+        return P.encode(P.Chunk(**tag, record=0, count=512), {"data": values})
+    if kind == "done_empty":
+        return P.encode(P.FileDone(**tag, sent=0))
+    if kind == "done_huge":
+        return P.encode(P.FileDone(**tag, sent=10**9))
+    return P.encode(P.FileError(**tag, error={"type": "Forged", "message": "attacker's words"}))
+
+
+@pytest.mark.parametrize("kind", ["chunk", "done_empty", "done_huge", "error"])
+def test_forged_data_messages_change_nothing(hostile, kind):
+    daemon, ids = hostile
+    workers = live_worker_ids(daemon)
+    with Client(daemon.endpoint, timeout_s=30, prefetch=1) as client:
+        batches = client.epoch()
+        first = [next(batches)]  # the epoch's stream is open: one credit, files still being read
+        status = query_status(daemon.endpoint)
+        before = status["rejected_messages"]
+        push = transport.push(daemon.data_endpoint)
+        try:
+            # Every stream id the daemon can have made so far, every file, the leases nearby, each real worker.
+            sent = 0
+            for stream in range(1, 4 * len(status["clients"]) + 40):
+                for file in range(len(FILES)):
+                    for worker in workers:
+                        push.send(_forgery(kind, stream, file, stream * len(FILES) + file, worker))
+                        sent += 1
+            # Every forgery arrived and was refused (the socket stays open until then: linger is 0).
+            assert wait_until(lambda: rejected(daemon) >= before + sent, timeout_s=20)
+        finally:
+            push.close()
+        got = collect_ids(first) + collect_ids(batches)
+    assert collections.Counter(got) == collections.Counter(ids)
+    exact_epochs(daemon, ids)
+
+
+# -- 14: a HELLO cannot take over a live worker -----------------------------------------------------------------
+def test_hello_with_a_live_workers_id_gets_its_own_record_and_its_bye_ends_only_that(hostile):
+    daemon, ids = hostile
+    before = query_status(daemon.endpoint)
+    victim = live_worker_ids(daemon)[0]
+    with raw_peer(daemon.endpoint) as peer:
+        welcome = ask(peer, P.encode(P.Hello(worker=victim, pid=1)))
+        assert isinstance(welcome, P.Welcome) and welcome.worker != victim
+        peer.send(P.encode(P.Bye()))
+    with raw_peer(daemon.endpoint) as peer:
+        refused = ask(peer, P.encode(P.Hello(worker=f"{victim}#0123456789abcdef", pid=1)))
+        assert isinstance(refused, P.Error) and refused.refused == "worker"
+    assert wait_until(lambda: welcome.worker not in live_worker_ids(daemon), timeout_s=5)
+    after = query_status(daemon.endpoint)
+    assert victim in live_worker_ids(daemon)
+    assert after["worker_restarts"] == before["worker_restarts"]
+    exact_epochs(daemon, ids)
+
+
+# -- 16: the daemon does not buffer oversized messages ----------------------------------------------------------
+def test_a_control_message_over_the_size_cap_is_not_received(hostile):
+    daemon, ids = hostile
+    padded = [msgpack.packb({"k": "status", "pad": b"x" * (2 * 1024 * 1024)}, use_bin_type=True)]
+    with raw_peer(daemon.endpoint) as peer:
+        assert ask(peer, padded, timeout_s=2.0) is None  # zmq disconnected the sender unread
+    with raw_peer(daemon.endpoint) as peer:
+        assert isinstance(ask(peer, P.encode(P.Status())), P.Status)
+    exact_epochs(daemon, ids)
+
+
+# -- 13 and 17: a worker that holds a lease can neither forge references nor stall the epoch --------------------
+class FakeWorker:
+    """A raw peer speaking the worker protocol: hello, one lease, then whatever the test sends."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.peer = transport.dealer(endpoint)
+        welcome = ask(self.peer, P.encode(P.Hello(pid=1)))
+        assert isinstance(welcome, P.Welcome), welcome
+        self.welcome = welcome
+        self.data = transport.push(transport.reachable_endpoint(welcome.data, endpoint))
+
+    def ask_lease(self) -> None:
+        """Ask before the epoch starts: the daemon leases to every waiting worker in turn."""
+        self.peer.send(P.encode(P.LeaseRequest()))
+
+    def lease(self) -> P.Lease:
+        for _ in range(100):
+            got = self.peer.recv(0.2)
+            message = P.decode(got)[0] if got is not None else None
+            if isinstance(message, P.Lease):
+                return message
+            self.peer.send(P.encode(P.Heartbeat()))
+        raise AssertionError("no lease came")
+
+    def close(self) -> None:
+        self.data.close()
+        self.peer.close()
+
+
+@pytest.mark.slow
+def test_forged_arena_references_from_a_lease_holder_are_refused(hostile):
+    daemon, ids = hostile
+    before = rejected(daemon)
+    fake = FakeWorker(daemon.endpoint)
+    try:
+        own = (fake.welcome.shm or {}).get("arena")
+        assert own is not None, "the daemon gives shared memory to its workers"
+        with Client(daemon.endpoint, timeout_s=30) as client:
+            fake.ask_lease()
+            batches = client.epoch()
+            first = [next(batches)]
+            lease = fake.lease()
+            tag = {"stream": lease.stream, "file": lease.file, "lease": lease.lease, "worker": fake.welcome.worker}
+            spec = {"data": {0: ["<i8", [8192]]}}  # 64 KiB rows: one block each
+            for arena, block in [(own - 1, 0), (own, -1), (own, 10**9), (own, 0)]:  # another's, wrapping, far, free
+                refs = np.array([[arena, block, 0]], dtype=np.int64)
+                chunk = P.Chunk(**tag, token=lease.token, count=1, refs=spec)
+                fake.data.send(P.encode(chunk, {"data": refs}))
+            assert wait_until(lambda: rejected(daemon) >= before + 4, timeout_s=10)
+            # The fake now sends nothing: after progress_timeout_s its lease goes to a real worker.
+            got = collect_ids(first) + collect_ids(batches)
+        assert collections.Counter(got) == collections.Counter(ids)
+    finally:
+        fake.close()
+    exact_epochs(daemon, ids)
+
+
+# -- 15: floods of hellos are capped ----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_hello_floods_are_refused_at_the_caps(tmp_path):
+    ids = write_id_files(tmp_path, len(FILES), FILES)
+    with running_daemon(_config(tmp_path)) as daemon:
+        _ready(daemon)
+        peers = [transport.dealer(daemon.endpoint) for _ in range(20)]
+        try:
+            answers = [ask(peer, P.encode(P.Hello(pid=1))) for peer in peers]
+            welcomed = [a for a in answers if isinstance(a, P.Welcome)]
+            assert len(welcomed) == 4  # service.max_workers
+            assert all(isinstance(a, P.Error) and "max_workers" in a.message for a in answers[4:])
+            for peer in peers[:4]:  # re-hellos from admitted peers make no more arenas than the cap
+                for _ in range(20):
+                    ask(peer, P.encode(P.Hello(pid=1)))
+            status = query_status(daemon.endpoint)
+            assert status["shm_arenas"] <= 2 * (4 + 2)
+            assert len(status["workers"]) == 6
+            clients = [transport.dealer(daemon.endpoint) for _ in range(8)]
+            try:
+                answers = [ask(c, P.encode(P.ClientHello(prefetch=1))) for c in clients]
+                assert sum(isinstance(a, P.ClientWelcome) for a in answers) == 6  # service.max_clients
+                assert all(isinstance(a, P.Error) and a.refused == "capacity" for a in answers[6:])
+            finally:
+                for c in clients:
+                    c.send(P.encode(P.Bye()))
+                    c.close()
+        finally:
+            for peer in peers:
+                peer.close()
+        # The silent fakes are dropped after heartbeat_timeout_s; the real client is served throughout.
+        exact_epochs(daemon, ids)
+
+
+@pytest.mark.slow
+def test_a_fake_worker_that_takes_leases_and_sends_nothing_stalls_nothing_past_the_progress_timeout(tmp_path):
+    ids = write_id_files(tmp_path, len(FILES), FILES)
+    with running_daemon(_config(tmp_path, workers={"count": 1})) as daemon:
+        _ready(daemon, 1)
+        fake = FakeWorker(daemon.endpoint)
+        try:
+            with Client(daemon.endpoint, timeout_s=30) as client:
+                fake.ask_lease()
+                batches = client.epoch()
+                first = [next(batches)]
+                fake.lease()  # held, never served; heartbeats keep the fake "alive"
+                got = collect_ids(first) + collect_ids(batches)
+            assert collections.Counter(got) == collections.Counter(ids)
+            assert fake.welcome.worker not in live_worker_ids(daemon) or not any(
+                w["leases"] for w in query_status(daemon.endpoint)["workers"] if w["id"] == fake.welcome.worker
+            )
+        finally:
+            fake.close()
+
+
+# -- 17: shared-memory rows of a client that never returns credits --------------------------------------------
+@pytest.mark.slow
+def test_arena_rows_of_clients_that_return_no_credit_are_reclaimed(tmp_path):
+    from tests.integration.test_service_shm import write_large_files
+
+    ids = write_large_files(tmp_path, 3, 24)
+    config = make_config(
+        tmp_path,
+        pipeline={"batch_size": 4},
+        workers={"samples_per_message": 4},
+        service={"reclaim_after_s": 1.0},
+    )
+
+    def outstanding_rows() -> int:
+        """Rows sent to clients by reference and not yet freed (read across threads: polled only)."""
+        sessions = list(daemon.stage.sessions.values())
+        return sum(len(refs) for s in sessions for entry in list(s.outstanding) for refs in entry[1])
+
+    with running_daemon(config) as daemon:
+        _ready(daemon)
+        fakes = [transport.dealer(daemon.endpoint) for _ in range(3)]
+        try:
+            for fake in fakes:  # claim shared memory, take batches, never credit them
+                assert isinstance(ask(fake, P.encode(P.ClientHello(prefetch=4))), P.ClientWelcome)
+                fake.send(P.encode(P.Epoch(epoch=0, gen=1, credit=4, shm=True)))
+            pinned = wait_until(lambda: outstanding_rows() >= 3 * 4 * 4, timeout_s=20)
+            assert pinned, "the fakes were sent rows by reference"
+
+            def reclaimed() -> bool:
+                for fake in fakes:  # alive: pings keep their sessions
+                    fake.send(P.encode(P.Ping()))
+                    while fake.recv(0) is not None:
+                        pass
+                return outstanding_rows() == 0
+
+            assert wait_until(reclaimed, timeout_s=20, interval_s=0.3)
+            assert len(query_status(daemon.endpoint)["clients"]) == 3  # still attached, yet holding nothing
+        finally:
+            for fake in fakes:
+                fake.close()
+        with Client(daemon.endpoint, timeout_s=30) as client:
+            got = [int(i) for batch in client.epoch() for i in batch["data"][:, 0]]
+        assert collections.Counter(got) == collections.Counter(ids)

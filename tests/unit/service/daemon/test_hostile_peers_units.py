@@ -1,0 +1,196 @@
+"""Hostile peers, unit by unit: refusals counted and logged once a minute, lease ownership, arena
+reference ownership, reclaimed rows, handler guard, message size cap."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import types
+
+import msgpack
+import numpy as np
+import pytest
+
+from loader.service import protocol as P
+from loader.service import transport
+from loader.service.daemon.coordinator import Coordinator
+from loader.service.daemon.rejects import LOG_EVERY_S, Rejects
+from loader.service.daemon.stage import Stage
+from loader.service.shm import refs as R
+from loader.service.shm.arena import FREE, USED, ArenaError
+from loader.service.shm.pool import ArenaPool
+
+ROW = 16 * 1024  # float32: 64 KiB rows, one block each
+SPEC = {"data": {0: ["<f4", [ROW]]}}
+
+
+# -- refusals --------------------------------------------------------------------------------------------------
+def test_refusals_are_all_counted_but_logged_once_per_peer_per_minute(caplog, monkeypatch):
+    rejects = Rejects()
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    with caplog.at_level(logging.WARNING, logger="loader.daemon"):
+        for _ in range(50):
+            rejects.reject("peer a", "garbage")
+        rejects.reject("peer b", "garbage")
+        clock[0] += LOG_EVERY_S + 1
+        rejects.reject("peer a", "garbage again")
+    assert rejects.count == 52
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3
+    assert [line.split(":")[0] for line in lines] == [
+        "dropping a message from peer a",
+        "dropping a message from peer b",
+        "dropping a message from peer a",
+    ]
+
+
+# -- leases ------------------------------------------------------------------------------------------------------
+def test_data_is_owned_only_by_the_lease_holder_with_its_token():
+    coordinator = Coordinator(["a", "b"], seed=1, shuffle_files=False, heartbeat_timeout_s=5.0)
+    coordinator.enqueue(7, 0, [0, 1])
+    holder, other = coordinator.add_worker("w1"), coordinator.add_worker("w2")
+    job = coordinator.next_job(holder)
+    assert job is not None and len(job.token) >= 32
+    assert coordinator.owns("w1", job.lease_id, job.token, 7, job.file_index)
+    assert not coordinator.owns("w2", job.lease_id, job.token, 7, job.file_index)  # another worker
+    assert not coordinator.owns("w1", job.lease_id, "0" * len(job.token), 7, job.file_index)  # a guessed token
+    assert not coordinator.owns("w1", job.lease_id, "", 7, job.file_index)  # none
+    assert not coordinator.owns("w1", job.lease_id, job.token, 8, job.file_index)  # another stream
+    assert not coordinator.owns("w1", job.lease_id, job.token, 7, 1 - job.file_index)  # another file
+    old_token = job.token
+    coordinator.remove_worker(holder)  # the lease goes back to the queue: the old token is dead
+    regrant = coordinator.next_job(other)
+    assert regrant is not None and regrant.lease_id == job.lease_id and regrant.token != old_token
+    assert not coordinator.owns("w2", job.lease_id, old_token, 7, job.file_index)
+    # w1's late data for the lease it lost is told apart from a forgery (dropped quietly, not counted)
+    assert coordinator.was_owned("w1", job.lease_id, old_token)
+    assert not coordinator.was_owned("w1", job.lease_id, regrant.token)
+    assert not coordinator.was_owned("w2", job.lease_id, old_token)
+
+
+# -- arena references ------------------------------------------------------------------------------------------
+@pytest.fixture
+def stage_and_arenas(tmp_path):
+    with ArenaPool(16 * ROW * 4, directory=str(tmp_path)) as pool:  # 16 blocks each
+        stage = Stage(
+            batch_size=4, drop_last=False, shuffle_buffer=0, seed=1, samples_per_message=8, send=lambda p, f: True
+        )
+        stage.refs.arenas = pool
+        yield stage.refs, pool.create(), pool.create()
+
+
+def _written(arena, n=2):
+    return R.write_column(arena, np.ones((n, ROW), np.float32))
+
+
+def _check(keeper, refs, own):
+    keeper.check_owned(SPEC, {"data": refs}, own)
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        lambda refs, own, other: np.array([[other.arena_id, 0, 0]]),  # another worker's arena
+        lambda refs, own, other: np.array([[own.arena_id, -1, 0]]),  # a negative block wraps round
+        lambda refs, own, other: np.array([[own.arena_id, 10**9, 0]]),  # far outside
+        lambda refs, own, other: np.array([[own.arena_id, 9, 0]]),  # a free block
+        lambda refs, own, other: np.array([[own.arena_id, int(refs[0, 1]), 7]]),  # an undescribed spec
+        lambda refs, own, other: np.array([refs[0], refs[0]]),  # two rows in one block
+    ],
+)
+def test_references_outside_what_the_sender_holds_are_refused(stage_and_arenas, forge):
+    keeper, own, other = stage_and_arenas
+    _written(other)
+    refs = _written(own)
+    with pytest.raises(ArenaError):
+        _check(keeper, forge(refs, own, other).astype(np.int64), own.arena_id)
+    _check(keeper, refs, own.arena_id)  # the genuine ones still pass
+
+
+def test_a_reference_to_rows_the_stage_holds_is_refused_until_they_are_freed(stage_and_arenas):
+    keeper, own, _ = stage_and_arenas
+    refs = _written(own)
+    _check(keeper, refs, own.arena_id)
+    columns = {"data": refs.copy()}
+    assert keeper.adopt(SPEC, columns) == frozenset({"data"})
+    with pytest.raises(ArenaError, match="already handed over"):
+        _check(keeper, refs.copy(), own.arena_id)  # a replay would free the rows the stage buffers
+    keeper.release(columns["data"])
+    assert (own.states[refs[:, 1]] == FREE).all()
+    again = _written(own)  # the writer reuses the blocks: its new rows are its to send
+    assert (again[:, 1] == refs[:, 1]).all()
+    _check(keeper, again, own.arena_id)
+
+
+def test_references_from_a_worker_without_an_arena_are_refused(stage_and_arenas):
+    keeper, own, _ = stage_and_arenas
+    with pytest.raises(ArenaError, match="no arena"):
+        _check(keeper, _written(own), None)
+
+
+# -- reclaim ----------------------------------------------------------------------------------------------------
+def test_rows_of_a_client_that_returns_no_credit_are_reclaimed_after_the_limit(stage_and_arenas):
+    keeper, own, _ = stage_and_arenas
+
+    session = types.SimpleNamespace(shm=True, outstanding=collections.deque())
+    refs = _written(own)
+    _check(keeper, refs, own.arena_id)
+    adopted = keeper.specs.adopt(refs, SPEC["data"])
+    keeper.outbound(session, {"data": adopted}, frozenset({"data"}), 1)
+    sent_at = session.outstanding[0][2]
+    keeper.reclaim([session], sent_at + 10.0, after_s=60.0)
+    assert (own.states[refs[:, 1]] == USED).all()  # not yet
+    keeper.reclaim([session], sent_at + 61.0, after_s=60.0)
+    assert (own.states[refs[:, 1]] == FREE).all()
+    assert len(session.outstanding) == 1  # the entry stays, so a late credit still lines up
+    keeper.credited(session, 1, 1)
+    assert not session.outstanding
+
+
+# -- the size cap -----------------------------------------------------------------------------------------------
+def test_a_data_socket_drops_messages_over_its_cap():
+    pull = transport.pull("tcp://127.0.0.1:*", max_message_bytes=64 * 1024)
+    push = transport.push(pull.endpoint)
+    try:
+        push.send([b"x" * (256 * 1024)])
+        assert pull.recv(1.0) is None
+        push2 = transport.push(pull.endpoint)  # the big sender was cut off; others still get through
+        try:
+            push2.send([msgpack.packb({"k": "ping"})])
+            got = pull.recv(5.0)
+            assert got is not None and P.decode(got)[0] == P.Ping()
+        finally:
+            push2.close()
+    finally:
+        push.close()
+        pull.close()
+
+
+# -- the handler guard ------------------------------------------------------------------------------------------
+def test_a_handler_that_raises_on_a_peers_message_is_counted_and_the_daemon_goes_on(tmp_path, monkeypatch):
+    from loader.config import LoaderConfig
+    from loader.service.daemon.loop import Daemon
+
+    np.save(tmp_path / "f.npy", np.arange(3))
+    config = LoaderConfig.from_dict(
+        {"source": {"files": [str(tmp_path / "*.npy")]}, "service": {"bind": "tcp://127.0.0.1:*"}}
+    )
+    with Daemon(config, start_workers=False) as daemon:
+
+        def boom(*args):
+            raise KeyError("what a peer's message made a handler do")
+
+        monkeypatch.setattr(daemon.clients, "hello", boom)
+        monkeypatch.setattr(daemon.stage, "on_done", boom)
+        daemon._on_control(b"peer", P.encode(P.ClientHello()))
+        daemon.coordinator.may_lease = lambda stream_id: True
+        job_holder = daemon.coordinator.add_worker("w")
+        daemon.coordinator.enqueue(1, 0, [0])
+        job = daemon.coordinator.next_job(job_holder)
+        assert job is not None
+        done = P.FileDone(stream=1, file=0, lease=job.lease_id, worker="w", token=job.token, sent=3)
+        daemon._on_data(P.encode(done))
+        assert daemon.status()["rejected_messages"] == 2
+        daemon.step(0.0)  # still serving
