@@ -47,6 +47,9 @@ BATCH_FORMATS = ("stacked", "list")
 # tcp://HOST:PORT (HOST may be [ipv6] or *; PORT may be * for "any free port"), or ipc://PATH
 _TCP_BIND = re.compile(r"^tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(?P<port>\d+|\*)$")
 _IPC_BIND = re.compile(r"^ipc://\S+$")
+_METRICS_ADDRESS = re.compile(
+    r"^(\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(6553[0-5]|655[0-2]\d|65[0-4]\d\d|6[0-4]\d{3}|[1-5]?\d{1,4})$"
+)
 _DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+|gpu|gpu:\d+)$")
 _LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
 
@@ -125,11 +128,15 @@ class ServiceConfig:
     """
 
     bind: str = DEFAULT_BIND
+    metrics: str = ""  # "HOST:PORT" of the Prometheus, /healthz and /readyz endpoint; "" for none
     origin: str = origin_field()
 
     def __post_init__(self) -> None:
         check = Check(self, "service")
         check.text("bind")
+        check.text("metrics")
+        if self.metrics and _METRICS_ADDRESS.match(self.metrics) is None:
+            check.fail("metrics", f"must look like 'HOST:PORT' (PORT 0 for any free port), got {self.metrics!r}")
         tcp = _TCP_BIND.match(self.bind)
         if tcp is None and _IPC_BIND.match(self.bind) is None:
             check.fail("bind", f"must look like 'tcp://HOST:PORT' or 'ipc://PATH', got {self.bind!r}")

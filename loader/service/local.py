@@ -71,8 +71,13 @@ class Loader:
             )
             self._thread.start()
             client = config.client
-            self._client = Client(
-                self._daemon.endpoint, device=client.device, prefetch=client.prefetch, timeout_s=client.timeout_s
+            self._client = Client(  # the whole of its own daemon's data, whatever RANK the environment says
+                self._daemon.endpoint,
+                rank=0,
+                world_size=1,
+                device=client.device,
+                prefetch=client.prefetch,
+                timeout_s=client.timeout_s,
             )
         except BaseException:
             self.close()

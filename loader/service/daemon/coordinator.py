@@ -95,6 +95,8 @@ class Coordinator:
         self._queues: OrderedDict[int, deque[Job]] = OrderedDict()
         self._lease_ids = itertools.count(1)
         self.restarts = 0
+        self.leases_granted = 0  # counters for the metrics endpoint
+        self.re_leases = 0
 
     # -- file order and jobs ------------------------------------------------
     def share(self, epoch: int, rank: int, world_size: int) -> list[int]:
@@ -130,6 +132,7 @@ class Coordinator:
                 worker.progress_at = time.monotonic()
             job.worker = worker.worker_id
             worker.leases[job.lease_id] = job
+            self.leases_granted += 1
             worker.waiting = False
             return job
         return None
@@ -203,6 +206,7 @@ class Coordinator:
                 continue  # the stream was cancelled meanwhile
             job.worker = None
             queue.appendleft(job)
+            self.re_leases += 1
         record.leases.clear()
         return orphans
 

@@ -82,6 +82,8 @@ class ClientDesk:
         """CREDIT, PING, EPOCH or BYE from a known client."""
         if isinstance(message, P.Credit):
             self.stage.on_credit(session, message.gen, message.n)
+            if message.wait_s is not None:
+                session.wait_s = message.wait_s
         elif isinstance(message, P.Ping):
             self._router.send(session.peer, P.encode(P.Pong()))
         elif isinstance(message, P.Epoch):

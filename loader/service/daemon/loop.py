@@ -26,8 +26,9 @@ from loader.service import transport
 from loader.service.daemon.coordinator import Coordinator
 from loader.service.daemon.desk import ClientDesk
 from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
+from loader.service.daemon.metrics import MetricsServer, start_metrics
 from loader.service.daemon.rate import RecentRate
-from loader.service.daemon.stage import Stage
+from loader.service.daemon.stage import Stage, frames_nbytes
 from loader.service.daemon.workforce import MAX_FILE_ATTEMPTS, WorkerPool
 from loader.service.shm.pool import open_pool
 from loader.service.transport import links
@@ -67,6 +68,8 @@ class Daemon:
         seed = pipeline.seed if pipeline.seed is not None else random.SystemRandom().randrange(2**32)
         self._closed = False
         self.rejected_messages = 0  # malformed messages dropped
+        self.bytes_received = 0  # of data messages from workers
+        self.metrics: MetricsServer | None = None  # the operators' HTTP endpoint (service.metrics), started last
         # Bind first: a daemon that cannot bind (port in use) touches nothing in /dev/shm.
         self._router, self._data, worker_links = _open_sources(workers.transport, config.service.bind)
         try:
@@ -121,6 +124,8 @@ class Daemon:
         self._rate = RecentRate()
         self._next_housekeeping = 0.0
         try:
+            if config.service.metrics:
+                self.metrics = start_metrics(config.service.metrics)
             for _ in range(workers.count if start_workers else 0):
                 self.pool.launch()
         except BaseException:
@@ -143,6 +148,8 @@ class Daemon:
         for session in list(self.stage.sessions.values()):
             self._router.send(session.peer, bye)
         self.pool.close(WORKER_JOIN_TIMEOUT_S)
+        if self.metrics is not None:
+            self.metrics.close()
         self._router.close()
         self._data.close()
         if self.arenas is not None:
@@ -183,6 +190,8 @@ class Daemon:
             self.clients.reap(now)
             if self.arenas is not None and self.arenas.has_retired:
                 self.arenas.collect(self.stage.arenas_held(), now)
+            if self.metrics is not None:
+                self.metrics.publish(self.metrics.snapshotter.take(self, now))
 
     def _decode(self, frames: list[Any], source: str) -> tuple[P.Message, P.Columns] | None:
         try:
@@ -193,6 +202,7 @@ class Daemon:
             return None
 
     def _on_data(self, frames: list[Any]) -> None:
+        self.bytes_received += frames_nbytes(frames)
         decoded = self._decode(frames, "data")
         if decoded is None:
             return
@@ -264,6 +274,7 @@ class Daemon:
             "skipped_records": self.stage.skipped_records,
             "rejected_messages": self.rejected_messages,
             "shm_arenas": len(self.arenas.arenas) if self.arenas is not None else 0,
+            "metrics": self.metrics.address if self.metrics is not None else None,
             "clients": [
                 {
                     "session": s.session_id,
@@ -273,6 +284,7 @@ class Daemon:
                     "epoch": s.current.epoch if s.current else None,
                     "batches_sent": s.batches_sent,
                     "samples_sent": s.samples_sent,
+                    "wait_s": round(s.wait_s, 3),
                 }
                 for s in self.stage.sessions.values()
             ],
