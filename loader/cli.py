@@ -2,10 +2,11 @@
 
 ::
 
-    loader serve CONFIG [--bind ADDR] [--workers N]   run the daemon until Ctrl-C / SIGTERM
+    loader serve CONFIG [--bind ADDR] [--workers N] [--set SECTION.KEY=VALUE] [--address-file PATH]
+                                                      run the daemon until Ctrl-C / SIGTERM
     loader status ADDRESS [--json]                    ask a running daemon how it is doing
     loader worker --connect tcp://HOST:PORT           run one worker by hand (any host)
-    loader check CONFIG                               validate a config and its file list
+    loader check CONFIG [--set K=V]                   validate a config and its file list; where each value came from
     loader gen-data DIR --format npy|npz|recordio --files N --samples M   synthetic data
     loader recordio convert SRC DST [--allow-pickle]  rewrite a PaddlePaddle RecordIO file as ours
 
@@ -26,7 +27,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from loader import __version__
+from loader.config.overrides import format_sources
 from loader.errors import LoaderError, ServiceUnavailableError, WorkerError
+from loader.service.address_file import remove_address_file, write_address_file
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -37,17 +40,23 @@ log = logging.getLogger("loader.cli")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    config = _load_checked(args.config, {"service.bind": args.bind, "workers.count": args.workers})
+    config = _load_checked(args.config, {"service.bind": args.bind, "workers.count": args.workers}, args.set)
     from loader.service.daemon.loop import Daemon  # after the config checks: they need no zmq
 
     stop = threading.Event()
     with _stop_on_signals(stop):
         with Daemon(config) as daemon:
             endpoint = daemon.endpoint  # the real port when bound to "*"
+            if args.address_file:
+                write_address_file(args.address_file, endpoint)
             log.info("serving %s on %s with %d workers", args.config, endpoint, config.workers.count)
             if not config.service.is_loopback:
                 log.warning("%s is reachable from other hosts: anyone who can connect can read the data", endpoint)
-            daemon.serve(stop)
+            try:
+                daemon.serve(stop)
+            finally:
+                if args.address_file:
+                    remove_address_file(args.address_file, endpoint)
     log.info("stopped")
     return EXIT_OK
 
@@ -72,9 +81,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    config = _load_checked(args.config, {})
+    config = _load_checked(args.config, {}, args.set)
     files = config.source.expand_files()
     print(f"{args.config}: ok, {len(files)} files, {config.workers.count} workers, bind {config.service.bind}")
+    print("\n".join(format_sources(config)))
     return EXIT_OK
 
 
@@ -86,14 +96,17 @@ def cmd_gen_data(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _load_checked(path: str, overrides: dict[str, Any]) -> Any:
-    """Load a config, apply command-line overrides, and fail now on bad imports or files."""
+def _load_checked(path: str, options: dict[str, Any], assignments: list[str] | None = None) -> Any:
+    """Load a config with the environment's and the command line's values over it (``--set``, then
+    ``options`` such as ``--workers``), and fail now on bad imports or files."""
     from loader.config import load_config
+    from loader.config.overrides import Override
 
-    config = load_config(path)
-    given = {key: value for key, value in overrides.items() if value is not None}
-    if given:
-        config = config.override(given, origin="command line")
+    flags = {"service.bind": "--bind", "workers.count": "--workers"}
+    given = [
+        Override(key, value, f"{flags.get(key, key)} {value}") for key, value in options.items() if value is not None
+    ]
+    config = load_config(path, overrides=[*(assignments or ()), *given])
     config.check_imports()
     config.source.expand_files()  # a missing file or empty list is reported before binding a port
     return config
@@ -187,6 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", metavar="CONFIG", help="a TOML config (see configs/example.toml)")
     p.add_argument("--bind", metavar="ADDR", help="listen here instead of service.bind, e.g. tcp://0.0.0.0:5555")
     p.add_argument("--workers", metavar="N", type=int, help="worker processes (instead of workers.count)")
+    p.add_argument(
+        "--address-file",
+        metavar="PATH",
+        help="write the bound address here (for a bind to port *), removed on exit; trainers read it as LOADER_ADDRESS",
+    )
+    _add_set(p)
 
     p = add("status", cmd_status, "show a running daemon's workers, files, throughput and clients")
     p.add_argument("address", metavar="ADDRESS", help="the daemon's address, e.g. tcp://127.0.0.1:5555")
@@ -204,8 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="give up when no daemon answers within S seconds (default 30)",
     )
 
-    p = add("check", cmd_check, "validate a config: keys, values, imports and the file list")
+    p = add(
+        "check", cmd_check, "validate a config: keys, values, imports and the file list; where each value came from"
+    )
     p.add_argument("config", metavar="CONFIG")
+    _add_set(p)
 
     p = add("gen-data", cmd_gen_data, "write a synthetic dataset (features + integer labels)")
     p.add_argument("dir", metavar="DIR")
@@ -219,6 +241,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_recordio_command(add)
     return parser
+
+
+def _add_set(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value (repeatable; VALUE is read as TOML), e.g. --set pipeline.batch_size=64; "
+        "LOADER_SECTION__KEY environment variables do the same, below --set",
+    )
 
 
 def _error_line(exc: BaseException) -> str:

@@ -25,7 +25,7 @@ import dataclasses
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,10 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from loader.config.checks import DEFAULT_ORIGIN, Check, origin_field, plain, reject_unknown, show
+from loader.config.overrides import Override, culprits
+from loader.config.overrides import apply as apply_overrides
+from loader.config.overrides import collect as collect_overrides
+from loader.config.overrides import sources as value_sources
 from loader.config.source import SourceConfig, absolute_paths
 from loader.errors import ConfigError
 from loader.runtime.imports import import_object
@@ -134,8 +138,7 @@ class ServiceConfig:
     def __post_init__(self) -> None:
         check = Check(self, "service")
         check.text("bind")
-        check.text("metrics")
-        if self.metrics and _METRICS_ADDRESS.match(self.metrics) is None:
+        if not isinstance(self.metrics, str) or (self.metrics and _METRICS_ADDRESS.match(self.metrics) is None):
             check.fail("metrics", f"must look like 'HOST:PORT' (PORT 0 for any free port), got {self.metrics!r}")
         tcp = _TCP_BIND.match(self.bind)
         if tcp is None and _IPC_BIND.match(self.bind) is None:
@@ -187,6 +190,8 @@ class LoaderConfig:
     service: ServiceConfig = field(default_factory=ServiceConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
     origin: str = origin_field()
+    # {dotted key: "default", the file, or the variable or flag that set it} (load_config; loader check)
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_dict(
@@ -261,8 +266,11 @@ class LoaderConfig:
         self.source.file_reader_options()
 
 
-def load_config(path: str | os.PathLike[str]) -> LoaderConfig:
-    """Read and check a TOML config file."""
+def load_config(
+    path: str | os.PathLike[str], *, overrides: Iterable[str | Override] = (), environ: Mapping[str, str] | None = None
+) -> LoaderConfig:
+    """Read and check a TOML config file, with ``LOADER_SECTION__KEY`` variables of ``environ`` (default
+    ``os.environ``) and then ``overrides`` (``"section.key=value"``) over it (``loader.config.overrides``)."""
     origin = os.fspath(path)
     try:
         with open(origin, "rb") as fh:
@@ -275,7 +283,17 @@ def load_config(path: str | os.PathLike[str]) -> LoaderConfig:
         raise ConfigError(f"config file {origin!r} cannot be read: {exc.strerror or exc}") from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {origin!r} is not valid TOML: {exc}") from exc
-    return LoaderConfig.from_dict(data, origin=origin, base_dir=os.path.dirname(os.path.abspath(origin)))
+    applied = collect_overrides(overrides, environ)
+    try:
+        config = LoaderConfig.from_dict(
+            apply_overrides(data, applied, _SECTIONS), origin=origin, base_dir=os.path.dirname(os.path.abspath(origin))
+        )
+    except ConfigError as exc:
+        blamed = culprits(str(exc), applied)  # the message names the variable or flag, not the file
+        if not blamed:
+            raise
+        raise ConfigError(str(exc).replace(f"({origin})", f"({', '.join(blamed)})")) from None
+    return dataclasses.replace(config, sources=value_sources(config.to_dict(), data, applied, origin))
 
 
 def resolve(spec: str, what: str = "object") -> Any:
