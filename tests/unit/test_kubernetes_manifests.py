@@ -111,3 +111,17 @@ def test_the_parts_point_at_each_other():
             if value and "/etc/loader/keys/" in value:
                 for path in value.strip('[]"').split('","'):
                     assert path.rsplit("/", 1)[1] in secret_keys, path
+
+
+def test_the_slurm_script_parses_and_uses_the_conventions():
+    import shutil
+    import subprocess
+
+    script = MANIFESTS.parent / "slurm" / "train.sbatch"
+    bash = shutil.which("bash")
+    assert bash is not None
+    result = subprocess.run([bash, "-n", str(script)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    text = script.read_text()
+    assert text.count("#SBATCH hetjob") == 2  # three components
+    assert "--address-file" in text and "export LOADER_ADDRESS=" in text and "torchrun" in text
