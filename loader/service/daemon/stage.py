@@ -344,8 +344,13 @@ class Stage:
 
 
 def frames_nbytes(frames: list[Any]) -> int:
-    """Bytes of a message's frames (bytes, numpy arrays or buffers)."""
-    return sum(memoryview(frame).nbytes for frame in frames)
+    """Bytes of a message's frames (bytes, numpy arrays, buffers, zmq frames); per message, so kept cheap:
+    ``nbytes`` where a frame has it, else ``len`` (bytes and zmq frames count bytes), never a memoryview."""
+    total = 0
+    for frame in frames:
+        nbytes = getattr(frame, "nbytes", None)
+        total += nbytes if nbytes is not None else len(frame)
+    return total
 
 
 __all__ = ["Stage", "Session", "Stream", "frames_nbytes"]

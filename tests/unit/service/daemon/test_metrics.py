@@ -104,3 +104,12 @@ def test_config_checks_the_metrics_address(bad):
 def test_the_documented_table_is_the_exported_list():
     documented = re.findall(r"^\| `(loader_\w+)` \| (counter|gauge) \|", DOCS.read_text(), flags=re.M)
     assert documented == [(name, kind) for name, kind, _labels, _help in METRICS]
+
+
+def test_frames_nbytes_counts_every_kind_of_frame():
+    import numpy as np
+
+    from loader.service.daemon.stage import frames_nbytes
+
+    array = np.zeros((4, 3), np.float32)
+    assert frames_nbytes([b"ab", array, memoryview(array), bytearray(5), array[:, :2]]) == 2 + 48 + 48 + 5 + 32
