@@ -190,7 +190,7 @@ class Daemon:
             self.clients.reap(now)
             if self.arenas is not None and self.arenas.has_retired:
                 self.arenas.collect(self.stage.arenas_held(), now)
-            if self.metrics is not None:
+            if self.metrics is not None and self.metrics.due(now):
                 self.metrics.publish(self.metrics.snapshotter.take(self, now))
 
     def _decode(self, frames: list[Any], source: str) -> tuple[P.Message, P.Columns] | None:

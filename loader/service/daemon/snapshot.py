@@ -1,11 +1,11 @@
-"""What the daemon publishes for its metrics endpoint: one immutable snapshot per housekeeping tick.
+"""What the daemon publishes for its metrics endpoint: an immutable snapshot every ``PUBLISH_INTERVAL_S``.
 
 The daemon is one thread without locks, and a scrape arrives on another
 thread (``metrics.MetricsServer``). So the HTTP side never reads daemon state:
 ``Snapshotter.take`` runs on the daemon's thread, copies every number into a
 fresh ``Snapshot`` (plain ints, floats and tuples), and the daemon swaps it in
 with one reference assignment (atomic in Python). A scrape reads whichever
-snapshot is current: at most one tick (``HOUSEKEEPING_INTERVAL_S``) old.
+snapshot is current: at most ``metrics.PUBLISH_INTERVAL_S`` plus one housekeeping tick old.
 
 ``METRICS`` is the one list of what is exported; ``docs/operations.md`` shows
 it as a table and a test holds the two together.
