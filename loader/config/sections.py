@@ -104,12 +104,19 @@ class WorkersConfig:
     progress_timeout_s: float = 120.0
     # Shared memory per worker for large arrays (MiB, reserved as used); 0 turns the fast path off.
     shm_arena_mib: int = 256
+    # Autoscaling of the daemon's own workers between min and max (max 0: a fixed pool of count).
+    min: int = 1
+    max: int = 0
     origin: str = origin_field()
 
     def __post_init__(self) -> None:
         check = Check(self, "workers")
         check.integer("shm_arena_mib", minimum=0)
         check.integer("count", minimum=1)
+        check.integer("min", minimum=1)
+        check.integer("max", minimum=0)
+        if self.max and not self.min <= self.count <= self.max:
+            check.fail("max", f"must be >= workers.count >= workers.min ({self.min}, {self.count}), got {self.max}")
         check.text("transport", choices=TRANSPORTS)
         check.integer("samples_per_message", minimum=1)
         check.number("heartbeat_interval_s")

@@ -23,6 +23,7 @@ from loader.config import LoaderConfig
 from loader.errors import MalformedMessageError
 from loader.service import protocol as P
 from loader.service import transport
+from loader.service.daemon.autoscale import Autoscaler
 from loader.service.daemon.coordinator import Coordinator
 from loader.service.daemon.desk import ClientDesk
 from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
@@ -123,6 +124,8 @@ class Daemon:
         self._started_at = time.monotonic()
         self._rate = RecentRate()
         self._next_housekeeping = 0.0
+        # Autoscaling acts on our own workers when workers.max says so; else it only advises (the metric).
+        self.autoscaler = Autoscaler(self, workers.min, workers.max, act=bool(workers.max) and start_workers)
         try:
             if config.service.metrics:
                 self.metrics = start_metrics(config.service.metrics)
@@ -190,6 +193,7 @@ class Daemon:
             self.clients.reap(now)
             if self.arenas is not None and self.arenas.has_retired:
                 self.arenas.collect(self.stage.arenas_held(), now)
+            self.autoscaler.tick(now)
             if self.metrics is not None and self.metrics.due(now):
                 self.metrics.publish(self.metrics.snapshotter.take(self, now))
 

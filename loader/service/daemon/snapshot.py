@@ -42,6 +42,12 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("loader_client_credits", "gauge", ("session", "rank"), "batches the daemon may still send a client now"),
     ("loader_clients", "gauge", (), "clients attached"),
     ("loader_workers", "gauge", ("state",), "workers: alive (processes or connections), connected, busy (leasing)"),
+    (
+        "loader_workers_desired",
+        "gauge",
+        (),
+        "workers the autoscaler wants (workers.min..max): for an external autoscaler",
+    ),
     ("loader_worker_utilisation", "gauge", (), "busy workers / alive workers, now"),
     (
         "loader_worker_busy_seconds",
@@ -124,6 +130,7 @@ class Snapshotter:
         add("loader_workers", len(alive), state="alive")
         add("loader_workers", connected, state="connected")
         add("loader_workers", busy, state="busy")
+        add("loader_workers_desired", daemon.autoscaler.desired)
         add("loader_worker_utilisation", busy / len(alive) if alive else 0.0)
         add("loader_worker_busy_seconds", self.busy_seconds)
         add("loader_worker_restarts", status["worker_restarts"])
