@@ -2,10 +2,11 @@
 
 ::
 
-    loader serve CONFIG [--bind ADDR] [--workers N]   run the daemon until Ctrl-C / SIGTERM
+    loader serve CONFIG [--bind ADDR] [--workers N] [--set SECTION.KEY=VALUE] [--address-file PATH]
+                                                      run the daemon until Ctrl-C / SIGTERM
     loader status [ADDRESS|HOST:PORT|CONFIG] [--json] [--watch [S]]   ask a running daemon how it is doing
     loader worker --connect tcp://HOST:PORT           run one worker by hand (any host)
-    loader check CONFIG                               validate a config; count samples per field
+    loader check CONFIG [--set K=V]                   validate a config; count samples per field; value sources
     loader gen-data DIR --format npy|npz|recordio --files N --samples M   synthetic data
     loader recordio convert SRC DST [--allow-pickle]  rewrite a PaddlePaddle RecordIO file as ours
 
@@ -27,7 +28,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from loader import __version__
+from loader.config.overrides import format_sources
 from loader.errors import LoaderError, ServiceUnavailableError, WorkerError
+from loader.service.address_file import remove_address_file, write_address_file
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -39,17 +42,23 @@ log = logging.getLogger("loader.cli")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    config = _load_checked(args.config, {"service.bind": args.bind, "workers.count": args.workers})
+    config = _load_checked(args.config, {"service.bind": args.bind, "workers.count": args.workers}, args.set)
     from loader.service.daemon.loop import Daemon  # after the config checks: they need no zmq
 
     stop = threading.Event()
     with _stop_on_signals(stop):
         with Daemon(config) as daemon:
             endpoint = daemon.endpoint  # the real port when bound to "*"
+            if args.address_file:
+                write_address_file(args.address_file, endpoint)
             log.info("serving %s on %s with %d workers", args.config, endpoint, config.workers.count)
             if not config.service.is_loopback and not config.service.authenticated:
                 log.warning("%s is reachable from other hosts: anyone who can connect can read the data", endpoint)
-            daemon.serve(stop)
+            try:
+                daemon.serve(stop)
+            finally:
+                if args.address_file:
+                    remove_address_file(args.address_file, endpoint)
     log.info("stopped")
     return EXIT_OK
 
@@ -123,7 +132,7 @@ ENV_PEER_KEY_HINT = "service.peer_key (or LOADER_PEER_KEY) ="
 def cmd_check(args: argparse.Namespace) -> int:
     from loader.io.survey import survey
 
-    config = _load_checked(args.config, {})
+    config = _load_checked(args.config, {}, args.set)
     print(f"{args.config}: ok, {config.workers.count} workers, bind {config.service.bind}")
     for name in config.dataset_names:
         found = survey(config.dataset(name).source)
@@ -132,6 +141,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if found.fields:
             rows = [{"field": f.name, "shape": f.shape, "dtype": f.dtype} for f in found.fields]
             print("\n".join(_table(rows, "  ")))
+    print("\n".join(format_sources(config)))
     return EXIT_OK
 
 
@@ -143,14 +153,17 @@ def cmd_gen_data(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _load_checked(path: str, overrides: dict[str, Any]) -> Any:
-    """Load a config, apply command-line overrides, and fail now on bad imports or files."""
+def _load_checked(path: str, options: dict[str, Any], assignments: list[str] | None = None) -> Any:
+    """Load a config with the environment's and the command line's values over it (``--set``, then
+    ``options`` such as ``--workers``), and fail now on bad imports or files."""
     from loader.config import load_config
+    from loader.config.overrides import Override
 
-    config = load_config(path)
-    given = {key: value for key, value in overrides.items() if value is not None}
-    if given:
-        config = config.override(given, origin="command line")
+    flags = {"service.bind": "--bind", "workers.count": "--workers"}
+    given = [
+        Override(key, value, f"{flags.get(key, key)} {value}") for key, value in options.items() if value is not None
+    ]
+    config = load_config(path, overrides=[*(assignments or ()), *given])
     config.check_imports()
     for name in config.dataset_names:  # a missing file or empty list is reported before binding a port
         config.dataset(name).source.expand_files()
@@ -245,6 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", metavar="CONFIG", help="a TOML config (see configs/example.toml)")
     p.add_argument("--bind", metavar="ADDR", help="listen here instead of service.bind, e.g. tcp://0.0.0.0:5555")
     p.add_argument("--workers", metavar="N", type=int, help="worker processes (instead of workers.count)")
+    p.add_argument(
+        "--address-file",
+        metavar="PATH",
+        help="write the bound address here (for a bind to port *), removed on exit; trainers read it as LOADER_ADDRESS",
+    )
+    _add_set(p)
 
     p = add("status", cmd_status, "show a running daemon's workers, files, throughput and clients")
     p.add_argument(
@@ -286,8 +305,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", metavar="DIR", help="where to write them (created, owner-only)")
     p.add_argument("--peer", action="append", metavar="NAME", help="a peer's name (repeatable; default worker, client)")
 
-    p = add("check", cmd_check, "validate a config (keys, values, imports, files) and count samples per field")
+    p = add(
+        "check",
+        cmd_check,
+        "validate a config (keys, values, imports, files), count samples per field, say where each value came from",
+    )
     p.add_argument("config", metavar="CONFIG", help="a TOML config (see configs/example.toml)")
+    _add_set(p)
 
     p = add("gen-data", cmd_gen_data, "write a synthetic dataset (features + integer labels)")
     p.add_argument("dir", metavar="DIR", help="the directory to write part-XXXXX files into (created)")
@@ -307,6 +331,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_recordio_command(add)
     return parser
+
+
+def _add_set(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value (repeatable; VALUE is read as TOML), e.g. --set pipeline.batch_size=64; "
+        "LOADER_SECTION__KEY environment variables do the same, below --set",
+    )
 
 
 def _error_line(exc: BaseException) -> str:

@@ -155,7 +155,9 @@ samples_per_message = {samples_per_message}
 
 [service]
 bind = "{bind}"
+metrics = "{metrics}"
 """
+SCRAPE_INTERVAL_S = 1.0  # a scraper far more eager than Prometheus's usual 15 s
 
 
 class Daemon:
@@ -171,10 +173,12 @@ class Daemon:
         mappers: Iterable[str] = (),
         samples_per_message: int = 256,
         ipc: bool = False,
+        metrics: bool = False,
     ) -> None:
         name = f"bench-{os.getpid()}-{time.monotonic_ns()}"
         self.address = f"ipc://{work}/{name}.sock" if ipc else f"tcp://127.0.0.1:{free_port()}"
         config = os.path.join(work, f"{name}.toml")
+        self.metrics = f"127.0.0.1:{free_port()}" if metrics else ""  # the operators' endpoint, when measured
         with open(config, "w", encoding="utf-8") as fh:
             fh.write(
                 CONFIG.format(
@@ -184,6 +188,7 @@ class Daemon:
                     workers=workers,
                     samples_per_message=samples_per_message,
                     bind=self.address,
+                    metrics=self.metrics,
                 )
             )
         self.proc = start_daemon(config)
@@ -201,6 +206,30 @@ class Daemon:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class Scraper:
+    """Scrapes ``/metrics`` every ``SCRAPE_INTERVAL_S`` on a thread while a measurement runs."""
+
+    def __init__(self, address: str) -> None:
+        import threading
+
+        self.address, self.scrapes, self.stop = address, 0, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        import urllib.request
+
+        while not self.stop.wait(SCRAPE_INTERVAL_S):
+            with urllib.request.urlopen(f"http://{self.address}/metrics", timeout=5) as answer:
+                answer.read()
+            self.scrapes += 1
+
+    def close(self) -> int:
+        self.stop.set()
+        self.thread.join(10)
+        return self.scrapes
 
 
 def in_child(func: str, **kwargs: Any) -> tuple[float, str]:
@@ -242,8 +271,10 @@ def ours_rate_here(
     with Daemon(work, files, batch_size=batch_size, workers=workers, **daemon_options) as daemon:
         with Client(daemon.address, timeout_s=CLIENT_TIMEOUT_S) as client:
             stream_rate(client.epoch, 1)  # warm-up: workers import, open files, page cache
+            scraper = Scraper(daemon.metrics) if daemon.metrics else None
             rate, samples, seconds = stream_rate(client.epoch, epochs)
-    return rate, f"ours {samples} samples in {seconds:.2f}s"
+            scrapes = scraper.close() if scraper is not None else 0
+    return rate, f"ours {samples} samples in {seconds:.2f}s" + (f", {scrapes} scrapes" if scraper else "")
 
 
 def ours_first_batch_here(
@@ -372,6 +403,34 @@ def bench_small(work: str, size: Sizes) -> list[dict[str, Any]]:
     ]
 
 
+def bench_metrics_overhead(work: str, size: Sizes) -> list[dict[str, Any]]:
+    """The small-sample workload with the metrics endpoint on (and scraped) against off: the cost of metrics."""
+    files = datagen.generate(
+        os.path.join(work, "small"), format="npz", files=size.small_files, samples=size.small_samples, dim=64
+    )
+    # Long enough (~2M samples, several seconds) for scrapes and housekeeping ticks to add up.
+    epochs = max(size.epochs, 2_000_000 // (size.small_files * size.small_samples))
+    options = {"batch_size": 256, "workers": 2, "epochs": epochs}
+    (off, off_detail), (on, on_detail) = best_of(
+        size.trials + 2,  # the two sides differ by little: more alternating trials against the noise
+        lambda: ours_rate(work, files, **options),
+        lambda: ours_rate(work, files, metrics=True, **options),
+    )
+    ratio = on / off
+    return [
+        result(
+            "metrics_overhead_small",
+            on,
+            off,
+            "samples/s",
+            ">= 0.98x without metrics",
+            ratio >= 0.98,
+            f"peer = the same daemon without metrics; on: /metrics scraped every {SCRAPE_INTERVAL_S:g}s; "
+            f"{on_detail}; {off_detail}",
+        )
+    ]
+
+
 def bench_cpu_heavy(work: str, size: Sizes) -> list[dict[str, Any]]:
     files = datagen.generate(
         os.path.join(work, "heavy"), format="npz", files=size.heavy_files, samples=size.heavy_samples, dim=64
@@ -460,16 +519,19 @@ def bench_first_batch(work: str, size: Sizes) -> list[dict[str, Any]]:
     ]
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False, only: Iterable[str] = ()) -> list[dict[str, Any]]:
     """Every measurement, both sides in this one run. ``quick`` uses smaller data (about 30 s)."""
     size = QUICK if quick else FULL
     results: list[dict[str, Any]] = []
     cases: list[tuple[str, Callable[[str], list[dict[str, Any]]]]] = [
         ("small_samples_2_workers", lambda work: bench_small(work, size)),
+        ("metrics_overhead_small", lambda work: bench_metrics_overhead(work, size)),
         ("first_batch_warm_daemon", lambda work: bench_first_batch(work, size)),
         ("cpu_heavy_mapper_2_workers", lambda work: bench_cpu_heavy(work, size)),
         ("large_samples_1MiB_2_workers", lambda work: bench_large(work, size)),
     ]
+    if only:
+        cases = [(name, case) for name, case in cases if name in only]
     with tempfile.TemporaryDirectory(prefix="loader-bench-service-") as work:
         for name, case in cases:
             try:
@@ -495,11 +557,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="loader service vs torch DataLoader")
     parser.add_argument("--quick", action="store_true", help="smaller data, about 30 s")
     parser.add_argument("--json", action="store_true", help="print the result dicts as JSON")
+    parser.add_argument("--case", action="append", default=[], help="run only this case (repeatable)")
     parser.add_argument("--child", metavar="SPEC", help=argparse.SUPPRESS)  # internal: see in_child
     args = parser.parse_args(argv)
     if args.child:
         return _child_main(args.child)
-    results = run(quick=args.quick)
+    results = run(quick=args.quick, only=args.case)
     print(json.dumps(results, indent=2)) if args.json else _print(results)
     return 0 if all(r["passed"] for r in results) else 1
 

@@ -25,7 +25,7 @@ import dataclasses
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,10 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from loader.config.checks import DEFAULT_ORIGIN, Check, origin_field, plain, reject_unknown, show
+from loader.config.overrides import Override, culprits
+from loader.config.overrides import apply as apply_overrides
+from loader.config.overrides import collect as collect_overrides
+from loader.config.overrides import sources as value_sources
 from loader.config.source import SourceConfig, absolute_paths
 from loader.errors import ConfigError
 from loader.runtime.imports import add_import_path, import_object
@@ -47,6 +51,9 @@ BATCH_FORMATS = ("stacked", "list")
 # tcp://HOST:PORT (HOST may be [ipv6] or *; PORT may be * for "any free port"), or ipc://PATH
 _TCP_BIND = re.compile(r"^tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(?P<port>\d+|\*)$")
 _IPC_BIND = re.compile(r"^ipc://\S+$")
+_METRICS_ADDRESS = re.compile(
+    r"^(\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(6553[0-5]|655[0-2]\d|65[0-4]\d\d|6[0-4]\d{3}|[1-5]?\d{1,4})$"
+)
 _DEVICE = re.compile(r"^(cpu|torch|torch:cpu|((torch|cupy):)?(cuda|gpu)(:\d+)?)$")
 _LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
 
@@ -97,12 +104,19 @@ class WorkersConfig:
     progress_timeout_s: float = 120.0
     # Shared memory per worker for large arrays (MiB, reserved as used); 0 turns the fast path off.
     shm_arena_mib: int = 256
+    # Autoscaling of the daemon's own workers between min and max (max 0: a fixed pool of count).
+    min: int = 1
+    max: int = 0
     origin: str = origin_field()
 
     def __post_init__(self) -> None:
         check = Check(self, "workers")
         check.integer("shm_arena_mib", minimum=0)
         check.integer("count", minimum=1)
+        check.integer("min", minimum=1)
+        check.integer("max", minimum=0)
+        if self.max and not self.min <= self.count <= self.max:
+            check.fail("max", f"must be >= workers.count >= workers.min ({self.min}, {self.count}), got {self.max}")
         check.text("transport", choices=TRANSPORTS)
         check.integer("samples_per_message", minimum=1)
         check.number("heartbeat_interval_s")
@@ -140,6 +154,7 @@ class ServiceConfig:
     max_message_mib: int = 256
     # Shared-memory rows sent to a client stay reserved this long at most when it returns no credit for them.
     reclaim_after_s: float = 60.0
+    metrics: str = ""  # "HOST:PORT" of the Prometheus, /healthz and /readyz endpoint; "" for none
     origin: str = origin_field()
 
     def __post_init__(self) -> None:
@@ -154,6 +169,8 @@ class ServiceConfig:
         if (self.daemon_key is None) != (self.authorized_keys is None):
             check.fail("authorized_keys", "and service.daemon_key go together: give both or neither")
         check.text("bind")
+        if not isinstance(self.metrics, str) or (self.metrics and _METRICS_ADDRESS.match(self.metrics) is None):
+            check.fail("metrics", f"must look like 'HOST:PORT' (PORT 0 for any free port), got {self.metrics!r}")
         tcp = _TCP_BIND.match(self.bind)
         if tcp is None and _IPC_BIND.match(self.bind) is None:
             check.fail("bind", f"must look like 'tcp://HOST:PORT' or 'ipc://PATH', got {self.bind!r}")
@@ -229,6 +246,8 @@ class LoaderConfig:
     # Further named datasets; [source] and [pipeline] are the dataset named "default".
     datasets: tuple[DatasetConfig, ...] = ()
     origin: str = origin_field()
+    # {dotted key: "default", the file, or the variable or flag that set it} (load_config; loader check)
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         paths = self.import_path
@@ -382,8 +401,11 @@ def _datasets(value: Any, origin: str, base_dir: str | None) -> tuple[DatasetCon
     return tuple(found)
 
 
-def load_config(path: str | os.PathLike[str]) -> LoaderConfig:
-    """Read and check a TOML config file."""
+def load_config(
+    path: str | os.PathLike[str], *, overrides: Iterable[str | Override] = (), environ: Mapping[str, str] | None = None
+) -> LoaderConfig:
+    """Read and check a TOML config file, with ``LOADER_SECTION__KEY`` variables of ``environ`` (default
+    ``os.environ``) and then ``overrides`` (``"section.key=value"``) over it (``loader.config.overrides``)."""
     origin = os.fspath(path)
     try:
         with open(origin, "rb") as fh:
@@ -396,7 +418,17 @@ def load_config(path: str | os.PathLike[str]) -> LoaderConfig:
         raise ConfigError(f"config file {origin!r} cannot be read: {exc.strerror or exc}") from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {origin!r} is not valid TOML: {exc}") from exc
-    return LoaderConfig.from_dict(data, origin=origin, base_dir=os.path.dirname(os.path.abspath(origin)))
+    applied = collect_overrides(overrides, environ)
+    try:
+        config = LoaderConfig.from_dict(
+            apply_overrides(data, applied, _SECTIONS), origin=origin, base_dir=os.path.dirname(os.path.abspath(origin))
+        )
+    except ConfigError as exc:
+        blamed = culprits(str(exc), applied)  # the message names the variable or flag, not the file
+        if not blamed:
+            raise
+        raise ConfigError(str(exc).replace(f"({origin})", f"({', '.join(blamed)})")) from None
+    return dataclasses.replace(config, sources=value_sources(config.to_dict(), data, applied, origin))
 
 
 def resolve(spec: str, what: str = "object") -> Any:

@@ -104,8 +104,13 @@ class Loader:
             )
             parts.thread.start()
             client = config.client
-            self._client = parts.client = Client(
-                self._daemon.endpoint, device=client.device, prefetch=client.prefetch, timeout_s=client.timeout_s
+            self._client = parts.client = Client(  # the whole of its own daemon's data, whatever RANK says
+                self._daemon.endpoint,
+                rank=0,
+                world_size=1,
+                device=client.device,
+                prefetch=client.prefetch,
+                timeout_s=client.timeout_s,
             )
         except BaseException:
             self.close()

@@ -313,6 +313,8 @@ class Credit(Message):
 
     n: int = wire("n", _count, 1)
     gen: int | None = wire("g", _optional(_count), None)
+    # Seconds the consumer has waited for batches since the client started (a running total).
+    wait_s: float | None = wire("ws", _optional(_seconds), None)
 
 
 @_kind("batch", columns=True)

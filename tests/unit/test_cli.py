@@ -101,9 +101,7 @@ def test_bad_import_in_config(tmp_path) -> None:
 def test_bad_command_line_override(tmp_path) -> None:
     datagen.generate(str(tmp_path), files=1, samples=2)
     cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n')
-    assert_one_line_error(
-        loader_cmd("serve", cfg, "--workers", "0"), "workers.count must be >= 1, got 0 (command line)"
-    )
+    assert_one_line_error(loader_cmd("serve", cfg, "--workers", "0"), "workers.count must be >= 1, got 0 (--workers 0)")
     assert_one_line_error(loader_cmd("serve", cfg, "--bind", "nowhere"), "service.bind must look like")
 
 

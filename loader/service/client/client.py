@@ -47,6 +47,7 @@ from loader.reader.batches import batch_reader
 from loader.service import protocol as P
 from loader.service import transport
 from loader.service.client.batches import to_batch
+from loader.service.client.env import client_stats, from_environment
 from loader.service.shm import refs as R
 from loader.service.shm.cache import ArenaCache
 from loader.service.transport import Channel
@@ -105,10 +106,10 @@ class Client:
 
     def __init__(
         self,
-        address: str,
+        address: str | None = None,
         *,
-        rank: int = 0,
-        world_size: int = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
         device: str = "cpu",
         prefetch: int | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -117,6 +118,8 @@ class Client:
         shm: bool = True,
         dataset: str = "default",
     ) -> None:
+        # Left out: LOADER_ADDRESS, RANK, WORLD_SIZE (and LOCAL_RANK for a bare "cuda"), as torchrun/Slurm set them.
+        address, rank, world_size, device = from_environment(address, rank, world_size, device)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.address, self.rank, self.world_size = address, rank, world_size
@@ -132,6 +135,8 @@ class Client:
         self._waker = transport.Waker()
         self._stop = threading.Event()
         self._consumed = 0
+        self._wait_s = 0.0  # the consumer's time blocked on the next batch (stats(), and each credit)
+        self._received = [0, 0]  # batches, samples: written by the receiver thread only
         self._gens = itertools.count(1)
         self._next_epoch = 0
         self._fatal: BaseException | None = None
@@ -184,6 +189,16 @@ class Client:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def stats(self) -> dict[str, Any]:
+        """What this client has done: batches taken, batches and samples received, seconds waited for data."""
+        return client_stats(self)
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Client:
+        """A client placed by the scheduler's variables (LOADER_ADDRESS, RANK, WORLD_SIZE, LOCAL_RANK);
+        keyword arguments win over them (see ``loader.service.client.env``)."""
+        return cls(**overrides)
+
     # -- consumer side ------------------------------------------------------
     def _check_usable(self) -> None:
         if self._closed:
@@ -193,7 +208,9 @@ class Client:
 
     def _iterate(self, gen: int) -> Iterator[Any]:
         while True:
+            started = time.perf_counter()
             kind, item_gen, payload = self._get()
+            self._wait_s += time.perf_counter() - started
             if kind == "fatal":
                 self._fatal = payload
                 raise payload
@@ -285,7 +302,8 @@ class Client:
         owed = self._consumed - state.credited
         if owed > 0 and state.gen is not None:
             state.credited += owed
-            self._channel.send(P.encode(P.Credit(n=owed, gen=state.gen)), timeout_s=self.timeout_s)
+            credit = P.Credit(n=owed, gen=state.gen, wait_s=round(self._wait_s, 6))
+            self._channel.send(P.encode(credit), timeout_s=self.timeout_s)
 
     def _drain(self, state: _ReceiverState) -> None:
         while True:
@@ -301,6 +319,8 @@ class Client:
                         continue  # an abandoned epoch's batch: never read, the daemon frees it
                     self._gather(message.refs, columns)
                 batch = to_batch(columns, message.sample_kind, self.batch_format)
+                self._received[0] += 1
+                self._received[1] += message.count
                 self._out.put(("batch", gen, self._placer.stage(batch)))
             elif isinstance(message, P.End):
                 self._out.put(("end", message.gen, message))

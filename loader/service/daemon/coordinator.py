@@ -109,6 +109,8 @@ class Coordinator:
         self._lease_ids = itertools.count(1)
         self.restarts = 0
         self._ended: OrderedDict[tuple[str, int], str] = OrderedDict()  # (worker, lease id) -> its token
+        self.leases_granted = 0  # counters for the metrics endpoint
+        self.re_leases = 0
 
     # -- file order and jobs ------------------------------------------------
     def share(self, epoch: int, rank: int, world_size: int) -> list[int]:
@@ -145,6 +147,7 @@ class Coordinator:
             job.worker = worker.worker_id
             job.token = secrets.token_hex(LEASE_TOKEN_BYTES)
             worker.leases[job.lease_id] = job
+            self.leases_granted += 1
             worker.waiting = False
             return job
         return None
@@ -241,6 +244,7 @@ class Coordinator:
                 continue  # the stream was cancelled meanwhile
             job.worker = None
             queue.appendleft(job)
+            self.re_leases += 1
         record.leases.clear()
         return orphans
 

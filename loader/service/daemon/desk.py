@@ -133,6 +133,8 @@ class ClientDesk:
             self.stage.on_credit(session, message.gen, message.n)
             # Credits beyond what a client can have in flight would only let it flood its own socket.
             session.credits = min(session.credits, MAX_PREFETCH)
+            if message.wait_s is not None:
+                session.wait_s = message.wait_s
         elif isinstance(message, P.Ping):
             self._router.send(session.peer, P.encode(P.Pong()))
         elif isinstance(message, P.Epoch):

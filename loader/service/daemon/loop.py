@@ -33,13 +33,15 @@ from loader.config.sections import ServiceConfig
 from loader.errors import ConfigError, MalformedMessageError
 from loader.service import protocol as P
 from loader.service import transport
+from loader.service.daemon.autoscale import Autoscaler
 from loader.service.daemon.coordinator import Coordinator
 from loader.service.daemon.datasets import DatasetTable
 from loader.service.daemon.desk import ClientDesk
 from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
+from loader.service.daemon.metrics import MetricsServer, start_metrics
 from loader.service.daemon.rate import RecentRate
 from loader.service.daemon.rejects import Rejects
-from loader.service.daemon.stage import Stage
+from loader.service.daemon.stage import Stage, frames_nbytes
 from loader.service.daemon.workforce import MAX_FILE_ATTEMPTS, WorkerPool
 from loader.service.shm.pool import open_pool
 from loader.service.transport import auth, links, sockets
@@ -108,6 +110,8 @@ class Daemon:
         self._closed = False
         self.rejects = Rejects()  # messages dropped: malformed, not the sender's, or that made a handler raise
         self.late_data = 0  # data messages of leases that ended meanwhile, dropped (not an attack)
+        self.bytes_received = 0  # of data messages from workers
+        self.metrics: MetricsServer | None = None  # the operators' HTTP endpoint (service.metrics), started last
         self._auth, own_keys = _authentication(config.service)
         try:
             # Bind first: a daemon that cannot bind (port in use) touches nothing in /dev/shm.
@@ -174,7 +178,11 @@ class Daemon:
         self._started_at = time.monotonic()
         self._rate = RecentRate()
         self._next_housekeeping = 0.0
+        # Autoscaling acts on our own workers when workers.max says so; else it only advises (the metric).
+        self.autoscaler = Autoscaler(self, workers.min, workers.max, act=bool(workers.max) and start_workers)
         try:
+            if config.service.metrics:
+                self.metrics = start_metrics(config.service.metrics)
             for _ in range(workers.count if start_workers else 0):
                 self.pool.launch()
         except BaseException:
@@ -197,6 +205,8 @@ class Daemon:
         for session in list(self.stage.sessions.values()):
             self._router.send(session.peer, bye)
         self.pool.close(WORKER_JOIN_TIMEOUT_S)
+        if self.metrics is not None:
+            self.metrics.close()
         self._router.close()
         self._data.close()
         if self._auth is not None:
@@ -241,6 +251,9 @@ class Daemon:
             if self.arenas is not None and self.arenas.has_retired:
                 for arena_id in self.arenas.collect(self.stage.arenas_held(), now):
                     self.stage.refs.forget_arena(arena_id)
+            self.autoscaler.tick(now)
+            if self.metrics is not None and self.metrics.due(now):
+                self.metrics.publish(self.metrics.snapshotter.take(self, now))
 
     @property
     def rejected_messages(self) -> int:
@@ -248,6 +261,7 @@ class Daemon:
         return self.rejects.count
 
     def _on_data(self, frames: list[Any]) -> None:
+        self.bytes_received += frames_nbytes(frames)
         try:
             message, columns = P.decode(frames)
         except MalformedMessageError as exc:  # the data endpoint cannot name its sender
@@ -350,6 +364,7 @@ class Daemon:
             "rejected_messages": self.rejected_messages,
             "late_data_dropped": self.late_data,
             "shm_arenas": len(self.arenas.arenas) if self.arenas is not None else 0,
+            "metrics": self.metrics.address if self.metrics is not None else None,
             "clients": [
                 {
                     "session": s.session_id,
@@ -360,6 +375,7 @@ class Daemon:
                     "epoch": s.current.epoch if s.current else None,
                     "batches_sent": s.batches_sent,
                     "samples_sent": s.samples_sent,
+                    "wait_s": round(s.wait_s, 3),
                 }
                 for s in self.stage.sessions.values()
             ],

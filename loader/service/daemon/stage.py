@@ -102,6 +102,8 @@ class Session:
     read_ahead: bool = True
     batches_sent: int = 0
     samples_sent: int = 0
+    wait_s: float = 0.0  # the client's running total of time waiting for batches (its credits say it)
+    bytes_sent: int = 0
     shm: bool = False  # the client maps the daemon's arenas (it says so with each EPOCH)
     # (request id, reference arrays) per batch sent and not yet taken by the consumer
     outstanding: deque = field(default_factory=deque)
@@ -157,6 +159,7 @@ class Stage:
         self.skipped_records = 0
         self.samples_in = 0
         self.dropped_duplicates = 0
+        self.sent_totals = [0, 0, 0]
         self.refs = RefKeeper(arenas)
 
     # -- sessions -----------------------------------------------------------
@@ -315,7 +318,13 @@ class Stage:
         # Recorded as outstanding before sending: a failed send drops the session, which frees it.
         batch, refs = self.refs.outbound(session, batch, stream.ref_columns or frozenset(), stream.gen)
         message = P.Batch(epoch=stream.epoch, gen=stream.gen, count=n, sample_kind=stream.sample_kind, refs=refs)
-        self.send(session.peer, P.encode(message, batch))
+        frames = P.encode(message, batch)
+        self.send(session.peer, frames)
+        nbytes = frames_nbytes(frames)
+        session.bytes_sent += nbytes
+        self.sent_totals[0] += 1  # batches, samples, bytes to every client since the daemon started
+        self.sent_totals[1] += n
+        self.sent_totals[2] += nbytes
         session.credits -= 1
         stream.batches_sent += 1
         stream.samples_sent += n
@@ -349,4 +358,14 @@ class Stage:
         return self.refs.held(buffered, self.sessions.values())
 
 
-__all__ = ["Stage", "Session", "Stream"]
+def frames_nbytes(frames: list[Any]) -> int:
+    """Bytes of a message's frames (bytes, numpy arrays, buffers, zmq frames); per message, so kept cheap:
+    ``nbytes`` where a frame has it, else ``len`` (bytes and zmq frames count bytes), never a memoryview."""
+    total = 0
+    for frame in frames:
+        nbytes = getattr(frame, "nbytes", None)
+        total += nbytes if nbytes is not None else len(frame)
+    return total
+
+
+__all__ = ["Stage", "Session", "Stream", "frames_nbytes"]

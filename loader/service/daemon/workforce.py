@@ -117,8 +117,8 @@ class WorkerPool:
         for record, why in self.coordinator.find_dead():
             self.gone(record, why)
 
-    def gone(self, record: WorkerRecord, why: str) -> None:
-        """Forget a worker: stop its process, re-lease its files, start a replacement."""
+    def gone(self, record: WorkerRecord, why: str, *, replace: bool = True) -> None:
+        """Forget a worker: stop its process, re-lease its files, start a replacement (unless ``replace`` is False)."""
         # A peer's own goodbye is routine (and a peer could send them in a loop): info, not a warning.
         level = logging.INFO if why == "said goodbye" else logging.WARNING
         log.log(
@@ -146,7 +146,7 @@ class WorkerPool:
             if self._attempts[key] >= MAX_FILE_ATTEMPTS:
                 died = WorkerDiedError(f"worker {record.worker_id}", exitcode, worker=record.worker_id, file=job.path)
                 self._on_file_failed(job.stream_id, job.file_index, died.to_dict())
-        if record.process is not None and not self.closing and why != "said goodbye":
+        if record.process is not None and not self.closing and why != "said goodbye" and replace:
             self.coordinator.restarts += 1
             self.launch()
 

@@ -60,7 +60,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
         "batches": COUNT + "?",
     },
     P.Epoch: {"e": COUNT, "g": COUNT, "credit": COUNT + "?", "ahead": FLAG, "shm": FLAG},
-    P.Credit: {"n": COUNT, "g": COUNT + "?"},
+    P.Credit: {"n": COUNT, "g": COUNT + "?", "ws": SECONDS + "?"},
     P.Batch: {"e": COUNT, "g": COUNT + "?", "n": COUNT, "sk": TEXT, "refs": REFS + "?"},
     P.End: {"e": COUNT, "g": COUNT + "?", "batches": COUNT, "samples": COUNT},
     P.Ping: {},
@@ -120,7 +120,7 @@ EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
         {},
     ),
     P.Epoch: (P.Epoch(epoch=2, gen=6, credit=4, ahead=False, shm=True), {}),
-    P.Credit: (P.Credit(n=3, gen=6), {}),
+    P.Credit: (P.Credit(n=3, gen=6, wait_s=0.25), {}),
     P.Batch: (
         P.Batch(epoch=2, gen=6, count=2, sample_kind="dict", refs={"x": {0: ["<f4", [4]]}}),
         {"x": np.array([[1, 0, 0], [1, 1, 0]], np.int64), "y": np.array([[1.5, 2.5], [3.5, 4.5]])},
@@ -570,3 +570,14 @@ def test_bit_flipped_messages_decode_or_are_malformed(cls, data):
         which = data.draw(st.integers(0, len(frames) - 1), label="truncated frame")
         del frames[which][data.draw(st.integers(0, len(frames[which])), label="at") :]
     _decodes_or_is_malformed([bytes(frame) for frame in frames])
+
+
+def test_credit_carries_the_clients_wait_time():
+    from loader.errors import MalformedMessageError as Malformed
+
+    assert P.decode(P.encode(P.Credit(n=1, gen=2, wait_s=1.25)))[0] == P.Credit(n=1, gen=2, wait_s=1.25)
+    assert P.decode(P.encode(P.Credit(n=1)))[0].wait_s is None  # an older client sends none
+    for bad in (-1.0, float("nan"), float("inf"), "1"):
+        frames = [msgpack.packb({"k": "credit", "n": 1, "ws": bad})]
+        with pytest.raises(Malformed):
+            P.decode(frames)

@@ -1,0 +1,167 @@
+"""Config values from the command line and the environment, over the file, with where each came from.
+
+Two ways to change a value without editing the file, for schedulers and
+container images that share one config::
+
+    loader serve train.toml --set pipeline.batch_size=64 --set workers.count=8
+    LOADER_PIPELINE__BATCH_SIZE=64 LOADER_WORKERS__COUNT=8 loader serve train.toml
+
+An environment variable is ``LOADER_`` + section + ``__`` + key, in any case
+(``LOADER_SERVICE__METRICS``); a variable without a double underscore is not an
+override (``LOADER_ADDRESS`` is the client's daemon address). A value is read
+as a TOML value (``64``, ``true``, ``"text"``, ``["a:b", "c:d"]``) and taken as
+a plain string when it is not one (``tcp://0.0.0.0:5555``). Precedence, lowest
+first: default, file, environment, ``--set`` (and ``--bind``/``--workers``).
+Relative paths in ``[source]`` are resolved against the config file's directory
+wherever they came from, so the file means the same thing in every process.
+
+Every key's source is kept (``LoaderConfig.sources``) and shown by
+``loader check``; an error caused by an override names the variable or the flag.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from loader.config.checks import reject_unknown
+from loader.errors import ConfigError
+
+ENV_PREFIX = "LOADER_"
+ENV_SEPARATOR = "__"
+_PLAIN = (str, int, float, bool)
+
+
+@dataclass(frozen=True)
+class Override:
+    """One value from outside the file: its dotted key, value, and where it came from (for messages)."""
+
+    key: str  # "pipeline.batch_size"
+    value: Any
+    source: str  # "--set pipeline.batch_size=64", "environment variable LOADER_PIPELINE__BATCH_SIZE"
+
+
+def parse_value(text: str) -> Any:
+    """``text`` as a TOML value (number, boolean, string, array, inline table), else the text itself."""
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except (tomllib.TOMLDecodeError, KeyError):
+        return text
+    return value if _plain(value) else text  # a TOML date is not a config value: keep the text
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(_plain(v) for v in value.values())
+    return isinstance(value, _PLAIN)
+
+
+def from_assignment(text: str, flag: str = "--set") -> Override:
+    """``"section.key=value"`` (a ``--set`` argument) as an ``Override``."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    parts = key.split(".")
+    if not sep or len(parts) < 2 or not all(parts):
+        raise ConfigError(f"{flag} {text!r} must look like SECTION.KEY=VALUE, e.g. {flag} pipeline.batch_size=64")
+    return Override(key, parse_value(raw.strip()), f"{flag} {text}")
+
+
+def from_environ(environ: Mapping[str, str]) -> list[Override]:
+    """The ``LOADER_SECTION__KEY`` variables of ``environ``, sorted by name (so the order is stable)."""
+    found = []
+    for name in sorted(environ):
+        if not name.upper().startswith(ENV_PREFIX) or ENV_SEPARATOR not in name:
+            continue
+        parts = name[len(ENV_PREFIX) :].lower().split(ENV_SEPARATOR)
+        if len(parts) < 2 or not all(parts):
+            raise ConfigError(
+                f"environment variable {name} must look like {ENV_PREFIX}SECTION{ENV_SEPARATOR}KEY, "
+                f"e.g. {ENV_PREFIX}PIPELINE{ENV_SEPARATOR}BATCH_SIZE"
+            )
+        found.append(Override(".".join(parts), parse_value(environ[name]), f"environment variable {name}"))
+    return found
+
+
+def collect(assignments: Iterable[str | Override] = (), environ: Mapping[str, str] | None = None) -> list[Override]:
+    """Every override in the order it applies: environment first, then the command line (which wins)."""
+    env = from_environ(os.environ if environ is None else environ)
+    given = [a if isinstance(a, Override) else from_assignment(a) for a in assignments]
+    return env + given
+
+
+def apply(data: Mapping[str, Any], overrides: Iterable[Override], sections: Iterable[str]) -> dict[str, Any]:
+    """A copy of the parsed file ``data`` with every override set (later ones win); unknown sections refused."""
+    out: dict[str, Any] = {
+        name: dict(values) if isinstance(values, Mapping) else values for name, values in data.items()
+    }
+    known = set(sections)
+    for override in overrides:
+        path = override.key.split(".")
+        reject_unknown([path[0]], known, "", override.source)
+        table = out
+        for i, part in enumerate(path[:-1]):
+            node = table.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(
+                    f"{'.'.join(path[: i + 1])} is not a table, cannot set {override.key} ({override.source})"
+                )
+            table[part] = node = dict(node)
+            table = node
+        table[path[-1]] = override.value
+    return out
+
+
+def sources(
+    final: Mapping[str, Any], data: Mapping[str, Any], overrides: Iterable[Override], origin: str
+) -> dict[str, str]:
+    """``{dotted key: where its value came from}`` for every key of ``final`` (a config's ``to_dict()``)."""
+    out: dict[str, str] = {}
+    for section, values in final.items():
+        given = data.get(section)
+        for key in values if isinstance(values, Mapping) else ():
+            in_file = isinstance(given, Mapping) and key in given
+            out[f"{section}.{key}"] = origin if in_file else "default"
+    for override in overrides:
+        out[override.key] = override.source
+    return out
+
+
+def culprits(message: str, overrides: Iterable[Override]) -> list[str]:
+    """The sources of the overrides whose key an error message names (the last of each key: it won)."""
+    last = {o.key: o.source for o in overrides}
+    return [source for key, source in last.items() if key in message]
+
+
+def format_sources(config: Any) -> list[str]:
+    """``loader check``'s table: every key, its value, and where it came from."""
+    data = config.to_dict()
+    rows = [
+        (f"{section}.{key}", repr(value), config.sources.get(f"{section}.{key}", "default"))
+        for section, values in data.items()
+        for key, value in values.items()
+    ]
+    width = [max(len(row[i]) for row in rows) for i in range(2)]
+    return [f"  {key:<{width[0]}}  {value:<{width[1]}}  {source}" for key, value, source in rows]
+
+
+__all__ = [
+    "Override",
+    "parse_value",
+    "from_assignment",
+    "from_environ",
+    "collect",
+    "apply",
+    "sources",
+    "culprits",
+    "format_sources",
+]

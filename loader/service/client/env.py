@@ -1,0 +1,93 @@
+"""A client placed by its scheduler: the variables torchrun and Slurm set, and the client's own counters.
+
+``Client()`` and ``Client.from_env()`` fill what the caller leaves out from the
+environment:
+
+==================  ============================================================
+``LOADER_ADDRESS``  the daemon's address (``tcp://HOST:PORT``); required when no
+                    ``address`` is given
+``RANK``            this trainer's rank (torchrun); else ``SLURM_PROCID``; else 0
+``WORLD_SIZE``      the number of trainers (torchrun); else ``SLURM_NTASKS``; else 1
+``LOCAL_RANK``      the GPU of this trainer on its host: a bare ``device="cuda"``
+                    becomes ``cuda:LOCAL_RANK`` (torchrun); else ``SLURM_LOCALID``
+==================  ============================================================
+
+An argument given explicitly always wins. A variable that is set but not a
+non-negative integer is an error naming it, never silently ignored: a trainer
+reading the wrong share of the data is worse than one that does not start.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from loader.errors import ConfigError
+
+ADDRESS_VARIABLE = "LOADER_ADDRESS"
+# (torchrun's name, Slurm's name): torchrun's wins when both are set (torchrun under srun).
+RANK_VARIABLES = ("RANK", "SLURM_PROCID")
+WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "SLURM_NTASKS")
+LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID")
+_BARE_CUDA = re.compile(r"^((?:torch|cupy):)?cuda$")
+
+
+def from_environment(
+    address: str | None,
+    rank: int | None,
+    world_size: int | None,
+    device: str,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[str, int, int, str]:
+    """(address, rank, world_size, device) with what was left out (None, bare "cuda") read from ``environ``."""
+    env = os.environ if environ is None else environ
+    if address is None:
+        address = env.get(ADDRESS_VARIABLE, "").strip()
+        if not address:
+            raise ConfigError(
+                f"no daemon address: pass Client(address=...) or set {ADDRESS_VARIABLE}=tcp://HOST:PORT "
+                "(loader serve --address-file writes it for a daemon bound to port *)"
+            )
+    if rank is None:
+        rank = _integer(env, RANK_VARIABLES, 0)
+    if world_size is None:
+        world_size = _integer(env, WORLD_SIZE_VARIABLES, 1)
+    if isinstance(device, str) and _BARE_CUDA.match(device):
+        local_rank = _integer(env, LOCAL_RANK_VARIABLES, None)
+        if local_rank is not None:
+            device = f"{device}:{local_rank}"
+    return address, rank, world_size, device
+
+
+def _integer(env: Mapping[str, str], names: tuple[str, ...], default: int | None) -> Any:
+    for name in names:
+        text = env.get(name)
+        if text is None or not text.strip():
+            continue
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise ConfigError(f"environment variable {name} must be a non-negative integer, got {text!r}") from None
+        if value < 0:
+            raise ConfigError(f"environment variable {name} must be a non-negative integer, got {text!r}")
+        return value
+    return default
+
+
+def client_stats(client: Any) -> dict[str, Any]:
+    """``Client.stats()``: plain numbers, safe to log or send to a dashboard."""
+    batches_received, samples_received = client._received
+    return {
+        "address": client.address,
+        "rank": client.rank,
+        "world_size": client.world_size,
+        "batches": client._consumed,  # taken by the training loop
+        "batches_received": batches_received,
+        "samples_received": samples_received,
+        "wait_s": round(client._wait_s, 6),
+    }
+
+
+__all__ = ["from_environment", "client_stats", "ADDRESS_VARIABLE"]

@@ -1,0 +1,131 @@
+"""The operators' endpoint on a live daemon: every documented metric during an epoch, the probes, wait time."""
+
+from __future__ import annotations
+
+import collections
+import urllib.error
+import urllib.request
+
+import pytest
+
+from loader import Client
+from loader.service.client.client import query_status
+from loader.service.daemon.snapshot import METRICS
+from tests.helpers import wait_until
+from tests.integration.conftest import make_config, running_daemon, write_id_files
+
+pytestmark = pytest.mark.integration
+parser = pytest.importorskip("prometheus_client.parser")  # the metrics extra (in the test extra: present in CI)
+
+HTTP_TIMEOUT_S = 5.0
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def scrape(address: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """{metric family name (as documented, without _total): [(labels, value)]}."""
+    status, text = get(f"http://{address}/metrics")
+    assert status == 200
+    out: dict[str, list[tuple[dict[str, str], float]]] = collections.defaultdict(list)
+    for family in parser.text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            out[family.name].append((sample.labels, sample.value))
+    return out
+
+
+def value(metrics: dict, name: str, **labels: str) -> float:
+    found = [v for got, v in metrics.get(name, []) if all(got.get(k) == w for k, w in labels.items())]
+    assert len(found) == 1, (name, labels, metrics.get(name))
+    return found[0]
+
+
+def epoch_samples(metrics: dict) -> float:
+    """Samples of the client's epoch sent so far; 0 until a snapshot has seen its epoch."""
+    labels = {"dataset": "default", "session": "1", "rank": "0"}
+    found = [v for got, v in metrics.get("loader_epoch_samples_sent", []) if got == labels]
+    return found[0] if found else 0.0
+
+
+def test_every_documented_metric_is_scraped_during_an_epoch_with_plausible_values(tmp_path):
+    ids = write_id_files(tmp_path, 4, 120)
+    config = make_config(
+        tmp_path,
+        # One slow worker feeds a client that reads as fast as it can: the client waits.
+        pipeline={"mappers": ["tests.helpers:slow_sample_2ms"], "batch_size": 16},
+        workers={"count": 1, "samples_per_message": 8},
+        service={"metrics": "127.0.0.1:0"},
+    )
+    with running_daemon(config) as daemon:
+        address = daemon.metrics.address
+        assert get(f"http://{address}/healthz")[0] == 200
+        assert wait_until(lambda: get(f"http://{address}/readyz")[0] == 200, timeout_s=20)
+        with Client(daemon.endpoint, timeout_s=10) as client:
+            got, during = [], None
+            for i, batch in enumerate(client.epoch()):
+                got.extend(batch["data"].tolist())
+                if i == 5:
+                    # A snapshot is up to half a second old: wait for one that saw these batches.
+                    assert wait_until(lambda: epoch_samples(scrape(address)) >= 6 * 16, timeout_s=5)
+                    during = scrape(address)
+            assert sorted(got) == sorted(ids)
+            stats = client.stats()
+            assert during is not None
+            # Every metric in the table is exported during the epoch (families with no sample yet included).
+            assert {name for name, *_ in METRICS} <= set(during)
+            assert 0 < value(during, "loader_epoch_files", dataset="default", session="1", rank="0") == 4
+            assert 0 <= value(during, "loader_epoch_files_done", dataset="default", session="1", rank="0") <= 4
+            assert value(during, "loader_epoch", dataset="default", session="1", rank="0") == 0
+            assert value(during, "loader_workers", state="alive") == 1
+            assert value(during, "loader_leases") >= 1
+            assert 0.0 <= value(during, "loader_worker_utilisation") <= 1.0
+
+            def settled() -> bool:
+                m = scrape(address)
+                return value(m, "loader_samples_sent", dataset="default") == len(ids) and value(
+                    m, "loader_client_wait_seconds", session="1", rank="0"
+                ) == pytest.approx(client.stats()["wait_s"], abs=1e-3)
+
+            assert wait_until(settled, timeout_s=5)
+            after = scrape(address)
+            status = query_status(daemon.endpoint)
+
+    assert stats["batches"] == stats["batches_received"] == -(-len(ids) // 16)
+    assert stats["samples_received"] == len(ids)
+    assert stats["wait_s"] > 0  # the client read faster than one slow worker fed it
+    assert status["clients"][0]["wait_s"] > 0
+    assert status["metrics"] == address
+    assert value(after, "loader_client_wait_seconds", session="1", rank="0") > 0
+    assert value(after, "loader_batches_sent", dataset="default") == stats["batches"]
+    assert value(after, "loader_samples_received", dataset="default") == len(ids)
+    assert value(after, "loader_bytes_sent", dataset="default") > len(ids) * 8  # int64 ids plus headers
+    assert value(after, "loader_bytes_received", dataset="default") > len(ids) * 8
+    assert value(after, "loader_leases") >= 4
+    assert value(after, "loader_re_leases") == 0
+    assert value(after, "loader_worker_busy_seconds") > 0
+    assert value(after, "loader_ready") == 1
+    assert value(after, "loader_uptime_seconds") > 0
+    assert value(after, "loader_duplicates_dropped") == 0
+    assert value(after, "loader_messages_rejected") == 0
+    assert value(after, "loader_records_skipped") == 0
+    assert value(after, "loader_clients") == 1
+
+
+def test_metrics_endpoint_closes_with_the_daemon(tmp_path):
+    write_id_files(tmp_path, 1, 10)
+    config = make_config(tmp_path, service={"metrics": "127.0.0.1:0"}, workers={"count": 1})
+    with running_daemon(config, start_workers=False) as daemon:
+        address = daemon.metrics.address
+        # No worker: alive, not ready.
+        assert wait_until(lambda: get(f"http://{address}/readyz")[0] == 503, timeout_s=5)
+        assert get(f"http://{address}/healthz")[0] == 200
+        assert get(f"http://{address}/nothing")[0] == 404
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://{address}/healthz", timeout=HTTP_TIMEOUT_S)

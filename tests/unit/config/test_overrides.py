@@ -1,0 +1,118 @@
+"""Config values over the file from LOADER_SECTION__KEY variables and --set, with their sources."""
+
+from __future__ import annotations
+
+import pytest
+
+from loader.config import load_config
+from loader.config.overrides import Override, format_sources, from_assignment, from_environ, parse_value
+from loader.errors import ConfigError
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    (tmp_path / "a.npy").write_bytes(b"")
+    path = tmp_path / "c.toml"
+    path.write_text('[source]\nfiles = ["*.npy"]\n[pipeline]\nbatch_size = 8\nseed = 3\n')
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("64", 64),
+        ("1.5", 1.5),
+        ("true", True),
+        ('"quoted"', "quoted"),
+        ('["a:b", "c:d"]', ["a:b", "c:d"]),
+        ("tcp://0.0.0.0:5555", "tcp://0.0.0.0:5555"),
+        ("plain words", "plain words"),
+        ("", ""),
+        ("2024-01-01", "2024-01-01"),  # a TOML date is no config value: the text stays
+    ],
+)
+def test_values_are_read_as_toml_else_as_text(text, value):
+    assert parse_value(text) == value
+
+
+def test_environment_names_map_to_dotted_keys_and_others_are_ignored():
+    env = {
+        "LOADER_PIPELINE__BATCH_SIZE": "64",
+        "loader_workers__count": "3",
+        "LOADER_ADDRESS": "tcp://h:1",  # the client's address, not an override
+        "LOADER_TEST_HANG_MARKER": "/tmp/x",
+        "PATH": "/bin",
+    }
+    got = {o.key: (o.value, o.source) for o in from_environ(env)}
+    assert got == {
+        "pipeline.batch_size": (64, "environment variable LOADER_PIPELINE__BATCH_SIZE"),
+        "workers.count": (3, "environment variable loader_workers__count"),
+    }
+
+
+@pytest.mark.parametrize("name", ["LOADER___X", "LOADER_PIPELINE__", "LOADER_PIPELINE____SEED"])
+def test_malformed_environment_names_are_named(name):
+    with pytest.raises(ConfigError, match=name):
+        from_environ({name: "1"})
+
+
+@pytest.mark.parametrize("text", ["batch_size=3", "pipeline.batch_size", ".x=1", "pipeline.=1"])
+def test_malformed_set_is_named(text):
+    with pytest.raises(ConfigError, match="must look like SECTION.KEY=VALUE"):
+        from_assignment(text)
+
+
+def test_precedence_default_file_env_set_and_sources(cfg):
+    env = {"LOADER_PIPELINE__BATCH_SIZE": "16", "LOADER_WORKERS__COUNT": "5"}
+    config = load_config(cfg, overrides=["pipeline.batch_size=32"], environ=env)
+    assert config.pipeline.batch_size == 32  # --set over the environment over the file
+    assert config.workers.count == 5
+    assert config.pipeline.seed == 3
+    assert config.sources["pipeline.batch_size"] == "--set pipeline.batch_size=32"
+    assert config.sources["workers.count"] == "environment variable LOADER_WORKERS__COUNT"
+    assert config.sources["pipeline.seed"] == cfg
+    assert config.sources["pipeline.epochs"] == "default"
+    assert set(config.sources) == {f"{s}.{k}" for s, keys in config.to_dict().items() for k in keys}
+    lines = format_sources(config)
+    assert any("pipeline.batch_size" in line and "32" in line and "--set" in line for line in lines)
+
+
+def test_no_overrides_is_the_file(cfg):
+    assert load_config(cfg, environ={}) == load_config(cfg, environ={"LOADER_ADDRESS": "tcp://x:1"})
+    assert load_config(cfg, environ={}).pipeline.batch_size == 8
+
+
+def test_os_environ_is_the_default(cfg, monkeypatch):
+    monkeypatch.setenv("LOADER_PIPELINE__BATCH_SIZE", "12")
+    assert load_config(cfg).pipeline.batch_size == 12
+
+
+def test_an_override_may_supply_what_the_file_lacks(tmp_path):
+    (tmp_path / "a.npy").write_bytes(b"")
+    path = tmp_path / "c.toml"
+    path.write_text("[pipeline]\nbatch_size = 8\n")
+    config = load_config(path, environ={"LOADER_SOURCE__FILES": '["*.npy"]'})
+    assert config.source.files == (str(tmp_path / "*.npy"),)  # relative to the config file, like the file's
+
+
+def test_bad_values_name_the_variable_or_flag_not_the_file(cfg):
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg, environ={"LOADER_PIPELINE__BATCH_SIZE": "0"})
+    assert "pipeline.batch_size must be >= 1, got 0 (environment variable LOADER_PIPELINE__BATCH_SIZE)" in str(
+        info.value
+    )
+    with pytest.raises(ConfigError, match=r"\(--set workers.count=x\)"):
+        load_config(cfg, overrides=["workers.count=x"], environ={})
+    with pytest.raises(ConfigError, match=r"unknown key pipeline.batchsize \(--set pipeline.batchsize=3\).*batch_size"):
+        load_config(cfg, overrides=["pipeline.batchsize=3"], environ={})
+    with pytest.raises(ConfigError, match=r"unknown section pipline \(environment variable LOADER_PIPLINE__SEED\)"):
+        load_config(cfg, environ={"LOADER_PIPLINE__SEED": "1"})
+    with pytest.raises(ConfigError, match=r"pipeline.seed is not a table"):
+        load_config(cfg, overrides=[Override("pipeline.seed.x", 1, "--set pipeline.seed.x=1")], environ={})
+
+
+def test_file_errors_still_name_the_file(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[source]\nfiles = ["*.npy"]\n[pipeline]\nbatch_size = 0\n')
+    with pytest.raises(ConfigError, match=rf"got 0 \({path}\)"):
+        load_config(path, overrides=["workers.count=2"], environ={})

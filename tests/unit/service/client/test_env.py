@@ -1,0 +1,96 @@
+"""Client placement from the variables torchrun and Slurm set (``Client.from_env`` and left-out arguments)."""
+
+from __future__ import annotations
+
+import pytest
+
+from loader import Client
+from loader.errors import ConfigError
+from loader.service.client.env import from_environment
+
+TORCHRUN = {"LOADER_ADDRESS": "tcp://10.0.0.1:5555", "RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}
+
+
+def test_torchrun_variables_fill_what_is_left_out():
+    assert from_environment(None, None, None, "cuda", TORCHRUN) == ("tcp://10.0.0.1:5555", 3, 8, "cuda:1")
+    assert from_environment(None, None, None, "torch:cuda", TORCHRUN)[3] == "torch:cuda:1"
+
+
+def test_explicit_arguments_win():
+    assert from_environment("tcp://h:1", 0, 2, "cuda:0", TORCHRUN) == ("tcp://h:1", 0, 2, "cuda:0")
+    assert from_environment(None, None, None, "cpu", TORCHRUN)[3] == "cpu"  # LOCAL_RANK places only a bare "cuda"
+
+
+def test_slurm_variables_when_torchrun_sets_none():
+    slurm = {"LOADER_ADDRESS": "tcp://h:1", "SLURM_PROCID": "5", "SLURM_NTASKS": "6", "SLURM_LOCALID": "2"}
+    assert from_environment(None, None, None, "cuda", slurm) == ("tcp://h:1", 5, 6, "cuda:2")
+    # torchrun under srun: torchrun's per-process variables win over the task's.
+    assert from_environment(None, None, None, "cuda", {**slurm, **TORCHRUN})[1:] == (3, 8, "cuda:1")
+
+
+def test_defaults_without_a_scheduler():
+    assert from_environment(None, None, None, "cuda", {"LOADER_ADDRESS": "ipc:///tmp/x"}) == (
+        "ipc:///tmp/x",
+        0,
+        1,
+        "cuda",
+    )
+
+
+def test_missing_address_says_what_to_set():
+    with pytest.raises(ConfigError, match="LOADER_ADDRESS"):
+        from_environment(None, 0, 1, "cpu", {})
+
+
+@pytest.mark.parametrize(("name", "text"), [("RANK", "one"), ("WORLD_SIZE", "-2"), ("LOCAL_RANK", "1.5")])
+def test_malformed_variables_are_named(name, text):
+    env = {**TORCHRUN, name: text}
+    with pytest.raises(ConfigError, match=rf"environment variable {name} must be a non-negative integer"):
+        from_environment(None, None, None, "cuda", env)
+
+
+def test_client_from_env_reads_the_environment(monkeypatch):
+    monkeypatch.setenv("LOADER_ADDRESS", "tcp://127.0.0.1:1")
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # rank 2 of 2: refused before anything connects
+    with pytest.raises(ValueError, match=r"rank must be in \[0, world_size=2\), got 2"):
+        Client.from_env()
+    with pytest.raises(ValueError, match=r"got 5"):
+        Client.from_env(rank=5)
+    monkeypatch.delenv("LOADER_ADDRESS")
+    with pytest.raises(ConfigError, match="LOADER_ADDRESS"):
+        Client.from_env(rank=0)
+
+
+def test_stats_count_batches_and_the_wait_reported_with_credits():
+    from loader.service import protocol as P
+    from loader.service.transport import FakeChannel
+    from tests.unit.service.client.test_client import FakeDaemon
+
+    near, far = FakeChannel.pair()
+    credits: list[P.Credit] = []
+
+    class Recording(FakeDaemon):
+        def run(self):  # the fake serves as usual and keeps every credit it was sent
+            original = self.channel.recv
+
+            def recv(timeout_s):
+                frames = original(timeout_s)
+                if frames is not None and isinstance(P.decode(frames)[0], P.Credit):
+                    credits.append(P.decode(frames)[0])
+                return frames
+
+            self.channel.recv = recv
+            super().run()
+
+    daemon = Recording(far, batches=5)
+    with Client("fake://daemon", channel=near, prefetch=2, timeout_s=1.0) as client:
+        assert client.stats()["batches"] == 0
+        assert len(list(client.epoch())) == 5
+        stats = client.stats()
+    daemon.stop.set()
+    assert (stats["batches"], stats["batches_received"], stats["samples_received"]) == (5, 5, 10)
+    assert stats["wait_s"] > 0  # the first batch at least was waited for
+    reported = [c.wait_s for c in credits]
+    assert reported and all(w is not None for w in reported)
+    assert reported == sorted(reported) and reported[-1] <= stats["wait_s"]  # a running total
