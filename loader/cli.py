@@ -141,6 +141,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         if found.fields:
             rows = [{"field": f.name, "shape": f.shape, "dtype": f.dtype} for f in found.fields]
             print("\n".join(_table(rows, "  ")))
+    print("settings (value, and where it came from):")
     print("\n".join(format_sources(config)))
     return EXIT_OK
 

@@ -126,13 +126,32 @@ def sources(
 ) -> dict[str, str]:
     """``{dotted key: where its value came from}`` for every key of ``final`` (a config's ``to_dict()``)."""
     out: dict[str, str] = {}
-    for section, values in final.items():
-        given = data.get(section)
-        for key in values if isinstance(values, Mapping) else ():
-            in_file = isinstance(given, Mapping) and key in given
-            out[f"{section}.{key}"] = origin if in_file else "default"
+    for dotted, path, _value in leaves(final):
+        given: Any = data
+        for part in path:
+            given = given.get(part) if isinstance(given, Mapping) else None
+        out[dotted] = origin if given is not None else "default"
     for override in overrides:
         out[override.key] = override.source
+    return out
+
+
+def leaves(final: Mapping[str, Any]) -> list[tuple[str, tuple[str, ...], Any]]:
+    """(dotted key, path in the file's tables, value) of every setting of a ``to_dict()``: keys of the
+    sections, top-level keys such as ``import_path``, and ``datasets.NAME.SECTION.KEY``."""
+    out: list[tuple[str, tuple[str, ...], Any]] = []
+    for top, value in final.items():
+        if top == "datasets" and isinstance(value, Mapping):
+            for name, sections in value.items():
+                for section, values in sections.items():
+                    out.extend(
+                        (f"datasets.{name}.{section}.{key}", ("datasets", name, section, key), v)
+                        for key, v in values.items()
+                    )
+        elif isinstance(value, Mapping):
+            out.extend((f"{top}.{key}", (top, key), v) for key, v in value.items())
+        else:
+            out.append((top, (top,), value))
     return out
 
 
@@ -144,11 +163,8 @@ def culprits(message: str, overrides: Iterable[Override]) -> list[str]:
 
 def format_sources(config: Any) -> list[str]:
     """``loader check``'s table: every key, its value, and where it came from."""
-    data = config.to_dict()
     rows = [
-        (f"{section}.{key}", repr(value), config.sources.get(f"{section}.{key}", "default"))
-        for section, values in data.items()
-        for key, value in values.items()
+        (dotted, repr(value), config.sources.get(dotted, "default")) for dotted, _path, value in leaves(config.to_dict())
     ]
     width = [max(len(row[i]) for row in rows) for i in range(2)]
     return [f"  {key:<{width[0]}}  {value:<{width[1]}}  {source}" for key, value, source in rows]
@@ -162,6 +178,7 @@ __all__ = [
     "collect",
     "apply",
     "sources",
+    "leaves",
     "culprits",
     "format_sources",
 ]

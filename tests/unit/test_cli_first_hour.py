@@ -76,7 +76,8 @@ def test_check_counts_samples_per_field(tmp_path) -> None:
     result = loader_cmd("check", cfg)
     assert result.returncode == 0, result.stderr
     assert "dataset default: 2 files, 9 samples" in result.stdout
-    rows = [line.split() for line in result.stdout.splitlines()[3:]]
+    lines = result.stdout.splitlines()
+    rows = [line.split() for line in lines[3 : lines.index("settings (value, and where it came from):")]]
     assert rows == [["data", "(2,", "3)", "float16"], ["label", "()", "int32"], ["weight", "()", "float64"]]
 
 

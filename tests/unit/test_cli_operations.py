@@ -34,8 +34,10 @@ def cfg(tmp_path) -> str:
 def test_check_shows_each_value_and_its_source(cfg) -> None:
     result = run_env("check", cfg, "--set", "pipeline.batch_size=64", LOADER_WORKERS__COUNT="3")
     assert result.returncode == 0, result.stderr
-    assert "ok, 2 files, 3 workers" in result.stdout
-    rows = {line.split()[0]: line.split(None, 2)[1:] for line in result.stdout.splitlines()[1:]}
+    assert "ok, 3 workers" in result.stdout and "dataset default: 2 files" in result.stdout
+    lines = result.stdout.splitlines()
+    settings = lines[lines.index("settings (value, and where it came from):") + 1 :]
+    rows = {line.split()[0]: line.split(None, 2)[1:] for line in settings}
     assert rows["pipeline.batch_size"] == ["64", "--set pipeline.batch_size=64"]
     assert rows["workers.count"] == ["3", "environment variable LOADER_WORKERS__COUNT"]
     assert rows["pipeline.seed"] == ["None", "default"]

@@ -72,7 +72,9 @@ def test_precedence_default_file_env_set_and_sources(cfg):
     assert config.sources["workers.count"] == "environment variable LOADER_WORKERS__COUNT"
     assert config.sources["pipeline.seed"] == cfg
     assert config.sources["pipeline.epochs"] == "default"
-    assert set(config.sources) == {f"{s}.{k}" for s, keys in config.to_dict().items() for k in keys}
+    sections = {s: keys for s, keys in config.to_dict().items() if s not in ("import_path", "datasets")}
+    assert set(config.sources) == {f"{s}.{k}" for s, keys in sections.items() for k in keys} | {"import_path"}
+    assert config.sources["import_path"] == "default"
     lines = format_sources(config)
     assert any("pipeline.batch_size" in line and "32" in line and "--set" in line for line in lines)
 
