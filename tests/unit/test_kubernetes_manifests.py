@@ -104,13 +104,24 @@ def test_the_parts_point_at_each_other():
     assert docs[("Service", "loader-workers")]["spec"]["publishNotReadyAddresses"] is True
     assert f"tcp://loader-workers:{control_port}" in container(workers)["command"]
     assert env_of(trainer)["LOADER_ADDRESS"] == f"tcp://loader:{control_port}"
-    # Every key file named in an env var is a key of the Secret, mounted where the name says.
+    # Every key file or directory named in an env var is projected from the Secret where the name says,
+    # under the names `loader keys` writes and the config keys and variables the code reads.
     secret_keys = set(docs[("Secret", "loader-curve")]["stringData"])
     for doc in (daemon, workers, trainer):
+        items = {}
+        for volume in doc["spec"]["template"]["spec"]["volumes"]:
+            if volume.get("secret", {}).get("secretName") == "loader-curve":
+                items = {item["path"]: item["key"] for item in volume["secret"]["items"]}
+        assert set(items.values()) <= secret_keys
         for value in env_of(doc).values():
-            if value and "/etc/loader/keys/" in value:
-                for path in value.strip('[]"').split('","'):
-                    assert path.rsplit("/", 1)[1] in secret_keys, path
+            if value and value.startswith("/etc/loader/keys/"):
+                relative = value[len("/etc/loader/keys/") :]
+                assert relative in items or any(path.startswith(relative + "/") for path in items), value
+    assert env_of(daemon)["LOADER_SERVICE__DAEMON_KEY"].endswith("daemon.key_secret")
+    assert env_of(daemon)["LOADER_SERVICE__AUTHORIZED_KEYS"].endswith("/authorized")
+    for peer in (workers, trainer):
+        assert env_of(peer)["LOADER_DAEMON_PUBLIC_KEY"].endswith("/daemon.key")
+        assert env_of(peer)["LOADER_PEER_KEY"].endswith(".key_secret")
 
 
 def test_the_slurm_script_parses_and_uses_the_conventions():
