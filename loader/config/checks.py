@@ -31,12 +31,14 @@ class Check:
     def set(self, key: str, value: Any) -> None:
         object.__setattr__(self.obj, key, value)  # normalizing a frozen dataclass in __post_init__
 
-    def integer(self, key: str, *, minimum: int | None = None) -> None:
+    def integer(self, key: str, *, minimum: int | None = None, maximum: int | None = None) -> None:
         value = getattr(self.obj, key)
         if isinstance(value, bool) or not isinstance(value, int):
             self.fail(key, f"must be an integer, got {show(value)}")
         if minimum is not None and value < minimum:
             self.fail(key, f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            self.fail(key, f"must be <= {maximum}, got {value}")
 
     def number(self, key: str, *, positive: bool = True) -> None:
         value = getattr(self.obj, key)

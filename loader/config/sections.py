@@ -43,6 +43,10 @@ DEFAULT_BIND = "tcp://127.0.0.1:5555"
 TRANSPORTS = ("zmq", "pipe", "queue")
 ON_ERROR_CHOICES = ("raise", "skip")
 BATCH_FORMATS = ("stacked", "list")
+# The most batches a client may have in flight. The daemon sends batches without blocking, and a zmq
+# peer queues at most transport.sockets.HIGH_WATER_MARK (64) messages: with up to 32 batches and a
+# few control messages (pong, end, error) queued, a slow receiver is never mistaken for a dead one.
+MAX_PREFETCH = 32
 
 # tcp://HOST:PORT (HOST may be [ipv6] or *; PORT may be * for "any free port"), or ipc://PATH
 _TCP_BIND = re.compile(r"^tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(?P<port>\d+|\*)$")
@@ -154,7 +158,7 @@ class ClientConfig:
 
     def __post_init__(self) -> None:
         check = Check(self, "client")
-        check.integer("prefetch", minimum=1)
+        check.integer("prefetch", minimum=1, maximum=MAX_PREFETCH)
         check.text("device")
         if not _DEVICE.match(self.device):
             check.fail("device", f"must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from loader.config.sections import MAX_PREFETCH
 from loader.device import Placer
 from loader.errors import (
     ClosedError,
@@ -76,7 +77,7 @@ class Client:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.address, self.rank, self.world_size = address, rank, world_size
-        self.prefetch = int(prefetch or DEFAULT_PREFETCH)
+        self.prefetch = _prefetch(prefetch)
         self.timeout_s = float(timeout_s)
         self.read_ahead = read_ahead
         self._placer = Placer(device)
@@ -107,7 +108,7 @@ class Client:
     def epoch(self, epoch: int | None = None) -> Iterator[Any]:
         """Iterate the batches of the next epoch (or of ``epoch``); ends with ``StopIteration``."""
         self._check_usable()
-        number = self._next_epoch if epoch is None else int(epoch)
+        number = self._next_epoch if epoch is None else _epoch_number(epoch)
         self._next_epoch = number + 1
         gen = next(self._gens)
         self._commands.put(("epoch", number, gen))
@@ -273,6 +274,24 @@ class Client:
             if refs.ndim != 2 or refs.shape[1] != 3:
                 raise TransportError(f"reference column {name!r} from {self.address} is malformed")
             columns[name] = R.gather(refs, R.parse_specs(specs), self._arenas.get, free=False)
+
+
+def _prefetch(prefetch: Any) -> int:
+    """``prefetch`` (None: the default), refused at once when the daemon could not honour it."""
+    if prefetch is None:
+        return DEFAULT_PREFETCH
+    if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or not 1 <= prefetch <= MAX_PREFETCH:
+        raise ValueError(f"prefetch must be an integer in [1, {MAX_PREFETCH}], got {prefetch!r}")
+    return int(prefetch)
+
+
+def _epoch_number(epoch: Any) -> int:
+    """``epoch`` as an epoch number, refused at once (not by the daemon) when it is not one."""
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)):
+        raise ValueError(f"epoch must be an integer >= 0, got {epoch!r} ({type(epoch).__name__})")
+    if epoch < 0:
+        raise ValueError(f"epoch must be an integer >= 0, got {epoch}")
+    return int(epoch)
 
 
 def _arena_cache(info: Any) -> ArenaCache | None:

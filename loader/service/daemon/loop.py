@@ -88,6 +88,9 @@ class Daemon:
             samples_per_message=workers.samples_per_message,
             send=lambda peer, frames: self.clients.send(peer, frames),
             arenas=self.arenas,
+            on_error=pipeline.on_error,
+            batch_format=pipeline.batch_format,
+            files=self.files,
         )
         self.coordinator = Coordinator(
             self.files,

@@ -29,14 +29,17 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from loader.config.sections import MAX_PREFETCH
+from loader.errors import WorkerError
 from loader.service import protocol as P
 from loader.service.blocks import Block, block_rows, select
+from loader.service.daemon import fit
 from loader.service.daemon.batching import Batcher, ShuffleBuffer
 from loader.service.daemon.ledger import FileLedger
 from loader.service.daemon.stage_refs import RefKeeper
@@ -64,6 +67,8 @@ class Stream:
     batches_sent: int = 0
     samples_sent: int = 0
     ref_columns: frozenset[str] | None = None  # decided by the first chunk (stage_refs.py)
+    layout: fit.Layout | None = None  # fields, dtypes and row shapes, decided by the first chunk (fit.py)
+    rejected: dict[int, int] = field(default_factory=dict)  # file -> records that did not fit (on_error = "skip")
 
     @property
     def input_done(self) -> bool:
@@ -130,7 +135,13 @@ class Stage:
         samples_per_message: int,
         send: SendFn,
         arenas: ArenaPool | None = None,
+        on_error: str = "raise",
+        batch_format: str = "stacked",
+        files: Sequence[str] = (),
     ) -> None:
+        """``files`` are the daemon's file paths by index (errors name them); ``on_error`` and
+        ``batch_format`` are the pipeline's (a sample that does not fit its batch fails or is skipped)."""
+        self.on_error, self.batch_format, self.files = on_error, batch_format, list(files)
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.shuffle_buffer = shuffle_buffer
@@ -151,7 +162,8 @@ class Stage:
         old = self.sessions.get(peer)
         if old is not None:
             self.close_session(old)
-        session = Session(next(self._ids), peer, rank, world_size, max(1, prefetch))
+        # A prefetch beyond what the client's socket queues would read as a dead peer (config.MAX_PREFETCH).
+        session = Session(next(self._ids), peer, rank, world_size, max(1, min(prefetch, MAX_PREFETCH)))
         self.sessions[peer] = session
         return session
 
@@ -216,6 +228,7 @@ class Stage:
         _, stream = entry
         indexes = columns.pop(P.INDEX_COLUMN, None)
         count = chunk.count
+        first_record = int(indexes[0]) if indexes is not None and len(indexes) else chunk.record
         keep = ledger.accept(chunk.record, count, indexes)
         if keep is not None:
             kept = int(keep.sum())
@@ -230,10 +243,46 @@ class Stage:
             stream.ref_columns = names
         if names or stream.ref_columns:
             columns = self.refs.conform(stream.ref_columns, columns, names)
+        fitted = self._fit(stream, chunk, columns, first_record)
+        if fitted is None:
+            self.refs.release_blocks([columns], stream.ref_columns or frozenset())
+            self._check_file(stream, chunk.file)
+            return
+        columns = fitted
         stream.sample_kind = chunk.sample_kind
         self.samples_in += block_rows(columns)
         stream.batcher.extend(stream.shuffle.add(columns))
         self._check_file(stream, chunk.file)
+
+    def _fit(self, stream: Stream, chunk: P.Chunk, columns: Block, record: int) -> Block | None:
+        """``columns`` made to fit the stream's batches, or None when they cannot (the file failed,
+        or under ``on_error = "skip"`` the rows were counted as skipped)."""
+        if stream.layout is None:
+            stream.layout = fit.describe(columns)
+            return columns
+        layout = stream.layout
+        reason = fit.field_misfit(layout, columns)
+        misfits = {} if reason is not None else fit.shape_misfits(layout, columns)
+        if reason is None and misfits and self.batch_format == "list":
+            layout.update((name, fit.RAGGED) for name in misfits)  # list batches hold ragged fields as objects
+            misfits = {}
+        if reason is None and not misfits:
+            ragged = [n for n, v in columns.items() if layout[n] == fit.RAGGED and not v.dtype.hasobject]
+            # Fixed rows of a ragged field travel as objects, so no two fixed blocks of other shapes meet.
+            return {n: fit.as_objects(v) if n in ragged else v for n, v in columns.items()} if ragged else columns
+        if reason is None:
+            reason = "; ".join(misfits.values()) + f" ({fit.RAGGED_HINT})"
+        self._misfit(stream, chunk, block_rows(columns), record, f"a sample does not fit its batch: {reason}")
+        return None
+
+    def _misfit(self, stream: Stream, chunk: P.Chunk, rows: int, record: int, message: str) -> None:
+        path = self.files[chunk.file] if 0 <= chunk.file < len(self.files) else f"file index {chunk.file}"
+        if self.on_error == "skip":
+            stream.rejected[chunk.file] = stream.rejected.get(chunk.file, 0) + rows
+            log.warning("skipping %d record(s) from record %d of %s: %s", rows, record, path, message)
+            return
+        error = WorkerError("ShapeMismatchError", message, worker=chunk.worker, file=path, record=record)
+        self.fail_file(stream.stream_id, chunk.file, error.to_dict())
 
     def on_done(self, done: P.FileDone) -> None:
         entry = self._addressed(done)
@@ -265,11 +314,10 @@ class Stage:
         if file_index not in stream.incomplete or not ledger.complete:
             return
         stream.incomplete.discard(file_index)
-        if ledger.skipped:
-            self.skipped_records += ledger.skipped
-            log.warning(
-                "skipped %d bad record(s) in file index %d (epoch %d)", ledger.skipped, file_index, stream.epoch
-            )
+        skipped = ledger.skipped + stream.rejected.get(file_index, 0)
+        if skipped:
+            self.skipped_records += skipped
+            log.warning("skipped %d bad record(s) in file index %d (epoch %d)", skipped, file_index, stream.epoch)
         self.events.append(FileComplete(stream.stream_id, file_index))
         if not stream.incomplete:
             stream.batcher.extend(stream.shuffle.flush())

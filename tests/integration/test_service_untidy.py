@@ -1,0 +1,138 @@
+"""Untidy data and resources: bad files, bad configs and big files never kill or hang the daemon.
+
+Each scenario keeps a legitimate client reading exact epochs around the fault, so a fault that
+"only" corrupts another stream or leaks a buffer shows up as a wrong multiset.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import numpy as np
+import pytest
+
+from loader import Client
+from loader.errors import ConfigError, WorkerError
+from loader.service.client.client import query_status
+from tests.integration.conftest import collect_ids, make_config, running_daemon, write_id_files
+
+pytestmark = pytest.mark.integration
+
+
+def _assert_alive_and_exact(daemon, ids, **client_kwargs):
+    """The daemon still answers and a fresh client reads one exact epoch."""
+    assert query_status(daemon.endpoint)["endpoint"] == daemon.endpoint
+    with Client(daemon.endpoint, timeout_s=10, **client_kwargs) as client:
+        assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
+
+
+# -- item 1: rows of another width ---------------------------------------------------------------
+
+
+def _ragged_width_files(tmp_path):
+    good = tmp_path / "good"
+    good.mkdir()
+    np.save(good / "a.npy", np.zeros((100, 4), dtype=np.float32))
+    np.save(good / "b.npy", np.ones((100, 5), dtype=np.float32))  # another width: does not fit a batch
+    return good
+
+
+@pytest.mark.parametrize("shuffle_buffer", [0, 64])
+def test_rows_of_another_width_fail_the_epoch_naming_the_file(tmp_path, shuffle_buffer):
+    bad = _ragged_width_files(tmp_path)
+    ids = write_id_files(tmp_path, 2, 300)
+    config = make_config(bad, pipeline={"shuffle_buffer": shuffle_buffer, "batch_size": 16})
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=10, read_ahead=False) as client:
+            with pytest.raises(WorkerError) as info:
+                for _ in client.epoch():
+                    pass
+        err = info.value
+        assert err.file is not None and os.path.basename(err.file) in ("a.npy", "b.npy")
+        assert err.record is not None and "batch_format" in err.message
+        assert "(100, 4)" in err.message or "(4,)" in err.message
+        assert query_status(daemon.endpoint)["endpoint"] == daemon.endpoint  # still serving
+    good_config = make_config(tmp_path, pipeline={"shuffle_buffer": shuffle_buffer})
+    with running_daemon(good_config) as daemon:
+        _assert_alive_and_exact(daemon, ids)
+
+
+def test_rows_of_another_width_are_skipped_and_counted_under_skip(tmp_path):
+    bad = _ragged_width_files(tmp_path)
+    config = make_config(bad, pipeline={"shuffle_buffer": 64, "batch_size": 16, "on_error": "skip"})
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=10, read_ahead=False) as client:
+            rows = sum(len(batch["data"]) for batch in client.epoch())
+        assert rows == 100  # one file's rows fit, the other file's do not
+        assert query_status(daemon.endpoint)["skipped_records"] == 100
+
+
+def test_ragged_samples_one_per_message_need_list_format(tmp_path):
+    ids = write_id_files(tmp_path, 2, 50)
+    # A mapper that makes sample i a vector of i % 3 + 1 values: ragged.
+    pipeline = {"mappers": ["tests.helpers:ragged_by_value"], "shuffle_buffer": 8, "batch_size": 4}
+    config = make_config(tmp_path, pipeline=pipeline, workers={"samples_per_message": 1})
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=10, read_ahead=False) as client:
+            with pytest.raises(WorkerError, match="batch_format"):
+                for _ in client.epoch():
+                    pass
+        assert query_status(daemon.endpoint)["endpoint"] == daemon.endpoint
+    listed = make_config(tmp_path, pipeline={**pipeline, "batch_format": "list"}, workers={"samples_per_message": 1})
+    with running_daemon(listed) as daemon, Client(daemon.endpoint, timeout_s=10, read_ahead=False) as client:
+        got = [int(np.asarray(sample[0])[0]) for batch in client.epoch() for sample in batch]
+        assert collections.Counter(got) == collections.Counter(ids)
+
+
+# -- item 2: a negative epoch ---------------------------------------------------------------------
+
+
+def test_negative_epoch_is_refused_by_the_client_and_the_daemon_survives(tmp_path):
+    ids = write_id_files(tmp_path, 2, 100)
+    with running_daemon(make_config(tmp_path)) as daemon:
+        with Client(daemon.endpoint, timeout_s=10) as client:
+            with pytest.raises(ValueError, match="epoch"):
+                client.epoch(-1)
+            assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
+        _assert_alive_and_exact(daemon, ids)
+
+
+# -- item 3: prefetch -----------------------------------------------------------------------------
+
+
+def test_the_largest_prefetch_the_config_accepts_reads_exact_epochs(tmp_path):
+    from loader.config.sections import MAX_PREFETCH
+
+    ids = write_id_files(tmp_path, 4, 2000)
+    config = make_config(tmp_path, pipeline={"batch_size": 4}, client={"prefetch": MAX_PREFETCH})
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=10, prefetch=config.client.prefetch) as client:
+            for _ in range(2):
+                assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
+
+
+def test_a_prefetch_beyond_the_limit_is_refused_with_the_limit(tmp_path):
+    from loader.config.sections import MAX_PREFETCH
+
+    write_id_files(tmp_path, 1, 10)
+    with pytest.raises(ConfigError, match=f"client.prefetch must be <= {MAX_PREFETCH}"):
+        make_config(tmp_path, client={"prefetch": MAX_PREFETCH + 1})
+    with running_daemon(make_config(tmp_path)) as daemon:
+        with pytest.raises(ValueError, match="prefetch"):
+            Client(daemon.endpoint, timeout_s=10, prefetch=MAX_PREFETCH + 1)
+
+
+# -- item 4: a symlink loop -----------------------------------------------------------------------
+
+
+def test_recursive_glob_through_a_symlink_loop_reads_each_file_once(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    ids = write_id_files(data, 3, 40)
+    os.symlink(data, data / "loop")  # data/loop -> data: a loop for a recursive glob
+    os.symlink(data / "f000.npy", data / "alias.npy")  # a second name for one real file
+    config = make_config(data, source={"files": [str(data / "**" / "*.npy")]})
+    assert len(config.source.expand_files()) == 3
+    with running_daemon(config) as daemon:
+        _assert_alive_and_exact(daemon, ids)
