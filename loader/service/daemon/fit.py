@@ -38,7 +38,7 @@ def _column(values: np.ndarray) -> ColumnLayout:
 
 
 def _show(column: ColumnLayout) -> str:
-    if column == RAGGED:
+    if isinstance(column, str):
         return "ragged rows"
     dtype, shape = column
     return f"rows of shape {shape} and dtype {np.dtype(dtype).name}"
