@@ -14,7 +14,16 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from loader.errors import ClosedError
-from loader.recordio.chunks import HEADER, Layout, chunk_error, detect_layout, open_target, parse_header, unpack_payload
+from loader.recordio.chunks import (
+    HEADER,
+    MAX_PAYLOAD_BYTES,
+    Layout,
+    chunk_error,
+    detect_layout,
+    open_target,
+    parse_header,
+    unpack_payload,
+)
 from loader.recordio.records import decode_record
 
 
@@ -32,7 +41,14 @@ class Scanner:
     found at the first chunk (``None`` until a chunk was read).
     """
 
-    def __init__(self, source: str | os.PathLike[str] | BinaryIO, *, allow_pickle: bool = False) -> None:
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | BinaryIO,
+        *,
+        allow_pickle: bool = False,
+        max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+    ) -> None:
+        self.max_payload_bytes = int(max_payload_bytes)
         self.name, self._file, self._owns_file = open_target(source, "rb")
         self.allow_pickle = bool(allow_pickle)
         self.layout: Layout | None = None
@@ -116,7 +132,7 @@ class Scanner:
             self.layout = self._detect(offset, head)
         count, checksum, compressor, size = parse_header(self.name, offset, head, self.layout)
         stored = self._read_payload(offset, size)
-        self._chunk = unpack_payload(self.name, offset, count, checksum, compressor, stored)
+        self._chunk = unpack_payload(self.name, offset, count, checksum, compressor, stored, self.max_payload_bytes)
         self._chunk_offset, self._pos = offset, 0
         self._offset = offset + HEADER.size + size
         return True
