@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from loader.config import LoaderConfig
-from loader.errors import MalformedMessageError
+from loader.errors import MalformedMessageError, TransportError
 from loader.service import protocol as P
 from loader.service import transport
 from loader.service.daemon.coordinator import Coordinator
@@ -68,7 +68,10 @@ class Daemon:
         self._closed = False
         self.rejected_messages = 0  # malformed messages dropped
         # Bind first: a daemon that cannot bind (port in use) touches nothing in /dev/shm.
-        self._router, self._data, worker_links = _open_sources(workers.transport, config.service.bind)
+        try:
+            self._router, self._data, worker_links = _open_sources(workers.transport, config.service.bind)
+        except TransportError as exc:  # a port in use is a config problem: say which file
+            raise TransportError(f"{exc} (service.bind in {config.origin})") from exc
         try:
             self.arenas = open_pool(workers.shm_arena_mib * 1024 * 1024)
         except BaseException:
