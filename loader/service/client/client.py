@@ -203,7 +203,9 @@ class Client:
                 if self._arenas is not None:
                     self._arenas.evict_idle(now)
                 if now - state.last_ping >= self._ping_interval_s:
-                    self._channel.send(P.encode(P.Ping()), timeout_s=self.timeout_s)
+                    # Never wait for room: a daemon that reads nothing is found by the silence check
+                    # below, within timeout_s, not after a blocked ping's timeout on top of it.
+                    self._channel.try_send(P.encode(P.Ping()), timeout_s=0.0)
                     state.last_ping = now
                 if now - state.last_heard > self.timeout_s:
                     raise ServiceUnavailableError(
@@ -232,13 +234,22 @@ class Client:
             request = P.Epoch(
                 epoch=number, gen=gen, credit=self.prefetch, ahead=self.read_ahead, shm=self._arenas is not None
             )
-            self._channel.send(P.encode(request), timeout_s=self.timeout_s)
+            self._send(state, P.encode(request))
 
     def _return_credits(self, state: _ReceiverState) -> None:
         owed = self._consumed - state.credited
         if owed > 0 and state.gen is not None:
             state.credited += owed
-            self._channel.send(P.encode(P.Credit(n=owed, gen=state.gen)), timeout_s=self.timeout_s)
+            self._send(state, P.encode(P.Credit(n=owed, gen=state.gen)))
+
+    def _send(self, state: _ReceiverState, frames: list[Any]) -> None:
+        """Send, waiting for room no longer than the daemon has left before it counts as silent."""
+        left = state.last_heard + self.timeout_s - time.monotonic()
+        if not self._channel.try_send(frames, timeout_s=max(0.0, left)):
+            raise ServiceUnavailableError(
+                f"the loader daemon at {self.address} has read nothing from this client "
+                f"for {time.monotonic() - state.last_heard:.1f}s"
+            )
 
     def _drain(self, state: _ReceiverState) -> None:
         while True:
