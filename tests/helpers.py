@@ -267,3 +267,19 @@ def ragged_by_value(sample: Any) -> Any:
     """A mapper making sample v a vector of ``v % 3 + 1`` copies of v: ragged samples."""
     value = int(np.asarray(sample[0] if isinstance(sample, (tuple, list)) else sample).reshape(-1)[0])
     return (np.full(value % 3 + 1, value, dtype=np.int64),)
+
+
+class exit_on_value:
+    """A mapper that kills its worker process (``os._exit``) on the sample whose first part is ``value``."""
+
+    def __init__(self, value: int, code: int = 3) -> None:
+        self.value, self.code = value, code
+
+    def __call__(self, sample: Any) -> Any:
+        first = sample[0] if isinstance(sample, (tuple, list)) else sample
+        if int(np.asarray(first).reshape(-1)[0]) == self.value:
+            os._exit(self.code)
+        return sample
+
+
+exit_on_123456789 = exit_on_value(123456789)

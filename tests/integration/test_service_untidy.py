@@ -136,3 +136,55 @@ def test_recursive_glob_through_a_symlink_loop_reads_each_file_once(tmp_path):
     assert len(config.source.expand_files()) == 3
     with running_daemon(config) as daemon:
         _assert_alive_and_exact(daemon, ids)
+
+
+# -- item 5: skip keeps every good record ---------------------------------------------------------
+
+
+def _recordio_with_a_bad_chunk(path, ids, per_chunk, bad_chunk):
+    """A RecordIO file of ``(id,)`` samples, ``per_chunk`` per chunk, chunk ``bad_chunk`` damaged (CRC)."""
+    from loader.recordio import HEADER, Writer
+
+    with Writer(path, max_num_records=per_chunk) as writer:
+        for value in ids:
+            writer.write((np.int64(value),))
+    data = bytearray(path.read_bytes())
+    offset = 0
+    for _ in range(bad_chunk):  # walk the chunk headers to the damaged one
+        size = HEADER.unpack_from(data, offset)[-1]
+        offset += HEADER.size + size
+    data[offset + HEADER.size + 5] ^= 0xFF  # one payload byte: the chunk's checksum no longer matches
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("mappers", [[], ["tests.helpers:identity_mapper"]])
+def test_skip_keeps_every_good_record_of_a_file_that_fails_mid_file(tmp_path, mappers):
+    ids = list(range(1000))
+    _recordio_with_a_bad_chunk(tmp_path / "a.recordio", ids, per_chunk=50, bad_chunk=7)
+    lost = set(range(350, 400))  # chunk 7's records
+    config = make_config(
+        tmp_path,
+        source={"files": [str(tmp_path / "*.recordio")]},
+        pipeline={"on_error": "skip", "batch_size": 16, "mappers": mappers},
+    )
+    with running_daemon(config) as daemon, Client(daemon.endpoint, timeout_s=10, read_ahead=False) as client:
+        for epoch in range(2):
+            got = [int(v) for batch in client.epoch() for v in np.asarray(next(iter(batch.values()))).reshape(-1)]
+            assert collections.Counter(got) == collections.Counter(i for i in ids if i not in lost)
+            assert query_status(daemon.endpoint)["skipped_records"] == len(lost) * (epoch + 1)
+
+
+def test_a_file_that_kills_its_worker_is_skipped_under_skip(tmp_path, monkeypatch):
+    ids = write_id_files(tmp_path, 3, 200)
+    poison = tmp_path / "poison.npy"
+    np.save(poison, np.array([123456789], dtype=np.int64))
+    config = make_config(tmp_path, pipeline={"on_error": "skip", "mappers": ["tests.helpers:exit_on_123456789"]})
+    with running_daemon(config) as daemon, Client(daemon.endpoint, timeout_s=20, read_ahead=False) as client:
+        for epoch in range(2):
+            assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
+        status = query_status(daemon.endpoint)
+        assert status["skipped_records"] == 2  # the poison record, once per epoch
+    raising = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:exit_on_123456789"]})
+    with running_daemon(raising) as daemon, Client(daemon.endpoint, timeout_s=20, read_ahead=False) as client:
+        with pytest.raises(WorkerError, match="poison.npy"):
+            collect_ids(client.epoch())

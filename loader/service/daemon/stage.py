@@ -306,8 +306,21 @@ class Stage:
         session, stream = entry
         if stream.failed or file_index not in stream.incomplete:
             return
+        if self.on_error == "skip":
+            self._skip_rest(stream, file_index, error)
+            return
         stream.failed = True
         self.events.append(StreamFailed(session, stream, error))
+
+    def _skip_rest(self, stream: Stream, file_index: int, error: dict[str, Any]) -> None:
+        """Under ``on_error = "skip"`` a file that failed for good (its workers died on it) ends here: the
+        records delivered are kept, the rest of the file counts as one skipped record."""
+        ledger = stream.files[file_index]
+        ledger.mark_done(ledger.received, max(1, ledger.skipped))
+        log.warning(
+            "skipping the rest of file index %d (epoch %d): %s", file_index, stream.epoch, WorkerError.from_dict(error)
+        )
+        self._check_file(stream, file_index)
 
     def _check_file(self, stream: Stream, file_index: int) -> None:
         ledger = stream.files[file_index]

@@ -34,6 +34,9 @@ from loader.service.transport.links import WorkerLinks
 log = logging.getLogger("loader.daemon")
 
 MAX_FILE_ATTEMPTS = 3  # worker deaths while holding one file before that file fails the epoch
+# Under on_error = "skip": worker deaths while holding one file before the file is skipped (its records
+# delivered so far kept, the rest counted as one skipped record), so a poison file cannot fail every epoch.
+SKIP_FILE_ATTEMPTS = 2
 
 SendFn = Callable[[bytes, list[Any]], bool]
 # (stream id, file index, WorkerError.to_dict()): a file failed for good.
@@ -65,6 +68,8 @@ class WorkerPool:
         self._links = links
         self._on_file_failed = on_file_failed
         self._attempts: dict[tuple[int, int], int] = {}
+        skip = config.get("pipeline", {}).get("on_error") == "skip"
+        self._max_attempts = SKIP_FILE_ATTEMPTS if skip else MAX_FILE_ATTEMPTS
         self._arenas = arenas
         self._arena_of: dict[str, int] = {}  # worker id -> its arena id
         self._seq = 0
@@ -104,7 +109,7 @@ class WorkerPool:
         for job in self.coordinator.remove_worker(record):
             key = (job.stream_id, job.file_index)
             self._attempts[key] = self._attempts.get(key, 0) + 1
-            if self._attempts[key] >= MAX_FILE_ATTEMPTS:
+            if self._attempts[key] >= self._max_attempts:
                 died = WorkerDiedError(f"worker {record.worker_id}", exitcode, worker=record.worker_id, file=job.path)
                 self._on_file_failed(job.stream_id, job.file_index, died.to_dict())
         if record.process is not None and not self.closing and why != "said goodbye":
@@ -201,4 +206,4 @@ class WorkerPool:
         ]
 
 
-__all__ = ["WorkerPool", "MAX_FILE_ATTEMPTS"]
+__all__ = ["WorkerPool", "MAX_FILE_ATTEMPTS", "SKIP_FILE_ATTEMPTS"]
