@@ -174,13 +174,13 @@ def test_skip_keeps_every_good_record_of_a_file_that_fails_mid_file(tmp_path, ma
             assert query_status(daemon.endpoint)["skipped_records"] == len(lost) * (epoch + 1)
 
 
-def test_a_file_that_kills_its_worker_is_skipped_under_skip(tmp_path, monkeypatch):
+def test_a_file_that_kills_its_worker_is_skipped_under_skip(tmp_path):
     ids = write_id_files(tmp_path, 3, 200)
     poison = tmp_path / "poison.npy"
     np.save(poison, np.array([123456789], dtype=np.int64))
     config = make_config(tmp_path, pipeline={"on_error": "skip", "mappers": ["tests.helpers:exit_on_123456789"]})
     with running_daemon(config) as daemon, Client(daemon.endpoint, timeout_s=20, read_ahead=False) as client:
-        for epoch in range(2):
+        for _ in range(2):
             assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
         status = query_status(daemon.endpoint)
         assert status["skipped_records"] == 2  # the poison record, once per epoch
