@@ -283,3 +283,8 @@ class exit_on_value:
 
 
 exit_on_123456789 = exit_on_value(123456789)
+
+
+def die_at_start(connect: Any, *, worker_id: str, stop_event: Any) -> int:
+    """A worker entry point that exits at once with code 7, before saying hello (a broken environment)."""
+    return 7

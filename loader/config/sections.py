@@ -166,10 +166,13 @@ class ClientConfig:
     prefetch: int = 4
     device: str = "cpu"
     timeout_s: float = 30.0
+    # The longest an epoch waits for its next batch from a daemon that answers but sends nothing.
+    progress_timeout_s: float = 600.0
     origin: str = origin_field()
 
     def __post_init__(self) -> None:
         check = Check(self, "client")
+        check.number("progress_timeout_s", maximum=MAX_TIMEOUT_S)
         check.integer("prefetch", minimum=1, maximum=MAX_PREFETCH)
         check.text("device")
         if not _DEVICE.match(self.device):

@@ -72,7 +72,11 @@ class Loader:
             self._thread.start()
             client = config.client
             self._client = Client(
-                self._daemon.endpoint, device=client.device, prefetch=client.prefetch, timeout_s=client.timeout_s
+                self._daemon.endpoint,
+                device=client.device,
+                prefetch=client.prefetch,
+                timeout_s=client.timeout_s,
+                progress_timeout_s=client.progress_timeout_s,
             )
         except BaseException:
             self.close()

@@ -188,3 +188,37 @@ def test_a_file_that_kills_its_worker_is_skipped_under_skip(tmp_path):
     with running_daemon(raising) as daemon, Client(daemon.endpoint, timeout_s=20, read_ahead=False) as client:
         with pytest.raises(WorkerError, match="poison.npy"):
             collect_ids(client.epoch())
+
+
+# -- item 8: workers that die at start-up ---------------------------------------------------------
+
+
+def test_workers_that_die_at_start_back_off_and_fail_the_epoch_with_the_cause(tmp_path):
+    from loader.service.daemon.workforce import MAX_START_FAILURES
+
+    write_id_files(tmp_path, 2, 50)
+    with running_daemon(make_config(tmp_path), worker_entry="tests.helpers:die_at_start") as daemon:
+        with Client(daemon.endpoint, timeout_s=10) as client:
+            with pytest.raises(WorkerError, match="died before reading a file.*exited with code 7"):
+                collect_ids(client.epoch())
+            restarts = query_status(daemon.endpoint)["worker_restarts"]
+            assert MAX_START_FAILURES <= restarts <= 2 * MAX_START_FAILURES  # backing off, not hundreds
+            # The client can ask again, and is told again rather than left waiting.
+            with pytest.raises(WorkerError, match="exited with code 7"):
+                collect_ids(client.epoch())
+
+
+def test_an_epoch_with_no_worker_at_all_fails_on_both_sides(tmp_path):
+    from loader.service.client.client import EpochStalledError
+
+    write_id_files(tmp_path, 2, 50)
+    quick = make_config(tmp_path, workers={"progress_timeout_s": 0.5})
+    with running_daemon(quick, start_workers=False) as daemon:  # nobody to read the files
+        with Client(daemon.endpoint, timeout_s=10) as client:
+            with pytest.raises(WorkerError, match="EpochStalledError: epoch 0 made no progress.*2 file"):
+                collect_ids(client.epoch())
+    slow = make_config(tmp_path, workers={"progress_timeout_s": 600.0})
+    with running_daemon(slow, start_workers=False) as daemon:
+        with Client(daemon.endpoint, timeout_s=10, progress_timeout_s=1.0) as client:
+            with pytest.raises(EpochStalledError, match="sent nothing for this epoch"):
+                collect_ids(client.epoch())

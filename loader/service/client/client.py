@@ -56,6 +56,10 @@ DEFAULT_TIMEOUT_S = 30.0
 PING_INTERVAL_S = 0.5
 RECEIVER_POLL_S = 0.1
 THREAD_JOIN_TIMEOUT_S = 5.0
+# The longest an epoch's iterator waits for its next batch from a daemon that answers pings but sends
+# nothing. Longer than the daemon's own epoch stall timeout (2 * workers.progress_timeout_s, 240 s by
+# default), which fails the epoch with its cause first; this one is for a daemon that cannot.
+DEFAULT_PROGRESS_TIMEOUT_S = 600.0
 
 
 class Client:
@@ -73,12 +77,16 @@ class Client:
         read_ahead: bool = True,
         channel: Channel | None = None,
         shm: bool = True,
+        progress_timeout_s: float = DEFAULT_PROGRESS_TIMEOUT_S,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.address, self.rank, self.world_size = address, rank, world_size
         self.prefetch = _prefetch(prefetch)
         self.timeout_s = float(timeout_s)
+        self.progress_timeout_s = float(progress_timeout_s)
+        if not 0 < self.progress_timeout_s < float("inf"):
+            raise ValueError(f"progress_timeout_s must be a finite number > 0, got {progress_timeout_s!r}")
         self.read_ahead = read_ahead
         self._placer = Placer(device)
         self._channel: Channel = channel if channel is not None else transport.dealer(address)
@@ -146,7 +154,7 @@ class Client:
 
     def _iterate(self, gen: int) -> Iterator[Any]:
         while True:
-            kind, item_gen, payload = self._get()
+            kind, item_gen, payload = self._get(gen)
             if kind == "fatal":
                 self._fatal = payload
                 raise payload
@@ -161,7 +169,9 @@ class Client:
             elif kind == "error":
                 raise payload
 
-    def _get(self) -> tuple[str, int | None, Any]:
+    def _get(self, gen: int) -> tuple[str, int | None, Any]:
+        """The receiver's next item; ``EpochStalledError`` after ``progress_timeout_s`` without one."""
+        deadline = time.monotonic() + self.progress_timeout_s
         while True:
             self._check_usable()
             try:
@@ -169,6 +179,11 @@ class Client:
             except queue.Empty:
                 if not self._thread.is_alive() and self._out.empty():
                     raise ServiceUnavailableError(f"the client's receiver for {self.address} stopped") from None
+                if time.monotonic() > deadline:
+                    raise EpochStalledError(
+                        f"the loader daemon at {self.address} is alive but sent nothing for this epoch "
+                        f"(request {gen}) for {self.progress_timeout_s:g}s: see its log or `loader status`"
+                    ) from None
 
     # -- receiver thread ----------------------------------------------------
     def _handshake(self) -> P.ClientWelcome:
@@ -316,6 +331,10 @@ def _arena_cache(info: Any) -> ArenaCache | None:
     return cache if cache.probe() else None
 
 
+class EpochStalledError(ServiceUnavailableError):
+    """An epoch made no progress for ``progress_timeout_s`` although the daemon answers."""
+
+
 class _ReceiverState:
     def __init__(self, now: float) -> None:
         self.last_heard = now
@@ -354,4 +373,4 @@ def _request(
                 return message
 
 
-__all__ = ["Client", "query_status"]
+__all__ = ["Client", "EpochStalledError", "query_status"]

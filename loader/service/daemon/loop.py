@@ -94,6 +94,7 @@ class Daemon:
             on_error=pipeline.on_error,
             batch_format=pipeline.batch_format,
             files=self.files,
+            stall_timeout_s=2 * workers.progress_timeout_s,
         )
         self.coordinator = Coordinator(
             self.files,
@@ -113,6 +114,7 @@ class Daemon:
             links=worker_links,
             on_file_failed=self.stage.fail_file,
             arenas=self.arenas,
+            on_start_failed=self.stage.fail_waiting,
         )
         self.clients = ClientDesk(
             config,

@@ -49,6 +49,9 @@ from loader.service.shm.pool import ArenaPool
 log = logging.getLogger("loader.stage")
 
 SendFn = Callable[[bytes, list[Any]], bool]
+# An epoch whose client has credits and receives nothing for this long fails, naming the cause it can
+# see: the daemon passes 2 * workers.progress_timeout_s, so a hung worker is replaced before this fires.
+DEFAULT_STALL_TIMEOUT_S = 240.0
 
 
 @dataclass
@@ -67,6 +70,7 @@ class Stream:
     batches_sent: int = 0
     samples_sent: int = 0
     ref_columns: frozenset[str] | None = None  # decided by the first chunk (stage_refs.py)
+    starved_since: float | None = None  # when the client last had credits and nothing to receive
     layout: fit.Layout | None = None  # fields, dtypes and row shapes, decided by the first chunk (fit.py)
     rejected: dict[int, int] = field(default_factory=dict)  # file -> records that did not fit (on_error = "skip")
 
@@ -138,10 +142,12 @@ class Stage:
         on_error: str = "raise",
         batch_format: str = "stacked",
         files: Sequence[str] = (),
+        stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
     ) -> None:
         """``files`` are the daemon's file paths by index (errors name them); ``on_error`` and
         ``batch_format`` are the pipeline's (a sample that does not fit its batch fails or is skipped)."""
         self.on_error, self.batch_format, self.files = on_error, batch_format, list(files)
+        self.stall_timeout_s = stall_timeout_s
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.shuffle_buffer = shuffle_buffer
@@ -250,6 +256,7 @@ class Stage:
             return
         columns = fitted
         stream.sample_kind = chunk.sample_kind
+        stream.starved_since = None
         self.samples_in += block_rows(columns)
         stream.batcher.extend(stream.shuffle.add(columns))
         self._check_file(stream, chunk.file)
@@ -312,6 +319,12 @@ class Stage:
         stream.failed = True
         self.events.append(StreamFailed(session, stream, error))
 
+    def fail_waiting(self, error: dict[str, Any]) -> None:
+        """Every stream still waiting for input fails with ``error`` (no worker can read its files)."""
+        for session, stream in list(self.streams.values()):
+            if not stream.input_done:
+                self.fail_waiting_stream(session, stream, error)
+
     def _skip_rest(self, stream: Stream, file_index: int, error: dict[str, Any]) -> None:
         """Under ``on_error = "skip"`` a file that failed for good (its workers died on it) ends here: the
         records delivered are kept, the rest of the file counts as one skipped record."""
@@ -348,13 +361,35 @@ class Stage:
                     self.refs.release_blocks(stream.batcher.drain(), stream.ref_columns)
                 batch = stream.batcher.flush()
             if batch is None:
+                self._starving(session, stream)
                 break
+            stream.starved_since = None
             self._send_batch(session, stream, batch)
         if stream.input_done and stream.batcher.rows == 0:
             end = P.End(epoch=stream.epoch, gen=stream.gen, batches=stream.batches_sent, samples=stream.samples_sent)
             self.send(session.peer, P.encode(end))
             self.drop_stream(stream)
             session.current = None
+
+    def _starving(self, session: Session, stream: Stream) -> None:
+        """The client has credits and nothing to receive: fail the epoch once that lasted the stall timeout."""
+        now = time.monotonic()
+        if stream.starved_since is None:
+            stream.starved_since = now
+            return
+        if now - stream.starved_since < self.stall_timeout_s or stream.input_done:
+            return
+        waiting = len(stream.incomplete)
+        message = (
+            f"epoch {stream.epoch} made no progress for {now - stream.starved_since:.0f}s: "
+            f"{waiting} file(s) still unread and no record arrived (see the daemon's log and `loader status`)"
+        )
+        self.fail_waiting_stream(session, stream, WorkerError("EpochStalledError", message).to_dict())
+
+    def fail_waiting_stream(self, session: Session, stream: Stream, error: dict[str, Any]) -> None:
+        if not stream.failed:
+            stream.failed = True
+            self.events.append(StreamFailed(session, stream, error))
 
     def _send_batch(self, session: Session, stream: Stream, batch: Block) -> None:
         n = block_rows(batch)
