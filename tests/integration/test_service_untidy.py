@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import os
+import time
 
 import numpy as np
 import pytest
@@ -222,3 +223,37 @@ def test_an_epoch_with_no_worker_at_all_fails_on_both_sides(tmp_path):
         with Client(daemon.endpoint, timeout_s=10, progress_timeout_s=1.0) as client:
             with pytest.raises(EpochStalledError, match="sent nothing for this epoch"):
                 collect_ids(client.epoch())
+
+
+# -- item 6: memory bounded by configuration, not by file size ------------------------------------
+
+
+@pytest.mark.slow
+def test_a_big_file_and_a_client_that_stops_reading_keep_the_stage_within_its_bound(tmp_path):
+    rows, width = 16384, 1024  # 64 MiB of 4 KiB rows (inline: below the shared-memory threshold)
+    data = np.lib.format.open_memmap(tmp_path / "big.npy", mode="w+", dtype=np.float32, shape=(rows, width))
+    data[:, 0] = np.arange(rows)
+    data.flush()
+    del data
+    batch_size, prefetch, spm = 32, 2, 64
+    config = make_config(
+        tmp_path,
+        pipeline={"batch_size": batch_size},
+        workers={"samples_per_message": spm, "shm_arena_mib": 0},
+        client={"prefetch": prefetch},
+    )
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=10, prefetch=prefetch) as client:
+            batches = client.epoch()
+            for _ in range(3):
+                next(batches)  # then the training loop stops reading
+            session = next(iter(daemon.stage.sessions.values()))
+            bound = 2 * daemon.stage.buffer_limit_rows(session) + spm  # one chunk may land on the bound
+            seen = []
+            for _ in range(40):  # while the workers would read on, the stage stays within its bound
+                seen.append(query_status(daemon.endpoint)["buffered_samples"])
+                time.sleep(0.05)
+            assert max(seen) <= bound < rows // 4
+            # Reading on delivers the whole file exactly once.
+            got = [int(v) for batch in batches for v in batch["data"][:, 0]]
+        assert len(got) + 3 * batch_size == rows

@@ -128,6 +128,7 @@ class Daemon:
         self._started_at = time.monotonic()
         self._rate = RecentRate()
         self._next_housekeeping = 0.0
+        self._data_accepting = True  # the data source is polled (Stage.accepting)
         try:
             for _ in range(workers.count if start_workers else 0):
                 self.pool.launch()
@@ -165,9 +166,12 @@ class Daemon:
     # -- the loop -----------------------------------------------------------
     def step(self, timeout_s: float) -> None:
         """One turn: read what is ready, move batches, lease files, check liveness."""
+        self._pace_data()
         ready = self._poller.wait(timeout_s)
         if self._data in ready:
             for _ in range(MAX_DRAIN_MESSAGES):
+                if not self.stage.accepting():
+                    break  # full: the rest waits in the workers (Stage.accepting)
                 frames = self._data.recv(0)
                 if frames is None:
                     break
@@ -191,6 +195,18 @@ class Daemon:
             self.clients.reap(now)
             if self.arenas is not None and self.arenas.has_retired:
                 self.arenas.collect(self.stage.arenas_held(), now)
+
+    def _pace_data(self) -> None:
+        """Stop reading worker data while the stage is full (``Stage.accepting``): workers then wait
+        for room mid-file. Their progress clocks are held meanwhile: waiting is not hanging."""
+        accepting = self.stage.accepting()
+        if accepting != self._data_accepting:
+            self._data_accepting = accepting
+            (self._poller.register if accepting else self._poller.unregister)(self._data)
+        if not accepting:
+            for record in self.coordinator.workers.values():
+                if record.leases:
+                    self.coordinator.progressed(record.worker_id)
 
     def _decode(self, frames: list[Any], source: str) -> tuple[P.Message, P.Columns] | None:
         try:

@@ -186,6 +186,30 @@ class Stage:
     def buffer_limit_rows(self, session: Session) -> int:
         return 2 * self.shuffle_buffer + self.batch_size * (session.prefetch + 2) + self.samples_per_message
 
+    def accepting(self) -> bool:
+        """False while the daemon should stop reading worker data: a stream holds more than twice its
+        lease bound (a file in flight outgrew it) and no client is waiting for rows. The workers then
+        wait for room mid-file (their sends block), so memory is bounded by configuration, not by
+        file size. Data keeps flowing while any client has credits and too little to send: pausing
+        then could starve it behind a stream that is not being read (read-ahead, another client)."""
+        overfull = False
+        for session, stream in self.streams.values():
+            if stream.rows_buffered >= 2 * self.buffer_limit_rows(session):
+                overfull = True
+        if not overfull:
+            return True
+        return any(self._starved(session) for session in self.sessions.values())
+
+    def _starved(self, session: Session) -> bool:
+        stream = session.current
+        return (
+            stream is not None
+            and stream.gen is not None
+            and not stream.failed
+            and session.credits > 0
+            and stream.batcher.rows < self.batch_size
+        )
+
     def may_lease(self, stream_id: int) -> bool:
         entry = self.streams.get(stream_id)
         if entry is None:
