@@ -50,8 +50,10 @@ log = logging.getLogger("loader.stage")
 
 SendFn = Callable[[bytes, list[Any]], bool]
 # An epoch whose client has credits and receives nothing for this long fails, naming the cause it can
-# see: the daemon passes 2 * workers.progress_timeout_s, so a hung worker is replaced before this fires.
+# see: the daemon passes 2 * workers.progress_timeout_s, so a hung worker is replaced before this fires,
+# and never less than MIN_STALL_TIMEOUT_S, the time replacing a worker may take (stop, spawn, hello).
 DEFAULT_STALL_TIMEOUT_S = 240.0
+MIN_STALL_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -147,7 +149,7 @@ class Stage:
         """``files`` are the daemon's file paths by index (errors name them); ``on_error`` and
         ``batch_format`` are the pipeline's (a sample that does not fit its batch fails or is skipped)."""
         self.on_error, self.batch_format, self.files = on_error, batch_format, list(files)
-        self.stall_timeout_s = stall_timeout_s
+        self.stall_timeout_s = max(MIN_STALL_TIMEOUT_S, stall_timeout_s)
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.shuffle_buffer = shuffle_buffer
