@@ -59,6 +59,8 @@ def _walk(directory: str, parts: tuple[str, ...], seen: set[tuple[str, int]]) ->
         yield from _walk(directory, rest, seen)  # "**" matches no directory at all
         for name in _names(directory, "*"):
             child = os.path.join(directory, name)
+            if not rest:
+                yield child  # a final "**" matches files too
             if os.path.isdir(child):
                 yield from _walk(child, parts, seen)
         return
