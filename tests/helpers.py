@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import numpy as np
+
 # The repository's root, for tests that read shipped files (configs, scripts).
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -259,3 +261,30 @@ class hang_once_on:
 # Module-level instances for configs (ids 7 and 5 are in file f000 of write_id_files).
 sleep_1500ms_on_7 = sleep_on_values([7], 1.5)
 hang_once_on_5 = hang_once_on(5)
+
+
+def ragged_by_value(sample: Any) -> Any:
+    """A mapper making sample v a vector of ``v % 3 + 1`` copies of v: ragged samples."""
+    value = int(np.asarray(sample[0] if isinstance(sample, (tuple, list)) else sample).reshape(-1)[0])
+    return (np.full(value % 3 + 1, value, dtype=np.int64),)
+
+
+class exit_on_value:
+    """A mapper that kills its worker process (``os._exit``) on the sample whose first part is ``value``."""
+
+    def __init__(self, value: int, code: int = 3) -> None:
+        self.value, self.code = value, code
+
+    def __call__(self, sample: Any) -> Any:
+        first = sample[0] if isinstance(sample, (tuple, list)) else sample
+        if int(np.asarray(first).reshape(-1)[0]) == self.value:
+            os._exit(self.code)
+        return sample
+
+
+exit_on_123456789 = exit_on_value(123456789)
+
+
+def die_at_start(connect: Any, *, worker_id: str, stop_event: Any) -> int:
+    """A worker entry point that exits at once with code 7, before saying hello (a broken environment)."""
+    return 7

@@ -29,6 +29,8 @@ from workers.sources import FileSource
 
 log = logging.getLogger("loader.worker")
 
+SKIP_BLOCK_ROWS = 4096  # rows per read while reading past records already sent (salvaging a failed block)
+
 
 class FileJob:
     """Reads the file of one lease and sends it; ``run()`` once."""
@@ -97,21 +99,81 @@ class FileJob:
         wanted = self.config.workers.samples_per_message
         batch_size = self.config.pipeline.batch_size
         # A first block of one row tells the row size, so big rows never make a huge first message.
-        rows, record = 1, 0
-        while True:
-            self._check()
+        rows, record, sent, skipped = 1, 0, 0, 0
+        fresh: FileSource | None = None  # a reader reopened to salvage a failed block (closed here)
+        try:
+            while True:
+                self._check()
+                try:
+                    block = (fresh or source).read_block(rows)
+                except Exception as exc:
+                    if self.config.pipeline.on_error != "skip":
+                        self._failed(exc, record)
+                        return None
+                    if fresh is not None:
+                        fresh.close()
+                    fresh, found = self._salvage(record, rows)
+                    sent += found.sent
+                    skipped += found.skipped
+                    record = found.record
+                    if fresh is None:
+                        return sent, skipped
+                    continue
+                if block is None:
+                    return sent, skipped
+                n = block_rows(block)
+                self._send_chunk(record, n, "tuple", dict(block))
+                record += n
+                sent += n
+                rows = rows_for_bytes(block_nbytes(block) // max(1, n), wanted, batch_size)
+        finally:
+            if fresh is not None:
+                fresh.close()
+
+    def _salvage(self, first: int, rows: int) -> tuple[FileSource | None, _Salvaged]:
+        """A block starting at record ``first`` failed (``on_error = "skip"``): read it again one record
+        at a time on a fresh reader, send the good records, skip the bad one. Returns the reader to go
+        on with, or None when the rest of the file cannot be read."""
+        found = _Salvaged(record=first)
+        try:
+            source = FileSource(self.config, self.lease.path)
+        except Exception as exc:
+            self._failed(exc, first)
+            found.skipped += 1
+            return None, found
+        try:
             try:
-                block = source.read_block(rows)
-            except Exception as exc:
-                if not self._failed(exc, record):
-                    return None
-                return record, 1
-            if block is None:
-                return record, 0
-            n = block_rows(block)
-            self._send_chunk(record, n, "tuple", dict(block))
-            record += n
-            rows = rows_for_bytes(block_nbytes(block) // max(1, n), wanted, batch_size)
+                _skip_records(source, first)
+            except Exception as exc:  # the records before ``first`` read differently this time
+                self._failed(exc, first)
+                found.skipped += 1
+                source.close()
+                return None, found
+            for _ in range(rows + 1):
+                self._check()
+                try:
+                    block = source.read_block(1)
+                except Exception as exc:
+                    self._failed(exc, found.record)
+                    # A format that stepped past the damage says how many records it lost (a RecordIO
+                    # chunk); any other failure leaves the rest of the file unreadable.
+                    lost = getattr(exc, "records_skipped", None)
+                    if not isinstance(lost, int) or lost < 1:
+                        found.skipped += 1
+                        source.close()
+                        return None, found
+                    found.skipped += lost
+                    found.record += lost
+                    return source, found
+                if block is None:
+                    break
+                self._send_chunk(found.record, 1, "tuple", dict(block))
+                found.record += 1
+                found.sent += 1
+            return source, found
+        except BaseException:
+            source.close()
+            raise
 
     def _send_samples(self, source: FileSource, mappers: list[Any]) -> tuple[int, int] | None:
         builder = ChunkBuilder(source.fields, self.config.workers.samples_per_message)
@@ -126,6 +188,11 @@ class FileJob:
             except Exception as exc:
                 if not self._failed(exc, record):
                     return None
+                lost = getattr(exc, "records_skipped", None)
+                if isinstance(lost, int) and lost >= 1:  # the reader stepped past the damage: go on after it
+                    skipped += lost
+                    record += lost
+                    continue
                 skipped += 1
                 break
             try:
@@ -163,6 +230,29 @@ class FileJob:
             if written and current is not None:
                 current.free(written)  # cancelled or stopping while the stage was busy: never sent
             raise
+
+
+class _Salvaged:
+    """What re-reading a failed block found: records sent and skipped, and the next record index."""
+
+    def __init__(self, record: int) -> None:
+        self.record, self.sent, self.skipped = record, 0, 0
+
+
+def _skip_records(source: FileSource, count: int) -> None:
+    """Read past the first ``count`` records of a freshly opened source (already sent)."""
+    while count > 0:
+        try:
+            block = source.read_block(min(count, SKIP_BLOCK_ROWS))
+        except Exception as exc:
+            lost = getattr(exc, "records_skipped", None)
+            if not isinstance(lost, int) or lost < 1:
+                raise
+            count -= lost  # damage stepped past before (and counted then)
+            continue
+        if block is None:
+            raise EOFError(f"{source.path} has fewer records than the {count} more already read from it")
+        count -= block_rows(block)
 
 
 __all__ = ["FileJob"]

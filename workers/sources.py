@@ -68,12 +68,21 @@ class FileSource:
             close()
 
 
-def _reader_instances(reader: Any) -> Iterator[tuple[Any, ...]]:
-    while True:
-        instance = reader.read_next()
+class _reader_instances:
+    """A reader's instances as tuples. Not a generator: after a failed read the caller may go on
+    with the next record when the reader stepped past the damage (a generator would be finished)."""
+
+    def __init__(self, reader: Any) -> None:
+        self._reader = reader
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return self
+
+    def __next__(self) -> tuple[Any, ...]:
+        instance = self._reader.read_next()
         if not instance:
-            return
-        yield tuple(instance)
+            raise StopIteration
+        return tuple(instance)
 
 
 def _open_file_reader(path: str, source: Any) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,19 +32,25 @@ class Check:
     def set(self, key: str, value: Any) -> None:
         object.__setattr__(self.obj, key, value)  # normalizing a frozen dataclass in __post_init__
 
-    def integer(self, key: str, *, minimum: int | None = None) -> None:
+    def integer(self, key: str, *, minimum: int | None = None, maximum: int | None = None) -> None:
         value = getattr(self.obj, key)
         if isinstance(value, bool) or not isinstance(value, int):
             self.fail(key, f"must be an integer, got {show(value)}")
         if minimum is not None and value < minimum:
             self.fail(key, f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            self.fail(key, f"must be <= {maximum}, got {value}")
 
-    def number(self, key: str, *, positive: bool = True) -> None:
+    def number(self, key: str, *, positive: bool = True, maximum: float | None = None) -> None:
         value = getattr(self.obj, key)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.fail(key, f"must be a number, got {show(value)}")
+        if not math.isfinite(value):  # an infinite timeout turns failure detection off
+            self.fail(key, f"must be a finite number, got {value}")
         if positive and not value > 0:
             self.fail(key, f"must be > 0, got {value}")
+        if maximum is not None and value > maximum:
+            self.fail(key, f"must be <= {maximum:g}, got {value:g}")
         self.set(key, float(value))
 
     def boolean(self, key: str) -> None:

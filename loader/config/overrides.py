@@ -164,7 +164,8 @@ def culprits(message: str, overrides: Iterable[Override]) -> list[str]:
 def format_sources(config: Any) -> list[str]:
     """``loader check``'s table: every key, its value, and where it came from."""
     rows = [
-        (dotted, repr(value), config.sources.get(dotted, "default")) for dotted, _path, value in leaves(config.to_dict())
+        (dotted, repr(value), config.sources.get(dotted, "default"))
+        for dotted, _path, value in leaves(config.to_dict())
     ]
     width = [max(len(row[i]) for row in rows) for i in range(2)]
     return [f"  {key:<{width[0]}}  {value:<{width[1]}}  {source}" for key, value, source in rows]

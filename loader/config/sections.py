@@ -21,11 +21,12 @@ JSON/msgpack-able, so the coordinator can send it to a worker on another host
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,21 @@ DEFAULT_BIND = "tcp://127.0.0.1:5555"
 TRANSPORTS = ("zmq", "pipe", "queue")
 ON_ERROR_CHOICES = ("raise", "skip")
 BATCH_FORMATS = ("stacked", "list")
+# The most batches a client may have in flight. The daemon sends batches without blocking, and a zmq
+# peer queues at most transport.sockets.HIGH_WATER_MARK (64) messages: with up to 32 batches and a
+# few control messages (pong, end, error) queued, a slow receiver is never mistaken for a dead one.
+MAX_PREFETCH = 32
+# Sane limits: a value past one is a typo or a unit mistake, not a plan (each would exhaust memory,
+# processes or patience before it did any good).
+MAX_WORKERS = 1024
+MAX_BATCH_SIZE = 1 << 24
+MAX_SHUFFLE_BUFFER = 1 << 28  # rows; the stage holds up to twice this many
+MAX_SAMPLES_PER_MESSAGE = 1 << 20
+MAX_ARENA_MIB = 64 * 1024  # per worker, in /dev/shm
+MAX_SEED = (1 << 63) - 1
+MAX_EPOCHS = 1 << 31
+MAX_INTERVAL_S = 3600.0  # heartbeats
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # progress and client timeouts: a week
 
 # tcp://HOST:PORT (HOST may be [ipv6] or *; PORT may be * for "any free port"), or ipc://PATH
 _TCP_BIND = re.compile(r"^tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(?P<port>\d+|\*)$")
@@ -77,12 +93,12 @@ class PipelineConfig:
         check.texts("mappers")
         for spec in self.mappers:
             check.spec("mappers", spec)
-        check.integer("shuffle_buffer", minimum=0)
-        check.integer("batch_size", minimum=1)
+        check.integer("shuffle_buffer", minimum=0, maximum=MAX_SHUFFLE_BUFFER)
+        check.integer("batch_size", minimum=1, maximum=MAX_BATCH_SIZE)
         check.boolean("drop_last")
         if self.seed is not None:
-            check.integer("seed", minimum=0)
-        check.integer("epochs", minimum=0)
+            check.integer("seed", minimum=0, maximum=MAX_SEED)
+        check.integer("epochs", minimum=0, maximum=MAX_EPOCHS)
         check.text("on_error", choices=ON_ERROR_CHOICES)
         check.text("batch_format", choices=BATCH_FORMATS)
 
@@ -111,17 +127,17 @@ class WorkersConfig:
 
     def __post_init__(self) -> None:
         check = Check(self, "workers")
-        check.integer("shm_arena_mib", minimum=0)
-        check.integer("count", minimum=1)
-        check.integer("min", minimum=1)
-        check.integer("max", minimum=0)
+        check.integer("shm_arena_mib", minimum=0, maximum=MAX_ARENA_MIB)
+        check.integer("count", minimum=1, maximum=MAX_WORKERS)
+        check.integer("min", minimum=1, maximum=MAX_WORKERS)
+        check.integer("max", minimum=0, maximum=MAX_WORKERS)
         if self.max and not self.min <= self.count <= self.max:
             check.fail("max", f"must be >= workers.count >= workers.min ({self.min}, {self.count}), got {self.max}")
         check.text("transport", choices=TRANSPORTS)
-        check.integer("samples_per_message", minimum=1)
-        check.number("heartbeat_interval_s")
-        check.number("heartbeat_timeout_s")
-        check.number("progress_timeout_s")
+        check.integer("samples_per_message", minimum=1, maximum=MAX_SAMPLES_PER_MESSAGE)
+        check.number("heartbeat_interval_s", maximum=MAX_INTERVAL_S)
+        check.number("heartbeat_timeout_s", maximum=MAX_INTERVAL_S)
+        check.number("progress_timeout_s", maximum=MAX_TIMEOUT_S)
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
             check.fail(
                 "heartbeat_timeout_s",
@@ -196,15 +212,18 @@ class ClientConfig:
     prefetch: int = 4
     device: str = "cpu"
     timeout_s: float = 30.0
+    # The longest an epoch waits for its next batch from a daemon that answers but sends nothing.
+    progress_timeout_s: float = 600.0
     origin: str = origin_field()
 
     def __post_init__(self) -> None:
         check = Check(self, "client")
-        check.integer("prefetch", minimum=1)
+        check.number("progress_timeout_s", maximum=MAX_TIMEOUT_S)
+        check.integer("prefetch", minimum=1, maximum=MAX_PREFETCH)
         check.text("device")
         if not _DEVICE.match(self.device):
             check.fail("device", f"must be 'cpu', 'torch', 'torch:cpu', 'cuda' or 'cuda:N', got {self.device!r}")
-        check.number("timeout_s")
+        check.number("timeout_s", maximum=MAX_TIMEOUT_S)
 
 
 _TOP_KEYS = ("import_path", "datasets")  # keys outside the sections
@@ -347,9 +366,20 @@ class LoaderConfig:
         the worker hosts have.
         """
         self.add_import_path()
-        for name in self.dataset_names[1:]:
-            self.dataset(name)._check_dataset_imports()
-        self._check_dataset_imports()
+        with self._named():
+            for name in self.dataset_names[1:]:
+                self.dataset(name)._check_dataset_imports()
+            self._check_dataset_imports()
+
+    @contextlib.contextmanager
+    def _named(self) -> Iterator[None]:
+        """A ``ConfigError`` from resolving user code names the config file too."""
+        try:
+            yield
+        except ConfigError as exc:
+            if self.origin in str(exc):
+                raise
+            raise ConfigError(f"{exc} ({self.origin})") from exc
 
     def _check_dataset_imports(self) -> None:
         self.source.register_formats()
@@ -362,10 +392,18 @@ class LoaderConfig:
                     f"source.format {self.source.format!r} is not a registered format "
                     f"(known: {', '.join(sorted(known))}) ({self.origin})"
                 )
-        self.source.resolve_reader()
+        _callable("source.reader", self.source.resolve_reader())
         self.source.resolve_provider()
-        self.pipeline.resolve_mappers()
-        self.source.file_reader_options()
+        for spec, mapper in zip(self.pipeline.mappers, self.pipeline.resolve_mappers()):
+            _callable(f"pipeline.mappers ({spec!r})", mapper)
+        parser = self.source.file_reader_options().get("parser")
+        if parser is not None:
+            _callable("source.format_options.parser", parser)
+
+
+def _callable(what: str, obj: Any) -> None:
+    if obj is not None and not callable(obj):
+        raise ConfigError(f"{what} must name a function or other callable, got a {type(obj).__name__}")
 
 
 def _plain_section(section: Any) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loader.config.checks import Check, origin_field, plain_copy, show
+from loader.config.globbing import glob_files, unique_files
 from loader.errors import ConfigError
 from loader.runtime.imports import import_object
 
@@ -93,28 +94,39 @@ class SourceConfig:
             check.fail("format_options", f"has no effect with source.{custom}: remove one of them")
 
     def expand_files(self) -> list[str]:
-        """The files to read: sorted, deduplicated absolute paths.
+        """The files to read: sorted absolute paths, one per real file (``globbing``: no symlink loop is walked).
 
         Raises ``ConfigError`` naming the pattern that matched nothing, the list
         file that is missing or empty, or the listed file that does not exist.
         (With a ``provider``, listed names that are not files are passed through
         as written: a PyDataProvider2 provider may take any names.)
         """
-        found: set[str] = set()
+        found: list[str] = []
+        others: list[str] = []  # names a provider takes that are not files
         if self.list_file is not None:
-            found.update(self._read_list_file())
+            for name in self._read_list_file():
+                (found if os.path.isfile(name) else others).append(name)
         for pattern in self.files:
-            matches = [p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p)]
+            matches = glob_files(pattern)
             if not matches:
                 if glob.has_magic(pattern):
                     raise ConfigError(f"source.files pattern {pattern!r} matched no files ({self.origin})")
+                if os.path.isdir(os.path.expanduser(pattern)):
+                    raise ConfigError(
+                        f"source.files: {pattern!r} is a directory, not a file: "
+                        f"give a glob such as {os.path.join(pattern, '*')!r} ({self.origin})"
+                    )
+                if os.path.exists(os.path.expanduser(pattern)):
+                    raise ConfigError(f"source.files: {pattern!r} is not a regular file ({self.origin})")
                 raise ConfigError(f"source.files: file {pattern!r} does not exist ({self.origin})")
-            found.update(os.path.abspath(p) for p in matches)
+            found.extend(matches)
+        # One entry per real file: a symlink, or a file both listed and matched, is read once.
+        files = sorted(set(unique_files(found)) | set(others))
         if self.format in (None, "npy"):
             from loader.io.formats_numpy import drop_companions  # read with their main file, never alone
 
-            return drop_companions(sorted(found))
-        return sorted(found)
+            return drop_companions(files)
+        return files
 
     def _read_list_file(self) -> list[str]:
         path = os.path.expanduser(str(self.list_file))

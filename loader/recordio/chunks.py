@@ -37,6 +37,11 @@ MAGIC = 0x01020304
 HEADER = struct.Struct("<5I")  # FLUID order: magic, num_records, checksum, compressor, stored size
 RECORD_LEN = struct.Struct("<I")
 MAX_UINT32 = 0xFFFFFFFF
+# The most bytes one compressed chunk may inflate to. A writer makes chunks of at most
+# writer.DEFAULT_MAX_CHUNK_BYTES (64 MiB) unless a single record is larger; a zlib stream can
+# inflate ~1000x, so without this bound a 1 MB crafted file could make a reader allocate GiBs.
+# Files with bigger records pass a larger ``max_payload_bytes`` to the Scanner.
+MAX_PAYLOAD_BYTES = 256 * 1024 * 1024
 ZLIB_LEVEL = 1  # fast end of zlib: reading speed matters more than the last few percent
 
 
@@ -128,14 +133,21 @@ def parse_header(name: str, offset: int, head: bytes, layout: Layout = Layout.FL
 
 
 def unpack_payload(
-    name: str, offset: int, count: int, checksum: int, compressor: int, stored: bytes
+    name: str,
+    offset: int,
+    count: int,
+    checksum: int,
+    compressor: int,
+    stored: bytes,
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES,
 ) -> list[memoryview]:
-    """Check and inflate a chunk's stored payload and split it into its ``count`` records."""
+    """Check and inflate a chunk's stored payload (to at most ``max_payload_bytes``) and split it
+    into its ``count`` records."""
     if zlib.crc32(stored) != checksum:
         raise chunk_error(
             name, offset, f"CRC32 mismatch (stored 0x{checksum:08x}, computed 0x{zlib.crc32(stored):08x})"
         )
-    payload = _decompress(name, offset, compressor, stored)
+    payload = _decompress(name, offset, compressor, stored, min(max_payload_bytes, MAX_UINT32))
     view = memoryview(payload)
     records: list[memoryview] = []
     pos, end = 0, len(payload)
@@ -153,20 +165,21 @@ def unpack_payload(
     return records
 
 
-def _decompress(name: str, offset: int, compressor: int, stored: bytes) -> bytes:
+def _decompress(name: str, offset: int, compressor: int, stored: bytes, limit: int) -> bytes:
     if compressor == Compressor.NONE:
         return stored
     if compressor == Compressor.ZLIB:
-        # Bounded: a writer never makes a payload over MAX_UINT32 bytes (its records' lengths are
-        # uint32 and so is an uncompressed chunk's size), and a crafted chunk could inflate ~1000x.
+        # Bounded before inflating (max_length): a crafted chunk could inflate ~1000x.
         # wbits 32 + 15 reads a zlib stream (ours) or a gzip stream (Go's writer) alike.
         inflater = zlib.decompressobj(32 + zlib.MAX_WBITS)
         try:
-            payload = inflater.decompress(stored, MAX_UINT32)
+            payload = inflater.decompress(stored, limit)
         except zlib.error as exc:
             raise chunk_error(name, offset, f"zlib payload does not inflate ({exc})") from exc
         if inflater.unconsumed_tail:
-            raise chunk_error(name, offset, f"zlib payload inflates past {MAX_UINT32} bytes")
+            raise chunk_error(
+                name, offset, f"zlib payload inflates past {limit} bytes (the limit: Scanner(max_payload_bytes=...))"
+            )
         if not inflater.eof:
             raise chunk_error(name, offset, "zlib payload does not inflate (the stream is cut off)")
         return payload
@@ -195,6 +208,7 @@ __all__ = [
     "HEADER",
     "RECORD_LEN",
     "MAX_UINT32",
+    "MAX_PAYLOAD_BYTES",
     "Compressor",
     "DEFAULT_COMPRESSOR",
     "compress",

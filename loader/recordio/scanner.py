@@ -13,8 +13,17 @@ import os
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from loader.errors import ClosedError
-from loader.recordio.chunks import HEADER, Layout, chunk_error, detect_layout, open_target, parse_header, unpack_payload
+from loader.errors import ClosedError, CorruptFileError
+from loader.recordio.chunks import (
+    HEADER,
+    MAX_PAYLOAD_BYTES,
+    Layout,
+    chunk_error,
+    detect_layout,
+    open_target,
+    parse_header,
+    unpack_payload,
+)
 from loader.recordio.records import decode_record
 
 
@@ -32,7 +41,14 @@ class Scanner:
     found at the first chunk (``None`` until a chunk was read).
     """
 
-    def __init__(self, source: str | os.PathLike[str] | BinaryIO, *, allow_pickle: bool = False) -> None:
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | BinaryIO,
+        *,
+        allow_pickle: bool = False,
+        max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+    ) -> None:
+        self.max_payload_bytes = int(max_payload_bytes)
         self.name, self._file, self._owns_file = open_target(source, "rb")
         self.allow_pickle = bool(allow_pickle)
         self.layout: Layout | None = None
@@ -105,8 +121,9 @@ class Scanner:
     def _load_chunk(self) -> bool:
         """Read, check and split the chunk at ``self._offset``; False at a clean end of file."""
         offset = self._offset
-        # Seek every time: after a CorruptFileError the file position is wherever the
-        # failed read left it, and a retry must report the same chunk again.
+        # Seek every time: after a CorruptFileError the file position is wherever the failed
+        # read left it. A damaged header or a cut-off payload is reported again on a retry
+        # (nothing after it can be trusted); a chunk whose contents are bad is stepped past.
         self._file.seek(offset)
         head = self._file.read(HEADER.size)
         if not head:
@@ -116,7 +133,17 @@ class Scanner:
             self.layout = self._detect(offset, head)
         count, checksum, compressor, size = parse_header(self.name, offset, head, self.layout)
         stored = self._read_payload(offset, size)
-        self._chunk = unpack_payload(self.name, offset, count, checksum, compressor, stored)
+        try:
+            self._chunk = unpack_payload(self.name, offset, count, checksum, compressor, stored, self.max_payload_bytes)
+        except CorruptFileError as exc:
+            # The framing is intact (the header parsed, the payload is all there), only this chunk's
+            # contents are bad: step past it, so a reader that skips bad records loses this chunk's
+            # ``count`` records and no more. The error says how many (``records_skipped``).
+            self._chunk, self._pos = [], 0
+            self._offset = offset + HEADER.size + size
+            self.record_index += count
+            exc.records_skipped = count  # type: ignore[attr-defined]
+            raise
         self._chunk_offset, self._pos = offset, 0
         self._offset = offset + HEADER.size + size
         return True

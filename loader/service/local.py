@@ -111,6 +111,7 @@ class Loader:
                 device=client.device,
                 prefetch=client.prefetch,
                 timeout_s=client.timeout_s,
+                progress_timeout_s=client.progress_timeout_s,
             )
         except BaseException:
             self.close()

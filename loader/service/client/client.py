@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from loader.config.sections import MAX_PREFETCH
 from loader.device import Placer
 from loader.errors import (
     ClosedError,
@@ -57,6 +58,10 @@ DEFAULT_TIMEOUT_S = 30.0
 PING_INTERVAL_S = 0.5
 RECEIVER_POLL_S = 0.1
 THREAD_JOIN_TIMEOUT_S = 5.0
+# The longest an epoch's iterator waits for its next batch from a daemon that answers pings but sends
+# nothing. Longer than the daemon's own epoch stall timeout (2 * workers.progress_timeout_s, 240 s by
+# default), which fails the epoch with its cause first; this one is for a daemon that cannot.
+DEFAULT_PROGRESS_TIMEOUT_S = 600.0
 
 
 class EpochBatches(Iterator[Any]):
@@ -117,6 +122,7 @@ class Client:
         channel: Channel | None = None,
         shm: bool = True,
         dataset: str = "default",
+        progress_timeout_s: float = DEFAULT_PROGRESS_TIMEOUT_S,
     ) -> None:
         # Left out: LOADER_ADDRESS, RANK, WORLD_SIZE (and LOCAL_RANK for a bare "cuda"), as torchrun/Slurm set them.
         address, rank, world_size, device = from_environment(address, rank, world_size, device)
@@ -124,8 +130,11 @@ class Client:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.address, self.rank, self.world_size = address, rank, world_size
         self.dataset = dataset  # which of the daemon's datasets ([source] is "default", [datasets.NAME])
-        self.prefetch = int(prefetch or DEFAULT_PREFETCH)
+        self.prefetch = _prefetch(prefetch)
         self.timeout_s = float(timeout_s)
+        self.progress_timeout_s = float(progress_timeout_s)
+        if not 0 < self.progress_timeout_s < float("inf"):
+            raise ValueError(f"progress_timeout_s must be a finite number > 0, got {progress_timeout_s!r}")
         self.read_ahead = read_ahead
         self._placer = Placer(device)
         self._channel: Channel = channel if channel is not None else transport.dealer(address)
@@ -160,7 +169,7 @@ class Client:
         ``len()`` of it is the number of batches, where the daemon knows it (see ``EpochBatches``).
         """
         self._check_usable()
-        number = self._next_epoch if epoch is None else int(epoch)
+        number = self._next_epoch if epoch is None else _epoch_number(epoch)
         self._next_epoch = number + 1
         gen = next(self._gens)
         self._commands.put(("epoch", number, gen))
@@ -209,7 +218,7 @@ class Client:
     def _iterate(self, gen: int) -> Iterator[Any]:
         while True:
             started = time.perf_counter()
-            kind, item_gen, payload = self._get()
+            kind, item_gen, payload = self._get(gen)
             self._wait_s += time.perf_counter() - started
             if kind == "fatal":
                 self._fatal = payload
@@ -225,7 +234,9 @@ class Client:
             elif kind == "error":
                 raise payload
 
-    def _get(self) -> tuple[str, int | None, Any]:
+    def _get(self, gen: int) -> tuple[str, int | None, Any]:
+        """The receiver's next item; ``EpochStalledError`` after ``progress_timeout_s`` without one."""
+        deadline = time.monotonic() + self.progress_timeout_s
         while True:
             self._check_usable()
             try:
@@ -233,6 +244,11 @@ class Client:
             except queue.Empty:
                 if not self._thread.is_alive() and self._out.empty():
                     raise ServiceUnavailableError(f"the client's receiver for {self.address} stopped") from None
+                if time.monotonic() > deadline:
+                    raise EpochStalledError(
+                        f"the loader daemon at {self.address} is alive but sent nothing for this epoch "
+                        f"(request {gen}) for {self.progress_timeout_s:g}s: see its log or `loader status`"
+                    ) from None
 
     # -- receiver thread ----------------------------------------------------
     def _handshake(self) -> P.ClientWelcome:
@@ -267,7 +283,9 @@ class Client:
                 if self._arenas is not None:
                     self._arenas.evict_idle(now)
                 if now - state.last_ping >= self._ping_interval_s:
-                    self._channel.send(P.encode(P.Ping()), timeout_s=self.timeout_s)
+                    # Never wait for room: a daemon that reads nothing is found by the silence check
+                    # below, within timeout_s, not after a blocked ping's timeout on top of it.
+                    self._channel.try_send(P.encode(P.Ping()), timeout_s=0.0)
                     state.last_ping = now
                 if now - state.last_heard > self.timeout_s:
                     raise ServiceUnavailableError(
@@ -296,14 +314,23 @@ class Client:
             request = P.Epoch(
                 epoch=number, gen=gen, credit=self.prefetch, ahead=self.read_ahead, shm=self._arenas is not None
             )
-            self._channel.send(P.encode(request), timeout_s=self.timeout_s)
+            self._send(state, P.encode(request))
 
     def _return_credits(self, state: _ReceiverState) -> None:
         owed = self._consumed - state.credited
         if owed > 0 and state.gen is not None:
             state.credited += owed
             credit = P.Credit(n=owed, gen=state.gen, wait_s=round(self._wait_s, 6))
-            self._channel.send(P.encode(credit), timeout_s=self.timeout_s)
+            self._send(state, P.encode(credit))
+
+    def _send(self, state: _ReceiverState, frames: list[Any]) -> None:
+        """Send, waiting for room no longer than the daemon has left before it counts as silent."""
+        left = state.last_heard + self.timeout_s - time.monotonic()
+        if not self._channel.try_send(frames, timeout_s=max(0.0, left)):
+            raise ServiceUnavailableError(
+                f"the loader daemon at {self.address} has read nothing from this client "
+                f"for {time.monotonic() - state.last_heard:.1f}s"
+            )
 
     def _drain(self, state: _ReceiverState) -> None:
         while True:
@@ -343,6 +370,24 @@ class Client:
             columns[name] = R.gather(refs, R.parse_specs(specs), self._arenas.get, free=False)
 
 
+def _prefetch(prefetch: Any) -> int:
+    """``prefetch`` (None: the default), refused at once when the daemon could not honour it."""
+    if prefetch is None:
+        return DEFAULT_PREFETCH
+    if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or not 1 <= prefetch <= MAX_PREFETCH:
+        raise ValueError(f"prefetch must be an integer in [1, {MAX_PREFETCH}], got {prefetch!r}")
+    return int(prefetch)
+
+
+def _epoch_number(epoch: Any) -> int:
+    """``epoch`` as an epoch number, refused at once (not by the daemon) when it is not one."""
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)):
+        raise ValueError(f"epoch must be an integer >= 0, got {epoch!r} ({type(epoch).__name__})")
+    if epoch < 0:
+        raise ValueError(f"epoch must be an integer >= 0, got {epoch}")
+    return int(epoch)
+
+
 def _arena_cache(info: Any) -> ArenaCache | None:
     """A cache of the daemon's arenas when this process can map them (same host), else None."""
     if not isinstance(info, dict):
@@ -352,6 +397,10 @@ def _arena_cache(info: Any) -> ArenaCache | None:
     except (KeyError, ValueError, TypeError):
         return None
     return cache if cache.probe() else None
+
+
+class EpochStalledError(ServiceUnavailableError):
+    """An epoch made no progress for ``progress_timeout_s`` although the daemon answers."""
 
 
 class _ReceiverState:
@@ -392,4 +441,4 @@ def _request(
                 return message
 
 
-__all__ = ["Client", "EpochBatches", "query_status"]
+__all__ = ["Client", "EpochBatches", "EpochStalledError", "query_status"]

@@ -30,7 +30,7 @@ from typing import Any
 
 from loader.config import LoaderConfig
 from loader.config.sections import ServiceConfig
-from loader.errors import ConfigError, MalformedMessageError
+from loader.errors import ConfigError, MalformedMessageError, TransportError
 from loader.service import protocol as P
 from loader.service import transport
 from loader.service.daemon.autoscale import Autoscaler
@@ -116,9 +116,11 @@ class Daemon:
         try:
             # Bind first: a daemon that cannot bind (port in use) touches nothing in /dev/shm.
             self._router, self._data, worker_links = _open_sources(workers.transport, config.service, self._auth)
-        except BaseException:
+        except BaseException as exc:
             if self._auth is not None:
                 self._auth.close()
+            if isinstance(exc, TransportError):  # a port in use is a config problem: say which file
+                raise TransportError(f"{exc} (service.bind in {config.origin})") from exc
             raise
         try:
             self.arenas = open_pool(workers.shm_arena_mib * 1024 * 1024)
@@ -141,6 +143,10 @@ class Daemon:
             samples_per_message=workers.samples_per_message,
             send=lambda peer, frames: self.clients.send(peer, frames),
             arenas=self.arenas,
+            on_error=pipeline.on_error,
+            batch_format=pipeline.batch_format,
+            files=self.files,
+            stall_timeout_s=2 * workers.progress_timeout_s,
         )
         self.coordinator = Coordinator(
             self.files,
@@ -164,6 +170,7 @@ class Daemon:
             max_workers=config.service.max_workers,
             max_arenas=2 * (config.service.max_workers + workers.count),
             own_keys=own_keys,
+            on_start_failed=self.stage.fail_waiting,
         )
         self.clients = ClientDesk(
             config,
@@ -180,6 +187,7 @@ class Daemon:
         self._next_housekeeping = 0.0
         # Autoscaling acts on our own workers when workers.max says so; else it only advises (the metric).
         self.autoscaler = Autoscaler(self, workers.min, workers.max, act=bool(workers.max) and start_workers)
+        self._data_accepting = True  # the data source is polled (Stage.accepting)
         try:
             if config.service.metrics:
                 self.metrics = start_metrics(config.service.metrics)
@@ -223,9 +231,12 @@ class Daemon:
     # -- the loop -----------------------------------------------------------
     def step(self, timeout_s: float) -> None:
         """One turn: read what is ready, move batches, lease files, check liveness."""
+        self._pace_data()
         ready = self._poller.wait(timeout_s)
         if self._data in ready:
             for _ in range(MAX_DRAIN_MESSAGES):
+                if not self.stage.accepting():
+                    break  # full: the rest waits in the workers (Stage.accepting)
                 frames = self._data.recv(0)
                 if frames is None:
                     break
@@ -259,6 +270,18 @@ class Daemon:
     def rejected_messages(self) -> int:
         """Messages dropped because of what a peer sent (``status()["rejected_messages"]``)."""
         return self.rejects.count
+
+    def _pace_data(self) -> None:
+        """Stop reading worker data while the stage is full (``Stage.accepting``): workers then wait
+        for room mid-file. Their progress clocks are held meanwhile: waiting is not hanging."""
+        accepting = self.stage.accepting()
+        if accepting != self._data_accepting:
+            self._data_accepting = accepting
+            (self._poller.register if accepting else self._poller.unregister)(self._data)
+        if not accepting:
+            for record in self.coordinator.workers.values():
+                if record.leases:
+                    self.coordinator.progressed(record.worker_id)
 
     def _on_data(self, frames: list[Any]) -> None:
         self.bytes_received += frames_nbytes(frames)

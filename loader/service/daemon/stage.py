@@ -29,14 +29,17 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from loader.config.sections import MAX_PREFETCH
+from loader.errors import WorkerError
 from loader.service import protocol as P
 from loader.service.blocks import Block, block_rows, select
+from loader.service.daemon import fit
 from loader.service.daemon.batching import Batcher, ShuffleBuffer
 from loader.service.daemon.ledger import FileLedger
 from loader.service.daemon.stage_refs import RefKeeper
@@ -46,6 +49,11 @@ from loader.service.shm.pool import ArenaPool
 log = logging.getLogger("loader.stage")
 
 SendFn = Callable[[bytes, list[Any]], bool]
+# An epoch whose client has credits and receives nothing for this long fails, naming the cause it can
+# see: the daemon passes 2 * workers.progress_timeout_s, so a hung worker is replaced before this fires,
+# and never less than MIN_STALL_TIMEOUT_S, the time replacing a worker may take (stop, spawn, hello).
+DEFAULT_STALL_TIMEOUT_S = 240.0
+MIN_STALL_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -64,6 +72,9 @@ class Stream:
     batches_sent: int = 0
     samples_sent: int = 0
     ref_columns: frozenset[str] | None = None  # decided by the first chunk (stage_refs.py)
+    starved_since: float | None = None  # when the client last had credits and nothing to receive
+    layout: fit.Layout | None = None  # fields, dtypes and row shapes, decided by the first chunk (fit.py)
+    rejected: dict[int, int] = field(default_factory=dict)  # file -> records that did not fit (on_error = "skip")
 
     @property
     def input_done(self) -> bool:
@@ -144,7 +155,15 @@ class Stage:
         samples_per_message: int,
         send: SendFn,
         arenas: ArenaPool | None = None,
+        on_error: str = "raise",
+        batch_format: str = "stacked",
+        files: Sequence[str] = (),
+        stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
     ) -> None:
+        """``files`` are the daemon's file paths by index (errors name them); ``on_error`` and
+        ``batch_format`` are the pipeline's (a sample that does not fit its batch fails or is skipped)."""
+        self.on_error, self.batch_format, self.files = on_error, batch_format, list(files)
+        self.stall_timeout_s = max(MIN_STALL_TIMEOUT_S, stall_timeout_s)
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.shuffle_buffer = shuffle_buffer
@@ -167,7 +186,8 @@ class Stage:
         old = self.sessions.get(peer)
         if old is not None:
             self.close_session(old)
-        session = Session(next(self._ids), peer, rank, world_size, max(1, prefetch))
+        # A prefetch beyond what the client's socket queues would read as a dead peer (config.MAX_PREFETCH).
+        session = Session(next(self._ids), peer, rank, world_size, max(1, min(prefetch, MAX_PREFETCH)))
         self.sessions[peer] = session
         return session
 
@@ -184,6 +204,30 @@ class Stage:
     def buffer_limit_rows(self, session: Session) -> int:
         settings = session.settings or self.settings
         return 2 * settings.shuffle_buffer + settings.batch_size * (session.prefetch + 2) + self.samples_per_message
+
+    def accepting(self) -> bool:
+        """False while the daemon should stop reading worker data: a stream holds more than twice its
+        lease bound (a file in flight outgrew it) and no client is waiting for rows. The workers then
+        wait for room mid-file (their sends block), so memory is bounded by configuration, not by
+        file size. Data keeps flowing while any client has credits and too little to send: pausing
+        then could starve it behind a stream that is not being read (read-ahead, another client)."""
+        overfull = False
+        for session, stream in self.streams.values():
+            if stream.rows_buffered >= 2 * self.buffer_limit_rows(session):
+                overfull = True
+        if not overfull:
+            return True
+        return any(self._starved(session) for session in self.sessions.values())
+
+    def _starved(self, session: Session) -> bool:
+        stream = session.current
+        return (
+            stream is not None
+            and stream.gen is not None
+            and not stream.failed
+            and session.credits > 0
+            and stream.batcher.rows < self.batch_size
+        )
 
     def may_lease(self, stream_id: int) -> bool:
         entry = self.streams.get(stream_id)
@@ -234,6 +278,7 @@ class Stage:
         _, stream = entry
         indexes = columns.pop(P.INDEX_COLUMN, None)
         count = chunk.count
+        first_record = int(indexes[0]) if indexes is not None and len(indexes) else chunk.record
         keep = ledger.accept(chunk.record, count, indexes)
         if keep is not None:
             kept = int(keep.sum())
@@ -248,10 +293,47 @@ class Stage:
             stream.ref_columns = names
         if names or stream.ref_columns:
             columns = self.refs.conform(stream.ref_columns, columns, names)
+        fitted = self._fit(stream, chunk, columns, first_record)
+        if fitted is None:
+            self.refs.release_blocks([columns], stream.ref_columns or frozenset())
+            self._check_file(stream, chunk.file)
+            return
+        columns = fitted
         stream.sample_kind = chunk.sample_kind
+        stream.starved_since = None
         self.samples_in += block_rows(columns)
         stream.batcher.extend(stream.shuffle.add(columns))
         self._check_file(stream, chunk.file)
+
+    def _fit(self, stream: Stream, chunk: P.Chunk, columns: Block, record: int) -> Block | None:
+        """``columns`` made to fit the stream's batches, or None when they cannot (the file failed,
+        or under ``on_error = "skip"`` the rows were counted as skipped)."""
+        if stream.layout is None:
+            stream.layout = fit.describe(columns)
+            return columns
+        layout = stream.layout
+        reason = fit.field_misfit(layout, columns)
+        misfits = {} if reason is not None else fit.shape_misfits(layout, columns)
+        if reason is None and misfits and self.batch_format == "list":
+            layout.update((name, fit.RAGGED) for name in misfits)  # list batches hold ragged fields as objects
+            misfits = {}
+        if reason is None and not misfits:
+            ragged = [n for n, v in columns.items() if layout[n] == fit.RAGGED and not v.dtype.hasobject]
+            # Fixed rows of a ragged field travel as objects, so no two fixed blocks of other shapes meet.
+            return {n: fit.as_objects(v) if n in ragged else v for n, v in columns.items()} if ragged else columns
+        if reason is None:
+            reason = "; ".join(misfits.values()) + f" ({fit.RAGGED_HINT})"
+        self._misfit(stream, chunk, block_rows(columns), record, f"a sample does not fit its batch: {reason}")
+        return None
+
+    def _misfit(self, stream: Stream, chunk: P.Chunk, rows: int, record: int, message: str) -> None:
+        path = self.files[chunk.file] if 0 <= chunk.file < len(self.files) else f"file index {chunk.file}"
+        if self.on_error == "skip":
+            stream.rejected[chunk.file] = stream.rejected.get(chunk.file, 0) + rows
+            log.warning("skipping %d record(s) from record %d of %s: %s", rows, record, path, message)
+            return
+        error = WorkerError("ShapeMismatchError", message, worker=chunk.worker, file=path, record=record)
+        self.fail_file(stream.stream_id, chunk.file, error.to_dict())
 
     def on_done(self, done: P.FileDone) -> None:
         entry = self._addressed(done)
@@ -275,19 +357,37 @@ class Stage:
         session, stream = entry
         if stream.failed or file_index not in stream.incomplete:
             return
+        if self.on_error == "skip":
+            self._skip_rest(stream, file_index, error)
+            return
         stream.failed = True
         self.events.append(StreamFailed(session, stream, error))
+
+    def fail_waiting(self, error: dict[str, Any]) -> None:
+        """Every stream still waiting for input fails with ``error`` (no worker can read its files)."""
+        for session, stream in list(self.streams.values()):
+            if not stream.input_done:
+                self.fail_waiting_stream(session, stream, error)
+
+    def _skip_rest(self, stream: Stream, file_index: int, error: dict[str, Any]) -> None:
+        """Under ``on_error = "skip"`` a file that failed for good (its workers died on it) ends here: the
+        records delivered are kept, the rest of the file counts as one skipped record."""
+        ledger = stream.files[file_index]
+        ledger.mark_done(ledger.received, max(1, ledger.skipped))
+        log.warning(
+            "skipping the rest of file index %d (epoch %d): %s", file_index, stream.epoch, WorkerError.from_dict(error)
+        )
+        self._check_file(stream, file_index)
 
     def _check_file(self, stream: Stream, file_index: int) -> None:
         ledger = stream.files[file_index]
         if file_index not in stream.incomplete or not ledger.complete:
             return
         stream.incomplete.discard(file_index)
-        if ledger.skipped:
-            self.skipped_records += ledger.skipped
-            log.warning(
-                "skipped %d bad record(s) in file index %d (epoch %d)", ledger.skipped, file_index, stream.epoch
-            )
+        skipped = ledger.skipped + stream.rejected.get(file_index, 0)
+        if skipped:
+            self.skipped_records += skipped
+            log.warning("skipped %d bad record(s) in file index %d (epoch %d)", skipped, file_index, stream.epoch)
         self.events.append(FileComplete(stream.stream_id, file_index))
         if not stream.incomplete:
             stream.batcher.extend(stream.shuffle.flush())
@@ -305,13 +405,35 @@ class Stage:
                     self.refs.release_blocks(stream.batcher.drain(), stream.ref_columns)
                 batch = stream.batcher.flush()
             if batch is None:
+                self._starving(session, stream)
                 break
+            stream.starved_since = None
             self._send_batch(session, stream, batch)
         if stream.input_done and stream.batcher.rows == 0:
             end = P.End(epoch=stream.epoch, gen=stream.gen, batches=stream.batches_sent, samples=stream.samples_sent)
             self.send(session.peer, P.encode(end))
             self.drop_stream(stream)
             session.current = None
+
+    def _starving(self, session: Session, stream: Stream) -> None:
+        """The client has credits and nothing to receive: fail the epoch once that lasted the stall timeout."""
+        now = time.monotonic()
+        if stream.starved_since is None:
+            stream.starved_since = now
+            return
+        if now - stream.starved_since < self.stall_timeout_s or stream.input_done:
+            return
+        waiting = len(stream.incomplete)
+        message = (
+            f"epoch {stream.epoch} made no progress for {now - stream.starved_since:.0f}s: "
+            f"{waiting} file(s) still unread and no record arrived (see the daemon's log and `loader status`)"
+        )
+        self.fail_waiting_stream(session, stream, WorkerError("EpochStalledError", message).to_dict())
+
+    def fail_waiting_stream(self, session: Session, stream: Stream, error: dict[str, Any]) -> None:
+        if not stream.failed:
+            stream.failed = True
+            self.events.append(StreamFailed(session, stream, error))
 
     def _send_batch(self, session: Session, stream: Stream, batch: Block) -> None:
         n = block_rows(batch)

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from loader.errors import WorkerDiedError
+from loader.errors import WorkerDiedError, WorkerError
 from loader.runtime import processes
 from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator, WorkerRecord
@@ -50,6 +50,17 @@ MAX_FILE_ATTEMPTS = 3  # worker deaths while holding one file before that file f
 CLAIM_SEP = "#"  # between a started worker's id and its claim secret, in the worker id it is started with
 CLAIM_BYTES = 16
 MAX_ID_PREFIX = 64  # characters of a hand-started worker's own name kept in the id the daemon issues
+# Under on_error = "skip": worker deaths while holding one file before the file is skipped (its records
+# delivered so far kept, the rest counted as one skipped record), so a poison file cannot fail every epoch.
+SKIP_FILE_ATTEMPTS = 2
+# Workers that die before their first file (a broken environment, an entry point that exits) are
+# replaced after a growing pause, START_BACKOFF_S doubling up to MAX_START_BACKOFF_S; after
+# MAX_START_FAILURES such deaths in a row every epoch waiting for data fails with the cause.
+START_BACKOFF_S = 0.1
+MAX_START_BACKOFF_S = 10.0
+MAX_START_FAILURES = 5
+# Called with WorkerError.to_dict() when workers keep dying before their first file.
+StartFailedFn = Callable[[dict[str, Any]], None]
 
 SendFn = Callable[[bytes, list[Any]], bool]
 # (stream id, file index, WorkerError.to_dict()): a file failed for good.
@@ -75,6 +86,7 @@ class WorkerPool:
         max_workers: int = 64,
         max_arenas: int = 256,
         own_keys: CurveClient | None = None,
+        on_start_failed: StartFailedFn | None = None,
     ) -> None:
         self.coordinator = coordinator
         self._send = send
@@ -84,7 +96,12 @@ class WorkerPool:
         self._entry = entry
         self._links = links
         self._on_file_failed = on_file_failed
+        self._on_start_failed = on_start_failed
+        self.start_failures = 0  # workers in a row that died before their first file
+        self._launch_at: list[float] = []  # replacements due (monotonic times), backing off
         self._attempts: dict[tuple[int, int], int] = {}
+        skip = config.get("pipeline", {}).get("on_error") == "skip"
+        self._max_attempts = SKIP_FILE_ATTEMPTS if skip else MAX_FILE_ATTEMPTS
         self._arenas = arenas
         self._dataset_of = dataset_of  # file index -> the dataset whose source and pipeline read it
         self._arena_of: dict[str, int] = {}  # worker id -> its arena id
@@ -116,6 +133,12 @@ class WorkerPool:
     def reap(self) -> None:
         for record, why in self.coordinator.find_dead():
             self.gone(record, why)
+        now = time.monotonic()
+        due = [t for t in self._launch_at if t <= now]
+        if due and not self.closing:
+            self._launch_at = [t for t in self._launch_at if t > now]
+            for _ in due:
+                self.launch()
 
     def gone(self, record: WorkerRecord, why: str, *, replace: bool = True) -> None:
         """Forget a worker: stop its process, re-lease its files, start a replacement (unless ``replace`` is False)."""
@@ -136,19 +159,34 @@ class WorkerPool:
             self._links.control.drop(record.peer)
         if self._arenas is not None:
             self._arenas.retire(self._arena_of.pop(record.worker_id, None))
-        orphans = self.coordinator.remove_worker(record)
+        jobs = self.coordinator.remove_worker(record)
+        # Deaths before a first file, of workers this daemon started and did not retire, back off the next start.
+        early = replace and record.process is not None and not jobs and record.files_done == 0 and why != "said goodbye"
+        self._note_start(record, early, exitcode)
         # Only deaths of workers this daemon started count against a file: a peer that takes a lease and
         # leaves (says BYE, goes silent) must not be able to fail an epoch by doing it three times.
-        counted = orphans if record.process is not None and why != "said goodbye" else []
+        counted = jobs if record.process is not None and why != "said goodbye" else []
         for job in counted:
             key = (job.stream_id, job.file_index)
             self._attempts[key] = self._attempts.get(key, 0) + 1
-            if self._attempts[key] >= MAX_FILE_ATTEMPTS:
+            if self._attempts[key] >= self._max_attempts:
                 died = WorkerDiedError(f"worker {record.worker_id}", exitcode, worker=record.worker_id, file=job.path)
                 self._on_file_failed(job.stream_id, job.file_index, died.to_dict())
         if record.process is not None and not self.closing and why != "said goodbye" and replace:
             self.coordinator.restarts += 1
-            self.launch()
+            delay = 0.0
+            if early:
+                delay = min(MAX_START_BACKOFF_S, START_BACKOFF_S * 2 ** min(self.start_failures - 1, 30))
+            self._launch_at.append(time.monotonic() + delay)  # reap() starts it when due
+
+    def _note_start(self, record: WorkerRecord, early: bool, exitcode: int | None) -> None:
+        """Count deaths before a first file; fail the waiting epochs once there were too many in a row."""
+        self.start_failures = self.start_failures + 1 if early else 0
+        if not early or self.start_failures < MAX_START_FAILURES or self._on_start_failed is None:
+            return
+        died = WorkerDiedError(f"worker {record.worker_id}", exitcode, worker=record.worker_id)
+        message = f"{self.start_failures} workers in a row died before reading a file; the last: {died.message}"
+        self._on_start_failed(WorkerError("WorkerDiedError", message, worker=record.worker_id).to_dict())
 
     def close(self, join_timeout_s: float) -> None:
         """Say BYE to every worker and stop the processes this daemon started (bounded)."""
@@ -292,4 +330,4 @@ class WorkerPool:
         ]
 
 
-__all__ = ["WorkerPool", "MAX_FILE_ATTEMPTS"]
+__all__ = ["WorkerPool", "MAX_FILE_ATTEMPTS", "SKIP_FILE_ATTEMPTS", "MAX_START_FAILURES"]

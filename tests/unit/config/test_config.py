@@ -291,7 +291,7 @@ def test_unknown_keys_suggest_the_closest() -> None:
     rejects(r"unknown key source.file .*did you mean source.files\?", {"file": ["a"]})
     rejects(r"unknown section pipline .*did you mean pipeline\?", pipline={})
     text = rejects(r"unknown key client.zzz", client={"zzz": 1})
-    assert "known keys: client.device, client.prefetch, client.timeout_s" in text
+    assert "known keys: client.device, client.prefetch, client.progress_timeout_s, client.timeout_s" in text
 
 
 def test_a_section_must_be_a_table() -> None:

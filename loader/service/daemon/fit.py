@@ -1,0 +1,73 @@
+"""Does a chunk fit its stream's batches? The stage asks before a row joins a buffer.
+
+A stream's rows are concatenated (shuffle buffer, batcher), so every chunk of one
+stream must have the same fields and, per fixed-dtype field, the same dtype and
+row shape as the stream's first chunk. A file whose rows are another width, or a
+dtype another file does not have, would otherwise fail inside ``np.concatenate``
+deep in the daemon's loop, naming no file.
+
+``Layout`` remembers the first chunk's columns; ``misfit`` explains, in one line,
+why a later chunk does not fit (None when it does). With ``batch_format = "list"``
+ragged fields are fine: ``as_objects`` turns such a column into object rows, and
+the layout remembers the field as ragged from then on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from loader.service.blocks import Block
+
+RAGGED = "ragged"  # a field whose rows are per-sample objects (object dtype)
+
+ColumnLayout = tuple[str, tuple[int, ...]] | str  # (dtype, row shape) or RAGGED
+Layout = dict[str, ColumnLayout]
+
+RAGGED_HINT = "ragged fields need pipeline.batch_format = 'list'"
+
+
+def describe(block: Block) -> Layout:
+    """Each field's (dtype, row shape), or RAGGED for object columns."""
+    return {name: _column(values) for name, values in block.items()}
+
+
+def _column(values: np.ndarray) -> ColumnLayout:
+    if values.dtype.hasobject:
+        return RAGGED
+    return values.dtype.str, tuple(int(n) for n in values.shape[1:])
+
+
+def _show(column: ColumnLayout) -> str:
+    if isinstance(column, str):
+        return "ragged rows"
+    dtype, shape = column
+    return f"rows of shape {shape} and dtype {np.dtype(dtype).name}"
+
+
+def field_misfit(layout: Layout, block: Block) -> str | None:
+    """Why ``block``'s fields differ from the layout's (None when they are the same names)."""
+    if list(block) != list(layout):
+        return f"a sample has fields {list(block)}, but the batch has fields {list(layout)}"
+    return None
+
+
+def shape_misfits(layout: Layout, block: Block) -> dict[str, str]:
+    """Field -> why its fixed rows do not stack with the layout's fixed rows (object rows always fit)."""
+    out: dict[str, str] = {}
+    for name, values in block.items():
+        want, got = layout[name], _column(values)
+        if want == got or RAGGED in (want, got):
+            continue
+        out[name] = f"field {name!r} has {_show(got)}, but the batch has {_show(want)}"
+    return out
+
+
+def as_objects(values: np.ndarray) -> np.ndarray:
+    """One object row per sample (a ragged field's column)."""
+    out = np.empty(values.shape[0], dtype=object)
+    for i in range(values.shape[0]):
+        out[i] = values[i]
+    return out
+
+
+__all__ = ["Layout", "RAGGED", "RAGGED_HINT", "describe", "field_misfit", "shape_misfits", "as_objects"]

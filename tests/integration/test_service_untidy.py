@@ -1,0 +1,260 @@
+"""Untidy data and resources: bad files, bad configs and big files never kill or hang the daemon.
+
+Each scenario keeps a legitimate client reading exact epochs around the fault, so a fault that
+"only" corrupts another stream or leaks a buffer shows up as a wrong multiset.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+
+import numpy as np
+import pytest
+
+from loader import Client
+from loader.errors import ConfigError, WorkerError
+from loader.service.client.client import query_status
+from tests.integration.conftest import collect_ids, make_config, running_daemon, write_id_files
+
+pytestmark = pytest.mark.integration
+
+
+def _assert_alive_and_exact(daemon, ids, **client_kwargs):
+    """The daemon still answers and a fresh client reads one exact epoch."""
+    assert query_status(daemon.endpoint)["endpoint"] == daemon.endpoint
+    with Client(daemon.endpoint, timeout_s=10, **client_kwargs) as client:
+        assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
+
+
+# -- item 1: rows of another width ---------------------------------------------------------------
+
+
+def _ragged_width_files(tmp_path):
+    good = tmp_path / "good"
+    good.mkdir()
+    np.save(good / "a.npy", np.zeros((100, 4), dtype=np.float32))
+    np.save(good / "b.npy", np.ones((100, 5), dtype=np.float32))  # another width: does not fit a batch
+    return good
+
+
+@pytest.mark.parametrize("shuffle_buffer", [0, 64])
+def test_rows_of_another_width_fail_the_epoch_naming_the_file(tmp_path, shuffle_buffer):
+    bad = _ragged_width_files(tmp_path)
+    ids = write_id_files(tmp_path, 2, 300)
+    config = make_config(bad, pipeline={"shuffle_buffer": shuffle_buffer, "batch_size": 16})
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=10, read_ahead=False) as client:
+            with pytest.raises(WorkerError) as info:
+                for _ in client.epoch():
+                    pass
+        err = info.value
+        assert err.file is not None and os.path.basename(err.file) in ("a.npy", "b.npy")
+        assert err.record is not None and "batch_format" in err.message
+        assert "(100, 4)" in err.message or "(4,)" in err.message
+        assert query_status(daemon.endpoint)["endpoint"] == daemon.endpoint  # still serving
+    good_config = make_config(tmp_path, pipeline={"shuffle_buffer": shuffle_buffer})
+    with running_daemon(good_config) as daemon:
+        _assert_alive_and_exact(daemon, ids)
+
+
+def test_rows_of_another_width_are_skipped_and_counted_under_skip(tmp_path):
+    bad = _ragged_width_files(tmp_path)
+    config = make_config(bad, pipeline={"shuffle_buffer": 64, "batch_size": 16, "on_error": "skip"})
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=10, read_ahead=False) as client:
+            rows = sum(len(batch["data"]) for batch in client.epoch())
+        assert rows == 100  # one file's rows fit, the other file's do not
+        assert query_status(daemon.endpoint)["skipped_records"] == 100
+
+
+def test_ragged_samples_one_per_message_need_list_format(tmp_path):
+    ids = write_id_files(tmp_path, 2, 50)
+    # A mapper that makes sample i a vector of i % 3 + 1 values: ragged.
+    pipeline = {"mappers": ["tests.helpers:ragged_by_value"], "shuffle_buffer": 8, "batch_size": 4}
+    config = make_config(tmp_path, pipeline=pipeline, workers={"samples_per_message": 1})
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=10, read_ahead=False) as client:
+            with pytest.raises(WorkerError, match="batch_format"):
+                for _ in client.epoch():
+                    pass
+        assert query_status(daemon.endpoint)["endpoint"] == daemon.endpoint
+    listed = make_config(tmp_path, pipeline={**pipeline, "batch_format": "list"}, workers={"samples_per_message": 1})
+    with running_daemon(listed) as daemon, Client(daemon.endpoint, timeout_s=10, read_ahead=False) as client:
+        got = [int(np.asarray(sample[0])[0]) for batch in client.epoch() for sample in batch]
+        assert collections.Counter(got) == collections.Counter(ids)
+
+
+# -- item 2: a negative epoch ---------------------------------------------------------------------
+
+
+def test_negative_epoch_is_refused_by_the_client_and_the_daemon_survives(tmp_path):
+    ids = write_id_files(tmp_path, 2, 100)
+    with running_daemon(make_config(tmp_path)) as daemon:
+        with Client(daemon.endpoint, timeout_s=10) as client:
+            with pytest.raises(ValueError, match="epoch"):
+                client.epoch(-1)
+            assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
+        _assert_alive_and_exact(daemon, ids)
+
+
+# -- item 3: prefetch -----------------------------------------------------------------------------
+
+
+def test_the_largest_prefetch_the_config_accepts_reads_exact_epochs(tmp_path):
+    from loader.config.sections import MAX_PREFETCH
+
+    ids = write_id_files(tmp_path, 4, 2000)
+    config = make_config(tmp_path, pipeline={"batch_size": 4}, client={"prefetch": MAX_PREFETCH})
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=10, prefetch=config.client.prefetch) as client:
+            for _ in range(2):
+                assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
+
+
+def test_a_prefetch_beyond_the_limit_is_refused_with_the_limit(tmp_path):
+    from loader.config.sections import MAX_PREFETCH
+
+    write_id_files(tmp_path, 1, 10)
+    with pytest.raises(ConfigError, match=f"client.prefetch must be <= {MAX_PREFETCH}"):
+        make_config(tmp_path, client={"prefetch": MAX_PREFETCH + 1})
+    with running_daemon(make_config(tmp_path)) as daemon:
+        with pytest.raises(ValueError, match="prefetch"):
+            Client(daemon.endpoint, timeout_s=10, prefetch=MAX_PREFETCH + 1)
+
+
+# -- item 4: a symlink loop -----------------------------------------------------------------------
+
+
+def test_recursive_glob_through_a_symlink_loop_reads_each_file_once(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    ids = write_id_files(data, 3, 40)
+    os.symlink(data, data / "loop")  # data/loop -> data: a loop for a recursive glob
+    os.symlink(data / "f000.npy", data / "alias.npy")  # a second name for one real file
+    config = make_config(data, source={"files": [str(data / "**" / "*.npy")]})
+    assert len(config.source.expand_files()) == 3
+    with running_daemon(config) as daemon:
+        _assert_alive_and_exact(daemon, ids)
+
+
+# -- item 5: skip keeps every good record ---------------------------------------------------------
+
+
+def _recordio_with_a_bad_chunk(path, ids, per_chunk, bad_chunk):
+    """A RecordIO file of ``(id,)`` samples, ``per_chunk`` per chunk, chunk ``bad_chunk`` damaged (CRC)."""
+    from loader.recordio import HEADER, Writer
+
+    with Writer(path, max_num_records=per_chunk) as writer:
+        for value in ids:
+            writer.write((np.int64(value),))
+    data = bytearray(path.read_bytes())
+    offset = 0
+    for _ in range(bad_chunk):  # walk the chunk headers to the damaged one
+        size = HEADER.unpack_from(data, offset)[-1]
+        offset += HEADER.size + size
+    data[offset + HEADER.size + 5] ^= 0xFF  # one payload byte: the chunk's checksum no longer matches
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("mappers", [[], ["tests.helpers:identity_mapper"]])
+def test_skip_keeps_every_good_record_of_a_file_that_fails_mid_file(tmp_path, mappers):
+    ids = list(range(1000))
+    _recordio_with_a_bad_chunk(tmp_path / "a.recordio", ids, per_chunk=50, bad_chunk=7)
+    lost = set(range(350, 400))  # chunk 7's records
+    config = make_config(
+        tmp_path,
+        source={"files": [str(tmp_path / "*.recordio")]},
+        pipeline={"on_error": "skip", "batch_size": 16, "mappers": mappers},
+    )
+    with running_daemon(config) as daemon, Client(daemon.endpoint, timeout_s=10, read_ahead=False) as client:
+        for epoch in range(2):
+            got = [int(v) for batch in client.epoch() for v in np.asarray(next(iter(batch.values()))).reshape(-1)]
+            assert collections.Counter(got) == collections.Counter(i for i in ids if i not in lost)
+            assert query_status(daemon.endpoint)["skipped_records"] == len(lost) * (epoch + 1)
+
+
+def test_a_file_that_kills_its_worker_is_skipped_under_skip(tmp_path):
+    ids = write_id_files(tmp_path, 3, 200)
+    poison = tmp_path / "poison.npy"
+    np.save(poison, np.array([123456789], dtype=np.int64))
+    config = make_config(tmp_path, pipeline={"on_error": "skip", "mappers": ["tests.helpers:exit_on_123456789"]})
+    with running_daemon(config) as daemon, Client(daemon.endpoint, timeout_s=20, read_ahead=False) as client:
+        for _ in range(2):
+            assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
+        status = query_status(daemon.endpoint)
+        assert status["skipped_records"] == 2  # the poison record, once per epoch
+    raising = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:exit_on_123456789"]})
+    with running_daemon(raising) as daemon, Client(daemon.endpoint, timeout_s=20, read_ahead=False) as client:
+        with pytest.raises(WorkerError, match="poison.npy"):
+            collect_ids(client.epoch())
+
+
+# -- item 8: workers that die at start-up ---------------------------------------------------------
+
+
+def test_workers_that_die_at_start_back_off_and_fail_the_epoch_with_the_cause(tmp_path):
+    from loader.service.daemon.workforce import MAX_START_FAILURES
+
+    write_id_files(tmp_path, 2, 50)
+    with running_daemon(make_config(tmp_path), worker_entry="tests.helpers:die_at_start") as daemon:
+        with Client(daemon.endpoint, timeout_s=10) as client:
+            with pytest.raises(WorkerError, match="died before reading a file.*exited with code 7"):
+                collect_ids(client.epoch())
+            restarts = query_status(daemon.endpoint)["worker_restarts"]
+            assert MAX_START_FAILURES <= restarts <= 2 * MAX_START_FAILURES  # backing off, not hundreds
+            # The client can ask again, and is told again rather than left waiting.
+            with pytest.raises(WorkerError, match="exited with code 7"):
+                collect_ids(client.epoch())
+
+
+@pytest.mark.slow  # the daemon's stall timeout is at least stage.MIN_STALL_TIMEOUT_S (30 s)
+def test_an_epoch_with_no_worker_at_all_fails_on_both_sides(tmp_path):
+    from loader.service.client.client import EpochStalledError
+
+    write_id_files(tmp_path, 2, 50)
+    quick = make_config(tmp_path, workers={"progress_timeout_s": 0.5})
+    with running_daemon(quick, start_workers=False) as daemon:  # nobody to read the files
+        with Client(daemon.endpoint, timeout_s=10) as client:
+            with pytest.raises(WorkerError, match="EpochStalledError: epoch 0 made no progress for \\d+s.*2 file"):
+                collect_ids(client.epoch())
+    slow = make_config(tmp_path, workers={"progress_timeout_s": 600.0})
+    with running_daemon(slow, start_workers=False) as daemon:
+        with Client(daemon.endpoint, timeout_s=10, progress_timeout_s=1.0) as client:
+            with pytest.raises(EpochStalledError, match="sent nothing for this epoch"):
+                collect_ids(client.epoch())
+
+
+# -- item 6: memory bounded by configuration, not by file size ------------------------------------
+
+
+@pytest.mark.slow
+def test_a_big_file_and_a_client_that_stops_reading_keep_the_stage_within_its_bound(tmp_path):
+    rows, width = 16384, 1024  # 64 MiB of 4 KiB rows (inline: below the shared-memory threshold)
+    data = np.lib.format.open_memmap(tmp_path / "big.npy", mode="w+", dtype=np.float32, shape=(rows, width))
+    data[:, 0] = np.arange(rows)
+    data.flush()
+    del data
+    batch_size, prefetch, spm = 32, 2, 64
+    config = make_config(
+        tmp_path,
+        pipeline={"batch_size": batch_size},
+        workers={"samples_per_message": spm, "shm_arena_mib": 0},
+        client={"prefetch": prefetch},
+    )
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=10, prefetch=prefetch) as client:
+            batches = client.epoch()
+            for _ in range(3):
+                next(batches)  # then the training loop stops reading
+            session = next(iter(daemon.stage.sessions.values()))
+            bound = 2 * daemon.stage.buffer_limit_rows(session) + spm  # one chunk may land on the bound
+            seen = []
+            for _ in range(40):  # while the workers would read on, the stage stays within its bound
+                seen.append(query_status(daemon.endpoint)["buffered_samples"])
+                time.sleep(0.05)
+            assert max(seen) <= bound < rows // 4
+            # Reading on delivers the whole file exactly once.
+            got = [int(v) for batch in batches for v in batch["data"][:, 0]]
+        assert len(got) + 3 * batch_size == rows

@@ -1,0 +1,44 @@
+"""A compressed chunk is bounded before it is inflated: a small crafted file cannot take GiBs."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+from loader.errors import CorruptFileError
+from loader.recordio import Scanner
+from loader.recordio.chunks import HEADER, MAGIC, MAX_PAYLOAD_BYTES, Compressor
+
+MIB = 1024 * 1024
+
+
+def _zlib_bomb(path, inflated_bytes):
+    """One zlib chunk whose payload inflates to ``inflated_bytes`` zeros (built without holding them)."""
+    packer = zlib.compressobj(1)
+    parts, left = [], inflated_bytes
+    block = bytes(MIB)
+    while left:
+        parts.append(packer.compress(block[: min(MIB, left)]))
+        left -= min(MIB, left)
+    parts.append(packer.flush())
+    stored = b"".join(parts)
+    path.write_bytes(HEADER.pack(MAGIC, 1, zlib.crc32(stored), int(Compressor.ZLIB), len(stored)) + stored)
+    return path
+
+
+def test_default_limit_refuses_a_chunk_that_inflates_past_it(tmp_path):
+    path = _zlib_bomb(tmp_path / "bomb.recordio", MAX_PAYLOAD_BYTES + MIB)
+    assert path.stat().st_size < 2 * MIB
+    with Scanner(path) as scanner, pytest.raises(CorruptFileError, match=f"inflates past {MAX_PAYLOAD_BYTES}"):
+        scanner.next_raw()
+
+
+def test_the_limit_is_the_scanners_to_choose(tmp_path):
+    path = _zlib_bomb(tmp_path / "bomb.recordio", 3 * MIB)
+    with (
+        Scanner(path, max_payload_bytes=2 * MIB) as scanner,
+        pytest.raises(CorruptFileError, match="bomb.recordio.*inflates past 2097152"),
+    ):
+        scanner.next_raw()
+    assert MAX_PAYLOAD_BYTES <= 256 * MIB  # far below the 4 GiB a uint32 size allows

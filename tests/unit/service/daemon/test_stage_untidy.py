@@ -1,0 +1,113 @@
+"""The stage with untidy input: chunks that do not fit, files that fail for good, a stage that is full."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from loader.config.sections import MAX_PREFETCH
+from loader.service import protocol as P
+from loader.service.daemon.stage import Stage, StreamFailed
+from loader.service.transport.sockets import HIGH_WATER_MARK
+from tests.unit.service.daemon.test_stage import Recorder, _done, _open
+
+FILES = ["/data/a.npy", "/data/b.npy"]
+
+
+def _stage(send, **kwargs):
+    options = {"batch_size": 4, "drop_last": False, "shuffle_buffer": 0, "seed": 3, "samples_per_message": 8}
+    return Stage(**{**options, **kwargs}, send=send, files=FILES)
+
+
+def _chunk(stream, f, first, array, worker="w1"):
+    chunk = P.Chunk(stream=stream.stream_id, file=f, lease=1, worker=worker, record=first, count=len(array))
+    return chunk, {"x": array}
+
+
+@pytest.mark.parametrize("shuffle", [0, 6])
+def test_rows_of_another_width_fail_the_file_naming_it_and_the_record(shuffle):
+    stage = _stage(Recorder(), shuffle_buffer=shuffle)
+    _, stream = _open(stage, [0, 1])
+    stage.on_chunk(*_chunk(stream, 0, 0, np.zeros((5, 4), np.float32)))
+    stage.on_chunk(*_chunk(stream, 1, 7, np.zeros((5, 3), np.float32)))
+    failed = [e for e in stage.events if isinstance(e, StreamFailed)]
+    assert len(failed) == 1
+    error = failed[0].error
+    assert error["file"] == "/data/b.npy" and error["record"] == 7 and error["worker"] == "w1"
+    assert "(3,)" in error["message"] and "(4,)" in error["message"] and "batch_format" in error["message"]
+    assert stream.rows_buffered == 5  # nothing of the misfit joined a buffer
+
+
+def test_a_dtype_that_differs_fails_too_and_other_fields_name_both():
+    stage = _stage(Recorder())
+    _, stream = _open(stage, [0, 1])
+    stage.on_chunk(*_chunk(stream, 0, 0, np.zeros(4, np.float32)))
+    stage.on_chunk(*_chunk(stream, 1, 0, np.zeros(4, np.int64)))
+    assert "int64" in stage.events[-1].error["message"]
+    stage2 = _stage(Recorder())
+    _, other = _open(stage2, [0, 1])
+    stage2.on_chunk(*_chunk(other, 0, 0, np.zeros(4)))
+    chunk = P.Chunk(stream=other.stream_id, file=1, lease=1, worker="w", record=0, count=4)
+    stage2.on_chunk(chunk, {"y": np.zeros(4)})
+    assert "fields ['y']" in stage2.events[-1].error["message"]
+
+
+def test_under_skip_misfits_are_counted_and_the_rest_is_batched():
+    rec = Recorder()
+    stage = _stage(rec, on_error="skip")
+    session, stream = _open(stage, [0, 1])
+    stage.on_chunk(*_chunk(stream, 0, 0, np.zeros((4, 2))))
+    stage.on_chunk(*_chunk(stream, 1, 0, np.zeros((3, 5))))
+    stage.on_done(_done(stream, 0, 4))
+    stage.on_done(_done(stream, 1, 3))
+    stage.pump(session)
+    assert not [e for e in stage.events if isinstance(e, StreamFailed)]
+    assert stage.skipped_records == 3
+    assert [m[1].count for m in rec.messages if isinstance(m[1], P.Batch)] == [4]
+
+
+def test_list_batches_take_ragged_rows_as_objects():
+    rec = Recorder()
+    stage = _stage(rec, batch_format="list", shuffle_buffer=3)
+    session, stream = _open(stage, [0])
+    for i, width in enumerate([1, 2, 3, 1, 2]):
+        stage.on_chunk(*_chunk(stream, 0, i, np.full((1, width), i)))
+    stage.on_done(_done(stream, 0, 5))
+    stage.pump(session)
+    rows = [row for m in rec.messages if isinstance(m[1], P.Batch) for row in m[2]["x"]]
+    assert sorted(int(np.asarray(r)[0]) for r in rows) == [0, 1, 2, 3, 4]
+
+
+def test_a_file_that_failed_for_good_under_skip_keeps_what_arrived():
+    stage = _stage(Recorder(), on_error="skip")
+    _, stream = _open(stage, [0])
+    stage.on_chunk(*_chunk(stream, 0, 0, np.arange(3)))
+    stage.fail_file(stream.stream_id, 0, {"type": "WorkerDiedError", "message": "died"})
+    assert stream.input_done and not stream.failed
+    assert stage.skipped_records == 1 and stream.rows_buffered == 3
+
+
+def test_the_stage_stops_accepting_when_full_unless_a_client_starves():
+    stage = _stage(Recorder())
+    session, stream = _open(stage, [0], credits=0)
+    limit = stage.buffer_limit_rows(session)
+    assert stage.accepting()
+    stage.on_chunk(*_chunk(stream, 0, 0, np.arange(2 * limit)))
+    assert not stage.accepting()  # over twice the lease bound and the client has taken nothing
+    stage.on_credit(session, stream.gen, 1)
+    stage.pump(session)  # one batch out: below the bound again
+    assert stage.accepting()
+    stage.on_chunk(*_chunk(stream, 0, 2 * limit, np.arange(8)))
+    assert not stage.accepting()
+    # Another client waits with credits and nothing to receive: pausing would starve it behind this one.
+    other = stage.open_session(b"other", 0, 1, prefetch=2)
+    other.current = stage.new_stream(other, 0, [1])
+    other.current.gen, other.credits = 1, 2
+    assert stage.accepting()
+
+
+def test_prefetch_stays_below_the_sockets_high_water_mark():
+    # Batches in flight plus a few control messages must fit a peer's queue, or a busy client reads as dead.
+    assert MAX_PREFETCH + 8 <= HIGH_WATER_MARK
+    stage = _stage(Recorder())
+    assert stage.open_session(b"p", 0, 1, prefetch=10**6).prefetch == MAX_PREFETCH
