@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +28,9 @@ HOSTILE = {
     # Fake workers that hold leases and send nothing are replaced after this long.
     "workers": {"progress_timeout_s": 3.0},
 }
+
+
+FORGER_JOIN_TIMEOUT_S = 30.0
 
 
 def _config(tmp_path: Any, **overrides: Any) -> Any:
@@ -134,19 +138,32 @@ def test_forged_data_messages_change_nothing(hostile, kind):
         status = query_status(daemon.endpoint)
         before = status["rejected_messages"]
         push = transport.push(daemon.data_endpoint)
-        try:
+        sent, failures = [0], []
+
+        def forge() -> None:
             # Every stream id the daemon can have made so far, every file, the leases nearby, each real worker.
-            sent = 0
-            for stream in range(1, 4 * len(status["clients"]) + 40):
-                for file in range(len(FILES)):
-                    for worker in workers:
-                        push.send(_forgery(kind, stream, file, stream * len(FILES) + file, worker))
-                        sent += 1
+            try:
+                for stream in range(1, 4 * len(status["clients"]) + 40):
+                    for file in range(len(FILES)):
+                        for worker in workers:
+                            push.send(_forgery(kind, stream, file, stream * len(FILES) + file, worker))
+                            sent[0] += 1
+            except BaseException as exc:  # reaches the assertion below
+                failures.append(exc)
+
+        # Forged while the client reads on: a daemon whose stage is full reads no data (workers wait), so
+        # the forgeries are read, and refused, as the epoch's genuine data flows.
+        forger = threading.Thread(target=forge, name="forger", daemon=True)
+        forger.start()
+        try:
+            got = collect_ids(first) + collect_ids(batches)
+            forger.join(FORGER_JOIN_TIMEOUT_S)
+            assert not forger.is_alive() and not failures, failures
             # Every forgery arrived and was refused (the socket stays open until then: linger is 0).
-            assert wait_until(lambda: rejected(daemon) >= before + sent, timeout_s=20)
+            assert wait_until(lambda: rejected(daemon) >= before + sent[0], timeout_s=20)
         finally:
+            forger.join(FORGER_JOIN_TIMEOUT_S)
             push.close()
-        got = collect_ids(first) + collect_ids(batches)
     assert collections.Counter(got) == collections.Counter(ids)
     exact_epochs(daemon, ids)
 
