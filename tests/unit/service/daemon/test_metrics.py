@@ -81,7 +81,7 @@ def test_a_port_in_use_is_one_clear_error(server):
 def test_missing_prometheus_client_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     with pytest.raises(
-        ConfigError, match=r"prometheus_client package is not installed: pip install 'loader\[metrics\]'"
+        ConfigError, match=r"prometheus_client package is not installed: pip install 'loader-service\[metrics\]'"
     ):
         MetricsServer("127.0.0.1:0")
 
