@@ -38,7 +38,7 @@ from loader.service.frames import Columns, Frame, buffer_of, column_frames, obje
 
 # Every hello and welcome carries it; a peer of another version is refused with one line saying both.
 # Bump it on any change a peer of the old version would misread. Peers from before the check sent none: 1.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 # Name of the optional per-sample record index column of a Chunk.
 INDEX_COLUMN = "__idx__"
 # Bounds of what a peer may claim: ids and counts fit in int64, text stays short.
@@ -93,6 +93,11 @@ def _refs(value: Any) -> bool:
             ):
                 return False
     return True
+
+
+def _anchor(value: Any) -> bool:
+    """``[window, order index, record]``: where the input of a shuffle window begins (``daemon/order.py``)."""
+    return isinstance(value, list) and len(value) == 3 and all(_count(v) for v in value)
 
 
 def _optional(check: Check) -> Check:
@@ -191,6 +196,9 @@ class Lease(Message):
     path: str = wire("path", _path)
     dataset: str = wire("ds", _text, "default")  # whose source and pipeline read the file
     token: str = wire("t", _text, "")
+    start: int = wire("start", _count, 0)  # the first record to read (a resumed or re-leased file)
+    seed: int = wire("seed", _count, 0)  # the dataset's seed: mappers' generators come from it
+    file_key: int = wire("fk", _count, 0)  # the file's index in its dataset's list (mappers' generators)
 
 
 @_kind("hb")
@@ -277,6 +285,7 @@ class ClientHello(Versioned):
     world_size: int = wire("world_size", _count, 1)
     prefetch: int = wire("prefetch", _count, 4)
     dataset: str = wire("ds", _text, "default")
+    job: str = wire("job", _text, "default")  # ranks of one job (same name, world_size > 1) share one stream
 
 
 @_kind("cwelcome")
@@ -292,6 +301,8 @@ class ClientWelcome(Versioned):
     shm: dict[str, Any] | None = wire("shm", _optional(_mapping), None)
     # Batches in each epoch of this session, where the daemon could count them from file headers.
     batches: int | None = wire("batches", _optional(_count), None)
+    # What a checkpoint's state must match (``daemon/order.py``: files, seed, batch size, shuffle, ...).
+    fingerprint: dict[str, Any] | None = wire("fp", _optional(_mapping), None)
 
 
 @_kind("epoch")
@@ -304,6 +315,9 @@ class Epoch(Message):
     credit: int | None = wire("credit", _optional(_count), None)
     ahead: bool = wire("ahead", _flag, True)
     shm: bool = wire("shm", _flag, False)
+    # Resume: start at global sample ``position`` of the epoch, reading from ``anchor`` (a checkpoint's).
+    position: int = wire("pos", _count, 0)
+    anchor: list[int] | None = wire("anchor", _optional(_anchor), None)
 
 
 @_kind("credit")
@@ -327,6 +341,10 @@ class Batch(Message):
     count: int = wire("n", _count)
     sample_kind: str = wire("sk", _text, "tuple")
     refs: dict[str, Any] | None = wire("refs", _optional(_refs), None)
+    # The global sample position after this batch's step, and where its shuffle window's input begins:
+    # what ``Client.state_dict()`` saves once the consumer has taken this batch.
+    position: int = wire("pos", _count, 0)
+    anchor: list[int] | None = wire("anchor", _optional(_anchor), None)
 
 
 @_kind("end")
