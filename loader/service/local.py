@@ -139,9 +139,21 @@ class Loader:
         """A paddle batch reader: each call iterates the next epoch, as lists of sample tuples in field order."""
         return batch_reader(self.epoch)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where the training loop stands (``Client.state_dict``): a daemon serving the same config,
+        or another ``Loader``, resumes from it with ``load_state_dict``."""
+        return self._client.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next ``epoch()`` (or iteration) resumes its epoch where it stood."""
+        self._client.load_state_dict(state)
+
     def __iter__(self) -> Iterator[Any]:
+        """The batches of every epoch the config names (``pipeline.epochs``; 0: until the caller stops),
+        from the epoch a loaded state stands in."""
         epochs = self.config.pipeline.epochs
-        for _ in range(epochs) if epochs > 0 else itertools.count():
+        first = self._client._next_epoch
+        for _ in range(first, epochs) if epochs > 0 else itertools.count():
             yield from self.epoch()
 
     def status(self, timeout_s: float = STATUS_TIMEOUT_S) -> dict[str, Any]:

@@ -301,6 +301,7 @@ class ClientWelcome(Versioned):
     shm: dict[str, Any] | None = wire("shm", _optional(_mapping), None)
     # Batches in each epoch of this session, where the daemon could count them from file headers.
     batches: int | None = wire("batches", _optional(_count), None)
+    samples: int | None = wire("samples", _optional(_count), None)  # samples of an epoch, where counted
     # What a checkpoint's state must match (``daemon/order.py``: files, seed, batch size, shuffle, ...).
     fingerprint: dict[str, Any] | None = wire("fp", _optional(_mapping), None)
 

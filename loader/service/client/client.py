@@ -48,7 +48,9 @@ from loader.reader.batches import batch_reader
 from loader.service import protocol as P
 from loader.service import transport
 from loader.service.client.batches import to_batch
+from loader.service.client.checkpoint import Place, place_of
 from loader.service.client.env import client_stats, from_environment
+from loader.service.order import epoch_batches
 from loader.service.shm import refs as R
 from loader.service.shm.cache import ArenaCache
 from loader.service.transport import Channel
@@ -123,6 +125,7 @@ class Client:
         shm: bool = True,
         dataset: str = "default",
         progress_timeout_s: float = DEFAULT_PROGRESS_TIMEOUT_S,
+        job: str = "default",
     ) -> None:
         # Left out: LOADER_ADDRESS, RANK, WORLD_SIZE (and LOCAL_RANK for a bare "cuda"), as torchrun/Slurm set them.
         address, rank, world_size, device = from_environment(address, rank, world_size, device)
@@ -130,6 +133,7 @@ class Client:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.address, self.rank, self.world_size = address, rank, world_size
         self.dataset = dataset  # which of the daemon's datasets ([source] is "default", [datasets.NAME])
+        self.job = job  # ranks of one training job read one stream (several jobs on one daemon: name them)
         self.prefetch = _prefetch(prefetch)
         self.timeout_s = float(timeout_s)
         self.progress_timeout_s = float(progress_timeout_s)
@@ -148,6 +152,8 @@ class Client:
         self._received = [0, 0]  # batches, samples: written by the receiver thread only
         self._gens = itertools.count(1)
         self._next_epoch = 0
+        self._place = Place(0)  # where the training loop stands (state_dict); the consumer's thread moves it
+        self._resume: Place | None = None  # load_state_dict's place, for the next epoch() call
         self._fatal: BaseException | None = None
         try:
             self.info = self._handshake()
@@ -171,10 +177,41 @@ class Client:
         self._check_usable()
         number = self._next_epoch if epoch is None else _epoch_number(epoch)
         self._next_epoch = number + 1
+        resume, self._resume = self._resume, None
+        place = resume if resume is not None and resume.epoch == number else Place(number)
+        self._place = place
         gen = next(self._gens)
-        self._commands.put(("epoch", number, gen))
+        self._commands.put(("epoch", place, gen))
         self._waker.wake()
-        return EpochBatches(self._iterate(gen), self.info.batches, number)
+        return EpochBatches(self._iterate(gen, number), self._length(place), number)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the training loop stands, as a small JSON-able dict to save with a checkpoint.
+
+        Taken at the batches the loop has taken (not what was prefetched): after
+        ``load_state_dict(state)`` the next ``epoch()`` continues with the batch that would
+        have come next. It holds with another world size, worker count, transport or daemon.
+        """
+        place = self._resume or self._place
+        return place.state(self.dataset, self.world_size, self.info.fingerprint)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state_dict()``'s state: the next ``epoch()`` continues its epoch where it stood.
+
+        A state of another dataset, or taken under another config (files, seed, batch size,
+        shuffle, mappers...), raises ``ConfigError`` naming what differs.
+        """
+        self._check_usable()
+        place = place_of(state, self.dataset, self.info.fingerprint)
+        self._resume, self._place, self._next_epoch = place, place, place.epoch
+
+    def _length(self, place: Place) -> int | None:
+        """Batches of an epoch started at ``place`` for this rank, where the daemon counted the samples."""
+        if not place.position:
+            return self.info.batches
+        fingerprint = self.info.fingerprint or {}
+        drop_last = bool(fingerprint.get("drop_last", False))
+        return epoch_batches(self.info.samples, place.position, self.world_size, self.info.batch_size, drop_last)
 
     def reader(self) -> Callable[[], Iterator[Any]]:
         """A paddle batch reader: each call iterates the next epoch, as lists of sample tuples in field order."""
@@ -215,7 +252,7 @@ class Client:
         if self._fatal is not None:
             raise self._fatal
 
-    def _iterate(self, gen: int) -> Iterator[Any]:
+    def _iterate(self, gen: int, epoch: int) -> Iterator[Any]:
         while True:
             started = time.perf_counter()
             kind, item_gen, payload = self._get(gen)
@@ -226,10 +263,14 @@ class Client:
             if item_gen != gen:
                 continue  # left over from an epoch the consumer abandoned
             if kind == "batch":
+                staged, place = payload
                 self._consumed += 1
                 self._waker.wake()
-                yield self._placer.finish(payload)
+                if place is not None:
+                    self._place = place
+                yield self._placer.finish(staged)
             elif kind == "end":
+                self._place = Place(epoch + 1)
                 return
             elif kind == "error":
                 raise payload
@@ -252,7 +293,9 @@ class Client:
 
     # -- receiver thread ----------------------------------------------------
     def _handshake(self) -> P.ClientWelcome:
-        hello = P.ClientHello(rank=self.rank, world_size=self.world_size, prefetch=self.prefetch, dataset=self.dataset)
+        hello = P.ClientHello(
+            rank=self.rank, world_size=self.world_size, prefetch=self.prefetch, dataset=self.dataset, job=self.job
+        )
         answer = _request(self._channel, P.encode(hello), (P.ClientWelcome, P.Error), self.timeout_s)
         if answer is None:
             raise ServiceUnavailableError(f"no loader daemon answered at {self.address} within {self.timeout_s:g}s")
@@ -308,11 +351,17 @@ class Client:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            _, number, gen = command
+            _, place, gen = command
             state.gen = gen
             state.credited = self._consumed
             request = P.Epoch(
-                epoch=number, gen=gen, credit=self.prefetch, ahead=self.read_ahead, shm=self._arenas is not None
+                epoch=place.epoch,
+                gen=gen,
+                credit=self.prefetch,
+                ahead=self.read_ahead,
+                shm=self._arenas is not None,
+                position=place.position,
+                anchor=list(place.anchor) if place.position else None,
             )
             self._send(state, P.encode(request))
 
@@ -348,7 +397,9 @@ class Client:
                 batch = to_batch(columns, message.sample_kind, self.batch_format)
                 self._received[0] += 1
                 self._received[1] += message.count
-                self._out.put(("batch", gen, self._placer.stage(batch)))
+                anchor = message.anchor
+                place = Place(message.epoch, message.position, tuple(anchor)) if anchor is not None else None  # type: ignore[arg-type]
+                self._out.put(("batch", gen, (self._placer.stage(batch), place)))
             elif isinstance(message, P.End):
                 self._out.put(("end", message.gen, message))
             elif isinstance(message, P.Error):

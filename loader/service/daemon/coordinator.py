@@ -2,12 +2,12 @@
 
 The coordinator decides, workers obey:
 
-* ``share(epoch, rank, world_size)`` orders the files of an epoch from
-  ``(seed, epoch)`` and slices the order ``[rank::world_size]``, so clients get
-  disjoint shares and the order does not depend on worker count or timing.
-* ``enqueue`` turns a share into jobs; ``next_job`` leases one to a worker that
-  asked (round robin over streams, and only while the stage's ``may_lease``
-  says the stream's buffer has room, which bounds memory).
+* ``enqueue`` turns a stream's files (in the epoch's order, ``order.py``) into
+  jobs; ``next_job`` leases one to a worker that asked (round robin over
+  streams, and only while the stage's ``may_lease`` says the file may be read
+  now: buffer room and the reorder window, which bound memory). A lease starts
+  at the record the stage asks for (``start_of``): a re-leased or resumed file
+  is not read again from its beginning.
 * A job stays leased until the stage has every record of the file
   (``job_finished``). When a worker dies (exit code, or heartbeats missing for
   ``heartbeat_timeout_s``) its unfinished jobs go back to the front of their
@@ -36,8 +36,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 log = logging.getLogger("loader.coordinator")
 
 # A leased worker that sends no data for this long is hung (one sample may not take longer).
@@ -56,6 +54,7 @@ class Job:
     file_index: int
     path: str
     worker: str | None = None
+    start: int = 0  # the first record the lease reads (set at each grant)
     token: str = ""  # issued afresh with every grant (``next_job``)
 
 
@@ -78,13 +77,6 @@ class WorkerRecord:
         return self.process.is_alive() if self.process is not None else self.peer is not None
 
 
-def file_order(count: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
-    """The order of ``count`` files in ``epoch``: a permutation seeded by (seed, epoch) when shuffling."""
-    if not shuffle:
-        return list(range(count))
-    return [int(i) for i in np.random.default_rng((seed, epoch)).permutation(count)]
-
-
 class Coordinator:
     """Leases files to workers and keeps track of who holds what."""
 
@@ -92,15 +84,13 @@ class Coordinator:
         self,
         files: list[str],
         *,
-        seed: int,
-        shuffle_files: bool,
         heartbeat_timeout_s: float,
-        may_lease: Callable[[int], bool] = lambda stream_id: True,
+        may_lease: Callable[[int, int], bool] = lambda stream_id, file_index: True,
+        start_of: Callable[[int, int], int] = lambda stream_id, file_index: 0,
         progress_timeout_s: float = LEASE_PROGRESS_TIMEOUT_S,
     ) -> None:
         self.files = list(files)
-        self.seed = seed
-        self.shuffle_files = shuffle_files
+        self.start_of = start_of
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.progress_timeout_s = progress_timeout_s
         self.may_lease = may_lease
@@ -112,11 +102,7 @@ class Coordinator:
         self.leases_granted = 0  # counters for the metrics endpoint
         self.re_leases = 0
 
-    # -- file order and jobs ------------------------------------------------
-    def share(self, epoch: int, rank: int, world_size: int) -> list[int]:
-        order = file_order(len(self.files), self.seed, epoch, self.shuffle_files)
-        return order[rank::world_size]
-
+    # -- jobs ---------------------------------------------------------------
     def enqueue(self, stream_id: int, epoch: int, file_indexes: list[int]) -> None:
         jobs = deque(Job(next(self._lease_ids), stream_id, epoch, i, self.files[i]) for i in file_indexes)
         self._queues[stream_id] = jobs
@@ -138,9 +124,10 @@ class Coordinator:
             jobs = self._queues[stream_id]
             if not jobs:
                 continue
-            if not self.may_lease(stream_id):
-                continue
+            if not self.may_lease(stream_id, jobs[0].file_index):
+                continue  # files are queued in the epoch's order: the later ones may not be read either
             job = jobs.popleft()
+            job.start = self.start_of(stream_id, job.file_index)
             self._queues.move_to_end(stream_id)
             if not worker.leases:
                 worker.progress_at = time.monotonic()
@@ -165,6 +152,20 @@ class Coordinator:
             remaining = [j for j in queue if j.file_index != file_index]
             if len(remaining) != len(queue):
                 self._queues[stream_id] = deque(remaining)
+
+    def requeue(self, stream_id: int, file_index: int) -> list[tuple[str, int]]:
+        """End the lease of this file (the stage cut it) and queue it first again; the (worker id,
+        lease id) to cancel. It is leased again from where the stage stands (``start_of``)."""
+        cancelled = []
+        for worker in self.workers.values():
+            for lease_id, job in list(worker.leases.items()):
+                if job.stream_id == stream_id and job.file_index == file_index:
+                    self._end(worker.worker_id, worker.leases.pop(lease_id))
+                    cancelled.append((worker.worker_id, lease_id))
+                    queue = self._queues.get(stream_id)
+                    if queue is not None:
+                        queue.appendleft(Job(next(self._lease_ids), stream_id, job.epoch, file_index, job.path))
+        return cancelled
 
     def queued(self, stream_id: int | None = None) -> int:
         if stream_id is not None:
@@ -249,4 +250,4 @@ class Coordinator:
         return orphans
 
 
-__all__ = ["Coordinator", "Job", "WorkerRecord", "file_order"]
+__all__ = ["Coordinator", "Job", "WorkerRecord"]

@@ -16,8 +16,8 @@ from typing import Any
 
 from loader.config import DEFAULT_DATASET, LoaderConfig
 from loader.errors import ConfigError
-from loader.service.daemon.coordinator import file_order
 from loader.service.daemon.stage import StreamSettings
+from loader.service.order import file_order, fingerprint
 
 
 @dataclass(frozen=True)
@@ -35,11 +35,18 @@ class Dataset:
         pipeline = self.config.pipeline
         return StreamSettings(pipeline.batch_size, pipeline.drop_last, pipeline.shuffle_buffer, self.seed)
 
-    def share(self, epoch: int, rank: int, world_size: int) -> list[int]:
-        """File indexes (in the daemon's list) of ``rank``'s share of ``epoch``, in reading order."""
+    def order(self, epoch: int) -> list[int]:
+        """File indexes (in the daemon's list) of ``epoch``, in reading order (``order.py``)."""
         shuffle = self.config.pipeline.shuffle_buffer > 0
-        order = file_order(len(self.files), self.seed, epoch, shuffle)[rank::world_size]
-        return [self.offset + i for i in order]
+        return [self.offset + i for i in file_order(len(self.files), self.seed, epoch, shuffle)]
+
+    def lease_fields(self, file_index: int) -> dict[str, Any]:
+        """What a lease of file ``file_index`` (of the daemon's list) says of its dataset."""
+        return {"dataset": self.name, "seed": self.seed, "file_key": file_index - self.offset}
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a checkpoint of this dataset must match (``order.fingerprint``)."""
+        return fingerprint(self.config, self.files, self.seed)
 
     def describe(self) -> dict[str, Any]:
         """This dataset's part of ``status()``."""

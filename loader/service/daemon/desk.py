@@ -2,34 +2,44 @@
 
 ``ClientDesk`` is the client-facing half of the daemon (``loop.Daemon`` is
 the loop; ``workforce.WorkerPool`` the worker-facing half). Each client is a
-``stage.Session``; each epoch it asks for is a ``stage.Stream`` whose files the
-coordinator leases. Once every file of a client's current epoch is leased, the
-next epoch is read ahead (``read_ahead_when_leased``, each loop iteration;
-unless the client said ``read_ahead=False`` or the config's ``epochs`` says
-training stops there), so a worker that finishes its last file early starts on
-the next epoch instead of idling until the slowest file is in; the stage's
+``stage.Session``. Clients read as *jobs*: the ranks of one training job (the
+same dataset, ``job`` name and ``world_size > 1``) share one ``stage.Stream``
+per epoch, so every rank gets its slice of the same global steps; a client with
+``world_size == 1`` is a job of its own. A new client for a rank a live client
+of the job holds replaces it (a restarted trainer). An epoch may start at a
+checkpoint's position (``Epoch.position``/``anchor``): its files are read from
+the anchor on (``order.py``).
+
+Once every file of a job's latest epoch is leased, the next epoch is read ahead
+(``read_ahead_when_leased``, each loop iteration; unless its clients said
+``read_ahead=False`` or the config's ``epochs`` says training stops there), so a
+worker that finishes its last file early starts on the next epoch; the stage's
 lease gate still bounds what is buffered. A client that says BYE, cannot be
-reached, or is silent for ``heartbeat_timeout_s`` is dropped and its streams'
-leases are cancelled.
+reached, or is silent for ``heartbeat_timeout_s`` is dropped; a stream no rank
+needs any more is dropped and its leases cancelled.
 
 What a client asks for is checked before it is acted on (rank inside
 world_size, prefetch and credits at most ``MAX_PREFETCH``, at most
-``service.max_clients`` sessions); a refused request gets an ERROR saying why
-and its reason goes back to the loop, which counts it.
+``service.max_clients`` sessions, a resume position that names a window of the
+epoch); a refused request gets an ERROR saying why and its reason goes back to
+the loop, which counts it.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from loader.config import LoaderConfig
+from loader.errors import WorkerError
 from loader.io.survey import count_samples
 from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator
 from loader.service.daemon.datasets import Dataset, DatasetTable
-from loader.service.daemon.stage import FileComplete, Session, Stage, Stream
+from loader.service.daemon.stage import FileComplete, FileCut, Session, Stage, Stream
 from loader.service.daemon.workforce import WorkerPool
+from loader.service.order import Anchor, epoch_batches, start_anchor, window_rows
 from loader.service.shm.pool import ArenaPool
 from loader.service.transport import RouterLike
 
@@ -37,6 +47,19 @@ log = logging.getLogger("loader.daemon")
 
 # Most batches a client may have in flight: its prefetch sizes the stage's buffer, so it must be bounded.
 MAX_PREFETCH = 1024
+# Streams one job keeps at once (its ranks' current epochs, one read ahead); beyond, the oldest unread goes.
+MAX_STREAMS_PER_JOB = 4
+
+
+@dataclass
+class Job:
+    """The clients reading one dataset together, and the streams (epochs) they read."""
+
+    key: str
+    dataset: Dataset
+    world_size: int
+    streams: list[Stream] = field(default_factory=list)
+    read_ahead: bool = True
 
 
 class ClientDesk:
@@ -50,7 +73,6 @@ class ClientDesk:
         stage: Stage,
         coordinator: Coordinator,
         pool: WorkerPool,
-        file_count: int,
         arenas: ArenaPool | None = None,
         datasets: DatasetTable | None = None,
     ) -> None:
@@ -59,29 +81,22 @@ class ClientDesk:
         self.stage = stage
         self.coordinator = coordinator
         self.pool = pool
-        self._file_count = file_count
         self._arenas = arenas
         self.datasets = datasets if datasets is not None else DatasetTable(config)
-        # Rows per file of each dataset, counted at its first client (it reads file headers); None: unknown.
-        self._rows: dict[str, list[int] | None] = {}
+        self.jobs: dict[str, Job] = {}
+        # Samples of an epoch of each dataset, counted at its first client (it reads file headers); None: unknown.
+        self._samples: dict[str, int | None] = {}
         self.heartbeat_timeout_s = float(config.workers.heartbeat_timeout_s)
 
-    def _epoch_batches(self, dataset: Dataset, rank: int, world_size: int) -> int | None:
-        """Batches of each epoch for this rank, when known: the files' rows are known, and the rank's
-        share of them is the same in every epoch (one rank, or files of equal length)."""
-        if dataset.name not in self._rows:
-            self._rows[dataset.name] = None
+    def _epoch_samples(self, dataset: Dataset) -> int | None:
+        if dataset.name not in self._samples:
+            self._samples[dataset.name] = None
             try:
-                self._rows[dataset.name] = count_samples(dataset.config.source, dataset.files)
+                rows = count_samples(dataset.config.source, dataset.files)
+                self._samples[dataset.name] = sum(rows) if rows is not None else None
             except Exception as exc:  # an unreadable header: the workers will report it with the file
                 log.warning("could not count the samples of an epoch of dataset %r: %s", dataset.name, exc)
-        rows = self._rows[dataset.name]
-        if rows is None or (world_size > 1 and len(set(rows)) > 1):
-            return None
-        samples = sum(rows) if world_size == 1 else len(range(rank, len(rows), world_size)) * rows[0]
-        pipeline = dataset.config.pipeline
-        full, partial = divmod(samples, pipeline.batch_size)
-        return full + (1 if partial and not pipeline.drop_last else 0)
+        return self._samples[dataset.name]
 
     def _refuse(self, peer: bytes, why: str, refused: str | None = None) -> str:
         self._router.send(peer, P.encode(P.Error(refused=refused, message=why)))
@@ -109,8 +124,17 @@ class ClientDesk:
             return self._refuse(peer, f"the daemon serves {cap} clients, its cap (service.max_clients)", "capacity")
         session = self.stage.open_session(peer, rank, world_size, hello.prefetch)
         session.dataset, session.settings = dataset.name, dataset.settings
-        log.info("client %d attached (dataset %s, rank %d of %d)", session.session_id, dataset.name, rank, world_size)
+        self._join_job(session, dataset, hello.job)
+        log.info(
+            "client %d attached (dataset %s, rank %d of %d, job %s)",
+            session.session_id,
+            dataset.name,
+            rank,
+            world_size,
+            hello.job,
+        )
         pipeline = dataset.config.pipeline
+        samples = self._epoch_samples(dataset)
         welcome = P.ClientWelcome(
             session=session.session_id,
             batch_size=pipeline.batch_size,
@@ -120,10 +144,25 @@ class ClientDesk:
             ping_s=self.config.workers.heartbeat_interval_s,
             # The client probes the arenas, and answers in each EPOCH.
             shm=self._arenas.describe() if self._arenas is not None else None,
-            batches=self._epoch_batches(dataset, rank, world_size),
+            batches=epoch_batches(samples, 0, world_size, pipeline.batch_size, pipeline.drop_last),
+            samples=samples,
+            fingerprint=dataset.fingerprint(),
         )
         self._router.send(peer, P.encode(welcome))
         return None
+
+    def _join_job(self, session: Session, dataset: Dataset, name: str) -> None:
+        """Put ``session`` in its job; a live client of the same job and rank is replaced (restarted)."""
+        if session.world_size == 1:
+            key = f"client {session.session_id}"
+        else:
+            key = f"{dataset.name}/{name}/{session.world_size}"
+            for other in list(self.stage.sessions.values()):
+                if other is not session and other.job == key and other.rank == session.rank:
+                    self.drop(other, f"replaced by client {session.session_id} of the same job and rank")
+        session.job = key
+        if key not in self.jobs:
+            self.jobs[key] = Job(key, dataset, session.world_size)
 
     def on_message(self, session: Session, message: P.Message) -> str | None:
         """CREDIT, PING, EPOCH or BYE from a known client; why it was refused, if it was."""
@@ -138,63 +177,115 @@ class ClientDesk:
         elif isinstance(message, P.Ping):
             self._router.send(session.peer, P.encode(P.Pong()))
         elif isinstance(message, P.Epoch):
-            if message.credit is not None and not 1 <= message.credit <= MAX_PREFETCH:
-                return self._refuse(session.peer, f"an epoch credit of {message.credit} is outside 1..{MAX_PREFETCH}")
-            self.stage.on_epoch_request(session, message.shm)
-            credits = message.credit if message.credit is not None else session.prefetch
-            self._start_epoch(session, message.epoch, message.gen, credits, message.ahead)
+            return self._on_epoch(session, message)
         elif isinstance(message, P.Bye):
             self.drop(session, "said goodbye")
         return None
 
-    def _start_epoch(self, session: Session, epoch: int, gen: int, credits: int, read_ahead: bool) -> None:
-        self.pool.cancel(self.stage.drop_stream(session.current))
-        session.current = None
-        ahead = session.ahead
-        session.ahead = None
-        if ahead is not None and ahead.epoch == epoch and not ahead.failed:
-            stream = ahead
-        else:
-            self.pool.cancel(self.stage.drop_stream(ahead))
-            files = self._share(session, epoch)
-            stream = self.stage.new_stream(session, epoch, files)
-            self.coordinator.enqueue(stream.stream_id, epoch, files)
-        stream.gen = gen
-        session.current = stream
-        session.credits = credits
-        session.read_ahead = read_ahead
+    def _on_epoch(self, session: Session, message: P.Epoch) -> str | None:
+        if message.credit is not None and not 1 <= message.credit <= MAX_PREFETCH:
+            return self._refuse(session.peer, f"an epoch credit of {message.credit} is outside 1..{MAX_PREFETCH}")
+        job = self.jobs[session.job]
+        anchor = self._anchor(job, message)
+        if isinstance(anchor, str):
+            error = WorkerError("ConfigError", anchor).to_dict()
+            self._router.send(session.peer, P.encode(P.Error(gen=message.gen, error=error, message=anchor)))
+            return anchor
+        self.stage.on_epoch_request(session, message.shm)
+        self.stage.detach(session)
+        stream = self._stream_for(job, session.rank, message.epoch, message.position, anchor)
+        credits = message.credit if message.credit is not None else session.prefetch
+        self.stage.attach(session, stream, message.gen, credits)
+        session.read_ahead = job.read_ahead = message.ahead
+        self._tidy(job)
+        return None
+
+    def _anchor(self, job: Job, message: P.Epoch) -> Anchor | str:
+        """The anchor an epoch request starts from, or why it cannot be used."""
+        if message.anchor is None:
+            if message.position:
+                return f"a resume position ({message.position}) needs its anchor"
+            return start_anchor()
+        window, order_index, record = message.anchor
+        size = window_rows(job.dataset.config.pipeline.shuffle_buffer)
+        if not window * size <= message.position <= (window + 1) * size or order_index > len(job.dataset.files):
+            return f"the resume position {message.position} does not lie in its anchor {message.anchor} (a bad state)"
+        return (window, order_index, record)
+
+    def _stream_for(self, job: Job, rank: int, epoch: int, position: int, anchor: Anchor) -> Stream:
+        """The job's stream of this epoch and start that ``rank`` has not read yet, or a new one."""
+        for stream in job.streams:
+            if (
+                stream.epoch == epoch
+                and stream.position == position
+                and stream.stream_id in self.stage.streams
+                and not stream.failed
+                and rank not in stream.attached_ever
+            ):
+                return stream
+        return self._new_stream(job, epoch, position, anchor)
+
+    def _new_stream(self, job: Job, epoch: int, position: int, anchor: Anchor) -> Stream:
+        order = job.dataset.order(epoch)
+        stream = self.stage.new_stream(
+            settings=job.dataset.settings,
+            epoch=epoch,
+            world_size=job.world_size,
+            order=order,
+            job=job.key,
+            prefetch=max((s.prefetch for s in self._sessions_of(job)), default=1),
+            position=position,
+            anchor=anchor,
+        )
+        self.coordinator.enqueue(stream.stream_id, epoch, order[anchor[1] :])
+        job.streams.append(stream)
+        return stream
+
+    def _sessions_of(self, job: Job) -> list[Session]:
+        return [s for s in self.stage.sessions.values() if s.job == job.key]
+
+    def _tidy(self, job: Job) -> None:
+        """Drop the job's streams no rank needs: every rank left or finished them, or too many are kept."""
+        for stream in list(job.streams):
+            if stream.stream_id not in self.stage.streams or len(stream.released) >= job.world_size:
+                self._drop_stream(job, stream)
+        idle = [s for s in job.streams if not s.members]
+        while len(job.streams) > MAX_STREAMS_PER_JOB and idle:
+            self._drop_stream(job, idle.pop(0))
+
+    def _drop_stream(self, job: Job, stream: Stream) -> None:
+        self.pool.cancel(self.stage.drop_stream(stream))
+        if stream in job.streams:
+            job.streams.remove(stream)
 
     def read_ahead_when_leased(self) -> None:
-        """Read ahead for every client whose current epoch has no file left to lease."""
-        for session in self.stage.sessions.values():
-            current = session.current
-            if current is not None and session.ahead is None and self.coordinator.queued(current.stream_id) == 0:
-                self._read_ahead(session, current)
-
-    def _read_ahead(self, session: Session, finished: Stream) -> None:
-        """Warm start: lease the epoch after ``finished`` (the client's current one)."""
-        if not session.read_ahead or session.ahead is not None or session.current is not finished:
-            return
-        epoch = finished.epoch + 1
-        if 0 < self.datasets.get(session.dataset).config.pipeline.epochs <= epoch:
-            # The config says training stops after `epochs` (numbered from 0); a client
-            # may still ask for more, but reading them ahead would be wasted work.
-            return
-        files = self._share(session, epoch)
-        session.ahead = self.stage.new_stream(session, epoch, files)
-        self.coordinator.enqueue(session.ahead.stream_id, epoch, files)
-
-    def _share(self, session: Session, epoch: int) -> list[int]:
-        """The files of ``session``'s share of ``epoch`` (of the dataset it reads)."""
-        if len(self.datasets.by_name) == 1:  # one dataset: the coordinator's own order
-            return self.coordinator.share(epoch, session.rank, session.world_size)
-        return self.datasets.get(session.dataset).share(epoch, session.rank, session.world_size)
+        """Read ahead for every job whose latest epoch has no file left to lease."""
+        for job in self.jobs.values():
+            if not job.read_ahead or not job.streams:
+                continue
+            latest = max(job.streams, key=lambda s: (s.epoch, s.stream_id))
+            if not latest.members or self.coordinator.queued(latest.stream_id):
+                continue
+            epoch = latest.epoch + 1
+            if 0 < job.dataset.config.pipeline.epochs <= epoch:
+                # The config says training stops after `epochs` (numbered from 0); a client
+                # may still ask for more, but reading them ahead would be wasted work.
+                continue
+            self._new_stream(job, epoch, 0, start_anchor())
 
     def drop(self, session: Session, why: str) -> None:
-        """Forget a client: free its rows and cancel the leases of its streams."""
+        """Forget a client: free its rows; streams its job no longer needs are dropped."""
         log.info("client %d detached: %s", session.session_id, why)
-        for stream_id in self.stage.close_session(session):
-            self.pool.cancel(stream_id)
+        self.stage.close_session(session)
+        job = self.jobs.get(session.job)
+        if job is None:
+            return
+        if not self._sessions_of(job):
+            for stream in list(job.streams):
+                self._drop_stream(job, stream)
+            del self.jobs[job.key]
+        else:
+            self._tidy(job)
 
     def send(self, peer: bytes, frames: list[Any]) -> bool:
         """The stage's way out: send to a client, dropping it when it cannot be reached."""
@@ -213,22 +304,26 @@ class ClientDesk:
 
     # -- stage events ---------------------------------------------------------
     def handle_events(self) -> None:
-        """Act on what the stage reported: files complete, streams failed."""
+        """Act on what the stage reported: files complete or cut, streams failed."""
         events, self.stage.events = self.stage.events, []
         for event in events:
             if isinstance(event, FileComplete):
                 self.coordinator.job_finished(event.stream_id, event.file_index)
+            elif isinstance(event, FileCut):
+                self.pool.cut(event.stream_id, event.file_index)
             else:
-                self._fail_stream(event.session, event.stream, event.error)
+                self._fail_stream(event.stream, event.error)
 
-    def _fail_stream(self, session: Session, stream: Stream, error: dict[str, Any]) -> None:
-        """``stream`` failed (``Stage.on_file_error`` marked it): cancel it, tell its client if it reads it."""
-        self.pool.cancel(self.stage.drop_stream(stream))
-        if session.current is stream:
-            session.current = None
-            self._router.send(session.peer, P.encode(P.Error(gen=stream.gen, error=error)))
-        elif session.ahead is stream:
-            session.ahead = None  # read ahead failed: the epoch is read again when asked for
+    def _fail_stream(self, stream: Stream, error: dict[str, Any]) -> None:
+        """``stream`` failed: tell the clients reading it, and drop it (read ahead: it is read again when asked)."""
+        for session in list(stream.members.values()):
+            if session.current is stream:
+                self._router.send(session.peer, P.encode(P.Error(gen=stream.gens[session.rank], error=error)))
+        job = self.jobs.get(stream.job)
+        if job is not None:
+            self._drop_stream(job, stream)
+        else:
+            self.pool.cancel(self.stage.drop_stream(stream))
 
 
-__all__ = ["ClientDesk"]
+__all__ = ["ClientDesk", "Job"]

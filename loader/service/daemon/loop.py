@@ -150,10 +150,9 @@ class Daemon:
         )
         self.coordinator = Coordinator(
             self.files,
-            seed=seed,
-            shuffle_files=pipeline.shuffle_buffer > 0,
             heartbeat_timeout_s=float(workers.heartbeat_timeout_s),
             may_lease=self.stage.may_lease,
+            start_of=self.stage.start_of,
             progress_timeout_s=workers.progress_timeout_s,
         )
         self.pool = WorkerPool(
@@ -166,7 +165,7 @@ class Daemon:
             links=worker_links,
             on_file_failed=self.stage.fail_file,
             arenas=self.arenas,
-            dataset_of=lambda file_index: self.datasets.owner(file_index).name,
+            lease_fields=lambda file_index: self.datasets.owner(file_index).lease_fields(file_index),
             max_workers=config.service.max_workers,
             max_arenas=2 * (config.service.max_workers + workers.count),
             own_keys=own_keys,
@@ -178,7 +177,6 @@ class Daemon:
             stage=self.stage,
             coordinator=self.coordinator,
             pool=self.pool,
-            file_count=len(self.files),
             arenas=self.arenas,
             datasets=self.datasets,
         )
@@ -394,6 +392,7 @@ class Daemon:
                     "dataset": s.dataset,
                     "rank": s.rank,
                     "world_size": s.world_size,
+                    "job": s.job,
                     "credits": s.credits,
                     "epoch": s.current.epoch if s.current else None,
                     "batches_sent": s.batches_sent,

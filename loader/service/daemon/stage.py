@@ -1,26 +1,27 @@
-"""The stage: worker chunks in, exactly-once, shuffled, batched, credit-paced batches out.
+"""The stage: worker chunks in; one ordered, shuffled, stepped stream per job epoch; credit-paced batches out.
 
-One ``Session`` per attached client (rank, world_size). Each epoch a client asks
-for is a ``Stream`` with its own id: it knows its share of files, the records
-already delivered per file (``FileLedger``), a seeded shuffle buffer and a
-batcher. Chunks carry (stream, file, first record, count) so a chunk from a
-cancelled stream is simply dropped, and a file re-read after a worker died is
-de-duplicated.
+One ``Session`` per attached client (rank, world_size). Each epoch a *job* reads
+(the ranks of one training job, or one client alone) is a ``Stream`` with its own
+id: its files in the epoch's order, put back in that order by a ``Sequencer``
+(exactly once: rows a re-leased file sends again are dropped), shuffled by a
+``WindowShuffle`` and cut by a ``StepCutter`` into global steps of ``world_size
+x batch_size`` rows. Step k's slice r goes to the session of rank r, against its
+credits; a step is freed once every rank has it. So every rank gets the same
+number of batches, and the batches are a function of the config, the epoch and
+the world size only (``order.py``). A rank that stops reading holds the others
+back by at most the steps the stream may buffer (``buffer_limit_rows``).
 
-A stream's input is complete when every file of its share has its FILE_DONE
-marker and all the records that marker announced; then the shuffle buffer is
-flushed, the last batch sent (unless drop_last) and END follows. Batches are
-sent only while the client has credits (its prefetch depth), and
-``may_lease`` tells the coordinator to stop handing out a stream's files
-while its buffer is over ``buffer_limit_rows``: memory is bounded by the
-configured depths plus one file in flight per worker.
+A stream's input is complete when every file from its start on is complete;
+then the shuffle is emptied, the last step cut (unless drop_last) and END
+follows each rank's last batch. ``may_lease`` tells the coordinator which files
+may be read now (buffer room, the reorder window); ``accepting`` tells the
+daemon to stop reading worker data while a stream is full and no client starves.
 
 The stage never touches a socket: it calls ``send(peer, frames) -> bool`` and
-appends events (file complete, stream failed) for the daemon.
-
+appends events (file complete, file cut, stream failed) for the daemon.
 Large rows may arrive as references into shared-memory arenas (``shm.refs``);
 ``RefKeeper`` (``stage_refs``) adopts them, and the stage hands every row it
-drops (a duplicate, a cancelled stream, ``drop_last``) back to it for freeing.
+drops back to it for freeing.
 """
 
 from __future__ import annotations
@@ -38,11 +39,12 @@ import numpy as np
 from loader.config.sections import MAX_PREFETCH
 from loader.errors import WorkerError
 from loader.service import protocol as P
-from loader.service.blocks import Block, block_rows, select
+from loader.service.blocks import Block, block_rows
 from loader.service.daemon import fit
-from loader.service.daemon.batching import Batcher, ShuffleBuffer
-from loader.service.daemon.ledger import FileLedger
+from loader.service.daemon.batching import StepCutter, WindowShuffle
+from loader.service.daemon.sequencer import Sequencer, Tagged
 from loader.service.daemon.stage_refs import RefKeeper
+from loader.service.order import Anchor, window_rows
 from loader.service.shm.arena import ArenaError
 from loader.service.shm.pool import ArenaPool
 
@@ -56,39 +58,6 @@ DEFAULT_STALL_TIMEOUT_S = 240.0
 MIN_STALL_TIMEOUT_S = 30.0
 
 
-@dataclass
-class Stream:
-    """One epoch's share for one session."""
-
-    stream_id: int
-    epoch: int
-    files: dict[int, FileLedger]
-    shuffle: ShuffleBuffer
-    batcher: Batcher
-    gen: int | None = None  # the client's request id; None while read ahead
-    incomplete: set[int] = field(default_factory=set)
-    sample_kind: str = "tuple"
-    failed: bool = False
-    batches_sent: int = 0
-    samples_sent: int = 0
-    ref_columns: frozenset[str] | None = None  # decided by the first chunk (stage_refs.py)
-    starved_since: float | None = None  # when the client last had credits and nothing to receive
-    layout: fit.Layout | None = None  # fields, dtypes and row shapes, decided by the first chunk (fit.py)
-    rejected: dict[int, int] = field(default_factory=dict)  # file -> records that did not fit (on_error = "skip")
-
-    @property
-    def input_done(self) -> bool:
-        """Every file of the share has its FILE_DONE marker and all its records."""
-        return not self.incomplete
-
-    @property
-    def rows_buffered(self) -> int:
-        return self.shuffle.rows + self.batcher.rows
-
-    def buffered_blocks(self) -> list[Block]:
-        return self.shuffle.blocks() + self.batcher.blocks()
-
-
 @dataclass(frozen=True)
 class StreamSettings:
     """How one dataset's streams are shuffled and batched (a session reads one dataset)."""
@@ -97,6 +66,16 @@ class StreamSettings:
     drop_last: bool
     shuffle_buffer: int
     seed: int
+
+
+@dataclass
+class Step:
+    """One global step: a block per rank (None once sent or freed), and where the epoch stands after it."""
+
+    index: int
+    slices: list[Block | None]
+    position: int
+    anchor: Anchor | None
 
 
 @dataclass
@@ -109,7 +88,6 @@ class Session:
     last_seen: float = field(default_factory=time.monotonic)
     credits: int = 0
     current: Stream | None = None
-    ahead: Stream | None = None
     read_ahead: bool = True
     batches_sent: int = 0
     samples_sent: int = 0
@@ -119,7 +97,52 @@ class Session:
     # (request id, reference arrays) per batch sent and not yet taken by the consumer
     outstanding: deque = field(default_factory=deque)
     dataset: str = "default"
+    job: str = ""  # the key of the job this session reads with (``desk``)
     settings: StreamSettings | None = None  # None: the stage's own (the default dataset's)
+
+
+@dataclass
+class Stream:
+    """One epoch of one job, from ``position`` on (0, or a checkpoint's)."""
+
+    stream_id: int
+    epoch: int
+    job: str
+    world_size: int
+    settings: StreamSettings
+    position: int
+    sequencer: Sequencer
+    shuffle: WindowShuffle
+    cutter: StepCutter
+    prefetch: int
+    steps: deque[Step] = field(default_factory=deque)
+    steps_cut: int = 0
+    total_steps: int | None = None  # known once the input is complete
+    members: dict[int, Session] = field(default_factory=dict)  # rank -> the session reading it now
+    gens: dict[int, int] = field(default_factory=dict)  # rank -> its request id
+    cursors: dict[int, int] = field(default_factory=dict)  # rank -> the next step to send it
+    released: set[int] = field(default_factory=set)  # ranks that left or ended: nothing is kept for them
+    attached_ever: set[int] = field(default_factory=set)
+    sample_kind: str = "tuple"
+    failed: bool = False
+    ref_columns: frozenset[str] | None = None  # decided by the first chunk (stage_refs.py)
+    layout: fit.Layout | None = None  # fields, dtypes and row shapes, decided by the first chunk (fit.py)
+    rejected: dict[int, int] = field(default_factory=dict)  # file -> records that did not fit (on_error = "skip")
+    starved_since: float | None = None
+    step_rows: int = 0  # rows in ``steps`` not yet sent
+    samples_sent: dict[int, int] = field(default_factory=dict)  # rank -> samples sent it
+
+    @property
+    def input_done(self) -> bool:
+        return self.total_steps is not None
+
+    @property
+    def rows_buffered(self) -> int:
+        return self.sequencer.held_rows + self.shuffle.rows + self.cutter.rows + self.step_rows
+
+    def buffered_blocks(self) -> list[Block]:
+        slices = [s for step in self.steps for s in step.slices if s is not None]
+        return self.sequencer.blocks() + self.shuffle.blocks() + self.cutter.blocks() + slices
 
 
 @dataclass(frozen=True)
@@ -131,15 +154,22 @@ class FileComplete:
 
 
 @dataclass(frozen=True)
+class FileCut:
+    """The reorder window is full: stop the lease of this file, to be leased again from where it stands."""
+
+    stream_id: int
+    file_index: int
+
+
+@dataclass(frozen=True)
 class StreamFailed:
     """A file of ``stream`` failed for good: the epoch ends with ``error`` (``WorkerError.to_dict()``)."""
 
-    session: Session
     stream: Stream
     error: dict[str, Any]
 
 
-StageEvent = FileComplete | StreamFailed
+StageEvent = FileComplete | FileCut | StreamFailed
 
 
 class Stage:
@@ -164,15 +194,12 @@ class Stage:
         ``batch_format`` are the pipeline's (a sample that does not fit its batch fails or is skipped)."""
         self.on_error, self.batch_format, self.files = on_error, batch_format, list(files)
         self.stall_timeout_s = max(MIN_STALL_TIMEOUT_S, stall_timeout_s)
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.shuffle_buffer = shuffle_buffer
-        self.seed = seed
         self.settings = StreamSettings(batch_size, drop_last, shuffle_buffer, seed)
+        self.batch_size = batch_size
         self.samples_per_message = samples_per_message
         self.send = send
         self.sessions: dict[bytes, Session] = {}
-        self.streams: dict[int, tuple[Session, Stream]] = {}
+        self.streams: dict[int, Stream] = {}
         self.events: list[StageEvent] = []
         self._ids = itertools.count(1)
         self.skipped_records = 0
@@ -191,119 +218,222 @@ class Stage:
         self.sessions[peer] = session
         return session
 
-    def close_session(self, session: Session) -> list[int]:
-        """Forget a session; returns the stream ids whose jobs must be cancelled."""
+    def close_session(self, session: Session) -> None:
+        """Forget a session: its rank no longer holds its stream back, its rows are freed."""
         self.sessions.pop(session.peer, None)
-        streams = [s for s in (session.current, session.ahead) if s is not None]
-        for stream in streams:
-            self.drop_stream(stream)
-        session.current = session.ahead = None
+        self.detach(session)
         self.refs.release_outstanding(session)
-        return [s.stream_id for s in streams]
 
-    def buffer_limit_rows(self, session: Session) -> int:
-        settings = session.settings or self.settings
-        return 2 * settings.shuffle_buffer + settings.batch_size * (session.prefetch + 2) + self.samples_per_message
+    def detach(self, session: Session) -> None:
+        """``session`` stops reading its current stream (it left, or asked for another epoch)."""
+        stream = session.current
+        session.current = None
+        if stream is None or stream.members.get(session.rank) is not session:
+            return
+        del stream.members[session.rank]
+        self._release_rank(stream, session.rank)
+
+    def _release_rank(self, stream: Stream, rank: int) -> None:
+        stream.released.add(rank)
+        for step in stream.steps:
+            piece = step.slices[rank]
+            if piece is not None:
+                step.slices[rank] = None
+                self._free(stream, [piece])
+        self._trim(stream)
+
+    def buffer_limit_rows(self, stream: Stream) -> int:
+        """Rows a stream may buffer (shuffle, steps) before its next file waits; also its reorder window."""
+        settings = stream.settings
+        step = stream.world_size * settings.batch_size
+        return 2 * settings.shuffle_buffer + step * (stream.prefetch + 2) + self.samples_per_message
 
     def accepting(self) -> bool:
         """False while the daemon should stop reading worker data: a stream holds more than twice its
         lease bound (a file in flight outgrew it) and no client is waiting for rows. The workers then
         wait for room mid-file (their sends block), so memory is bounded by configuration, not by
-        file size. Data keeps flowing while any client has credits and too little to send: pausing
-        then could starve it behind a stream that is not being read (read-ahead, another client)."""
-        overfull = False
-        for session, stream in self.streams.values():
-            if stream.rows_buffered >= 2 * self.buffer_limit_rows(session):
-                overfull = True
-        if not overfull:
-            return True
-        return any(self._starved(session) for session in self.sessions.values())
+        file size. Data keeps flowing while any client has credits and nothing to receive: pausing
+        then could starve it behind a stream that is not being read (read-ahead, another job).
+        Rows held in a reorder window do not count: the window bounds itself (``Sequencer``)."""
+        overfull = any(
+            s.rows_buffered - s.sequencer.held_rows >= 2 * self.buffer_limit_rows(s) for s in self.streams.values()
+        )
+        return not overfull or any(self._starved(session) for session in self.sessions.values())
 
     def _starved(self, session: Session) -> bool:
         stream = session.current
         return (
             stream is not None
-            and stream.gen is not None
             and not stream.failed
             and session.credits > 0
-            and stream.batcher.rows < self.batch_size
+            and self._step_for(stream, session.rank) is None
+            and not stream.input_done
         )
 
-    def may_lease(self, stream_id: int) -> bool:
-        entry = self.streams.get(stream_id)
-        if entry is None:
+    def may_lease(self, stream_id: int, file_index: int) -> bool:
+        """Whether a worker may start on this file of the stream now."""
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.failed or not stream.sequencer.may_read(file_index):
             return False
-        session, stream = entry
-        return not stream.failed and stream.rows_buffered < self.buffer_limit_rows(session)
+        limit = self.buffer_limit_rows(stream)
+        if stream.sequencer.files[file_index].order_index == stream.sequencer.head:
+            return stream.rows_buffered - stream.sequencer.held_rows < limit  # held rows wait for this one
+        return stream.rows_buffered < limit
+
+    def start_of(self, stream_id: int, file_index: int) -> int:
+        """The record a new lease of this file starts at (what the stream has not yet taken)."""
+        stream = self.streams.get(stream_id)
+        return stream.sequencer.start_of(file_index) if stream is not None else 0
 
     # -- streams ------------------------------------------------------------
-    def new_stream(self, session: Session, epoch: int, file_indexes: list[int]) -> Stream:
-        settings = session.settings or self.settings
-        rng = np.random.default_rng((settings.seed, epoch, session.rank, session.world_size))
+    def new_stream(
+        self,
+        *,
+        settings: StreamSettings,
+        epoch: int,
+        world_size: int,
+        order: list[int],
+        job: str,
+        prefetch: int,
+        position: int = 0,
+        anchor: Anchor = (0, 0, 0),
+    ) -> Stream:
+        """A stream reading ``order`` (file indexes, the epoch's order) from ``position`` / ``anchor``."""
+        window, order_index, record = anchor
+        skip = position - window * window_rows(settings.shuffle_buffer)
         stream = Stream(
-            next(self._ids),
-            epoch,
-            {i: FileLedger() for i in file_indexes},
-            ShuffleBuffer(settings.shuffle_buffer, rng),
-            Batcher(settings.batch_size, settings.drop_last),
-            incomplete=set(file_indexes),
+            stream_id=next(self._ids),
+            epoch=epoch,
+            job=job,
+            world_size=world_size,
+            settings=settings,
+            position=position,
+            sequencer=Sequencer(order, order_index, record, reorder_rows=0),
+            shuffle=WindowShuffle(settings.shuffle_buffer, settings.seed, epoch, anchor),
+            cutter=StepCutter(world_size, settings.batch_size, settings.drop_last, skip=skip),
+            prefetch=prefetch,
         )
-        self.streams[stream.stream_id] = (session, stream)
+        stream.sequencer.reorder_rows = self.buffer_limit_rows(stream)
+        self.streams[stream.stream_id] = stream
+        if stream.sequencer.complete:
+            self._end_input(stream)
         return stream
 
+    def attach(self, session: Session, stream: Stream, gen: int, credits: int) -> None:
+        """``session`` reads ``stream`` as its rank, as request ``gen``."""
+        self.detach(session)
+        rank = session.rank
+        stream.members[rank] = session
+        stream.gens[rank] = gen
+        stream.cursors.setdefault(rank, 0)
+        stream.attached_ever.add(rank)
+        stream.prefetch = max(stream.prefetch, session.prefetch)
+        session.current = stream
+        session.credits = credits
+
     def drop_stream(self, stream: Stream | None) -> int | None:
-        if stream is None:
+        """Forget a stream and free every row it holds; its id (for cancelling its leases)."""
+        if stream is None or self.streams.pop(stream.stream_id, None) is None:
             return None
-        self.streams.pop(stream.stream_id, None)
-        if stream.ref_columns:
-            self.refs.release_blocks(stream.shuffle.drain() + stream.batcher.drain(), stream.ref_columns)
+        for session in list(stream.members.values()):
+            if session.current is stream:
+                session.current = None
+        self._free(stream, stream.sequencer.drain() + stream.shuffle.drain() + stream.cutter.drain())
+        for step in stream.steps:
+            self._free(stream, [s for s in step.slices if s is not None])
+        stream.steps.clear()
+        stream.step_rows = 0
         return stream.stream_id
 
-    # -- data from workers --------------------------------------------------
-    def _addressed(self, message: P.FileMessage) -> tuple[Session, Stream] | None:
-        """The (session, stream) a worker message is for; None for a cancelled stream or a client that left."""
-        return self.streams.get(message.stream)
+    def _free(self, stream: Stream, blocks: list[Block]) -> None:
+        if stream.ref_columns and blocks:
+            self.refs.release_blocks(blocks, stream.ref_columns)
 
+    # -- data from workers --------------------------------------------------
     def on_chunk(self, chunk: P.Chunk, columns: Block) -> None:
         try:
             names = self.refs.adopt(chunk.refs, columns)
         except ArenaError as exc:
             log.warning("dropping a chunk of file index %s: %s", chunk.file, exc)
             return
-        entry = self._addressed(chunk)
-        ledger = entry[1].files.get(chunk.file) if entry is not None else None
-        if entry is None or ledger is None or entry[1].failed:
+        stream = self.streams.get(chunk.stream)
+        if stream is None or stream.failed or chunk.file not in stream.sequencer.files:
             self.refs.release_blocks([columns], names)
             return
-        _, stream = entry
         indexes = columns.pop(P.INDEX_COLUMN, None)
-        count = chunk.count
-        first_record = int(indexes[0]) if indexes is not None and len(indexes) else chunk.record
-        keep = ledger.accept(chunk.record, count, indexes)
-        if keep is not None:
-            kept = int(keep.sum())
-            self.dropped_duplicates += count - kept
-            if kept != count:
-                self.refs.release_blocks([select(columns, ~keep)], names)
-            if kept == 0:
-                return
-            if kept != count:
-                columns = select(columns, keep)
+        if indexes is not None:
+            records = np.asarray(indexes, dtype=np.int64)
+        else:
+            records = np.arange(chunk.record, chunk.record + chunk.count, dtype=np.int64)
         if stream.ref_columns is None:
             stream.ref_columns = names
         if names or stream.ref_columns:
             columns = self.refs.conform(stream.ref_columns, columns, names)
-        fitted = self._fit(stream, chunk, columns, first_record)
+        fitted = self._fit(stream, chunk, columns, int(records[0]) if len(records) else chunk.record)
         if fitted is None:
-            self.refs.release_blocks([columns], stream.ref_columns or frozenset())
-            self._check_file(stream, chunk.file)
+            self._free(stream, [columns])
             return
-        columns = fitted
+        in_order, dropped, cut = stream.sequencer.add(chunk.file, fitted, records)
+        self.dropped_duplicates += sum(block_rows(b) for b in dropped) if cut is None else 0
+        self._free(stream, dropped)
+        if cut is not None:
+            self.events.append(FileCut(stream.stream_id, cut.file_index))
         stream.sample_kind = chunk.sample_kind
-        stream.starved_since = None
-        self.samples_in += block_rows(columns)
-        stream.batcher.extend(stream.shuffle.add(columns))
-        self._check_file(stream, chunk.file)
+        self._feed(stream, in_order)
+
+    def _feed(self, stream: Stream, tagged: list[Tagged]) -> None:
+        """Rows now in the epoch's order: through the shuffle and the cutter into steps."""
+        for block, order_index, records in tagged:
+            self.samples_in += block_rows(block)
+            out = stream.shuffle.add(block, order_index, records)
+            self._free(stream, stream.cutter.extend(out))
+        if tagged:
+            stream.starved_since = None
+        self._cut_steps(stream)
+
+    def _cut_steps(self, stream: Stream) -> None:
+        while (slices := stream.cutter.pop()) is not None:
+            self._push_step(stream, slices, stream.cutter.step_rows)
+
+    def _push_step(self, stream: Stream, slices: list[Block], rows: int) -> None:
+        position = stream.position + stream.steps_cut * stream.cutter.step_rows + rows
+        window = position // stream.shuffle.window_rows
+        where = stream.shuffle.anchors.get(window)
+        anchor = (window, *where) if where is not None else None
+        step = Step(stream.steps_cut, list(slices), position, anchor)
+        stream.steps_cut += 1
+        stream.steps.append(step)
+        for rank in range(stream.world_size):
+            piece = step.slices[rank]
+            if rank in stream.released:
+                step.slices[rank] = None
+                if piece is not None:
+                    self._free(stream, [piece])
+            elif piece is not None:
+                stream.step_rows += block_rows(piece)
+        self._trim(stream)
+
+    def _end_input(self, stream: Stream) -> None:
+        """Every file is in: empty the shuffle, cut the last step."""
+        self._free(stream, stream.cutter.extend(stream.shuffle.finish()))
+        self._cut_steps(stream)
+        tail_rows = stream.cutter.rows
+        tail, dropped = stream.cutter.flush()
+        self._free(stream, dropped)
+        if tail is not None:
+            self._push_step(stream, self._unshare_repeats(stream, tail, tail_rows), tail_rows)
+        stream.total_steps = stream.steps_cut
+
+    def _unshare_repeats(self, stream: Stream, tail: list[Block], rows: int) -> list[Block]:
+        """Padded repeats of reference rows become copies: each rank's batch frees its own rows."""
+        if rows >= stream.world_size or not stream.ref_columns:
+            return tail
+        for rank in range(rows, stream.world_size):
+            tail[rank] = {
+                name: self.refs.duplicate(values) if name in stream.ref_columns else values
+                for name, values in tail[rank].items()
+            }
+        return tail
 
     def _fit(self, stream: Stream, chunk: P.Chunk, columns: Block, record: int) -> Block | None:
         """``columns`` made to fit the stream's batches, or None when they cannot (the file failed,
@@ -327,7 +457,7 @@ class Stage:
         return None
 
     def _misfit(self, stream: Stream, chunk: P.Chunk, rows: int, record: int, message: str) -> None:
-        path = self.files[chunk.file] if 0 <= chunk.file < len(self.files) else f"file index {chunk.file}"
+        path = self._path(chunk.file)
         if self.on_error == "skip":
             stream.rejected[chunk.file] = stream.rejected.get(chunk.file, 0) + rows
             log.warning("skipping %d record(s) from record %d of %s: %s", rows, record, path, message)
@@ -335,85 +465,108 @@ class Stage:
         error = WorkerError("ShapeMismatchError", message, worker=chunk.worker, file=path, record=record)
         self.fail_file(stream.stream_id, chunk.file, error.to_dict())
 
+    def _path(self, file_index: int) -> str:
+        return self.files[file_index] if 0 <= file_index < len(self.files) else f"file index {file_index}"
+
     def on_done(self, done: P.FileDone) -> None:
-        entry = self._addressed(done)
-        if entry is None:
+        stream = self.streams.get(done.stream)
+        if stream is None or stream.failed:
             return
-        _, stream = entry
-        ledger = stream.files.get(done.file)
-        if ledger is None:
+        self._complete_file(stream, done.file, done.skipped + stream.rejected.pop(done.file, 0))
+
+    def _complete_file(self, stream: Stream, file_index: int, skipped: int) -> None:
+        state = stream.sequencer.files.get(file_index)
+        if state is None or state.done:
             return
-        ledger.mark_done(done.sent, done.skipped)
-        self._check_file(stream, done.file)
+        if skipped:
+            self.skipped_records += skipped
+            log.warning("skipped %d bad record(s) in file index %d (epoch %d)", skipped, file_index, stream.epoch)
+        self.events.append(FileComplete(stream.stream_id, file_index))
+        self._feed(stream, stream.sequencer.finish(file_index))
+        if stream.sequencer.complete and not stream.input_done:
+            self._end_input(stream)
 
     def on_file_error(self, failure: P.FileError) -> None:
         self.fail_file(failure.stream, failure.file, failure.error)
 
     def fail_file(self, stream_id: int, file_index: int, error: dict[str, Any]) -> None:
         """File ``file_index`` of stream ``stream_id`` failed for good (``error``: ``WorkerError.to_dict()``)."""
-        entry = self.streams.get(stream_id)
-        if entry is None:
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.failed:
             return
-        session, stream = entry
-        if stream.failed or file_index not in stream.incomplete:
+        state = stream.sequencer.files.get(file_index)
+        if state is None or state.done:
             return
         if self.on_error == "skip":
-            self._skip_rest(stream, file_index, error)
+            # The records delivered are kept; the rest of the file counts as one skipped record.
+            log.warning(
+                "skipping the rest of file index %d (epoch %d): %s",
+                file_index,
+                stream.epoch,
+                WorkerError.from_dict(error),
+            )
+            self._complete_file(stream, file_index, 1 + stream.rejected.pop(file_index, 0))
             return
-        stream.failed = True
-        self.events.append(StreamFailed(session, stream, error))
+        self.fail_stream(stream, error)
+
+    def fail_stream(self, stream: Stream, error: dict[str, Any]) -> None:
+        if not stream.failed:
+            stream.failed = True
+            self.events.append(StreamFailed(stream, error))
 
     def fail_waiting(self, error: dict[str, Any]) -> None:
         """Every stream still waiting for input fails with ``error`` (no worker can read its files)."""
-        for session, stream in list(self.streams.values()):
+        for stream in list(self.streams.values()):
             if not stream.input_done:
-                self.fail_waiting_stream(session, stream, error)
-
-    def _skip_rest(self, stream: Stream, file_index: int, error: dict[str, Any]) -> None:
-        """Under ``on_error = "skip"`` a file that failed for good (its workers died on it) ends here: the
-        records delivered are kept, the rest of the file counts as one skipped record."""
-        ledger = stream.files[file_index]
-        ledger.mark_done(ledger.received, max(1, ledger.skipped))
-        log.warning(
-            "skipping the rest of file index %d (epoch %d): %s", file_index, stream.epoch, WorkerError.from_dict(error)
-        )
-        self._check_file(stream, file_index)
-
-    def _check_file(self, stream: Stream, file_index: int) -> None:
-        ledger = stream.files[file_index]
-        if file_index not in stream.incomplete or not ledger.complete:
-            return
-        stream.incomplete.discard(file_index)
-        skipped = ledger.skipped + stream.rejected.get(file_index, 0)
-        if skipped:
-            self.skipped_records += skipped
-            log.warning("skipped %d bad record(s) in file index %d (epoch %d)", skipped, file_index, stream.epoch)
-        self.events.append(FileComplete(stream.stream_id, file_index))
-        if not stream.incomplete:
-            stream.batcher.extend(stream.shuffle.flush())
+                self.fail_stream(stream, error)
 
     # -- batches to clients -------------------------------------------------
+    def _step_for(self, stream: Stream, rank: int) -> Step | None:
+        index = stream.cursors.get(rank, 0)
+        if not stream.steps or index < stream.steps[0].index:
+            return None
+        offset = index - stream.steps[0].index
+        return stream.steps[offset] if offset < len(stream.steps) else None
+
     def pump(self, session: Session) -> None:
-        """Send what the client's credits allow, then END once the stream is drained."""
+        """Send what the client's credits allow, then END once its share of the stream is sent."""
         stream = session.current
-        if stream is None or stream.gen is None or stream.failed:
+        if stream is None or stream.failed or stream.members.get(session.rank) is not session:
             return
+        rank = session.rank
         while session.credits > 0:
-            batch = stream.batcher.pop()
-            if batch is None and stream.input_done:
-                if stream.batcher.drop_last and stream.ref_columns:
-                    self.refs.release_blocks(stream.batcher.drain(), stream.ref_columns)
-                batch = stream.batcher.flush()
-            if batch is None:
-                self._starving(session, stream)
+            step = self._step_for(stream, rank)
+            if step is None:
                 break
+            piece = step.slices[rank]
+            step.slices[rank] = None
+            stream.cursors[rank] = step.index + 1
+            if piece is not None:
+                stream.step_rows -= block_rows(piece)
+                self._send_batch(session, stream, step, piece)
+        self._trim(stream)
+        if stream.total_steps is not None and stream.cursors.get(rank, 0) >= stream.total_steps:
+            self._send_end(session, stream)
+        elif session.credits > 0:
+            self._starving(session, stream)
+        else:
             stream.starved_since = None
-            self._send_batch(session, stream, batch)
-        if stream.input_done and stream.batcher.rows == 0:
-            end = P.End(epoch=stream.epoch, gen=stream.gen, batches=stream.batches_sent, samples=stream.samples_sent)
-            self.send(session.peer, P.encode(end))
-            self.drop_stream(stream)
-            session.current = None
+
+    def _send_end(self, session: Session, stream: Stream) -> None:
+        rank = session.rank
+        batches, samples = stream.cursors[rank], stream.samples_sent.get(rank, 0)
+        end = P.End(epoch=stream.epoch, gen=stream.gens[rank], batches=batches, samples=samples)
+        self.send(session.peer, P.encode(end))
+        del stream.members[rank]
+        stream.released.add(rank)
+        session.current = None
+
+    def _trim(self, stream: Stream) -> None:
+        """Forget the steps every rank has (or will never need)."""
+        while stream.steps and all(s is None for s in stream.steps[0].slices):
+            stream.steps.popleft()
+        if stream.steps:
+            stream.shuffle.forget_anchors_before(stream.steps[0].position // stream.shuffle.window_rows - 1)
 
     def _starving(self, session: Session, stream: Stream) -> None:
         """The client has credits and nothing to receive: fail the epoch once that lasted the stall timeout."""
@@ -423,23 +576,27 @@ class Stage:
             return
         if now - stream.starved_since < self.stall_timeout_s or stream.input_done:
             return
-        waiting = len(stream.incomplete)
+        waiting = len(stream.sequencer.incomplete)
         message = (
             f"epoch {stream.epoch} made no progress for {now - stream.starved_since:.0f}s: "
             f"{waiting} file(s) still unread and no record arrived (see the daemon's log and `loader status`)"
         )
-        self.fail_waiting_stream(session, stream, WorkerError("EpochStalledError", message).to_dict())
+        self.fail_stream(stream, WorkerError("EpochStalledError", message).to_dict())
 
-    def fail_waiting_stream(self, session: Session, stream: Stream, error: dict[str, Any]) -> None:
-        if not stream.failed:
-            stream.failed = True
-            self.events.append(StreamFailed(session, stream, error))
-
-    def _send_batch(self, session: Session, stream: Stream, batch: Block) -> None:
+    def _send_batch(self, session: Session, stream: Stream, step: Step, batch: Block) -> None:
         n = block_rows(batch)
+        gen = stream.gens[session.rank]
         # Recorded as outstanding before sending: a failed send drops the session, which frees it.
-        batch, refs = self.refs.outbound(session, batch, stream.ref_columns or frozenset(), stream.gen)
-        message = P.Batch(epoch=stream.epoch, gen=stream.gen, count=n, sample_kind=stream.sample_kind, refs=refs)
+        batch, refs = self.refs.outbound(session, batch, stream.ref_columns or frozenset(), gen)
+        message = P.Batch(
+            epoch=stream.epoch,
+            gen=gen,
+            count=n,
+            sample_kind=stream.sample_kind,
+            refs=refs,
+            position=step.position,
+            anchor=list(step.anchor) if step.anchor is not None else None,
+        )
         frames = P.encode(message, batch)
         self.send(session.peer, frames)
         nbytes = frames_nbytes(frames)
@@ -448,19 +605,19 @@ class Stage:
         self.sent_totals[1] += n
         self.sent_totals[2] += nbytes
         session.credits -= 1
-        stream.batches_sent += 1
-        stream.samples_sent += n
+        stream.samples_sent[session.rank] = stream.samples_sent.get(session.rank, 0) + n
         session.batches_sent += 1
         session.samples_sent += n
 
     def buffered_rows(self) -> int:
-        return sum(stream.rows_buffered for _, stream in self.streams.values())
+        return sum(stream.rows_buffered for stream in self.streams.values())
 
     # -- references ---------------------------------------------------------
     def on_credit(self, session: Session, gen: Any, count: int) -> None:
         """The client's consumer took ``count`` batches of request ``gen``: more credits, their rows freed."""
         # Credits for an epoch the client abandoned must not inflate the next one's window.
-        if session.current is not None and gen == session.current.gen:
+        stream = session.current
+        if stream is not None and stream.gens.get(session.rank) == gen:
             session.credits += count
         self.refs.credited(session, gen, count)
 
@@ -473,7 +630,7 @@ class Stage:
         """Arena ids of the references buffered or outstanding (a retired arena waits for these)."""
         buffered = [
             (block, stream.ref_columns)
-            for _, stream in self.streams.values()
+            for stream in self.streams.values()
             if stream.ref_columns
             for block in stream.buffered_blocks()
         ]
@@ -490,4 +647,4 @@ def frames_nbytes(frames: list[Any]) -> int:
     return total
 
 
-__all__ = ["Stage", "Session", "Stream", "frames_nbytes"]
+__all__ = ["Stage", "Session", "Step", "Stream", "StreamSettings", "frames_nbytes"]

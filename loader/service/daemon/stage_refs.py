@@ -137,7 +137,19 @@ class RefKeeper:
             columns[name] = self.materialize(columns[name])
         return columns
 
-    def _to_local(self, values: np.ndarray) -> np.ndarray:
+    def duplicate(self, refs: np.ndarray) -> np.ndarray:
+        """Copies of rows another batch sends too (a padded repeat) as local rows, so that freeing
+        one batch's rows never frees the other's."""
+        rows: list[Any] = []
+        for arena_id, start, spec_id in refs.tolist():
+            if arena_id == R.LOCAL_ARENA:
+                rows.append(np.array(self.local[start], copy=True))
+            else:
+                one = np.array([[arena_id, start, spec_id]], dtype=np.int64)
+                rows.append(R.gather(one, self.specs.specs, self.arena_of, free=False)[0])
+        return self._to_local(rows)
+
+    def _to_local(self, values: Any) -> np.ndarray:
         refs = np.empty((len(values), R.REF_WIDTH), dtype=np.int64)
         for i in range(len(values)):
             key = next(self._local_ids)

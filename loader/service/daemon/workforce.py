@@ -82,7 +82,7 @@ class WorkerPool:
         links: WorkerLinks | None = None,
         on_file_failed: FileFailedFn,
         arenas: ArenaPool | None = None,
-        dataset_of: Callable[[int], str] = lambda file_index: "default",
+        lease_fields: Callable[[int], dict[str, Any]] = lambda file_index: {},
         max_workers: int = 64,
         max_arenas: int = 256,
         own_keys: CurveClient | None = None,
@@ -103,7 +103,8 @@ class WorkerPool:
         skip = config.get("pipeline", {}).get("on_error") == "skip"
         self._max_attempts = SKIP_FILE_ATTEMPTS if skip else MAX_FILE_ATTEMPTS
         self._arenas = arenas
-        self._dataset_of = dataset_of  # file index -> the dataset whose source and pipeline read it
+        # file index -> the Lease fields of its dataset: name (whose source and pipeline read it), seed, file key
+        self._lease_fields = lease_fields
         self._arena_of: dict[str, int] = {}  # worker id -> its arena id
         self._seq = 0
         self._issued = itertools.count(1)
@@ -299,8 +300,9 @@ class WorkerPool:
                         epoch=job.epoch,
                         file=job.file_index,
                         path=job.path,
-                        dataset=self._dataset_of(job.file_index),
                         token=job.token,
+                        start=job.start,
+                        **self._lease_fields(job.file_index),
                     )
                 ),
             )
@@ -309,7 +311,14 @@ class WorkerPool:
         """Forget a stream's jobs and tell the workers reading its files to stop."""
         if stream_id is None:
             return
-        for worker_id, lease_id in self.coordinator.cancel_stream(stream_id):
+        self._cancel_leases(self.coordinator.cancel_stream(stream_id))
+
+    def cut(self, stream_id: int, file_index: int) -> None:
+        """Stop the lease of one file of a stream and queue it again (the stage's reorder window is full)."""
+        self._cancel_leases(self.coordinator.requeue(stream_id, file_index))
+
+    def _cancel_leases(self, leases: list[tuple[str, int]]) -> None:
+        for worker_id, lease_id in leases:
             record = self.coordinator.workers.get(worker_id)
             if record is not None and record.peer is not None:
                 self._send(record.peer, P.encode(P.Cancel(lease=lease_id)))

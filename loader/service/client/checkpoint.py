@@ -1,0 +1,79 @@
+"""A client's place in training as a checkpoint state: a small JSON-able dict, and its checks.
+
+The state names the epoch, the global sample position the training loop has
+reached in it, and the anchor of that position (``daemon/order.py``), plus the
+fingerprint of the dataset's config it was taken under. It does not depend on
+the rank, the world size, the worker count or the transport, so any client of
+a daemon serving the same dataset can resume from it, with any world size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from loader.errors import ConfigError
+from loader.service.order import STATE_VERSION, differences
+
+STATE_KIND = "loader.Client"
+_KEYS = ("kind", "version", "dataset", "epoch", "position", "anchor", "fingerprint")
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where the training loop stands: the next batch it takes is the one after ``position`` of ``epoch``."""
+
+    epoch: int
+    position: int = 0
+    anchor: tuple[int, int, int] = (0, 0, 0)
+
+    def state(self, dataset: str, world_size: int, fingerprint: dict[str, Any] | None) -> dict[str, Any]:
+        return {
+            "kind": STATE_KIND,
+            "version": STATE_VERSION,
+            "dataset": dataset,
+            "epoch": self.epoch,
+            "position": self.position,
+            "anchor": list(self.anchor),
+            "world_size": world_size,  # for the reader of the checkpoint; any world size may resume
+            "fingerprint": dict(fingerprint or {}),
+        }
+
+
+def place_of(state: Any, dataset: str, fingerprint: dict[str, Any] | None) -> Place:
+    """The place a state names, once it is known to be a state of this dataset under this config."""
+    if not isinstance(state, dict):
+        raise ConfigError(f"a loader state is a dict from state_dict(), got {type(state).__name__}")
+    missing = [key for key in _KEYS if key not in state]
+    if missing or state.get("kind") != STATE_KIND:
+        raise ConfigError(
+            f"not a loader state (truncated or of something else): missing {', '.join(missing) or 'kind'}"
+        )
+    version = state["version"]
+    if not _count(version) or version > STATE_VERSION:
+        raise ConfigError(
+            f"the state is of version {version!r}, this loader reads version {STATE_VERSION}: a newer one"
+        )
+    if state["dataset"] != dataset:
+        raise ConfigError(f"the state is of dataset {state['dataset']!r}, this client reads {dataset!r}")
+    anchor = state["anchor"]
+    if not (_count(state["epoch"]) and _count(state["position"])):
+        raise ConfigError(
+            f"the state's epoch and position must be integers >= 0: {state['epoch']!r}, {state['position']!r}"
+        )
+    if not (isinstance(anchor, (list, tuple)) and len(anchor) == 3 and all(_count(v) for v in anchor)):
+        raise ConfigError(f"the state's anchor must be three integers >= 0, got {anchor!r}")
+    saved = state["fingerprint"]
+    if not isinstance(saved, dict):
+        raise ConfigError("the state's fingerprint is not a dict")
+    changed = differences(saved, dict(fingerprint or {}))
+    if changed:
+        raise ConfigError(f"the state was taken under another config of dataset {dataset!r}: {'; '.join(changed)}")
+    return Place(int(state["epoch"]), int(state["position"]), (int(anchor[0]), int(anchor[1]), int(anchor[2])))
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+__all__ = ["Place", "STATE_KIND", "place_of"]

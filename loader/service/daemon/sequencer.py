@@ -1,0 +1,141 @@
+"""Rows of an epoch's files put back into the epoch's order, whatever order workers deliver them in.
+
+Workers read several files at once and their chunks arrive interleaved. The
+``Sequencer`` of a stream knows the files in reading order; the first file not
+yet complete is the *head*. Rows of the head pass straight on; rows of later
+files are held until every file before theirs is complete. A file's rows come
+from one lease at a time, in record order (a lease reads from its ``start``
+record on), so a file is put in order by dropping rows at or before the last
+record already taken: what a re-leased file sends again.
+
+Held rows are bounded (``reorder_rows``, the reorder window): a chunk of a
+later file that would hold more is refused, and the stream *cuts* that file
+there (``Cut``): its lease is cancelled and the file re-leased later from that
+record. So a slow worker holds the stream back by at most the reorder window,
+and memory stays bounded whatever the file sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from loader.service.blocks import Block, block_rows, select
+
+# Files after the head that may be read ahead at once (their rows are held in the reorder window).
+MAX_FILES_AHEAD = 64
+
+
+@dataclass
+class FileRows:
+    """One file of the stream: where it stands in the order, what was taken, what is held."""
+
+    order_index: int
+    next_record: int = 0  # records before this were taken (passed on or held)
+    done: bool = False
+    held: list[tuple[Block, np.ndarray]] = field(default_factory=list)
+    held_rows: int = 0
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A later file's chunk would overfill the reorder window: re-lease ``file_index`` from ``record``."""
+
+    file_index: int
+    record: int
+
+
+Tagged = tuple[Block, int, np.ndarray]  # rows, order index of their file, their record indexes
+
+
+class Sequencer:
+    """The in-order assembly of one stream's files; see the module docstring."""
+
+    def __init__(self, order: list[int], start_order: int, start_record: int, reorder_rows: int) -> None:
+        self.order = order  # file indexes in reading order (the whole epoch's order)
+        self.head = start_order
+        self.reorder_rows = reorder_rows
+        self.files = {f: FileRows(i) for i, f in enumerate(order) if i >= start_order}
+        if start_order < len(order):
+            self.files[order[start_order]].next_record = start_record
+        self.held_rows = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.head >= len(self.order)
+
+    @property
+    def incomplete(self) -> list[int]:
+        return [f for f in self.order[self.head :]]
+
+    def start_of(self, file_index: int) -> int:
+        """The record a lease of this file reads from."""
+        state = self.files.get(file_index)
+        return state.next_record if state is not None else 0
+
+    def may_read(self, file_index: int) -> bool:
+        """Whether a lease of this file may start now (the head always; later files while there is room)."""
+        state = self.files.get(file_index)
+        if state is None or state.done:
+            return False
+        if state.order_index == self.head:
+            return True
+        return state.order_index < self.head + MAX_FILES_AHEAD and self.held_rows < self.reorder_rows
+
+    def add(self, file_index: int, block: Block, records: np.ndarray) -> tuple[list[Tagged], list[Block], Cut | None]:
+        """Rows of a file: (rows now in order, rows dropped as already taken, a cut or None)."""
+        state = self.files.get(file_index)
+        if state is None or state.done:
+            return [], [block], None
+        fresh = records >= state.next_record
+        dropped: list[Block] = []
+        if not fresh.all():
+            dropped.append(select(block, ~fresh))
+            block, records = select(block, fresh), records[fresh]
+        n = block_rows(block)
+        if n == 0:
+            return [], dropped, None
+        if state.order_index == self.head:
+            state.next_record = int(records[-1]) + 1
+            return [(block, state.order_index, records)], dropped, None
+        if self.held_rows + n > self.reorder_rows:
+            dropped.append(block)
+            return [], dropped, Cut(file_index, state.next_record)
+        state.held.append((block, records))
+        state.held_rows += n
+        self.held_rows += n
+        state.next_record = int(records[-1]) + 1
+        return [], dropped, None
+
+    def finish(self, file_index: int) -> list[Tagged]:
+        """The file is complete: the rows that are in order now (its successors' held rows, when it was the head)."""
+        state = self.files.get(file_index)
+        if state is None or state.done:
+            return []
+        state.done = True
+        out: list[Tagged] = []
+        while not self.complete:
+            head = self.files[self.order[self.head]]
+            for block, records in head.held:
+                out.append((block, head.order_index, records))
+            self.held_rows -= head.held_rows
+            head.held, head.held_rows = [], 0
+            if not head.done:
+                break
+            self.head += 1
+        return out
+
+    def blocks(self) -> list[Block]:
+        """The rows held, left in place."""
+        return [block for state in self.files.values() for block, _ in state.held]
+
+    def drain(self) -> list[Block]:
+        out = self.blocks()
+        for state in self.files.values():
+            state.held, state.held_rows = [], 0
+        self.held_rows = 0
+        return out
+
+
+__all__ = ["Cut", "MAX_FILES_AHEAD", "Sequencer"]

@@ -1,0 +1,133 @@
+"""What the order of an epoch is a function of, and how a position in it is named.
+
+An epoch of a dataset is one global sequence of samples, the same for every
+run, worker count and transport:
+
+1. its files in ``file_order(n, seed, epoch, shuffle)``, each file's records in
+   record order (records skipped under ``on_error = "skip"`` left out);
+2. shuffled by ``batching.WindowShuffle``: the sequence is cut into *windows*
+   of ``window_rows(shuffle_buffer)`` rows, each shuffled on its own by a
+   buffer of ``shuffle_buffer`` rows seeded by (seed, epoch, window, round);
+3. cut by ``batching.StepCutter`` into global steps of ``world_size x
+   batch_size`` samples, rank r taking the r-th slice of each.
+
+A position is a count of samples of that global sequence. A checkpoint names
+one with an *anchor* ``[window, order index, record]``: the window the position
+lies in, and where that window's input begins (the file at that place of the
+file order, from that record). Resuming reads from the anchor, so files wholly
+before the position's window are never read, and re-reads at most one window.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+# Rounds of ``shuffle_buffer`` rows in one shuffle window: a sample moves at most this many buffers.
+WINDOW_ROUNDS = 8
+# Without a shuffle, the rows of one window (the most a resume reads again before its position).
+UNSHUFFLED_WINDOW_ROWS = 8192
+# Version of the order and of the checkpoint state; a state from another is refused.
+STATE_VERSION = 1
+
+Anchor = tuple[int, int, int]  # (window, order index, record)
+
+
+def file_order(count: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
+    """The order of ``count`` files in ``epoch``: a permutation seeded by (seed, epoch) when shuffling."""
+    if not shuffle:
+        return list(range(count))
+    return [int(i) for i in np.random.default_rng((seed, epoch)).permutation(count)]
+
+
+def window_rows(shuffle_buffer: int) -> int:
+    """Rows of one shuffle window."""
+    return WINDOW_ROUNDS * shuffle_buffer if shuffle_buffer > 0 else UNSHUFFLED_WINDOW_ROWS
+
+
+def start_anchor() -> Anchor:
+    """The anchor of an epoch's first window."""
+    return (0, 0, 0)
+
+
+def fingerprint(config: Any, files: list[str], seed: int) -> dict[str, Any]:
+    """What a checkpoint of this dataset must match, one entry per setting (small, JSON-able).
+
+    ``config`` is the dataset's view of the daemon's config (its ``source`` and ``pipeline``).
+    """
+    pipeline = config.pipeline
+    source = _plain(config.source)
+    source.pop("files", None)  # the patterns: the files they matched are what counts (below)
+    return {
+        "files": _digest(_relative(files)),
+        "file_count": len(files),
+        "seed": int(seed),
+        "batch_size": int(pipeline.batch_size),
+        "shuffle_buffer": int(pipeline.shuffle_buffer),
+        "drop_last": bool(pipeline.drop_last),
+        "window": window_rows(pipeline.shuffle_buffer),
+        "mappers": _digest(list(pipeline.mappers)),
+        "source": _digest(source),
+    }
+
+
+def epoch_batches(samples: int | None, position: int, world_size: int, batch_size: int, drop_last: bool) -> int | None:
+    """Batches each rank receives of an epoch of ``samples`` read from ``position`` (None: unknown)."""
+    if samples is None:
+        return None
+    full, tail = divmod(max(0, samples - position), world_size * batch_size)
+    return full + (1 if tail and not drop_last else 0)
+
+
+def _relative(files: list[str]) -> list[str]:
+    """The files relative to their common directory: a dataset moved elsewhere is the same dataset."""
+    if not files:
+        return []
+    base = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files])
+    return [os.path.relpath(os.path.abspath(f), base) for f in files]
+
+
+def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The settings on which two fingerprints differ, in words."""
+    out = []
+    for key in sorted(set(saved) | set(current)):
+        if saved.get(key) != current.get(key):
+            out.append(f"{key} ({saved.get(key)!r} in the state, {current.get(key)!r} now)")
+    return out
+
+
+def _plain(section: Any) -> Any:
+    """A config section as plain JSON-able data (its ``to_dict`` where it has one)."""
+    to_dict = getattr(section, "to_dict", None)
+    if callable(to_dict):
+        return to_dict()
+    fields = getattr(section, "__dataclass_fields__", None)
+    if fields is not None:
+        return {name: _plain(getattr(section, name)) for name in fields if name != "origin"}
+    if isinstance(section, (list, tuple)):
+        return [_plain(v) for v in section]
+    if isinstance(section, dict):
+        return {str(k): _plain(v) for k, v in section.items()}
+    return section if isinstance(section, (str, int, float, bool, type(None))) else repr(section)
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+__all__ = [
+    "Anchor",
+    "STATE_VERSION",
+    "WINDOW_ROUNDS",
+    "differences",
+    "epoch_batches",
+    "file_order",
+    "fingerprint",
+    "start_anchor",
+    "window_rows",
+]
