@@ -6,7 +6,7 @@ The coordinator decides, workers obey:
   jobs; ``next_job`` leases one to a worker that asked (round robin over
   streams, and only while the stage's ``may_lease`` says the file may be read
   now: buffer room and the reorder window, which bound memory). A lease starts
-  at the record the stage asks for (``start_of``): a re-leased or resumed file
+  at the record the stage asks for (``lease_start``): a re-leased or resumed file
   is not read again from its beginning.
 * A job stays leased until the stage has every record of the file
   (``job_finished``). When a worker dies (exit code, or heartbeats missing for
@@ -44,6 +44,8 @@ LEASE_PROGRESS_TIMEOUT_S = 120.0
 LEASE_TOKEN_BYTES = 16
 # Leases remembered after they end, so a worker's late data for one is told from a forgery (bounded).
 ENDED_LEASES_KEPT = 4096
+# Queued jobs of a stream looked at for one that may be leased now (re-queued files go first; see _leasable).
+SCAN_JOBS = 256
 
 
 @dataclass
@@ -86,11 +88,11 @@ class Coordinator:
         *,
         heartbeat_timeout_s: float,
         may_lease: Callable[[int, int], bool] = lambda stream_id, file_index: True,
-        start_of: Callable[[int, int], int] = lambda stream_id, file_index: 0,
+        lease_start: Callable[[int, int], int] = lambda stream_id, file_index: 0,
         progress_timeout_s: float = LEASE_PROGRESS_TIMEOUT_S,
     ) -> None:
         self.files = list(files)
-        self.start_of = start_of
+        self.lease_start = lease_start
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.progress_timeout_s = progress_timeout_s
         self.may_lease = may_lease
@@ -124,10 +126,10 @@ class Coordinator:
             jobs = self._queues[stream_id]
             if not jobs:
                 continue
-            if not self.may_lease(stream_id, jobs[0].file_index):
-                continue  # files are queued in the epoch's order: the later ones may not be read either
-            job = jobs.popleft()
-            job.start = self.start_of(stream_id, job.file_index)
+            job = self._leasable(stream_id, jobs)
+            if job is None:
+                continue
+            job.start = self.lease_start(stream_id, job.file_index)
             self._queues.move_to_end(stream_id)
             if not worker.leases:
                 worker.progress_at = time.monotonic()
@@ -137,6 +139,17 @@ class Coordinator:
             self.leases_granted += 1
             worker.waiting = False
             return job
+        return None
+
+    def _leasable(self, stream_id: int, jobs: deque[Job]) -> Job | None:
+        """The first queued job of the stream the stage lets a worker start now, taken off the queue.
+
+        Files are queued in the epoch's order, but a re-queued one (a dead worker's, a cut one) goes
+        first: the head file may wait behind a few of those, never behind more than ``SCAN_JOBS``."""
+        for i, job in enumerate(itertools.islice(jobs, SCAN_JOBS)):
+            if self.may_lease(stream_id, job.file_index):
+                del jobs[i]
+                return job
         return None
 
     def job_finished(self, stream_id: int, file_index: int) -> None:
@@ -155,7 +168,7 @@ class Coordinator:
 
     def requeue(self, stream_id: int, file_index: int) -> list[tuple[str, int]]:
         """End the lease of this file (the stage cut it) and queue it first again; the (worker id,
-        lease id) to cancel. It is leased again from where the stage stands (``start_of``)."""
+        lease id) to cancel. It is leased again from where the stage stands (``lease_start``)."""
         cancelled = []
         for worker in self.workers.values():
             for lease_id, job in list(worker.leases.items()):

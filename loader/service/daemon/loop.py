@@ -152,7 +152,7 @@ class Daemon:
             self.files,
             heartbeat_timeout_s=float(workers.heartbeat_timeout_s),
             may_lease=self.stage.may_lease,
-            start_of=self.stage.start_of,
+            lease_start=self.stage.lease_start,
             progress_timeout_s=workers.progress_timeout_s,
         )
         self.pool = WorkerPool(

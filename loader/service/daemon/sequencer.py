@@ -34,6 +34,7 @@ class FileRows:
     order_index: int
     next_record: int = 0  # records before this were taken (passed on or held)
     done: bool = False
+    cut: bool = False  # cut and not leased again yet: what its old lease still sends is not taken
     held: list[tuple[Block, np.ndarray]] = field(default_factory=list)
     held_rows: int = 0
 
@@ -69,10 +70,13 @@ class Sequencer:
     def incomplete(self) -> list[int]:
         return [f for f in self.order[self.head :]]
 
-    def start_of(self, file_index: int) -> int:
-        """The record a lease of this file reads from."""
+    def lease_start(self, file_index: int) -> int:
+        """A lease of this file begins now: the record it reads from."""
         state = self.files.get(file_index)
-        return state.next_record if state is not None else 0
+        if state is None:
+            return 0
+        state.cut = False
+        return state.next_record
 
     def may_read(self, file_index: int) -> bool:
         """Whether a lease of this file may start now (the head always; later files while there is room)."""
@@ -86,7 +90,7 @@ class Sequencer:
     def add(self, file_index: int, block: Block, records: np.ndarray) -> tuple[list[Tagged], list[Block], Cut | None]:
         """Rows of a file: (rows now in order, rows dropped as already taken, a cut or None)."""
         state = self.files.get(file_index)
-        if state is None or state.done:
+        if state is None or state.done or state.cut:
             return [], [block], None
         fresh = records >= state.next_record
         dropped: list[Block] = []
@@ -100,6 +104,8 @@ class Sequencer:
             state.next_record = int(records[-1]) + 1
             return [(block, state.order_index, records)], dropped, None
         if self.held_rows + n > self.reorder_rows:
+            # The cut lease may still send (even FILE_DONE) before it is cancelled: none of it is taken.
+            state.cut = True
             dropped.append(block)
             return [], dropped, Cut(file_index, state.next_record)
         state.held.append((block, records))
@@ -111,7 +117,7 @@ class Sequencer:
     def finish(self, file_index: int) -> list[Tagged]:
         """The file is complete: the rows that are in order now (its successors' held rows, when it was the head)."""
         state = self.files.get(file_index)
-        if state is None or state.done:
+        if state is None or state.done or state.cut:
             return []
         state.done = True
         out: list[Tagged] = []

@@ -280,10 +280,10 @@ class Stage:
             return stream.rows_buffered - stream.sequencer.held_rows < limit  # held rows wait for this one
         return stream.rows_buffered < limit
 
-    def start_of(self, stream_id: int, file_index: int) -> int:
-        """The record a new lease of this file starts at (what the stream has not yet taken)."""
+    def lease_start(self, stream_id: int, file_index: int) -> int:
+        """A lease of this file begins now: the record it starts at (what the stream has not yet taken)."""
         stream = self.streams.get(stream_id)
-        return stream.sequencer.start_of(file_index) if stream is not None else 0
+        return stream.sequencer.lease_start(file_index) if stream is not None else 0
 
     # -- streams ------------------------------------------------------------
     def new_stream(
@@ -476,7 +476,7 @@ class Stage:
 
     def _complete_file(self, stream: Stream, file_index: int, skipped: int) -> None:
         state = stream.sequencer.files.get(file_index)
-        if state is None or state.done:
+        if state is None or state.done or state.cut:
             return
         if skipped:
             self.skipped_records += skipped
@@ -495,7 +495,7 @@ class Stage:
         if stream is None or stream.failed:
             return
         state = stream.sequencer.files.get(file_index)
-        if state is None or state.done:
+        if state is None or state.done or state.cut:
             return
         if self.on_error == "skip":
             # The records delivered are kept; the rest of the file counts as one skipped record.

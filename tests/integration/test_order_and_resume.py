@@ -1,0 +1,258 @@
+"""One order per seed, equal batches on every rank, and mid-epoch resume (also elastic), end to end.
+
+Every check compares whole batch sequences (ids in order, batch by batch), never just sets.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import loader
+from loader.errors import ConfigError, WorkerError
+from loader.service.client.client import Client, query_status
+from tests.integration.conftest import kill_leased_worker, make_config, running_daemon, write_id_files
+
+pytestmark = pytest.mark.integration
+
+SIZES = [37, 120, 5, 64, 200, 1, 90, 143]  # uneven files: chunks, files and steps never line up
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: Any) -> tuple[Any, list[int]]:
+    directory = tmp_path_factory.mktemp("order-data")
+    return directory, write_id_files(directory, len(SIZES), SIZES)
+
+
+def config(directory: Any, *, workers: int = 2, transport: str = "zmq", shuffle: int = 50, **pipeline: Any) -> Any:
+    return make_config(
+        directory,
+        pipeline={"batch_size": 8, "shuffle_buffer": shuffle, "seed": 11, **pipeline},
+        workers={"count": workers, "transport": transport, "samples_per_message": 16},
+    )
+
+
+def ids_of(batch: dict[str, Any]) -> list[int]:
+    """The ids of a batch's samples (the first value of each row: big rows repeat their id)."""
+    data = batch["data"]
+    return [int(v) for v in data.reshape(len(data), -1)[:, 0]]
+
+
+def read_loader(cfg: Any, epoch: int = 0) -> list[list[int]]:
+    with loader.Loader(cfg) as data:
+        return [ids_of(b) for b in data.epoch(epoch)]
+
+
+@contextlib.contextmanager
+def clients(endpoint: str, world_size: int, **options: Any) -> Iterator[list[Client]]:
+    made = [Client(endpoint, rank=r, world_size=world_size, timeout_s=20, **options) for r in range(world_size)]
+    try:
+        yield made
+    finally:
+        for client in made:
+            client.close()
+
+
+def read_ranks(ranks: list[Client], epoch: int | None = None, stop_after: int | None = None) -> list[list[list[int]]]:
+    """Batches per rank, read in lockstep as data-parallel training does (step k of every rank, then k+1)."""
+    iterators = [iter(c.epoch(epoch)) for c in ranks]
+    out: list[list[list[int]]] = [[] for _ in ranks]
+    while stop_after is None or len(out[0]) < stop_after:
+        got = [next(it, None) for it in iterators]
+        if all(g is None for g in got):
+            break
+        assert all(g is not None for g in got), "every rank gets the same number of batches"
+        for r, batch in enumerate(got):
+            out[r].append(ids_of(batch))
+    return out
+
+
+def test_one_order_whatever_the_workers_and_transport(data: Any) -> None:
+    directory, ids = data
+    reference = read_loader(config(directory, workers=1))
+    assert sorted(i for b in reference for i in b) == sorted(ids)
+    assert reference != [sorted(b) for b in reference], "shuffled"
+    for workers, transport in [(3, "zmq"), (2, "pipe"), (4, "queue")]:
+        assert read_loader(config(directory, workers=workers, transport=transport)) == reference, (workers, transport)
+    with running_daemon(config(directory, workers=2)) as daemon, clients(daemon.endpoint, 1) as [client]:
+        assert [ids_of(b) for b in client.epoch(0)] == reference, "the daemon and the in-process Loader agree"
+    assert read_loader(config(directory), epoch=1) != reference, "another epoch, another order"
+
+
+def test_shared_memory_and_no_shuffle_keep_the_order(data: Any, tmp_path: Any) -> None:
+    directory, ids = data
+    plain = read_loader(config(directory, shuffle=0))
+    assert [i for b in plain for i in b] == ids, "without a shuffle: files in name order, records in order"
+    assert read_loader(config(directory, shuffle=0, workers=3)) == plain
+    big = tmp_path / "big"
+    big.mkdir()
+    rows = write_id_files(big, 3, [9, 14, 6])
+    for i in range(3):  # 64 KiB rows travel through the shared-memory arenas
+        base = np.load(big / f"f{i:03d}.npy")
+        np.save(big / f"f{i:03d}.npy", np.repeat(base[:, None], 8192, axis=1))
+    with_shm = read_loader(config(big, shuffle=4, workers=2))
+    no_shm = make_config(
+        big,
+        pipeline={"batch_size": 8, "shuffle_buffer": 4, "seed": 11},
+        workers={"count": 3, "shm_arena_mib": 0, "samples_per_message": 16},
+    )
+    assert sorted(i for b in with_shm for i in b) == sorted(rows)
+    assert read_loader(no_shm) == with_shm
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_rank_gets_equal_batches_cut_from_one_global_sequence(data: Any, world_size: int) -> None:
+    directory, ids = data
+    single = [i for b in read_loader(config(directory)) for i in b]
+    with running_daemon(config(directory, workers=2)) as daemon, clients(daemon.endpoint, world_size) as ranks:
+        per_rank = read_ranks(ranks, 0)
+    steps = len(per_rank[0])
+    assert all(len(r) == steps for r in per_rank)
+    global_order = [i for k in range(steps) for r in range(world_size) for i in per_rank[r][k]]
+    padding = len(global_order) - len(ids)
+    assert 0 <= padding <= world_size - 1
+    assert global_order[: len(ids)] == single, "ranks are cuts of the same sequence the whole epoch is"
+    assert collections.Counter(global_order[: len(ids)]) == collections.Counter(ids)
+    assert all(len(per_rank[r][k]) == 8 for r in range(world_size) for k in range(steps - 1))
+
+
+def test_drop_last_drops_the_incomplete_step_on_every_rank(data: Any) -> None:
+    directory, ids = data
+    with (
+        running_daemon(config(directory, drop_last=True)) as daemon,
+        clients(daemon.endpoint, 3) as ranks,
+    ):
+        per_rank = read_ranks(ranks, 0)
+    assert len(per_rank[0]) == len(ids) // 24
+    assert all(len(b) == 8 for r in per_rank for b in r)
+
+
+def test_killing_workers_mid_epoch_changes_nothing(data: Any) -> None:
+    directory, _ = data
+    reference = read_loader(config(directory, workers=1))
+    with running_daemon(config(directory, workers=3)) as daemon, clients(daemon.endpoint, 1) as [client]:
+        got, killed = [], 0
+        for batch in client.epoch(0):
+            got.append(ids_of(batch))
+            status = query_status(daemon.endpoint)
+            if killed < 2 and any(w["leases"] for w in status["workers"]):
+                kill_leased_worker(status)
+                killed += 1
+    assert killed >= 1
+    assert got == reference
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_resume_at_random_points_continues_the_uninterrupted_run(data: Any, seed: int) -> None:
+    directory, _ = data
+    full = read_loader(config(directory))
+    cut = random.Random(seed).randrange(1, len(full))
+    with loader.Loader(config(directory, workers=1)) as first:
+        head = []
+        for batch in first.epoch(0):
+            head.append(ids_of(batch))
+            if len(head) == cut:
+                break
+        state = first.state_dict()
+    assert state["epoch"] == 0 and state["position"] == cut * 8
+    # Another worker count and transport, and a daemon instead of the in-process Loader.
+    with running_daemon(config(directory, workers=3, transport="zmq")) as daemon, clients(daemon.endpoint, 1) as [c]:
+        c.load_state_dict(state)
+        rest = c.epoch()
+        assert len(rest) == len(full) - cut
+        tail = [ids_of(b) for b in rest]
+        assert c.state_dict()["epoch"] == 1 and c.state_dict()["position"] == 0
+    assert head + tail == full
+
+
+def test_resume_from_a_daemon_into_a_loader_and_the_next_epochs_follow(data: Any) -> None:
+    directory, _ = data
+    with loader.Loader(config(directory)) as whole:
+        epochs = [[ids_of(b) for b in whole.epoch()] for _ in range(2)]
+    with running_daemon(config(directory, workers=2)) as daemon, clients(daemon.endpoint, 1) as [c]:
+        it = c.epoch()
+        head = [ids_of(next(it)) for _ in range(5)]
+        state = c.state_dict()
+    with loader.Loader(config(directory, workers=1, transport="pipe")) as resumed:
+        resumed.load_state_dict(state)
+        tail = [ids_of(b) for b in resumed.epoch()]
+        following = [ids_of(b) for b in resumed.epoch()]
+    assert head + tail == epochs[0]
+    assert following == epochs[1]
+
+
+def test_resume_reads_only_from_the_anchor_window(data: Any, tmp_path: Any) -> None:
+    sizes = [400] * 25  # 10,000 samples; shuffle window 8 x 50 = 400 samples
+    ids = write_id_files(tmp_path, len(sizes), sizes)
+    cfg = config(tmp_path, workers=2)
+    with loader.Loader(cfg) as first:
+        it = first.epoch()
+        for _ in range(1000):  # 8,000 samples in
+            next(it)
+        state = first.state_dict()
+    with running_daemon(cfg) as daemon, clients(daemon.endpoint, 1, read_ahead=False) as [c]:
+        c.load_state_dict(state)
+        tail = [i for b in c.epoch() for i in b["data"].reshape(-1).tolist()]
+        read = query_status(daemon.endpoint)["samples_in"]
+    assert len(tail) == len(ids) - 8000
+    assert read <= len(ids) - 8000 + 400 + 400, "at most the position's window and one file more are read again"
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (2, 1), (3, 2)])
+def test_elastic_resume_delivers_every_sample_once(data: Any, before: int, after: int) -> None:
+    directory, ids = data
+    with running_daemon(config(directory, workers=2)) as daemon:
+        with clients(daemon.endpoint, before) as ranks:
+            head = read_ranks(ranks, 0, stop_after=4)
+            states = [r.state_dict() for r in ranks]
+        assert len({s["position"] for s in states}) == 1, "ranks in lockstep stand at the same place"
+        with clients(daemon.endpoint, after, job="resumed") as ranks:
+            for r in ranks:
+                r.load_state_dict(states[0])
+            tail = read_ranks(ranks)
+    seen = [i for rank in head for b in rank for i in b] + [i for rank in tail for b in rank for i in b]
+    counts = collections.Counter(seen)
+    assert set(counts) == set(ids), "every sample is delivered"
+    assert sum(counts.values()) - len(ids) <= after - 1, "and once, up to the last step's padding"
+
+
+def test_bad_states_are_refused_with_one_clear_error(data: Any, tmp_path: Any) -> None:
+    directory, _ = data
+    with loader.Loader(config(directory)) as first:
+        next(iter(first.epoch()))
+        state = first.state_dict()
+    with loader.Loader(config(directory, batch_size=16)) as other:
+        with pytest.raises(ConfigError, match=r"batch_size \(8 in the state, 16 now\)"):
+            other.load_state_dict(state)
+    with loader.Loader(config(directory, seed=12)) as other:
+        with pytest.raises(ConfigError, match="seed"):
+            other.load_state_dict(state)
+        truncated = {k: v for k, v in state.items() if k != "anchor"}
+        with pytest.raises(ConfigError, match="missing anchor"):
+            other.load_state_dict(truncated)
+        with pytest.raises(ConfigError, match="newer"):
+            other.load_state_dict({**state, "version": 99})
+        with pytest.raises(ConfigError, match="a dict"):
+            other.load_state_dict("epoch 3")  # type: ignore[arg-type]
+    with loader.Loader(config(directory)) as same:
+        forged = {**state, "position": 10**6}  # outside its anchor's window: the daemon refuses the epoch
+        same.load_state_dict(forged)
+        with pytest.raises(WorkerError, match="does not lie in its anchor"):
+            list(same.epoch())
+
+
+def test_state_is_small_and_json(data: Any) -> None:
+    import json
+
+    directory, _ = data
+    with loader.Loader(config(directory)) as data_loader:
+        assert data_loader.state_dict()["position"] == 0
+        next(iter(data_loader.epoch()))
+        text = json.dumps(data_loader.state_dict())
+    assert len(text) < 4096
