@@ -5,8 +5,9 @@
     from loader.torch import DataLoader
 
     data = DataLoader("tcp://HOST:5555", device="cuda")  # or DataLoader("train.toml"): an in-process Loader
-    data.load_state_dict(checkpoint["data"])  # when resuming: the interrupted epoch goes on
-    for epoch in range(checkpoint["epoch"], epochs):
+    if checkpoint is not None:  # resuming: the interrupted epoch goes on after its last batch
+        data.load_state_dict(checkpoint["data"])
+    for epoch in range(checkpoint["epoch"] if checkpoint else 0, epochs):
         data.set_epoch(epoch)
         for batch in data:  # {"image": tensor[64, ...], "label": tensor[64]} on the device
             ...
@@ -17,7 +18,9 @@ Iterating it runs one epoch, as iterating ``torch.utils.data.DataLoader`` does. 
 class), so Lightning, torchtitan and ``torch.distributed.checkpoint`` save and restore it as they do
 that one: the state is taken at the last batch the loop took, and after ``load_state_dict`` the next
 iteration continues the interrupted epoch with the batch that would have come next. The state is a
-small JSON-serialisable dict; the reader's own state (``Client.state_dict()``) is inside it.
+small JSON-serialisable dict; the reader's own state (``Client.state_dict()``) is inside it. Each rank has
+its own: with ``torch.distributed.checkpoint``, which keeps one copy of a non-tensor value saved under
+the same key by every rank, key it by rank as torchtitan does (``{f"dp_rank_{rank}": data.state_dict()}``).
 
 torch is imported when a ``DataLoader`` is made (``loader.device.import_torch``), not by
 ``import loader.torch``, so the package imports without it.
