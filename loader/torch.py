@@ -121,8 +121,10 @@ class DataLoader:
                     f"set_epoch({number}) would drop the rest of it"
                 )
             return
-        if self._open is not None and not self._open_started and self._open_epoch != number:
-            self._close_open()  # opened ahead by len() for another epoch
+        if self._open is not None and not self._open_started:  # opened ahead by len()
+            if self._open_epoch == number:
+                return  # for this very epoch: the next iteration takes it, the one after runs number + 1
+            self._close_open()
         self._next_epoch = number
 
     def state_dict(self) -> dict[str, Any]:

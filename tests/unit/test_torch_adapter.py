@@ -150,6 +150,16 @@ def test_set_epoch_after_len_replaces_the_epoch_opened_ahead():
     assert reader.calls == [0, 3] and reader.epochs[0].closed
 
 
+def test_len_then_set_epoch_of_that_epoch_keeps_the_count_going():
+    reader = FakeReader()
+    data = _adapter(reader)
+    for epoch in range(2):
+        len(data)
+        data.set_epoch(epoch)
+        assert {number for number, _ in _seen(data)} == {epoch}
+    assert reader.calls == [0, 1]
+
+
 def test_a_new_iteration_drops_the_unfinished_epoch_as_torch_does():
     reader = FakeReader()
     data = _adapter(reader)
