@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from loader.errors import MissingDependencyError
+
 _PLACE_RE = re.compile(r"^(?:(torch|cupy):)?(cpu|cuda|gpu)(?::(\d+))?$")
 # Pinned buffers handed to cupy's asynchronous copy are kept alive until their event
 # has completed; this bounds how many finished ones are checked per finish() call.
@@ -53,6 +55,14 @@ def _try_import(name: str) -> Any:
         return importlib.import_module(name)
     except ImportError:
         return None
+
+
+def import_torch(needed_by: str) -> Any:
+    """The ``torch`` module, or ``MissingDependencyError`` saying that ``needed_by`` needs it and how to install it."""
+    torch = _try_import("torch")
+    if torch is None:
+        raise MissingDependencyError(f"{needed_by} needs PyTorch, which is not installed: pip install torch")
+    return torch
 
 
 def _parse_place(place: Any) -> tuple[str, str, int]:
@@ -318,4 +328,4 @@ def device_count(place: Any) -> int:
     return int(importlib.import_module("cupy").cuda.runtime.getDeviceCount())
 
 
-__all__ = ["Placer", "map_leaves", "device_count"]
+__all__ = ["Placer", "map_leaves", "device_count", "import_torch"]

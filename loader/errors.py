@@ -14,6 +14,7 @@ person needs to act on them.
     │   ├── ShapeMismatchError                    a sample does not fit its declared slot
     │   └── UnknownFormatError                    no file reader is registered for a file
     ├── ComposeNotAligned      (also ValueError)  compose() saw readers of different lengths
+    ├── MissingDependencyError (also ImportError) an optional package (torch) is not installed
     ├── WorkerError                               an exception raised in a thread, child
     │   │                                         process or worker, carried across with its
     │   │                                         type name, message and traceback text
@@ -61,6 +62,10 @@ class UnknownFormatError(DataError):
 
 class ComposeNotAligned(LoaderError, ValueError):
     """``reader.compose`` found that its readers yield different numbers of items."""
+
+
+class MissingDependencyError(LoaderError, ImportError):
+    """A feature needs an optional package that is not installed; the message says what to install."""
 
 
 class TransportError(LoaderError):
@@ -220,6 +225,7 @@ __all__ = [
     "ShapeMismatchError",
     "UnknownFormatError",
     "ComposeNotAligned",
+    "MissingDependencyError",
     "WorkerError",
     "WorkerDiedError",
     "TransportError",

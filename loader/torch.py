@@ -1,0 +1,290 @@
+"""``loader.torch``: a loader daemon or config where a torch training script would use a ``DataLoader``.
+
+::
+
+    from loader.torch import DataLoader
+
+    data = DataLoader("tcp://HOST:5555", device="cuda")  # or DataLoader("train.toml"): an in-process Loader
+    if checkpoint is not None:  # resuming: the interrupted epoch goes on after its last batch
+        data.load_state_dict(checkpoint["data"])
+    for epoch in range(checkpoint["epoch"] if checkpoint else 0, epochs):
+        data.set_epoch(epoch)
+        for batch in data:  # {"image": tensor[64, ...], "label": tensor[64]} on the device
+            ...
+            checkpoint = {"model": ..., "optimizer": ..., "epoch": epoch, "data": data.state_dict()}
+
+Iterating it runs one epoch, as iterating ``torch.utils.data.DataLoader`` does. ``state_dict`` and
+``load_state_dict`` follow torchdata's ``StatefulDataLoader`` (``StatefulDataLoader`` below is the same
+class), so Lightning, torchtitan and ``torch.distributed.checkpoint`` save and restore it as they do
+that one: the state is taken at the last batch the loop took, and after ``load_state_dict`` the next
+iteration continues the interrupted epoch with the batch that would have come next. The state is a
+small JSON-serialisable dict; the reader's own state (``Client.state_dict()``) is inside it. Each rank has
+its own: with ``torch.distributed.checkpoint``, which keeps one copy of a non-tensor value saved under
+the same key by every rank, key it by rank as torchtitan does (``{f"dp_rank_{rank}": data.state_dict()}``).
+
+torch is imported when a ``DataLoader`` is made (``loader.device.import_torch``), not by
+``import loader.torch``, so the package imports without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol, cast
+
+from loader.config import LoaderConfig, load_config
+from loader.config.address import daemon_address
+from loader.config.sections import ClientConfig
+from loader.device import import_torch
+
+STATE_KEYS = ("epoch", "resume", "reader")  # the keys of DataLoader.state_dict()
+
+
+class Reader(Protocol):
+    """What ``Client`` and ``Loader`` both are: epochs of batches, and a checkpoint of where the consumer is."""
+
+    def epoch(self, epoch: int | None = None) -> Iterator[Any]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+Source = str | os.PathLike[str] | LoaderConfig | Reader | None
+
+
+class DataLoader:
+    """Batches of a loader daemon (``source`` = ``"tcp://HOST:PORT"``, ``"HOST:PORT"``, ``"ipc://PATH"``, or
+    ``None`` for ``LOADER_ADDRESS``), of a config run in this process (a ``LoaderConfig`` or a TOML path:
+    a ``loader.Loader``), or of a ``Client``/``Loader`` you made (used as it is, and not closed here).
+
+    ``device``: ``"torch"``/``"cpu"`` CPU tensors, ``"cuda"``/``"cuda:N"``/a ``torch.device`` GPU tensors.
+    ``rank``/``world_size``/``job`` and ``client_kwargs`` go to ``Client`` (with a config, only the
+    options of its ``[client]`` table). ``len()`` is the epoch's number of batches where the daemon
+    knows it, else ``TypeError``. Context manager; ``close()`` is idempotent.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        device: Any = "torch",
+        dataset: str = "default",
+        rank: int | None = None,
+        world_size: int | None = None,
+        job: str | None = None,
+        **client_kwargs: Any,
+    ) -> None:
+        import_torch("loader.torch.DataLoader")
+        options = {"rank": rank, "world_size": world_size, "job": job, **client_kwargs}
+        self._reader, self._owned = _open(source, device, dataset, options)
+        self._next_epoch = 0  # the epoch the next iteration runs, unless it continues an interrupted one
+        self._loaded: dict[str, Any] | None = None  # a mid-epoch state loaded and not iterated yet
+        self._open: Iterator[Any] | None = None  # the epoch being iterated, or opened ahead by len()
+        self._open_epoch = 0
+        self._open_started = False  # handed out by iter() (not merely opened ahead by len())
+        self._open_resumed = False  # continues a loaded state's epoch
+        self._open_done = False  # iterated to its end
+        self._closed = False
+
+    # -- what torch.utils.data.DataLoader users call --------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        """The batches of the next epoch (``set_epoch``'s, or the one after the last, or the interrupted one)."""
+        if self._open is None or self._open_started:
+            self._open_next()
+        assert self._open is not None
+        self._open_started = True
+        return self._run(self._open)
+
+    def __len__(self) -> int:
+        """Batches in the epoch being iterated, or else in the next one (``TypeError`` where the daemon cannot count)."""
+        if self._open is None or self._open_done:
+            self._open_next()  # ahead: the next iter() takes this one, so len() asks for no extra epoch
+        return len(cast(Any, self._open))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration run epoch ``epoch`` (as ``DistributedSampler.set_epoch``: call it before each).
+
+        Unlike ``DistributedSampler``, iterating again without it runs the epoch after, not the same one.
+        After ``load_state_dict`` of a mid-epoch state, only that epoch's number is accepted, so a loop
+        that calls ``set_epoch(epoch)`` from the checkpoint's epoch resumes where the state was taken.
+        """
+        number = _epoch_number(epoch)
+        resuming = self._resuming_epoch()
+        if resuming is not None:
+            if number != resuming:
+                raise ValueError(
+                    f"the loaded state is in the middle of epoch {resuming}: set_epoch({resuming}) continues it; "
+                    f"set_epoch({number}) would drop the rest of it"
+                )
+            return
+        if self._open is not None and not self._open_started:  # opened ahead by len()
+            if self._open_epoch == number:
+                return  # for this very epoch: the next iteration takes it, the one after runs number + 1
+            self._close_open()
+        self._next_epoch = number
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the training loop is: after ``load_state_dict`` of it, iteration goes on with the batch after
+        the last one the loop took (torchdata's ``StatefulDataLoader.state_dict``)."""
+        if self._loaded is not None:
+            return dict(self._loaded)  # nothing taken since it was loaded: that is still where the loop is
+        if self._open is not None and not self._open_done:
+            # Handed out, or continuing a loaded state: the loop is inside it. Opened ahead by len(): it is next.
+            resume = self._open_started or self._open_resumed
+            return {"epoch": self._open_epoch, "resume": resume, "reader": self._reader.state_dict()}
+        return {"epoch": self._next_epoch, "resume": False, "reader": self._reader.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Go on from ``state`` (a ``state_dict()``): the next iteration continues its epoch, or runs the epoch
+        after it when it was taken between epochs. Call it before iterating, as for ``StatefulDataLoader``."""
+        epoch, resume, reader_state = _parse_state(state)
+        self._close_open()
+        self._loaded = None
+        if resume:
+            self._reader.load_state_dict(dict(reader_state))  # the reader's next epoch() continues it
+            self._loaded = {"epoch": epoch, "resume": True, "reader": dict(reader_state)}
+        self._next_epoch = epoch
+
+    def close(self) -> None:
+        """Stop the epoch being iterated and close the ``Client``/``Loader`` this made. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._close_open()
+        if self._owned is not None:
+            self._owned.close()
+
+    def __enter__(self) -> DataLoader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def reader(self) -> Reader:
+        """The ``Client`` or ``Loader`` the batches come from (``stats()``, ``status()``, ``info``)."""
+        return self._reader
+
+    # -- inside ---------------------------------------------------------------------------------------------------
+    def _resuming_epoch(self) -> int | None:
+        if self._loaded is not None:
+            return int(self._loaded["epoch"])
+        if self._open is not None and self._open_resumed and not self._open_started:
+            return self._open_epoch  # the loaded epoch, opened ahead by len()
+        return None
+
+    def _open_next(self) -> None:
+        """Open the epoch the next iteration runs; an epoch left unfinished is dropped, as DataLoader does."""
+        self._close_open()
+        if self._loaded is not None:
+            number = int(self._loaded["epoch"])
+            self._open = self._reader.epoch()  # no number: the reader continues the state it loaded
+            self._open_resumed, self._loaded = True, None
+        else:
+            number = self._next_epoch
+            self._open = self._reader.epoch(number)
+            self._open_resumed = False
+        self._open_epoch, self._next_epoch = number, number + 1
+        self._open_started = self._open_done = False
+
+    def _run(self, batches: Iterator[Any]) -> Iterator[Any]:
+        yield from batches
+        if self._open is batches:
+            self._open_done = True
+
+    def _close_open(self) -> None:
+        if self._open is not None:
+            close = getattr(self._open, "close", None)
+            if close is not None:
+                close()
+        self._open = None
+
+
+StatefulDataLoader = DataLoader  # torchdata's name for a DataLoader with state_dict/load_state_dict
+
+
+def _open(source: Source, device: Any, dataset: str, options: dict[str, Any]) -> tuple[Reader, Reader | None]:
+    """(where batches come from, what ``close()`` closes): a Client, a Loader, or what was given."""
+    if hasattr(source, "epoch"):
+        given = {key: value for key, value in options.items() if value is not None}
+        if given or device != "torch" or dataset != "default":
+            raise TypeError(
+                f"a Client or Loader is used as it is: give {sorted(given) or 'device/dataset'} to it instead"
+            )
+        return cast(Reader, source), None
+    if isinstance(source, LoaderConfig):
+        return _local(source, device, dataset, options)
+    if source is not None and _is_config_file(source):
+        return _local(load_config(source), device, dataset, options)
+    from loader.service.client.client import Client  # the service stack (zmq) only when used
+
+    address = None if source is None else daemon_address(os.fspath(source))
+    given = {key: value for key, value in options.items() if value is not None}
+    client = Client(address, device=_torch_place(device), dataset=dataset, **given)
+    return cast(Reader, client), cast(Reader, client)
+
+
+def _is_config_file(source: str | os.PathLike[str]) -> bool:
+    """A path object, a ``.toml`` name or an existing file is a config; other strings are addresses."""
+    if not isinstance(source, str):
+        return True
+    return not source.startswith(("tcp://", "ipc://")) and (source.endswith(".toml") or os.path.isfile(source))
+
+
+def _local(config: LoaderConfig, device: Any, dataset: str, options: dict[str, Any]) -> tuple[Reader, Reader]:
+    """A ``Loader`` of ``config`` (its daemon on a thread of this process), and what to read of it."""
+    from loader.service.local import Loader
+
+    options = {key: value for key, value in options.items() if value is not None}
+    rank, world_size, job = options.pop("rank", 0), options.pop("world_size", 1), options.pop("job", None)
+    if (rank, world_size, job) != (0, 1, None):
+        raise ValueError(
+            "a config runs a daemon of its own in each process, which shares no epoch between ranks or jobs: "
+            "run `loader serve CONFIG` and give every rank its address"
+        )
+    known = {field.name for field in dataclasses.fields(ClientConfig) if field.name != "origin"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"with a config, DataLoader takes the [client] options {sorted(known)}, not {unknown}")
+    place = _torch_place(device if isinstance(device, str) else str(device))
+    client = dataclasses.replace(config.client, **{**options, "device": place})
+    local = Loader(dataclasses.replace(config, client=client))
+    try:
+        reader = local if dataset == "default" else local.client(dataset)  # the Loader closes its clients
+    except BaseException:
+        local.close()
+        raise
+    return cast(Reader, reader), cast(Reader, local)
+
+
+def _torch_place(device: Any) -> Any:
+    """``device`` as a ``Client`` place of torch tensors: ``"cpu"`` means CPU tensors here, as in torch."""
+    if isinstance(device, str):
+        text = device.strip().lower()
+        if text == "cpu":
+            return "torch:cpu"
+        if text.startswith("cupy"):
+            raise ValueError(f"loader.torch gives torch tensors: device {device!r} would give cupy arrays")
+    return device
+
+
+def _parse_state(state: Mapping[str, Any]) -> tuple[int, bool, Mapping[str, Any]]:
+    if not isinstance(state, Mapping) or any(key not in state for key in STATE_KEYS):
+        raise ValueError(f"not a loader.torch.DataLoader state: expected a dict with keys {list(STATE_KEYS)}")
+    epoch, resume, reader = state["epoch"], state["resume"], state["reader"]
+    if not isinstance(resume, bool) or not isinstance(reader, Mapping):
+        raise ValueError("not a loader.torch.DataLoader state: 'resume' must be a bool and 'reader' a dict")
+    return _epoch_number(epoch), resume, reader
+
+
+def _epoch_number(epoch: Any) -> int:
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"an epoch is a number >= 0, got {epoch!r}")
+    return epoch
+
+
+__all__ = ["DataLoader", "StatefulDataLoader", "Reader"]

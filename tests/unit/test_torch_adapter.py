@@ -1,0 +1,300 @@
+"""``loader.torch.DataLoader`` over a fake reader: epochs, ``len()``, ``set_epoch``, checkpoint state, close.
+
+The fake stands for ``Client``/``Loader`` with their checkpoint API (``state_dict()``, and
+``load_state_dict()`` after which ``epoch()`` continues the interrupted epoch).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from loader.errors import ConfigError, LoaderError, MissingDependencyError
+
+SUBPROCESS_TIMEOUT_S = 60
+BATCHES = 4
+
+
+@pytest.fixture(autouse=True)
+def _torch_or_skip(request: pytest.FixtureRequest) -> None:
+    if "runs_without_torch" not in request.fixturenames:
+        pytest.importorskip("torch", reason="loader.torch needs torch: pip install -e '.[test]' installs it")
+
+
+@pytest.fixture
+def runs_without_torch() -> None:
+    """Named by a test that needs no torch, so it runs where torch is absent too."""
+
+
+@pytest.fixture
+def torch() -> Any:
+    import torch
+
+    return torch
+
+
+class FakeEpoch:
+    def __init__(self, reader: FakeReader, epoch: int, start: int, length: int | None) -> None:
+        self.reader, self.epoch, self.start, self.length = reader, epoch, start, length
+        self.closed = False
+        self._batches = self._make()
+
+    def _make(self) -> Iterator[Any]:
+        import torch
+
+        for index in range(self.start, BATCHES):
+            self.reader.at = {"epoch": self.epoch, "taken": index + 1}
+            yield {"epoch": torch.tensor([self.epoch]), "index": torch.tensor([index])}
+
+    def __iter__(self) -> FakeEpoch:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._batches)
+
+    def __len__(self) -> int:
+        if self.length is None:
+            raise TypeError("not known ahead")
+        return self.length
+
+    def close(self) -> None:
+        self.closed = True
+        self._batches.close()
+
+
+class FakeReader:
+    """``epoch(n)``, ``state_dict()``, ``load_state_dict()`` as ``Client`` has them."""
+
+    def __init__(self, length: int | None = BATCHES) -> None:
+        self.length = length
+        self.calls: list[int | None] = []
+        self.epochs: list[FakeEpoch] = []
+        self.at: dict[str, int] = {"epoch": 0, "taken": 0}
+        self.loaded: dict[str, int] | None = None
+        self.next = 0
+
+    def epoch(self, epoch: int | None = None) -> FakeEpoch:
+        self.calls.append(epoch)
+        if epoch is None and self.loaded is not None:
+            number, start = self.loaded["epoch"], self.loaded["taken"]
+        else:
+            number, start = (self.next if epoch is None else epoch), 0
+        self.loaded, self.next = None, number + 1
+        self.epochs.append(FakeEpoch(self, number, start, self.length))
+        return self.epochs[-1]
+
+    def state_dict(self) -> dict[str, int]:
+        return dict(self.at)
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.loaded = dict(state)
+
+    def close(self) -> None:
+        raise AssertionError("a reader the caller made is not closed by the adapter")
+
+
+def _seen(batches: Any) -> list[tuple[int, int]]:
+    return [(int(b["epoch"][0]), int(b["index"][0])) for b in batches]
+
+
+def _adapter(reader: FakeReader | None = None) -> Any:
+    from loader.torch import DataLoader
+
+    return DataLoader(reader if reader is not None else FakeReader())
+
+
+def test_each_iteration_runs_the_next_epoch_of_torch_tensors(torch):
+    data = _adapter()
+    first, second = list(data), list(data)
+    assert all(isinstance(batch["index"], torch.Tensor) for batch in first)
+    assert _seen(first) == [(0, i) for i in range(BATCHES)]
+    assert _seen(second) == [(1, i) for i in range(BATCHES)]
+
+
+def test_set_epoch_picks_the_epoch_of_the_next_iteration():
+    data = _adapter()
+    data.set_epoch(5)
+    assert {epoch for epoch, _ in _seen(data)} == {5}
+    assert {epoch for epoch, _ in _seen(data)} == {6}
+    with pytest.raises(ValueError, match="epoch"):
+        data.set_epoch(-1)
+
+
+def test_len_is_the_epoch_length_and_asks_for_no_extra_epoch():
+    reader = FakeReader()
+    data = _adapter(reader)
+    assert len(data) == BATCHES
+    assert len(data) == BATCHES
+    assert _seen(data) == [(0, i) for i in range(BATCHES)]
+    assert reader.calls == [0]  # the epoch len() opened is the one iterated
+
+
+def test_len_of_an_epoch_of_unknown_length_is_a_type_error():
+    data = _adapter(FakeReader(length=None))
+    with pytest.raises(TypeError):
+        len(data)
+    assert len(list(data)) == BATCHES
+
+
+def test_set_epoch_after_len_replaces_the_epoch_opened_ahead():
+    reader = FakeReader()
+    data = _adapter(reader)
+    len(data)
+    data.set_epoch(3)
+    assert {epoch for epoch, _ in _seen(data)} == {3}
+    assert reader.calls == [0, 3] and reader.epochs[0].closed
+
+
+def test_len_then_set_epoch_of_that_epoch_keeps_the_count_going():
+    reader = FakeReader()
+    data = _adapter(reader)
+    for epoch in range(2):
+        len(data)
+        data.set_epoch(epoch)
+        assert {number for number, _ in _seen(data)} == {epoch}
+    assert reader.calls == [0, 1]
+
+
+def test_a_new_iteration_drops_the_unfinished_epoch_as_torch_does():
+    reader = FakeReader()
+    data = _adapter(reader)
+    next(iter(data))
+    assert _seen(data) == [(1, i) for i in range(BATCHES)]
+    assert reader.epochs[0].closed
+
+
+def test_state_mid_epoch_resumes_with_the_next_batch_in_a_new_adapter():
+    data = _adapter()
+    list(data)
+    batches = iter(data)
+    taken = _seen([next(batches), next(batches)])
+    state = data.state_dict()
+    assert json.loads(json.dumps(state)) == state  # small and JSON-serialisable
+    assert state["epoch"] == 1 and state["resume"] is True
+
+    resumed = _adapter()
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == state  # nothing taken since: still the same place
+    resumed.set_epoch(1)  # a loop that calls set_epoch(epoch) from the checkpoint's epoch
+    rest = _seen(resumed)
+    assert taken + rest == [(1, i) for i in range(BATCHES)]
+    assert _seen(resumed) == [(2, i) for i in range(BATCHES)]
+
+
+def test_resume_through_len_and_state_taken_before_the_first_resumed_batch():
+    data = _adapter()
+    batches = iter(data)
+    next(batches)
+    state = data.state_dict()
+    resumed = _adapter()
+    resumed.load_state_dict(state)
+    assert len(resumed) == BATCHES
+    assert resumed.state_dict()["resume"] is True
+    assert _seen(resumed) == [(0, i) for i in range(1, BATCHES)]
+
+
+def test_set_epoch_refuses_to_skip_the_rest_of_a_loaded_epoch():
+    data = _adapter()
+    batches = iter(data)
+    next(batches)
+    resumed = _adapter()
+    resumed.load_state_dict(data.state_dict())
+    with pytest.raises(ValueError, match="middle of epoch 0"):
+        resumed.set_epoch(1)
+
+
+def test_state_between_epochs_goes_on_with_the_next_epoch():
+    reader = FakeReader()
+    data = _adapter(reader)
+    list(data)
+    state = data.state_dict()
+    assert (state["epoch"], state["resume"]) == (1, False)
+    other = FakeReader()
+    resumed = _adapter(other)
+    resumed.load_state_dict(state)
+    assert other.loaded is None  # nothing to continue: the reader is not asked to
+    assert {epoch for epoch, _ in _seen(resumed)} == {1}
+
+
+def test_state_before_iterating_and_after_len():
+    data = _adapter()
+    assert data.state_dict() == {"epoch": 0, "resume": False, "reader": {"epoch": 0, "taken": 0}}
+    len(data)
+    assert (data.state_dict()["epoch"], data.state_dict()["resume"]) == (0, False)
+
+
+@pytest.mark.parametrize(
+    "state", [{}, {"epoch": 0, "resume": "yes", "reader": {}}, {"epoch": -1, "resume": False, "reader": {}}, []]
+)
+def test_a_state_of_something_else_is_refused(state):
+    with pytest.raises(ValueError, match="state|epoch"):
+        _adapter().load_state_dict(state)
+
+
+def test_close_stops_the_epoch_and_leaves_a_given_reader_open():
+    reader = FakeReader()
+    with _adapter(reader) as data:
+        next(iter(data))
+    assert reader.epochs[0].closed
+    data.close()  # idempotent
+
+
+def test_options_for_a_reader_that_exists_are_refused():
+    from loader.torch import DataLoader
+
+    with pytest.raises(TypeError, match="prefetch"):
+        DataLoader(FakeReader(), prefetch=2)
+    with pytest.raises(TypeError):
+        DataLoader(FakeReader(), device="cuda")
+
+
+def test_a_source_that_is_no_address_nor_config_is_a_config_error():
+    from loader.torch import DataLoader
+
+    with pytest.raises(ConfigError, match="not a daemon address"):
+        DataLoader("no-such-thing")
+    with pytest.raises(ConfigError, match="does not exist"):
+        DataLoader("missing.toml")
+
+
+def test_a_config_refuses_ranks_and_unknown_options(tmp_path):
+    from loader.torch import DataLoader
+
+    config = tmp_path / "c.toml"
+    config.write_text('[source]\nfiles = ["*.npz"]\n')
+    with pytest.raises(ValueError, match="loader serve"):
+        DataLoader(config, rank=1, world_size=2)
+    with pytest.raises(TypeError, match="read_ahead"):
+        DataLoader(config, read_ahead=False)
+
+
+def test_the_names_torch_users_know():
+    from loader import torch as adapter
+
+    assert adapter.StatefulDataLoader is adapter.DataLoader
+
+
+_WITHOUT_TORCH = """
+import sys
+sys.modules["torch"] = None  # as if not installed: importing it raises ImportError
+import loader.torch  # the module imports without torch
+from loader.errors import MissingDependencyError
+try:
+    loader.torch.DataLoader("tcp://127.0.0.1:1")
+except MissingDependencyError as exc:
+    print(type(exc).__name__, isinstance(exc, ImportError), exc)
+"""
+
+
+def test_without_torch_the_module_imports_and_using_it_says_how_to_install(runs_without_torch):
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TORCH], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, check=True
+    )
+    assert done.stdout.startswith("MissingDependencyError True ")
+    assert "pip install torch" in done.stdout
+    assert issubclass(MissingDependencyError, LoaderError)
