@@ -25,6 +25,7 @@ from loader.service import protocol as P
 from loader.service.blocks import block_nbytes, block_rows
 from workers.arena_writer import ArenaWriter
 from workers.columns import ChunkBuilder, rows_for_bytes
+from workers.mapping import SampleMappers
 from workers.sources import FileSource
 
 log = logging.getLogger("loader.worker")
@@ -56,7 +57,8 @@ class FileJob:
         path = self.lease.path
         try:
             source = FileSource(self.config, path)
-            mappers = self._mappers()
+            lease = self.lease
+            mappers = SampleMappers(self._mappers(), seed=lease.seed, epoch=lease.epoch, file_key=lease.file_key)
         except Exception as exc:  # every failure travels as a message
             if self._failed(exc, None):
                 self._done(sent=0, skipped=1)
@@ -101,6 +103,14 @@ class FileJob:
         # A first block of one row tells the row size, so big rows never make a huge first message.
         rows, record, sent, skipped = 1, 0, 0, 0
         fresh: FileSource | None = None  # a reader reopened to salvage a failed block (closed here)
+        if self.lease.start:
+            # Records before the lease's start were taken from an earlier lease (a cut or resumed file).
+            try:
+                _skip_records(source, self.lease.start)
+            except Exception as exc:
+                self._failed(exc, self.lease.start)
+                return (0, 1) if self.config.pipeline.on_error == "skip" else None
+            record = self.lease.start
         try:
             while True:
                 self._check()
@@ -175,10 +185,11 @@ class FileJob:
             source.close()
             raise
 
-    def _send_samples(self, source: FileSource, mappers: list[Any]) -> tuple[int, int] | None:
+    def _send_samples(self, source: FileSource, mappers: SampleMappers) -> tuple[int, int] | None:
         builder = ChunkBuilder(source.fields, self.config.workers.samples_per_message)
         samples = source.samples()
         record = sent = skipped = 0
+        start = self.lease.start  # records before it were taken from an earlier lease: read, not mapped or sent
         while True:
             self._check()
             try:
@@ -195,10 +206,11 @@ class FileJob:
                     continue
                 skipped += 1
                 break
+            if record < start:
+                record += 1
+                continue
             try:
-                for mapper in mappers:
-                    sample = mapper(sample)
-                builder.add(record, sample)
+                builder.add(record, mappers(sample, record))
             except Exception as exc:
                 if not self._failed(exc, record):
                     return None

@@ -256,3 +256,64 @@ def test_state_is_small_and_json(data: Any) -> None:
         next(iter(data_loader.epoch()))
         text = json.dumps(data_loader.state_dict())
     assert len(text) < 4096
+
+
+RNG_MAPPERS = '''
+import numpy as np
+
+
+def tag(sample, rng):
+    (value,) = sample
+    return (np.array([int(value), int(rng.integers(2**62))], dtype=np.int64),)
+
+
+def tag_again(sample, *, rng):  # keyword-only: gets the same sample's generator, after ``tag`` drew from it
+    (row,) = sample
+    return (np.array([row[0], row[1], int(rng.integers(2**62))], dtype=np.int64),)
+
+
+def plain(sample):
+    return sample
+'''
+
+
+def test_mappers_with_rng_draw_from_seed_epoch_file_and_record(data: Any, tmp_path: Any) -> None:
+    directory, _ = data
+    (tmp_path / "rng_mappers.py").write_text(RNG_MAPPERS)
+
+    def cfg(workers: int) -> Any:
+        return loader.config.LoaderConfig.from_dict(
+            {
+                "source": {"files": [str(directory / "*.npy")]},
+                "pipeline": {
+                    "batch_size": 8,
+                    "shuffle_buffer": 50,
+                    "seed": 11,
+                    "mappers": ["rng_mappers:tag", "rng_mappers:plain", "rng_mappers:tag_again"],
+                },
+                "workers": {"count": workers, "samples_per_message": 16, "heartbeat_timeout_s": 2.0},
+                "service": {"bind": "tcp://127.0.0.1:*"},
+                "import_path": [str(tmp_path)],
+            }
+        )
+
+    where: dict[int, tuple[int, int]] = {}  # id -> (file key, record), from how write_id_files lays ids out
+    start = 0
+    for key, size in enumerate(SIZES):
+        for record in range(size):
+            where[start + record] = (key, record)
+        start += size + 1000
+
+    def rows(batches: Any) -> list[list[list[int]]]:
+        return [np.asarray(b["data"]).tolist() for b in batches]
+
+    with loader.Loader(cfg(1)) as data_1:
+        one = [rows(data_1.epoch(e)) for e in (0, 1)]
+    with running_daemon(cfg(3)) as daemon, clients(daemon.endpoint, 1) as [client]:
+        three = [rows(client.epoch(e)) for e in (0, 1)]
+    assert one == three, "the same draws, batch by batch, whatever the worker count"
+    for epoch, batches in enumerate(one):
+        for row in (r for batch in batches for r in batch):
+            expected = np.random.default_rng((11, epoch, *where[row[0]]))
+            assert row[1:] == [int(expected.integers(2**62)), int(expected.integers(2**62))]
+    assert one[0] != one[1], "each epoch draws afresh"

@@ -122,6 +122,9 @@ class ClientDesk:
         cap = self.config.service.max_clients
         if peer not in self.stage.sessions and len(self.stage.sessions) >= cap:
             return self._refuse(peer, f"the daemon serves {cap} clients, its cap (service.max_clients)", "capacity")
+        old = self.stage.sessions.get(peer)
+        if old is not None:
+            self.drop(old, "said hello again")  # its job's streams go with it, not just the session
         session = self.stage.open_session(peer, rank, world_size, hello.prefetch)
         session.dataset, session.settings = dataset.name, dataset.settings
         self._join_job(session, dataset, hello.job)

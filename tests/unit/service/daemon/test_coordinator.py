@@ -1,14 +1,15 @@
-"""Coordinator: seeded file order, disjoint shares, leases, re-lease on worker death."""
+"""Coordinator: leases, the stage's gate, re-queues and re-lease on worker death; the seeded file order."""
 
 from __future__ import annotations
 
 import time
 
-from loader.service.daemon.coordinator import Coordinator, file_order
+from loader.service.daemon.coordinator import SCAN_JOBS, Coordinator
+from loader.service.order import file_order
 
 
 def _coordinator(n=10, **kw):
-    return Coordinator([f"/d/f{i}" for i in range(n)], seed=5, shuffle_files=True, heartbeat_timeout_s=1.0, **kw)
+    return Coordinator([f"/d/f{i}" for i in range(n)], heartbeat_timeout_s=1.0, **kw)
 
 
 def test_file_order_is_seeded_per_epoch_golden():
@@ -18,14 +19,6 @@ def test_file_order_is_seeded_per_epoch_golden():
 
 
 GOLDEN_EPOCH0 = [1, 4, 2, 3, 5, 0]  # np.random.default_rng((5, 0)).permutation(6)
-
-
-def test_shares_are_disjoint_and_cover_all_files():
-    coord = _coordinator(11)
-    for epoch in range(3):
-        shares = [coord.share(epoch, r, 3) for r in range(3)]
-        flat = [i for s in shares for i in s]
-        assert sorted(flat) == list(range(11))
 
 
 def test_leases_round_robin_and_requeue_on_death():
@@ -40,6 +33,7 @@ def test_leases_round_robin_and_requeue_on_death():
     assert [j.file_index for j in orphans] == [a.file_index]
     again = coord.next_job(w2)
     assert again.file_index == a.file_index, "an orphaned file goes to the front of its queue"
+    assert coord.re_leases == 1
 
 
 def test_job_finished_and_cancel():
@@ -53,14 +47,43 @@ def test_job_finished_and_cancel():
     assert coord.cancel_stream(1) and coord.queued() == 0 and coord.leased() == 0
 
 
-def test_may_lease_gates_leasing():
-    allowed = {"ok": False}
-    coord = _coordinator(2, may_lease=lambda sid: allowed["ok"])
-    coord.enqueue(1, 0, [0, 1])
+def test_may_lease_gates_leasing_per_file_and_skips_to_the_first_allowed():
+    allowed = set()
+    coord = _coordinator(3, may_lease=lambda sid, file_index: file_index in allowed)
+    coord.enqueue(1, 0, [0, 1, 2])
     w = coord.hello("w", b"p", 1)
     assert coord.next_job(w) is None
-    allowed["ok"] = True
-    assert coord.next_job(w) is not None
+    allowed.add(1)
+    job = coord.next_job(w)
+    assert job is not None and job.file_index == 1
+    assert coord.queued(1) == 2, "the files it passed over stay queued in order"
+
+
+def test_the_gate_looks_at_a_bounded_number_of_queued_jobs():
+    seen = []
+    coord = _coordinator(SCAN_JOBS + 10, may_lease=lambda sid, file_index: seen.append(file_index) or False)
+    coord.enqueue(1, 0, list(range(SCAN_JOBS + 10)))
+    assert coord.next_job(coord.hello("w", b"p", 1)) is None
+    assert len(seen) == SCAN_JOBS
+
+
+def test_lease_starts_where_the_stage_asks():
+    coord = _coordinator(2, lease_start=lambda sid, file_index: 40 + file_index)
+    coord.enqueue(1, 0, [1, 0])
+    job = coord.next_job(coord.hello("w", b"p", 1))
+    assert (job.file_index, job.start) == (1, 41)
+
+
+def test_requeue_cancels_the_lease_and_queues_the_file_first():
+    coord = _coordinator(3)
+    coord.enqueue(1, 0, [0, 1, 2])
+    w = coord.hello("w", b"p", 1)
+    job = coord.next_job(w)
+    cancelled = coord.requeue(1, job.file_index)
+    assert cancelled == [("w", job.lease_id)] and not w.leases
+    again = coord.next_job(w)
+    assert again.file_index == job.file_index and again.lease_id != job.lease_id
+    assert coord.was_owned("w", job.lease_id, job.token), "late data of the cut lease is not a forgery"
 
 
 def test_silent_worker_is_found_dead():
@@ -69,3 +92,13 @@ def test_silent_worker_is_found_dead():
     assert coord.find_dead() == []
     dead = coord.find_dead(now=time.monotonic() + 5)
     assert dead and dead[0][0] is w and "heartbeat" in dead[0][1]
+
+
+def test_a_worker_holding_a_lease_without_progress_is_hung():
+    coord = _coordinator(1, progress_timeout_s=2.0)
+    coord.enqueue(1, 0, [0])
+    w = coord.hello("w", b"p", 1)
+    coord.next_job(w)
+    w.last_seen = time.monotonic() + 10  # heartbeats keep coming
+    dead = coord.find_dead(now=time.monotonic() + 5)
+    assert dead and "no progress" in dead[0][1]

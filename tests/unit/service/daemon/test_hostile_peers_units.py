@@ -48,7 +48,7 @@ def test_refusals_are_all_counted_but_logged_once_per_peer_per_minute(caplog, mo
 
 # -- leases ------------------------------------------------------------------------------------------------------
 def test_data_is_owned_only_by_the_lease_holder_with_its_token():
-    coordinator = Coordinator(["a", "b"], seed=1, shuffle_files=False, heartbeat_timeout_s=5.0)
+    coordinator = Coordinator(["a", "b"], heartbeat_timeout_s=5.0)
     coordinator.enqueue(7, 0, [0, 1])
     holder, other = coordinator.add_worker("w1"), coordinator.add_worker("w2")
     job = coordinator.next_job(holder)
@@ -185,7 +185,7 @@ def test_a_handler_that_raises_on_a_peers_message_is_counted_and_the_daemon_goes
         monkeypatch.setattr(daemon.clients, "hello", boom)
         monkeypatch.setattr(daemon.stage, "on_done", boom)
         daemon._on_control(b"peer", P.encode(P.ClientHello()))
-        daemon.coordinator.may_lease = lambda stream_id: True
+        daemon.coordinator.may_lease = lambda stream_id, file_index: True
         job_holder = daemon.coordinator.add_worker("w")
         daemon.coordinator.enqueue(1, 0, [0])
         job = daemon.coordinator.next_job(job_holder)

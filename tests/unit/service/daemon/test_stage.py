@@ -41,10 +41,10 @@ def _done(stream, f, sent):
 
 def _open(stage, files, credits=100):
     session = stage.open_session(b"peer", 0, 1, prefetch=credits)
-    stream = stage.new_stream(session, 0, files)
-    stream.gen = 1
-    session.current = stream
-    session.credits = credits
+    stream = stage.new_stream(
+        settings=stage.settings, epoch=0, world_size=1, order=list(files), job="job", prefetch=session.prefetch
+    )
+    stage.attach(session, stream, gen=1, credits=credits)
     return session, stream
 
 
@@ -63,18 +63,23 @@ def test_batches_flow_with_credits_and_end_follows():
     assert rec.messages[-1][1].samples == 10
 
 
-def test_epoch_waits_for_done_marker_and_all_records():
+def test_epoch_ends_only_when_every_file_is_done():
+    # A worker sends a file's chunks, then its FILE_DONE, on one connection: the done marker closes the file.
     rec = Recorder()
     stage = _stage(rec)
     session, stream = _open(stage, [0, 1])
-    stage.on_done(_done(stream, 0, 3))
     stage.on_chunk(*_chunk(stream, 0, 0, [1, 2]))
+    stage.on_chunk(*_chunk(stream, 1, 0, [7]))
     stage.pump(session)
-    assert P.End not in rec.kinds()
+    assert rec.kinds() == []
     stage.on_chunk(*_chunk(stream, 0, 2, [3]))
-    stage.on_done(_done(stream, 1, 0))
+    stage.on_done(_done(stream, 0, 3))
+    stage.pump(session)
+    assert P.End not in rec.kinds(), "file 1 is not done yet"
+    stage.on_done(_done(stream, 1, 1))
     stage.pump(session)
     assert rec.kinds() == [P.Batch, P.End]
+    assert rec.messages[0][2]["x"].tolist() == [1, 2, 3, 7], "files in the epoch's order"
 
 
 def test_chunks_of_unknown_or_failed_streams_are_dropped():
@@ -83,7 +88,7 @@ def test_chunks_of_unknown_or_failed_streams_are_dropped():
     session, stream = _open(stage, [0])
     stage.on_chunk(P.Chunk(stream=999, file=0, lease=1, worker="w1", record=0, count=1), {"x": np.zeros(1)})
     stage.on_file_error(P.FileError(stream=stream.stream_id, file=0, lease=1, worker="w1", error={"type": "Boom"}))
-    assert stage.events[-1] == StreamFailed(session, stream, {"type": "Boom"})
+    assert stage.events[-1] == StreamFailed(stream, {"type": "Boom"})
     stage.on_chunk(*_chunk(stream, 0, 0, [1, 2]))
     assert stream.rows_buffered == 0
 
@@ -91,10 +96,10 @@ def test_chunks_of_unknown_or_failed_streams_are_dropped():
 def test_may_lease_stops_when_buffer_is_full():
     stage = _stage(Recorder())
     session, stream = _open(stage, [0], credits=0)
-    assert stage.may_lease(stream.stream_id)
-    stage.on_chunk(*_chunk(stream, 0, 0, list(range(stage.buffer_limit_rows(session)))))
-    assert not stage.may_lease(stream.stream_id)
-    assert not stage.may_lease(12345)
+    assert stage.may_lease(stream.stream_id, 0)
+    stage.on_chunk(*_chunk(stream, 0, 0, list(range(stage.buffer_limit_rows(stream)))))
+    assert not stage.may_lease(stream.stream_id, 0)
+    assert not stage.may_lease(12345, 0)
 
 
 @settings(max_examples=60, deadline=None)

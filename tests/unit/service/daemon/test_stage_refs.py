@@ -46,8 +46,10 @@ def _setup(pool, *, shm=True, batch_size=4, shuffle=0, drop_last=False, files=(0
     )
     session = stage.open_session(b"peer", 0, 1, prefetch=100)
     stage.on_epoch_request(session, shm)
-    stream = stage.new_stream(session, 0, list(files))
-    stream.gen, session.current, session.credits = 1, stream, 100
+    stream = stage.new_stream(
+        settings=stage.settings, epoch=0, world_size=1, order=list(files), job="job", prefetch=session.prefetch
+    )
+    stage.attach(session, stream, gen=1, credits=100)
     return rec, stage, session, stream, pool.create()
 
 

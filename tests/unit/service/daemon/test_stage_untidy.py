@@ -90,19 +90,19 @@ def test_a_file_that_failed_for_good_under_skip_keeps_what_arrived():
 def test_the_stage_stops_accepting_when_full_unless_a_client_starves():
     stage = _stage(Recorder())
     session, stream = _open(stage, [0], credits=0)
-    limit = stage.buffer_limit_rows(session)
+    limit = stage.buffer_limit_rows(stream)
     assert stage.accepting()
     stage.on_chunk(*_chunk(stream, 0, 0, np.arange(2 * limit)))
     assert not stage.accepting()  # over twice the lease bound and the client has taken nothing
-    stage.on_credit(session, stream.gen, 1)
+    stage.on_credit(session, stream.gens[0], 1)
     stage.pump(session)  # one batch out: below the bound again
     assert stage.accepting()
     stage.on_chunk(*_chunk(stream, 0, 2 * limit, np.arange(8)))
     assert not stage.accepting()
     # Another client waits with credits and nothing to receive: pausing would starve it behind this one.
     other = stage.open_session(b"other", 0, 1, prefetch=2)
-    other.current = stage.new_stream(other, 0, [1])
-    other.current.gen, other.credits = 1, 2
+    waiting = stage.new_stream(settings=stage.settings, epoch=0, world_size=1, order=[1], job="other", prefetch=2)
+    stage.attach(other, waiting, gen=1, credits=2)
     assert stage.accepting()
 
 
