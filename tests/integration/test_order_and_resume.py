@@ -258,7 +258,7 @@ def test_state_is_small_and_json(data: Any) -> None:
     assert len(text) < 4096
 
 
-RNG_MAPPERS = '''
+RNG_MAPPERS = """
 import numpy as np
 
 
@@ -274,7 +274,7 @@ def tag_again(sample, *, rng):  # keyword-only: gets the same sample's generator
 
 def plain(sample):
     return sample
-'''
+"""
 
 
 def test_mappers_with_rng_draw_from_seed_epoch_file_and_record(data: Any, tmp_path: Any) -> None:
