@@ -88,6 +88,39 @@ def collect_ids(batches: Any, field: str = "data") -> list[int]:
     return out
 
 
+def collect_ranks(ranks: list[Any], field: str = "data", timeout_s: float = 60.0) -> list[list[int]]:
+    """The ids each rank's client reads in one epoch, every rank reading at once (one thread each).
+
+    Ranks of a job cut one global stream: a rank runs ahead of the others by at most a bounded
+    buffer, as in data-parallel training. So ranks must read together, never one after another."""
+    got: list[list[int] | BaseException | None] = [None] * len(ranks)
+
+    def read(r: int) -> None:
+        try:
+            got[r] = collect_ids(ranks[r].epoch(), field)
+        except BaseException as exc:  # reported below, on the test's thread
+            got[r] = exc
+
+    threads = [threading.Thread(target=read, args=(r,), name=f"rank-{r}", daemon=True) for r in range(len(ranks))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout_s)
+        assert not thread.is_alive(), f"{thread.name} did not finish its epoch within {timeout_s}s"
+    for result in got:
+        if isinstance(result, BaseException):
+            raise result
+    return [list(result or []) for result in got]
+
+
+def assert_ranks_cover_once(per_rank: list[list[int]], ids: list[int]) -> None:
+    """Ranks together deliver every id; the only repeats are the padding of the last step
+    (at most world_size - 1 samples, so that every rank gets a batch)."""
+    flat = [i for got in per_rank for i in got]
+    assert set(flat) == set(ids)
+    assert len(ids) <= len(flat) <= len(ids) + len(per_rank) - 1
+
+
 @pytest.fixture
 def id_files(tmp_path: Any) -> tuple[Any, list[int]]:
     data = tmp_path / "data"

@@ -14,7 +14,14 @@ from loader.service import protocol as P
 from loader.service import transport
 from loader.service.client.client import query_status
 from tests.helpers import wait_until
-from tests.integration.conftest import collect_ids, make_config, running_daemon, write_id_files
+from tests.integration.conftest import (
+    assert_ranks_cover_once,
+    collect_ids,
+    collect_ranks,
+    make_config,
+    running_daemon,
+    write_id_files,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -53,10 +60,7 @@ def test_world_size_two_gives_disjoint_shares_covering_everything(served):
     daemon, ids = served
     with Client(daemon.endpoint, rank=0, world_size=2) as a, Client(daemon.endpoint, rank=1, world_size=2) as b:
         for _ in range(2):
-            got_a = collect_ids(a.epoch())
-            got_b = collect_ids(b.epoch())
-            assert not set(got_a) & set(got_b)
-            assert collections.Counter(got_a + got_b) == collections.Counter(ids)
+            assert_ranks_cover_once(collect_ranks([a, b]), ids)
 
 
 def _workers(status: dict) -> set[tuple[str, int | None]]:

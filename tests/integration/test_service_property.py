@@ -7,7 +7,14 @@ import collections
 import pytest
 
 from loader import Client
-from tests.integration.conftest import collect_ids, make_config, running_daemon, write_id_files
+from tests.integration.conftest import (
+    assert_ranks_cover_once,
+    collect_ids,
+    collect_ranks,
+    make_config,
+    running_daemon,
+    write_id_files,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -30,6 +37,4 @@ def test_exactly_once(tmp_path, workers, shuffle):
                 assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
         with Client(daemon.endpoint, rank=0, world_size=2) as a, Client(daemon.endpoint, rank=1, world_size=2) as b:
             for _ in range(2):
-                got_a, got_b = collect_ids(a.epoch()), collect_ids(b.epoch())
-                assert not set(got_a) & set(got_b)
-                assert collections.Counter(got_a + got_b) == collections.Counter(ids)
+                assert_ranks_cover_once(collect_ranks([a, b]), ids)

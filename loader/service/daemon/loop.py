@@ -112,6 +112,7 @@ class Daemon:
         self.late_data = 0  # data messages of leases that ended meanwhile, dropped (not an attack)
         self.bytes_received = 0  # of data messages from workers
         self.metrics: MetricsServer | None = None  # the operators' HTTP endpoint (service.metrics), started last
+        self._metrics_failed = False
         self._auth, own_keys = _authentication(config.service)
         try:
             # Bind first: a daemon that cannot bind (port in use) touches nothing in /dev/shm.
@@ -262,7 +263,12 @@ class Daemon:
                     self.stage.refs.forget_arena(arena_id)
             self.autoscaler.tick(now)
             if self.metrics is not None and self.metrics.due(now):
-                self.metrics.publish(self.metrics.snapshotter.take(self, now))
+                try:
+                    self.metrics.publish(self.metrics.snapshotter.take(self, now))
+                except Exception:  # operators lose a scrape, never the daemon
+                    if not self._metrics_failed:  # once: the same failure would recur at every snapshot
+                        log.exception("taking the metrics snapshot failed; serving goes on")
+                    self._metrics_failed = True
 
     @property
     def rejected_messages(self) -> int:

@@ -122,10 +122,12 @@ class Snapshotter:
             add("loader_client_credits", session.credits, **who)
             stream = session.current
             if stream is not None:
-                add("loader_epoch", stream.epoch, **ds, **who)
-                add("loader_epoch_files", len(stream.files), **ds, **who)
-                add("loader_epoch_files_done", len(stream.files) - len(stream.incomplete), **ds, **who)
-                add("loader_epoch_samples_sent", stream.samples_sent, **ds, **who)
+                mine = {"dataset": session.dataset}
+                files = len(stream.sequencer.order)
+                add("loader_epoch", stream.epoch, **mine, **who)
+                add("loader_epoch_files", files, **mine, **who)
+                add("loader_epoch_files_done", files - len(stream.sequencer.incomplete), **mine, **who)
+                add("loader_epoch_samples_sent", stream.samples_sent.get(session.rank, 0), **mine, **who)
         add("loader_clients", len(daemon.stage.sessions))
         add("loader_workers", len(alive), state="alive")
         add("loader_workers", connected, state="connected")

@@ -131,6 +131,7 @@ class Stream:
     starved_since: float | None = None
     step_rows: int = 0  # rows in ``steps`` not yet sent
     samples_sent: dict[int, int] = field(default_factory=dict)  # rank -> samples sent it
+    arrived: dict[int, int] = field(default_factory=dict)  # file -> records that reached the stage from its lease
 
     @property
     def input_done(self) -> bool:
@@ -283,7 +284,10 @@ class Stage:
     def lease_start(self, stream_id: int, file_index: int) -> int:
         """A lease of this file begins now: the record it starts at (what the stream has not yet taken)."""
         stream = self.streams.get(stream_id)
-        return stream.sequencer.lease_start(file_index) if stream is not None else 0
+        if stream is None:
+            return 0
+        stream.arrived[file_index] = 0
+        return stream.sequencer.lease_start(file_index)
 
     # -- streams ------------------------------------------------------------
     def new_stream(
@@ -360,6 +364,7 @@ class Stage:
         if stream is None or stream.failed or chunk.file not in stream.sequencer.files:
             self.refs.release_blocks([columns], names)
             return
+        stream.arrived[chunk.file] = stream.arrived.get(chunk.file, 0) + chunk.count
         indexes = columns.pop(P.INDEX_COLUMN, None)
         if indexes is not None:
             records = np.asarray(indexes, dtype=np.int64)
@@ -471,6 +476,20 @@ class Stage:
     def on_done(self, done: P.FileDone) -> None:
         stream = self.streams.get(done.stream)
         if stream is None or stream.failed:
+            return
+        arrived = stream.arrived.get(done.file, 0)
+        if arrived != done.sent:
+            # A lease's chunks and its FILE_DONE travel in order on one connection, so a shortfall means a
+            # chunk was lost on the way (dropped as malformed or unowned): completing the file would lose
+            # its records without a word.
+            state = stream.sequencer.files.get(done.file)
+            message = (
+                f"the worker sent {done.sent} record(s) of this file in chunks but {arrived} arrived "
+                "(a chunk was lost on the way; the daemon's log says why)"
+            )
+            record = state.next_record if state is not None else None
+            error = WorkerError("LostDataError", message, worker=done.worker, file=self._path(done.file), record=record)
+            self.fail_file(stream.stream_id, done.file, error.to_dict())
             return
         self._complete_file(stream, done.file, done.skipped + stream.rejected.pop(done.file, 0))
 

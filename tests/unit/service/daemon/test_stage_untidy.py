@@ -111,3 +111,31 @@ def test_prefetch_stays_below_the_sockets_high_water_mark():
     assert MAX_PREFETCH + 8 <= HIGH_WATER_MARK
     stage = _stage(Recorder())
     assert stage.open_session(b"p", 0, 1, prefetch=10**6).prefetch == MAX_PREFETCH
+
+
+def test_a_file_done_whose_chunks_did_not_all_arrive_fails_the_file_instead_of_losing_records():
+    stage = _stage(Recorder())
+    _, stream = _open(stage, [0, 1])
+    stage.lease_start(stream.stream_id, 0)
+    stage.on_chunk(*_chunk(stream, 0, 0, np.arange(4)))
+    # records 4..7 were sent in a chunk the daemon dropped (malformed, or refused on the way)
+    stage.on_done(P.FileDone(stream=stream.stream_id, file=0, lease=1, worker="w1", sent=8))
+    failed = [e for e in stage.events if isinstance(e, StreamFailed)]
+    assert len(failed) == 1
+    error = failed[0].error
+    assert error["type"] == "LostDataError" and error["file"] == "/data/a.npy" and error["record"] == 4
+    assert "sent 8 record(s)" in error["message"] and "4 arrived" in error["message"]
+
+
+def test_a_new_lease_counts_its_own_chunks():
+    rec = Recorder()
+    stage = _stage(rec)
+    session, stream = _open(stage, [0])
+    stage.lease_start(stream.stream_id, 0)
+    stage.on_chunk(*_chunk(stream, 0, 0, np.arange(3)))  # the first lease's worker dies here
+    assert stage.lease_start(stream.stream_id, 0) == 3, "the next lease starts after what was taken"
+    stage.on_chunk(*_chunk(stream, 0, 3, np.arange(3, 5)))
+    stage.on_done(P.FileDone(stream=stream.stream_id, file=0, lease=2, worker="w1", sent=2))
+    stage.pump(session)
+    assert not [e for e in stage.events if isinstance(e, StreamFailed)]
+    assert [m[2]["x"].tolist() for m in rec.messages if isinstance(m[1], P.Batch)] == [[0, 1, 2, 3], [4]]
