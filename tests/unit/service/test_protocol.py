@@ -27,13 +27,25 @@ from loader.service import protocol as P
 # -- what each kind carries --------------------------------------------------------------------------------------
 # A field's category says what it accepts; "?" marks an optional one (nil on the wire, or absent, is fine).
 COUNT, TEXT, PATH, FLAG, SECONDS, MAPPING, REFS = "count", "text", "path", "flag", "seconds", "mapping", "refs"
+ANCHOR = "anchor"
 VERSIONED = {"v": COUNT, "lv": TEXT}
 FILE = {"s": COUNT, "f": COUNT, "l": COUNT, "w": TEXT, "t": TEXT}
 FIELDS: dict[type[P.Message], dict[str, str]] = {
     P.Hello: {**VERSIONED, "worker": TEXT + "?", "pid": COUNT + "?"},
     P.Welcome: {**VERSIONED, "worker": TEXT, "config": MAPPING, "data": TEXT, "shm": MAPPING + "?"},
     P.LeaseRequest: {},
-    P.Lease: {"lease": COUNT, "s": COUNT, "e": COUNT, "f": COUNT, "path": PATH, "ds": TEXT, "t": TEXT},
+    P.Lease: {
+        "lease": COUNT,
+        "s": COUNT,
+        "e": COUNT,
+        "f": COUNT,
+        "path": PATH,
+        "ds": TEXT,
+        "t": TEXT,
+        "start": COUNT,
+        "seed": COUNT,
+        "fk": COUNT,
+    },
     P.Heartbeat: {},
     P.Cancel: {"lease": COUNT},
     P.Bye: {"reason": TEXT},
@@ -48,7 +60,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
     P.Chunk: {**FILE, "r": COUNT, "n": COUNT, "sk": TEXT, "refs": REFS + "?"},
     P.FileDone: {**FILE, "sent": COUNT, "skipped": COUNT},
     P.FileError: {**FILE, "error": MAPPING},
-    P.ClientHello: {**VERSIONED, "rank": COUNT, "world_size": COUNT, "prefetch": COUNT, "ds": TEXT},
+    P.ClientHello: {**VERSIONED, "rank": COUNT, "world_size": COUNT, "prefetch": COUNT, "ds": TEXT, "job": TEXT},
     P.ClientWelcome: {
         **VERSIONED,
         "session": COUNT,
@@ -58,10 +70,28 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
         "ping_s": SECONDS,
         "shm": MAPPING + "?",
         "batches": COUNT + "?",
+        "samples": COUNT + "?",
+        "fp": MAPPING + "?",
     },
-    P.Epoch: {"e": COUNT, "g": COUNT, "credit": COUNT + "?", "ahead": FLAG, "shm": FLAG},
+    P.Epoch: {
+        "e": COUNT,
+        "g": COUNT,
+        "credit": COUNT + "?",
+        "ahead": FLAG,
+        "shm": FLAG,
+        "pos": COUNT,
+        "anchor": ANCHOR + "?",
+    },
     P.Credit: {"n": COUNT, "g": COUNT + "?", "ws": SECONDS + "?"},
-    P.Batch: {"e": COUNT, "g": COUNT + "?", "n": COUNT, "sk": TEXT, "refs": REFS + "?"},
+    P.Batch: {
+        "e": COUNT,
+        "g": COUNT + "?",
+        "n": COUNT,
+        "sk": TEXT,
+        "refs": REFS + "?",
+        "pos": COUNT,
+        "anchor": ANCHOR + "?",
+    },
     P.End: {"e": COUNT, "g": COUNT + "?", "batches": COUNT, "samples": COUNT},
     P.Ping: {},
     P.Pong: {},
@@ -96,7 +126,10 @@ EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
         {},
     ),
     P.LeaseRequest: (P.LeaseRequest(), {}),
-    P.Lease: (P.Lease(lease=7, stream=3, epoch=2, file=11, path="/data/part-0011.npy"), {}),
+    P.Lease: (
+        P.Lease(lease=7, stream=3, epoch=2, file=11, path="/data/part-0011.npy", start=40, seed=5, file_key=3),
+        {},
+    ),
     P.Heartbeat: (P.Heartbeat(), {}),
     P.Cancel: (P.Cancel(lease=7), {}),
     P.Bye: (P.Bye(reason="stopping"), {}),
@@ -112,17 +145,27 @@ EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
     ),
     P.FileDone: (P.FileDone(stream=3, file=11, lease=7, worker="w1", sent=100, skipped=2), {}),
     P.FileError: (P.FileError(stream=3, file=11, lease=7, worker="w1", error=ERROR_DICT), {}),
-    P.ClientHello: (P.ClientHello(rank=1, world_size=4, prefetch=8), {}),
+    P.ClientHello: (P.ClientHello(rank=1, world_size=4, prefetch=8, job="train"), {}),
     P.ClientWelcome: (
         P.ClientWelcome(
-            session=9, batch_size=32, batch_format="stacked", files=100, ping_s=0.5, shm={"arenas": []}, batches=4
+            session=9,
+            batch_size=32,
+            batch_format="stacked",
+            files=100,
+            ping_s=0.5,
+            shm={"arenas": []},
+            batches=4,
+            samples=130,
+            fingerprint={"seed": 5},
         ),
         {},
     ),
-    P.Epoch: (P.Epoch(epoch=2, gen=6, credit=4, ahead=False, shm=True), {}),
+    P.Epoch: (P.Epoch(epoch=2, gen=6, credit=4, ahead=False, shm=True, position=96, anchor=[1, 4, 17]), {}),
     P.Credit: (P.Credit(n=3, gen=6, wait_s=0.25), {}),
     P.Batch: (
-        P.Batch(epoch=2, gen=6, count=2, sample_kind="dict", refs={"x": {0: ["<f4", [4]]}}),
+        P.Batch(
+            epoch=2, gen=6, count=2, sample_kind="dict", refs={"x": {0: ["<f4", [4]]}}, position=64, anchor=[0, 0, 0]
+        ),
         {"x": np.array([[1, 0, 0], [1, 1, 0]], np.int64), "y": np.array([[1.5, 2.5], [3.5, 4.5]])},
     ),
     P.End: (P.End(epoch=2, gen=6, batches=10, samples=317), {}),
@@ -138,6 +181,7 @@ BAD: dict[str, list] = {
     FLAG: [1, 0, "true", None, 1.0, [True]],
     SECONDS: [-0.5, -1, math.nan, math.inf, -math.inf, True, "1", None, [1.0]],
     MAPPING: [[], "x", 5, None, True, b"{}"],
+    ANCHOR: [[], [0, 0], [0, 0, 0, 0], [0, -1, 0], [0, 1.5, 0], "000", None, {"w": 0}, [True, 0, 0]],
     REFS: [
         [],
         "x",
@@ -299,7 +343,8 @@ def test_versioned_messages_and_mismatch_lines():
     assert P.version_mismatch(hello, "worker w1") is None
     old, _ = P.decode(_frames({"k": "hello", "worker": "w0"}))  # peers from before the check spoke version 1
     assert (old.version, old.package) == (1, "unknown")
-    assert P.version_mismatch(old, "an old peer") is None
+    line = P.version_mismatch(old, "an old peer")  # version 1 knew no lease start, seed or anchor
+    assert line is not None and line.startswith("an old peer speaks loader protocol 1 (loader unknown)")
     for cls in (P.Hello, P.ClientHello, P.Error):
         line = P.version_mismatch(cls(version=7, package="3.0"), "worker w2")
         assert line is not None and "\n" not in line
