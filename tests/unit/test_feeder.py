@@ -156,12 +156,12 @@ def test_decorate_reader_single_and_multi_devices():
         feeder.decorate_reader(batches, multi_devices=True, num_places=-1)
 
 
-def test_feed_is_vectorised_enough():
-    import time
-
+def test_a_large_batch_feeds_into_one_contiguous_array_per_slot():
+    # Speed is the benchmark's business (never a timed unit test); here, that the batch is stacked once.
     feeder = DataFeeder([Field("x", [-1, 784]), Field("y", [-1, 1], "int64")])
     batch = [(np.random.rand(784).astype(np.float32), i % 10) for i in range(512)]
-    start = time.perf_counter()
-    for _ in range(20):
-        feeder.feed(batch)
-    assert time.perf_counter() - start < 2.0
+    out = feeder.feed(batch)
+    x, y = np.asarray(out["x"]), np.asarray(out["y"])
+    assert x.shape == (512, 784) and x.dtype == np.float32 and x.flags.c_contiguous
+    np.testing.assert_array_equal(x, np.stack([s[0] for s in batch]))
+    assert y.reshape(-1).tolist() == [i % 10 for i in range(512)]
