@@ -63,6 +63,9 @@ MAX_SEED = (1 << 63) - 1
 MAX_EPOCHS = 1 << 31
 MAX_INTERVAL_S = 3600.0  # heartbeats
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # progress and client timeouts: a week
+MAX_CLIENTS = 4096
+MAX_MESSAGE_MIB = 4096  # one data frame; a bigger one is a sample no batch should hold
+MAX_REORDER_WINDOW_MIB = 64 * 1024
 
 # tcp://HOST:PORT (HOST may be [ipv6] or *; PORT may be * for "any free port"), or ipc://PATH
 _TCP_BIND = re.compile(r"^tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(?P<port>\d+|\*)$")
@@ -170,6 +173,9 @@ class ServiceConfig:
     max_message_mib: int = 256
     # Shared-memory rows sent to a client stay reserved this long at most when it returns no credit for them.
     reclaim_after_s: float = 60.0
+    # Rows of later files held per stream until the file before them is complete (the reorder window):
+    # a slow worker delays its stream by at most this, and it bounds that part of the daemon's memory.
+    reorder_window_mib: int = 64
     metrics: str = ""  # "HOST:PORT" of the Prometheus, /healthz and /readyz endpoint; "" for none
     origin: str = origin_field()
 
@@ -178,10 +184,11 @@ class ServiceConfig:
         for key in ("daemon_key", "authorized_keys", "peer_key", "daemon_public_key"):
             check.text(key, optional=True)
         check.boolean("insecure")
-        check.integer("max_workers", minimum=1)
-        check.integer("max_clients", minimum=1)
-        check.integer("max_message_mib", minimum=1)
-        check.number("reclaim_after_s")
+        check.integer("max_workers", minimum=1, maximum=MAX_WORKERS)
+        check.integer("max_clients", minimum=1, maximum=MAX_CLIENTS)
+        check.integer("max_message_mib", minimum=1, maximum=MAX_MESSAGE_MIB)
+        check.number("reclaim_after_s", maximum=MAX_TIMEOUT_S)
+        check.integer("reorder_window_mib", minimum=0, maximum=MAX_REORDER_WINDOW_MIB)
         if (self.daemon_key is None) != (self.authorized_keys is None):
             check.fail("authorized_keys", "and service.daemon_key go together: give both or neither")
         check.text("bind")

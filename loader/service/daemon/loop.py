@@ -148,6 +148,7 @@ class Daemon:
             batch_format=pipeline.batch_format,
             files=self.files,
             stall_timeout_s=2 * workers.progress_timeout_s,
+            reorder_bytes=config.service.reorder_window_mib * 1024 * 1024,
         )
         self.coordinator = Coordinator(
             self.files,

@@ -8,8 +8,10 @@ from one lease at a time, in record order (a lease reads from its ``start``
 record on), so a file is put in order by dropping rows at or before the last
 record already taken: what a re-leased file sends again.
 
-Held rows are bounded (``reorder_rows``, the reorder window): a chunk of a
-later file that would hold more is refused, and the stream *cuts* that file
+Held rows are bounded by the reorder window: ``reorder_rows`` rows, or more
+while they take at most ``reorder_bytes`` bytes (small rows would otherwise
+leave a later file's worker idle behind a window of a few batches). A chunk of
+a later file that would hold more is refused, and the stream *cuts* that file
 there (``Cut``): its lease is cancelled and the file re-leased later from that
 record. So a slow worker holds the stream back by at most the reorder window,
 and memory stays bounded whatever the file sizes.
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from loader.service.blocks import Block, block_rows, select
+from loader.service.blocks import Block, block_nbytes, block_rows, select
 
 # Files after the head that may be read ahead at once (their rows are held in the reorder window).
 MAX_FILES_AHEAD = 64
@@ -37,6 +39,7 @@ class FileRows:
     cut: bool = False  # cut and not leased again yet: what its old lease still sends is not taken
     held: list[tuple[Block, np.ndarray]] = field(default_factory=list)
     held_rows: int = 0
+    held_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,14 +56,22 @@ Tagged = tuple[Block, int, np.ndarray]  # rows, order index of their file, their
 class Sequencer:
     """The in-order assembly of one stream's files; see the module docstring."""
 
-    def __init__(self, order: list[int], start_order: int, start_record: int, reorder_rows: int) -> None:
+    def __init__(
+        self, order: list[int], start_order: int, start_record: int, reorder_rows: int, reorder_bytes: int = 0
+    ) -> None:
         self.order = order  # file indexes in reading order (the whole epoch's order)
         self.head = start_order
         self.reorder_rows = reorder_rows
+        self.reorder_bytes = reorder_bytes
         self.files = {f: FileRows(i) for i, f in enumerate(order) if i >= start_order}
         if start_order < len(order):
             self.files[order[start_order]].next_record = start_record
         self.held_rows = 0
+        self.held_bytes = 0
+
+    def _room(self, rows: int, nbytes: int) -> bool:
+        """Whether ``rows`` more rows of ``nbytes`` fit the reorder window."""
+        return self.held_rows + rows <= self.reorder_rows or self.held_bytes + nbytes <= self.reorder_bytes
 
     @property
     def complete(self) -> bool:
@@ -85,7 +96,7 @@ class Sequencer:
             return False
         if state.order_index == self.head:
             return True
-        return state.order_index < self.head + MAX_FILES_AHEAD and self.held_rows < self.reorder_rows
+        return state.order_index < self.head + MAX_FILES_AHEAD and self._room(1, 1)
 
     def add(self, file_index: int, block: Block, records: np.ndarray) -> tuple[list[Tagged], list[Block], Cut | None]:
         """Rows of a file: (rows now in order, rows dropped as already taken, a cut or None)."""
@@ -103,16 +114,27 @@ class Sequencer:
         if state.order_index == self.head:
             state.next_record = int(records[-1]) + 1
             return [(block, state.order_index, records)], dropped, None
-        if self.held_rows + n > self.reorder_rows:
-            # The cut lease may still send (even FILE_DONE) before it is cancelled: none of it is taken.
-            state.cut = True
+        nbytes = block_nbytes(block)
+        if not self._room(n, nbytes):
             dropped.append(block)
-            return [], dropped, Cut(file_index, state.next_record)
+            return [], dropped, self.cut(file_index)
         state.held.append((block, records))
         state.held_rows += n
+        state.held_bytes += nbytes
         self.held_rows += n
+        self.held_bytes += nbytes
         state.next_record = int(records[-1]) + 1
         return [], dropped, None
+
+    def cut(self, file_index: int) -> Cut | None:
+        """Stop taking this file's rows until it is leased again, from the record after the last one taken.
+
+        The cut lease may still send (even FILE_DONE) before it is cancelled: none of it is taken."""
+        state = self.files.get(file_index)
+        if state is None or state.done or state.cut:
+            return None
+        state.cut = True
+        return Cut(file_index, state.next_record)
 
     def finish(self, file_index: int) -> list[Tagged]:
         """The file is complete: the rows that are in order now (its successors' held rows, when it was the head)."""
@@ -126,7 +148,8 @@ class Sequencer:
             for block, records in head.held:
                 out.append((block, head.order_index, records))
             self.held_rows -= head.held_rows
-            head.held, head.held_rows = [], 0
+            self.held_bytes -= head.held_bytes
+            head.held, head.held_rows, head.held_bytes = [], 0, 0
             if not head.done:
                 break
             self.head += 1
@@ -139,8 +162,8 @@ class Sequencer:
     def drain(self) -> list[Block]:
         out = self.blocks()
         for state in self.files.values():
-            state.held, state.held_rows = [], 0
-        self.held_rows = 0
+            state.held, state.held_rows, state.held_bytes = [], 0, 0
+        self.held_rows = self.held_bytes = 0
         return out
 
 

@@ -56,6 +56,8 @@ SendFn = Callable[[bytes, list[Any]], bool]
 # and never less than MIN_STALL_TIMEOUT_S, the time replacing a worker may take (stop, spawn, hello).
 DEFAULT_STALL_TIMEOUT_S = 240.0
 MIN_STALL_TIMEOUT_S = 30.0
+# Bytes of a stream's rows held for reordering (later files waiting for the head): ``service.reorder_window_mib``.
+DEFAULT_REORDER_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -190,11 +192,13 @@ class Stage:
         batch_format: str = "stacked",
         files: Sequence[str] = (),
         stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+        reorder_bytes: int = DEFAULT_REORDER_BYTES,
     ) -> None:
         """``files`` are the daemon's file paths by index (errors name them); ``on_error`` and
         ``batch_format`` are the pipeline's (a sample that does not fit its batch fails or is skipped)."""
         self.on_error, self.batch_format, self.files = on_error, batch_format, list(files)
         self.stall_timeout_s = max(MIN_STALL_TIMEOUT_S, stall_timeout_s)
+        self.reorder_bytes = reorder_bytes
         self.settings = StreamSettings(batch_size, drop_last, shuffle_buffer, seed)
         self.batch_size = batch_size
         self.samples_per_message = samples_per_message
@@ -256,12 +260,12 @@ class Stage:
         file size. Data keeps flowing while any client has credits and nothing to receive: pausing
         then could starve it behind a stream that is not being read (read-ahead, another job).
         Rows held in a reorder window do not count: the window bounds itself (``Sequencer``)."""
-        overfull = any(
-            s.rows_buffered - s.sequencer.held_rows >= 2 * self.buffer_limit_rows(s) for s in self.streams.values()
-        )
+        overfull = any(self._overfull(s) for s in self.streams.values())
         return not overfull or any(self._starved(session) for session in self.sessions.values())
 
     def _starved(self, session: Session) -> bool:
+        """The session waits for rows its stream does not have yet (not for another rank of its job:
+        steps kept for a rank that stopped reading fill the stream's bound, and more input would not help)."""
         stream = session.current
         return (
             stream is not None
@@ -269,17 +273,21 @@ class Stage:
             and session.credits > 0
             and self._step_for(stream, session.rank) is None
             and not stream.input_done
+            and not self._overfull(stream)
         )
+
+    def _overfull(self, stream: Stream) -> bool:
+        """The stream holds twice its bound outside the reorder window (which bounds itself)."""
+        return stream.rows_buffered - stream.sequencer.held_rows >= 2 * self.buffer_limit_rows(stream)
 
     def may_lease(self, stream_id: int, file_index: int) -> bool:
         """Whether a worker may start on this file of the stream now."""
         stream = self.streams.get(stream_id)
         if stream is None or stream.failed or not stream.sequencer.may_read(file_index):
             return False
-        limit = self.buffer_limit_rows(stream)
-        if stream.sequencer.files[file_index].order_index == stream.sequencer.head:
-            return stream.rows_buffered - stream.sequencer.held_rows < limit  # held rows wait for this one
-        return stream.rows_buffered < limit
+        # Rows held for reordering do not count: the sequencer bounds them (``may_read``), and they wait
+        # for the head file, which must always be leasable.
+        return stream.rows_buffered - stream.sequencer.held_rows < self.buffer_limit_rows(stream)
 
     def lease_start(self, stream_id: int, file_index: int) -> int:
         """A lease of this file begins now: the record it starts at (what the stream has not yet taken)."""
@@ -312,7 +320,7 @@ class Stage:
             world_size=world_size,
             settings=settings,
             position=position,
-            sequencer=Sequencer(order, order_index, record, reorder_rows=0),
+            sequencer=Sequencer(order, order_index, record, reorder_rows=0, reorder_bytes=self.reorder_bytes),
             shuffle=WindowShuffle(settings.shuffle_buffer, settings.seed, epoch, anchor),
             cutter=StepCutter(world_size, settings.batch_size, settings.drop_last, skip=skip),
             prefetch=prefetch,
@@ -377,6 +385,14 @@ class Stage:
         fitted = self._fit(stream, chunk, columns, int(records[0]) if len(records) else chunk.record)
         if fitted is None:
             self._free(stream, [columns])
+            return
+        if self._overfull(stream):
+            # Data flows because another stream's client is starved, but this stream has no room: its
+            # file is cut here and leased again from this record once the stream has room (bounded memory).
+            cut = stream.sequencer.cut(chunk.file)
+            self._free(stream, [fitted])
+            if cut is not None:
+                self.events.append(FileCut(stream.stream_id, cut.file_index))
             return
         in_order, dropped, cut = stream.sequencer.add(chunk.file, fitted, records)
         self.dropped_duplicates += sum(block_rows(b) for b in dropped) if cut is None else 0

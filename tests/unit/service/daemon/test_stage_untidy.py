@@ -7,7 +7,7 @@ import pytest
 
 from loader.config.sections import MAX_PREFETCH
 from loader.service import protocol as P
-from loader.service.daemon.stage import Stage, StreamFailed
+from loader.service.daemon.stage import FileCut, Stage, StreamFailed
 from loader.service.transport.sockets import HIGH_WATER_MARK
 from tests.unit.service.daemon.test_stage import Recorder, _done, _open
 
@@ -139,3 +139,32 @@ def test_a_new_lease_counts_its_own_chunks():
     stage.pump(session)
     assert not [e for e in stage.events if isinstance(e, StreamFailed)]
     assert [m[2]["x"].tolist() for m in rec.messages if isinstance(m[1], P.Batch)] == [[0, 1, 2, 3], [4]]
+
+
+def test_a_rank_that_stops_reading_holds_its_job_back_within_the_bound():
+    rec = Recorder()
+    stage = _stage(rec)
+    fast, slow = stage.open_session(b"fast", 0, 2, prefetch=2), stage.open_session(b"slow", 1, 2, prefetch=2)
+    stream = stage.new_stream(settings=stage.settings, epoch=0, world_size=2, order=[0, 1], job="j", prefetch=2)
+    stage.attach(fast, stream, gen=1, credits=10**6)
+    stage.attach(slow, stream, gen=1, credits=0)  # never takes a batch
+    limit = stage.buffer_limit_rows(stream)
+    cuts = []
+    for first in range(0, 50 * limit, 8):
+        stage.on_chunk(*_chunk(stream, 0, first, np.arange(first, first + 8)))
+        stage.pump(fast)
+        cuts += [e for e in stage.events if isinstance(e, FileCut)]
+        if cuts:
+            break
+        assert stage.accepting() or not stage._starved(fast), "the fast rank is held back, not starved"
+    assert cuts and cuts[0].file_index == 0, "the overfull stream's file is cut, to be read again later"
+    assert stream.rows_buffered <= 2 * limit + 8
+    assert not stage.may_lease(stream.stream_id, 0)
+    # another client starving elsewhere makes the daemon read on: this stream's chunks still take no room
+    other = stage.open_session(b"other", 0, 1, prefetch=2)
+    waiting = stage.new_stream(settings=stage.settings, epoch=0, world_size=1, order=[1], job="o", prefetch=2)
+    stage.attach(other, waiting, gen=1, credits=2)
+    assert stage.accepting()
+    before = stream.rows_buffered
+    stage.on_chunk(*_chunk(stream, 1, 0, np.arange(100)))
+    assert stream.rows_buffered == before
