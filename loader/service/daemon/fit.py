@@ -26,9 +26,22 @@ Layout = dict[str, ColumnLayout]
 RAGGED_HINT = "ragged fields need pipeline.batch_format = 'list'"
 
 
-def describe(block: Block) -> Layout:
-    """Each field's (dtype, row shape), or RAGGED for object columns."""
-    return {name: _column(values) for name, values in block.items()}
+def describe(block: Block, known: Layout | None = None) -> Layout:
+    """Each field's (dtype, row shape), or RAGGED for object columns; ``known`` gives the layout of
+    columns whose arrays do not show it (reference columns: ``of_rows``)."""
+    known = known or {}
+    return {name: known[name] if name in known else _column(values) for name, values in block.items()}
+
+
+def of_rows(rows: set[tuple[str, tuple[int, ...]] | None]) -> ColumnLayout:
+    """A column's layout from its rows' (dtype, shape) pairs (None: an object row): one pair, or RAGGED."""
+    if len(rows) != 1:
+        return RAGGED
+    (row,) = rows
+    if row is None:
+        return RAGGED
+    dtype, shape = row
+    return np.dtype(dtype).str, tuple(int(n) for n in shape)
 
 
 def _column(values: np.ndarray) -> ColumnLayout:
@@ -51,11 +64,12 @@ def field_misfit(layout: Layout, block: Block) -> str | None:
     return None
 
 
-def shape_misfits(layout: Layout, block: Block) -> dict[str, str]:
+def shape_misfits(layout: Layout, block: Block, known: Layout | None = None) -> dict[str, str]:
     """Field -> why its fixed rows do not stack with the layout's fixed rows (object rows always fit)."""
     out: dict[str, str] = {}
+    known = known or {}
     for name, values in block.items():
-        want, got = layout[name], _column(values)
+        want, got = layout[name], known[name] if name in known else _column(values)
         if want == got or RAGGED in (want, got):
             continue
         out[name] = f"field {name!r} has {_show(got)}, but the batch has {_show(want)}"
@@ -70,4 +84,4 @@ def as_objects(values: np.ndarray) -> np.ndarray:
     return out
 
 
-__all__ = ["Layout", "RAGGED", "RAGGED_HINT", "describe", "field_misfit", "shape_misfits", "as_objects"]
+__all__ = ["Layout", "RAGGED", "RAGGED_HINT", "describe", "of_rows", "field_misfit", "shape_misfits", "as_objects"]

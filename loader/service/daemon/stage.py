@@ -459,17 +459,25 @@ class Stage:
     def _fit(self, stream: Stream, chunk: P.Chunk, columns: Block, record: int) -> Block | None:
         """``columns`` made to fit the stream's batches, or None when they cannot (the file failed,
         or under ``on_error = "skip"`` the rows were counted as skipped)."""
+        # Reference columns hold three integers a row: their rows' layout comes from the specs they name.
+        known = {
+            name: fit.of_rows(self.refs.row_layouts(columns[name]))
+            for name in (stream.ref_columns or ())
+            if name in columns
+        }
         if stream.layout is None:
-            stream.layout = fit.describe(columns)
+            stream.layout = fit.describe(columns, known)
             return columns
         layout = stream.layout
         reason = fit.field_misfit(layout, columns)
-        misfits = {} if reason is not None else fit.shape_misfits(layout, columns)
+        misfits = {} if reason is not None else fit.shape_misfits(layout, columns, known)
         if reason is None and misfits and self.batch_format == "list":
             layout.update((name, fit.RAGGED) for name in misfits)  # list batches hold ragged fields as objects
             misfits = {}
         if reason is None and not misfits:
-            ragged = [n for n, v in columns.items() if layout[n] == fit.RAGGED and not v.dtype.hasobject]
+            ragged = [
+                n for n, v in columns.items() if layout[n] == fit.RAGGED and not v.dtype.hasobject and n not in known
+            ]
             # Fixed rows of a ragged field travel as objects, so no two fixed blocks of other shapes meet.
             return {n: fit.as_objects(v) if n in ragged else v for n, v in columns.items()} if ragged else columns
         if reason is None:

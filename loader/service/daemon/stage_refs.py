@@ -149,6 +149,18 @@ class RefKeeper:
                 rows.append(R.gather(one, self.specs.specs, self.arena_of, free=False)[0])
         return self._to_local(rows)
 
+    def row_layouts(self, refs: np.ndarray) -> set[tuple[str, tuple[int, ...]] | None]:
+        """The (dtype, shape) of the rows a reference column names (None for an object row): what the
+        stage checks against its batch, since the column itself is three integers a row."""
+        arena_rows = refs[refs[:, 0] != R.LOCAL_ARENA]
+        out: set[tuple[str, tuple[int, ...]] | None] = {
+            self.specs.specs[i] for i in np.unique(arena_rows[:, 2]).tolist()
+        }
+        for key in refs[refs[:, 0] == R.LOCAL_ARENA, 1].tolist():
+            row = np.asarray(self.local[key])
+            out.add(None if row.dtype.hasobject else (row.dtype.str, tuple(row.shape)))
+        return out
+
     def _to_local(self, values: Any) -> np.ndarray:
         refs = np.empty((len(values), R.REF_WIDTH), dtype=np.int64)
         for i in range(len(values)):

@@ -195,3 +195,22 @@ def test_reference_spec_of_a_dtype_numpy_does_not_know_is_dropped(pool):
     assert P.decode(P.encode(chunk, {"x": good}))[0] == chunk
     stage.on_chunk(chunk, {"x": good})
     assert stream.rows_buffered == 0
+
+
+@pytest.mark.parametrize("first_inline", [False, True])
+def test_reference_rows_of_another_width_fail_the_file_like_inline_rows(pool, first_inline):
+    from loader.service.daemon.stage import StreamFailed
+
+    rec, stage, session, stream, arena = _setup(pool, files=(0, 1))
+    stage.files = ["/data/a.npy", "/data/b.npy"]
+    stage.on_chunk(*_chunk(stream, arena, 0, 0, [0, 1], inline=first_inline))
+    wide = np.zeros((2, ROW + 8), np.float32)  # the same column, rows 8 values wider, through the arena
+    chunk = P.Chunk(stream=stream.stream_id, file=1, lease=1, worker="w1", record=5, count=2)
+    refs = R.write_column(arena, wide)
+    stage.on_chunk(dataclasses.replace(chunk, refs={"x": {0: ["<f4", [ROW + 8]]}}), {"x": refs})
+    failed = [e for e in stage.events if isinstance(e, StreamFailed)]
+    assert len(failed) == 1
+    error = failed[0].error
+    assert error["file"] == "/data/b.npy" and error["record"] == 5
+    assert f"({ROW + 8},)" in error["message"] and f"({ROW},)" in error["message"]
+    assert stream.rows_buffered == 2
