@@ -8,8 +8,10 @@ and "queue") the worker's end of its ``transport.links`` link. ``stop_event`` is
 set when the daemon process dies without stopping its workers (SIGKILL), so an
 orphaned worker exits at once rather than after its own timeouts.
 
-A ``Launcher`` starts a worker and stops one; ``LocalLauncher`` spawns a child
-process of the daemon. What ``start`` returns is the worker's handle, kept as
+Where a worker runs is ``workers.launcher``'s choice: a ``Launcher`` starts one
+and stops one. "local" (``LocalLauncher``) spawns a child process of the
+daemon; "ray" (``ray_launcher.RayLauncher``, imported only then) places a Ray
+actor. What ``start`` returns is the worker's handle, kept as
 ``WorkerRecord.process``: it answers ``is_alive()``, ``exitcode`` and ``pid`` like
 a ``multiprocessing`` process, so the coordinator's liveness checks, the pool's
 replacements and the autoscaler treat every launcher alike.
@@ -64,6 +66,19 @@ class LocalLauncher:
             self.stop(proc, max(0.0, deadline - time.monotonic()))
 
 
+def make_launcher(config: Any) -> Launcher:
+    """The launcher ``config.workers.launcher`` names (``config``: a ``LoaderConfig``).
+
+    "ray" imports Ray now, so a missing package is one ``MissingDependencyError`` before the
+    daemon binds anything; it connects to the cluster only when it starts its first worker.
+    """
+    if config.workers.launcher == "ray":
+        from loader.service.daemon.ray_launcher import RayLauncher
+
+        return RayLauncher(config)
+    return LocalLauncher()
+
+
 def start_worker(connect: Any, worker_id: str, entry: str = DEFAULT_WORKER_ENTRY) -> Any:
     """Spawn one worker process that connects to the daemon at ``connect`` (an address or a link)."""
     return processes.start_process(
@@ -82,4 +97,4 @@ def _worker_process(entry: str, connect: Any, worker_id: str, daemon_pid: int) -
     sys.exit(run(connect, worker_id=worker_id, stop_event=stop))
 
 
-__all__ = ["start_worker", "Launcher", "LocalLauncher", "DEFAULT_WORKER_ENTRY"]
+__all__ = ["start_worker", "make_launcher", "Launcher", "LocalLauncher", "DEFAULT_WORKER_ENTRY"]
