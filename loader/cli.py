@@ -51,7 +51,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             endpoint = daemon.endpoint  # the real port when bound to "*"
             if args.address_file:
                 write_address_file(args.address_file, endpoint)
-            log.info("serving %s on %s with %d workers", args.config, endpoint, config.workers.count)
+            workers = config.workers
+            log.info("serving %s on %s with %d %s workers", args.config, endpoint, workers.count, workers.launcher)
             if not config.service.is_loopback and not config.service.authenticated:
                 log.warning("%s is reachable from other hosts: anyone who can connect can read the data", endpoint)
             try:

@@ -46,6 +46,7 @@ from loader.runtime.imports import add_import_path, import_object
 
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
 TRANSPORTS = ("zmq", "pipe", "queue")
+LAUNCHERS = ("local", "ray")  # where the daemon starts its workers (loader.service.daemon.launcher)
 ON_ERROR_CHOICES = ("raise", "skip")
 BATCH_FORMATS = ("stacked", "list")
 # The most batches a client may have in flight. The daemon sends batches without blocking, and a zmq
@@ -55,6 +56,7 @@ MAX_PREFETCH = 32
 # Sane limits: a value past one is a typo or a unit mistake, not a plan (each would exhaust memory,
 # processes or patience before it did any good).
 MAX_WORKERS = 1024
+MAX_CPUS_PER_WORKER = 1024.0
 MAX_BATCH_SIZE = 1 << 24
 MAX_SHUFFLE_BUFFER = 1 << 28  # rows; the stage holds up to twice this many
 MAX_SAMPLES_PER_MESSAGE = 1 << 20
@@ -126,6 +128,13 @@ class WorkersConfig:
     # Autoscaling of the daemon's own workers between min and max (max 0: a fixed pool of count).
     min: int = 1
     max: int = 0
+    # "local": child processes of the daemon; "ray": Ray actors on a Ray cluster (the ray extra).
+    launcher: str = "local"
+    # With launcher "ray": the cluster ray.init connects to ("auto": the one running on this host or named
+    # by RAY_ADDRESS; "local": a private Ray for this daemon; "HOST:PORT"; "ray://HOST:PORT"), and the CPUs
+    # each worker's actor requests (fractions allowed).
+    ray_address: str = "auto"
+    ray_cpus_per_worker: float = 1.0
     origin: str = origin_field()
 
     def __post_init__(self) -> None:
@@ -137,6 +146,15 @@ class WorkersConfig:
         if self.max and not self.min <= self.count <= self.max:
             check.fail("max", f"must be >= workers.count >= workers.min ({self.min}, {self.count}), got {self.max}")
         check.text("transport", choices=TRANSPORTS)
+        check.text("launcher", choices=LAUNCHERS)
+        check.text("ray_address")
+        check.number("ray_cpus_per_worker", maximum=MAX_CPUS_PER_WORKER)
+        if self.launcher == "ray" and self.transport != "zmq":
+            check.fail(
+                "transport",
+                f"must be 'zmq' with workers.launcher = 'ray' (actors reach the daemon over sockets), "
+                f"got {self.transport!r}",
+            )
         check.integer("samples_per_message", minimum=1, maximum=MAX_SAMPLES_PER_MESSAGE)
         check.number("heartbeat_interval_s", maximum=MAX_INTERVAL_S)
         check.number("heartbeat_timeout_s", maximum=MAX_INTERVAL_S)

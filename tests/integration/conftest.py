@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import multiprocessing.resource_tracker
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -119,6 +120,21 @@ def assert_ranks_cover_once(per_rank: list[list[int]], ids: list[int]) -> None:
     flat = [i for got in per_rank for i in got]
     assert set(flat) == set(ids)
     assert len(ids) <= len(flat) <= len(ids) + len(per_rank) - 1
+
+
+def read_while_growing(client: Any, workers: Callable[[], int], ids: list[int], target: int, epochs: int = 3) -> int:
+    """Read epochs (each checked exactly-once against ``ids``), at most ``epochs``, until the count of
+    ``workers()`` seen while reading has reached ``target``; the largest count seen (an autoscaled pool)."""
+    peak = 0
+    for _ in range(epochs):
+        got: list[int] = []
+        for batch in client.epoch():
+            got.extend(np.asarray(batch["data"]).reshape(-1).tolist())
+            peak = max(peak, workers())
+        assert collections.Counter(got) == collections.Counter(ids)
+        if peak >= target:
+            break
+    return peak
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from loader.config import LoaderConfig
 from loader.errors import ConfigError
 from loader.service.client.client import query_status
 from tests.helpers import wait_until
-from tests.integration.conftest import collect_ids, make_config, running_daemon, write_id_files
+from tests.integration.conftest import collect_ids, make_config, read_while_growing, running_daemon, write_id_files
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -31,16 +31,9 @@ def test_pool_grows_to_max_while_the_client_waits_and_shrinks_when_it_stops(tmp_
     )
     with running_daemon(config) as daemon:
         assert wait_until(lambda: alive_workers(daemon.endpoint) == 1, timeout_s=20)
-        peak = 1
         with Client(daemon.endpoint, timeout_s=20) as client:
-            for _ in range(3):  # epochs, each exactly-once while workers join
-                got = []
-                for batch in client.epoch():
-                    got.extend(batch["data"].tolist())
-                    peak = max(peak, alive_workers(daemon.endpoint))
-                assert collections.Counter(got) == collections.Counter(ids)
-                if peak == 3:
-                    break
+            # Epochs, each exactly-once while workers join, until the pool has grown.
+            peak = read_while_growing(client, lambda: alive_workers(daemon.endpoint), ids, 3)
             assert peak == 3  # grown to max, never beyond
             assert daemon.autoscaler.desired <= 3
         # The client left: the idle workers are retired, down to min, and not replaced.

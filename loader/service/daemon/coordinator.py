@@ -65,7 +65,7 @@ class WorkerRecord:
     worker_id: str
     peer: bytes | None = None
     pid: int | None = None
-    process: Any = None  # multiprocessing process when this daemon started it
+    process: Any = None  # when this daemon started it: its launcher's handle (a multiprocessing process, a Ray actor)
     last_seen: float = field(default_factory=time.monotonic)
     waiting: bool = False  # has an unanswered lease request
     leases: dict[int, Job] = field(default_factory=dict)
@@ -240,7 +240,8 @@ class Coordinator:
         for record in self.workers.values():
             proc = record.process
             if proc is not None and not proc.is_alive():
-                dead.append((record, f"exited with code {proc.exitcode}"))
+                # A launcher's handle may say more than a code (a Ray actor lost with its node has none).
+                dead.append((record, getattr(proc, "exit_reason", None) or f"exited with code {proc.exitcode}"))
             elif record.peer is not None and now - record.last_seen > self.heartbeat_timeout_s:
                 dead.append((record, f"sent no heartbeat for {now - record.last_seen:.1f}s"))
             elif record.leases and now - record.progress_at > self.progress_timeout_s:

@@ -7,6 +7,14 @@ exit code; ``connect`` is the daemon's control address, or (transports "pipe"
 and "queue") the worker's end of its ``transport.links`` link. ``stop_event`` is
 set when the daemon process dies without stopping its workers (SIGKILL), so an
 orphaned worker exits at once rather than after its own timeouts.
+
+Where a worker runs is ``workers.launcher``'s choice: a ``Launcher`` starts one
+and stops one. "local" (``LocalLauncher``) spawns a child process of the
+daemon; "ray" (``ray_launcher.RayLauncher``, imported only then) places a Ray
+actor. What ``start`` returns is the worker's handle, kept as
+``WorkerRecord.process``: it answers ``is_alive()``, ``exitcode`` and ``pid`` like
+a ``multiprocessing`` process, so the coordinator's liveness checks, the pool's
+replacements and the autoscaler treat every launcher alike.
 """
 
 from __future__ import annotations
@@ -14,12 +22,61 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Any
+import time
+from typing import Any, Protocol
 
 from loader.runtime import processes
 from loader.runtime.imports import import_object
 
 DEFAULT_WORKER_ENTRY = "workers.main:run_worker"
+
+
+class Launcher(Protocol):
+    """Starts and stops the workers a daemon owns (see the module docstring)."""
+
+    def start(self, connect: Any, worker_id: str, entry: str) -> Any:
+        """Start one worker that runs ``entry`` against ``connect``; its handle."""
+
+    def stop(self, handle: Any, join_timeout_s: float) -> int | None:
+        """Wait up to ``join_timeout_s`` for the worker to end by itself, then end it; its exit code (None: unknown)."""
+
+    def close(self, join_timeout_s: float) -> None:
+        """Stop every worker started and not yet stopped (waiting ``join_timeout_s`` in all for them to end by
+        themselves, then ending them, bounded), and let go of what the launcher holds. Idempotent."""
+
+
+class LocalLauncher:
+    """Workers as spawned child processes of the daemon."""
+
+    def __init__(self) -> None:
+        self._live: dict[int, Any] = {}  # id(process) -> process: what close() must still stop
+
+    def start(self, connect: Any, worker_id: str, entry: str) -> Any:
+        proc = start_worker(connect, worker_id, entry)
+        self._live[id(proc)] = proc
+        return proc
+
+    def stop(self, handle: Any, join_timeout_s: float) -> int | None:
+        self._live.pop(id(handle), None)
+        return processes.stop_process(handle, join_timeout_s=join_timeout_s)
+
+    def close(self, join_timeout_s: float) -> None:
+        deadline = time.monotonic() + join_timeout_s
+        for proc in list(self._live.values()):
+            self.stop(proc, max(0.0, deadline - time.monotonic()))
+
+
+def make_launcher(config: Any) -> Launcher:
+    """The launcher ``config.workers.launcher`` names (``config``: a ``LoaderConfig``).
+
+    "ray" imports Ray now, so a missing package is one ``MissingDependencyError`` before the
+    daemon binds anything; it connects to the cluster only when it starts its first worker.
+    """
+    if config.workers.launcher == "ray":
+        from loader.service.daemon.ray_launcher import RayLauncher
+
+        return RayLauncher(config)
+    return LocalLauncher()
 
 
 def start_worker(connect: Any, worker_id: str, entry: str = DEFAULT_WORKER_ENTRY) -> Any:
@@ -40,4 +97,4 @@ def _worker_process(entry: str, connect: Any, worker_id: str, daemon_pid: int) -
     sys.exit(run(connect, worker_id=worker_id, stop_event=stop))
 
 
-__all__ = ["start_worker", "DEFAULT_WORKER_ENTRY"]
+__all__ = ["start_worker", "make_launcher", "Launcher", "LocalLauncher", "DEFAULT_WORKER_ENTRY"]

@@ -37,7 +37,7 @@ from loader.service.daemon.autoscale import Autoscaler
 from loader.service.daemon.coordinator import Coordinator
 from loader.service.daemon.datasets import DatasetTable
 from loader.service.daemon.desk import ClientDesk
-from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
+from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY, make_launcher
 from loader.service.daemon.metrics import MetricsServer, start_metrics
 from loader.service.daemon.rate import RecentRate
 from loader.service.daemon.rejects import Rejects
@@ -113,6 +113,8 @@ class Daemon:
         self.bytes_received = 0  # of data messages from workers
         self.metrics: MetricsServer | None = None  # the operators' HTTP endpoint (service.metrics), started last
         self._metrics_failed = False
+        # First: a launcher that needs a missing package (Ray) fails before anything is bound.
+        launcher = make_launcher(config)
         self._auth, own_keys = _authentication(config.service)
         try:
             # Bind first: a daemon that cannot bind (port in use) touches nothing in /dev/shm.
@@ -172,6 +174,7 @@ class Daemon:
             max_arenas=2 * (config.service.max_workers + workers.count),
             own_keys=own_keys,
             on_start_failed=self.stage.fail_waiting,
+            launcher=launcher,
         )
         self.clients = ClientDesk(
             config,

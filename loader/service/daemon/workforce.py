@@ -6,7 +6,9 @@ daemon's router (``send(peer, frames) -> bool``) and owns the processes it
 started: a dead or hung one (``Coordinator.find_dead``) is stopped, its
 files are re-leased and a replacement is started. Workers are reached by the
 daemon's control address (zmq), or by a pipe link made for each of them
-(``transport.links.WorkerLinks``, transports "pipe" and "queue").
+(``transport.links.WorkerLinks``, transports "pipe" and "queue"). Where the
+workers it starts run is its ``launcher``'s business (``launcher.py``: child
+processes, or Ray actors); the pool owns that launcher and closes it last.
 
 With the shared-memory fast path on (``arenas``, an ``shm.pool.ArenaPool``) every
 HELLO gets a fresh arena named in its WELCOME, and the worker's previous one,
@@ -35,10 +37,9 @@ from collections.abc import Callable
 from typing import Any
 
 from loader.errors import WorkerDiedError, WorkerError
-from loader.runtime import processes
 from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator, WorkerRecord
-from loader.service.daemon.launcher import start_worker
+from loader.service.daemon.launcher import Launcher, LocalLauncher
 from loader.service.daemon.rejects import LOG_EVERY_S
 from loader.service.shm.pool import ArenaPool
 from loader.service.transport.auth import CurveClient, Dial
@@ -87,8 +88,10 @@ class WorkerPool:
         max_arenas: int = 256,
         own_keys: CurveClient | None = None,
         on_start_failed: StartFailedFn | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
         self.coordinator = coordinator
+        self._launcher: Launcher = launcher if launcher is not None else LocalLauncher()
         self._send = send
         self._config = config  # what every WELCOME carries: workers build their readers from it
         self._data_endpoint = data_endpoint
@@ -115,18 +118,18 @@ class WorkerPool:
 
     # -- processes ----------------------------------------------------------
     def launch(self) -> None:
-        """Start one worker process and register it."""
+        """Start one worker (a process, or an actor) and register it."""
         self._seq += 1
         worker_id = f"{socket.gethostname()}-{os.getpid()}-{self._seq}"
         claim = secrets.token_hex(CLAIM_BYTES)
-        claimed_id = f"{worker_id}{CLAIM_SEP}{claim}"  # travels to the child in spawn's pipe, never in argv
+        claimed_id = f"{worker_id}{CLAIM_SEP}{claim}"  # in spawn's pipe or a Ray call's arguments, never in argv
         if self._links is None:
             connect: Any = Dial(self._endpoint, self._own_keys) if self._own_keys is not None else self._endpoint
-            proc = start_worker(connect, claimed_id, self._entry)
+            proc = self._launcher.start(connect, claimed_id, self._entry)
         else:
             link = self._links.new_link()
             try:
-                proc = start_worker(link, claimed_id, self._entry)
+                proc = self._launcher.start(link, claimed_id, self._entry)
             finally:
                 link.close()  # the child has its copies; ours would hide its death
         self.coordinator.add_worker(worker_id, proc).claim = claim
@@ -155,7 +158,7 @@ class WorkerPool:
         )
         exitcode = None
         if record.process is not None:
-            exitcode = processes.stop_process(record.process, join_timeout_s=0.0)
+            exitcode = self._launcher.stop(record.process, join_timeout_s=0.0)
         if self._links is not None and record.peer is not None:
             self._links.control.drop(record.peer)
         if self._arenas is not None:
@@ -190,16 +193,14 @@ class WorkerPool:
         self._on_start_failed(WorkerError("WorkerDiedError", message, worker=record.worker_id).to_dict())
 
     def close(self, join_timeout_s: float) -> None:
-        """Say BYE to every worker and stop the processes this daemon started (bounded)."""
+        """Say BYE to every worker, stop the workers this daemon started (bounded), close the launcher."""
         self.closing = True
         bye = P.encode(P.Bye(reason="daemon stopping"))
         for record in self.coordinator.workers.values():
             if record.peer is not None:
                 self._send(record.peer, bye)
-        deadline = time.monotonic() + join_timeout_s
-        for record in list(self.coordinator.workers.values()):
-            if record.process is not None:
-                processes.stop_process(record.process, join_timeout_s=max(0.0, deadline - time.monotonic()))
+        # What the launcher started and has not stopped are exactly the workers of our records.
+        self._launcher.close(join_timeout_s)
 
     # -- messages -----------------------------------------------------------
     def hello(self, peer: bytes, hello: P.Hello, known: WorkerRecord | None = None) -> str | None:
