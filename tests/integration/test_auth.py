@@ -136,11 +136,14 @@ def test_hand_started_worker_with_keys_serves_an_authenticated_daemon(tmp_path, 
         assert not worker.is_alive()
 
 
-def test_a_daemon_bound_beyond_loopback_needs_authentication_or_a_plain_insecure():
+def test_a_daemon_bound_beyond_loopback_needs_authentication_or_a_plain_insecure(caplog):
     with pytest.raises(ConfigError, match="insecure"):
         _authentication(ServiceConfig(bind="tcp://0.0.0.0:5555"))
-    assert _authentication(ServiceConfig(bind="tcp://0.0.0.0:5555", insecure=True)) == (None, None)
-    assert _authentication(ServiceConfig(bind="tcp://127.0.0.1:5555")) == (None, None)
+    with caplog.at_level("WARNING", logger="loader.daemon"):
+        assert _authentication(ServiceConfig(bind="tcp://0.0.0.0:5555", insecure=True)) == (None, None)
+        assert _authentication(ServiceConfig(bind="tcp://127.0.0.1:5555")) == (None, None)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "anyone who reaches the port can read the data" in warnings[0]
 
 
 def test_half_given_keys_are_refused_with_one_line():

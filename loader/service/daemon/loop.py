@@ -68,6 +68,13 @@ def _authentication(service: ServiceConfig) -> tuple[sockets.AuthServer | None, 
                 f"set service.daemon_key and service.authorized_keys (`loader keys`), or service.insecure = true "
                 f"to let anyone who reaches the port read the data ({service.origin})"
             )
+        if not service.is_loopback:
+            log.warning(
+                "service.insecure = true: %s has no authentication; anyone who reaches the port can read the data, "
+                "read the config and join as a worker (%s)",
+                service.bind,
+                service.origin,
+            )
         return None, None
     assert service.daemon_key is not None and service.authorized_keys is not None
     keys = auth.server_keys(service.daemon_key, service.authorized_keys)

@@ -513,7 +513,9 @@ class Stage:
             )
             record = state.next_record if state is not None else None
             error = WorkerError("LostDataError", message, worker=done.worker, file=self._path(done.file), record=record)
-            self.fail_file(stream.stream_id, done.file, error.to_dict())
+            self.fail_file(
+                stream.stream_id, done.file, error.to_dict(), lost=max(1, done.sent - arrived) + done.skipped
+            )
             return
         self._complete_file(stream, done.file, done.skipped + stream.rejected.pop(done.file, 0))
 
@@ -532,8 +534,9 @@ class Stage:
     def on_file_error(self, failure: P.FileError) -> None:
         self.fail_file(failure.stream, failure.file, failure.error)
 
-    def fail_file(self, stream_id: int, file_index: int, error: dict[str, Any]) -> None:
-        """File ``file_index`` of stream ``stream_id`` failed for good (``error``: ``WorkerError.to_dict()``)."""
+    def fail_file(self, stream_id: int, file_index: int, error: dict[str, Any], lost: int = 1) -> None:
+        """File ``file_index`` of stream ``stream_id`` failed for good (``error``: ``WorkerError.to_dict()``);
+        under ``skip``, ``lost`` records count as skipped (one when unknown: the rest of the file)."""
         stream = self.streams.get(stream_id)
         if stream is None or stream.failed:
             return
@@ -541,14 +544,14 @@ class Stage:
         if state is None or state.done or state.cut:
             return
         if self.on_error == "skip":
-            # The records delivered are kept; the rest of the file counts as one skipped record.
+            # The records delivered are kept; the rest of the file counts as ``lost`` skipped records.
             log.warning(
                 "skipping the rest of file index %d (epoch %d): %s",
                 file_index,
                 stream.epoch,
                 WorkerError.from_dict(error),
             )
-            self._complete_file(stream, file_index, 1 + stream.rejected.pop(file_index, 0))
+            self._complete_file(stream, file_index, lost + stream.rejected.pop(file_index, 0))
             return
         self.fail_stream(stream, error)
 

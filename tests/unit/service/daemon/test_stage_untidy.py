@@ -168,3 +168,15 @@ def test_a_rank_that_stops_reading_holds_its_job_back_within_the_bound():
     before = stream.rows_buffered
     stage.on_chunk(*_chunk(stream, 1, 0, np.arange(100)))
     assert stream.rows_buffered == before
+
+
+def test_under_skip_a_lost_chunk_counts_the_records_it_held():
+    rec = Recorder()
+    stage = _stage(rec, on_error="skip")
+    session, stream = _open(stage, [0])
+    stage.lease_start(stream.stream_id, 0)
+    stage.on_chunk(*_chunk(stream, 0, 0, np.arange(4)))
+    stage.on_done(P.FileDone(stream=stream.stream_id, file=0, lease=1, worker="w1", sent=10, skipped=2))
+    stage.pump(session)
+    assert stage.skipped_records == 6 + 2, "six records lost on the way, two skipped by the worker"
+    assert [m[1].count for m in rec.messages if isinstance(m[1], P.Batch)] == [4]
