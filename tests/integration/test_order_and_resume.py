@@ -317,3 +317,51 @@ def test_mappers_with_rng_draw_from_seed_epoch_file_and_record(data: Any, tmp_pa
             expected = np.random.default_rng((11, epoch, *where[row[0]]))
             assert row[1:] == [int(expected.integers(2**62)), int(expected.integers(2**62))]
     assert one[0] != one[1], "each epoch draws afresh"
+
+
+def test_a_daemon_killed_mid_epoch_is_resumed_on_a_new_one_with_other_workers(data: Any, tmp_path: Any) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from loader.service.address_file import read_address_file
+    from tests.helpers import wait_until
+
+    directory, _ = data
+    full = read_loader(config(directory))
+    toml = tmp_path / "train.toml"
+    toml.write_text(
+        f'[source]\nfiles = ["{directory}/*.npy"]\n'
+        "[pipeline]\nbatch_size = 8\nshuffle_buffer = 50\nseed = 11\n"
+        "[workers]\nsamples_per_message = 16\nheartbeat_timeout_s = 2.0\n"
+    )
+
+    def serve(workers: int, name: str) -> tuple[subprocess.Popen, str]:
+        path = tmp_path / name
+        command = [sys.executable, "-m", "loader.cli", "serve", str(toml), "--bind", "tcp://127.0.0.1:*"]
+        process = subprocess.Popen([*command, "--workers", str(workers), "--address-file", str(path)])
+        assert wait_until(path.exists, timeout_s=30, interval_s=0.05), "the daemon wrote no address"
+        return process, read_address_file(str(path))
+
+    first, address = serve(3, "first")
+    try:
+        with Client(address, timeout_s=20) as client:
+            it = iter(client.epoch())
+            head = [ids_of(next(it)) for _ in range(7)]
+            state = client.state_dict()
+            os.kill(first.pid, signal.SIGKILL)  # no goodbye: the client only has its state
+            assert first.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(timeout=10)
+    second, address = serve(1, "second")
+    try:
+        with Client(address, timeout_s=20) as client:
+            client.load_state_dict(state)
+            tail = [ids_of(b) for b in client.epoch()]
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(timeout=20)
+    assert head + tail == full
