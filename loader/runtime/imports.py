@@ -15,6 +15,7 @@ directories searched and the fix.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import re
 import sys
@@ -85,4 +86,27 @@ def import_object(spec: str, *, what: str = "object") -> Any:
     return obj
 
 
-__all__ = ["import_object", "add_import_path", "is_spec", "SPEC_PATTERN"]
+def import_shipped_package(name: str) -> None:
+    """Import the top-level package ``name`` that ships beside ``loader`` (``workers``) from there.
+
+    A spawned child inherits its parent's ``sys.path``, whose first entry is the training script's
+    directory; a ``workers.py`` or ``workers/`` of the user's own there would otherwise be imported
+    in place of ours, and every worker would die at start-up naming neither."""
+    if name in sys.modules:
+        return
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the folder holding loader/
+    package = os.path.join(root, name)
+    init = os.path.join(package, "__init__.py")
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[package])
+    if spec is None or spec.loader is None or not os.path.isfile(init):
+        return  # not installed beside loader: the plain import decides
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+
+
+__all__ = ["import_object", "import_shipped_package", "add_import_path", "is_spec", "SPEC_PATTERN"]

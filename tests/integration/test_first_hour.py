@@ -73,6 +73,26 @@ def test_a_script_without_a_main_guard_finishes_and_runs_once(tmp_path):
     assert len(marker.read_text().split()) == 1, "a worker imported the training script"
 
 
+def test_a_workers_module_of_the_users_beside_the_script_does_not_shadow_ours(tmp_path):
+    config = _project(tmp_path)
+    (tmp_path / "scripts" / "workers.py").write_text("GPUS_PER_NODE = 8  # the user's own module\n")
+    script = tmp_path / "scripts" / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""\
+            import loader
+            import workers  # the user's, in the training script
+            assert workers.GPUS_PER_NODE == 8
+            with loader.Loader(loader.load_config({str(config)!r})) as local:
+                print("samples", sum(len(batch["label"]) for batch in local.epoch()))
+            """
+        )
+    )
+    done = _run_script(script, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "samples 150" in done.stdout
+
+
 def test_mapper_beside_the_config_is_found_and_labels_travel_with_npy(tmp_path):
     config = loader.load_config(_project(tmp_path))
     with loader.Loader(config) as local:

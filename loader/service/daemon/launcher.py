@@ -26,9 +26,10 @@ import time
 from typing import Any, Protocol
 
 from loader.runtime import processes
-from loader.runtime.imports import import_object
+from loader.runtime.imports import import_object, import_shipped_package
 
 DEFAULT_WORKER_ENTRY = "workers.main:run_worker"
+CLAIM_SEP = "#"  # between a started worker's id and its claim secret, in the worker id it is started with
 
 
 class Launcher(Protocol):
@@ -84,13 +85,14 @@ def start_worker(connect: Any, worker_id: str, entry: str = DEFAULT_WORKER_ENTRY
     return processes.start_process(
         _worker_process,
         (entry, connect, worker_id, os.getpid()),
-        name=f"loader-worker-{worker_id}",
+        name=f"loader-worker-{worker_id.partition(CLAIM_SEP)[0]}",  # the claim secret stays out of names and logs
         method="spawn",
         import_main=False,  # a worker needs the config, never the training script
     )
 
 
 def _worker_process(entry: str, connect: Any, worker_id: str, daemon_pid: int) -> None:
+    import_shipped_package("workers")  # not a workers.py beside the user's script
     run = import_object(entry, what="worker entry point")
     stop = threading.Event()
     processes.stop_when_orphaned(stop, daemon_pid)

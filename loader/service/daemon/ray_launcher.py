@@ -34,8 +34,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from loader.errors import MissingDependencyError, TransportError
-from loader.runtime.imports import import_object
-from loader.service.daemon.workforce import CLAIM_SEP
+from loader.runtime.imports import import_object, import_shipped_package
+from loader.service.daemon.launcher import CLAIM_SEP
 from loader.service.transport.auth import Dial
 
 log = logging.getLogger("loader.daemon")
@@ -75,6 +75,7 @@ class LoaderWorker:
 
     def run(self, entry: str, connect: Any, worker_id: str) -> int:
         """Serve the daemon until it says goodbye; the worker's exit code."""
+        import_shipped_package("workers")  # not a workers.py of the user's, first on the inherited path
         run = import_object(entry, what="worker entry point")
         # Never set: an actor outlives no daemon (Ray kills it with its owner), unlike a local orphan.
         stop = threading.Event()

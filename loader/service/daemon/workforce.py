@@ -39,7 +39,7 @@ from typing import Any
 from loader.errors import WorkerDiedError, WorkerError
 from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator, WorkerRecord
-from loader.service.daemon.launcher import Launcher, LocalLauncher
+from loader.service.daemon.launcher import CLAIM_SEP, Launcher, LocalLauncher
 from loader.service.daemon.rejects import LOG_EVERY_S
 from loader.service.shm.pool import ArenaPool
 from loader.service.transport.auth import CurveClient, Dial
@@ -48,7 +48,6 @@ from loader.service.transport.links import WorkerLinks
 log = logging.getLogger("loader.daemon")
 
 MAX_FILE_ATTEMPTS = 3  # worker deaths while holding one file before that file fails the epoch
-CLAIM_SEP = "#"  # between a started worker's id and its claim secret, in the worker id it is started with
 CLAIM_BYTES = 16
 MAX_ID_PREFIX = 64  # characters of a hand-started worker's own name kept in the id the daemon issues
 # Under on_error = "skip": worker deaths while holding one file before the file is skipped (its records
