@@ -15,6 +15,7 @@ directories searched and the fix.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import re
 import sys
@@ -85,4 +86,13 @@ def import_object(spec: str, *, what: str = "object") -> Any:
     return obj
 
 
-__all__ = ["import_object", "add_import_path", "is_spec", "SPEC_PATTERN"]
+def rng_parameter(func: Any) -> inspect.Parameter | None:
+    """The parameter named ``rng`` by which a resolved mapper asks for a random generator, or None."""
+    try:
+        parameters = inspect.signature(func).parameters
+    except (TypeError, ValueError):  # builtins and C functions without a signature take no rng
+        return None
+    return parameters.get("rng")
+
+
+__all__ = ["import_object", "add_import_path", "is_spec", "rng_parameter", "SPEC_PATTERN"]
