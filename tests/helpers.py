@@ -216,6 +216,12 @@ def identity_mapper(sample: Any) -> Any:
     return sample
 
 
+def id_and_code_block(block: dict[str, Any]) -> dict[str, Any]:
+    """A row-wise batch mapper: keeps ``data`` (the ids) and adds ``code = 3 * id + 1`` (int64)."""
+    ids = block["data"]
+    return {"data": ids, "code": ids.astype("int64") * 3 + 1}
+
+
 def range_file_reader(path: str) -> Callable[[], Iterator[tuple[int, str]]]:
     """A ``source.reader`` for text files holding "start stop": yields (i, "s<i>") samples."""
     with open(path, encoding="utf-8") as fh:

@@ -10,7 +10,12 @@ Every exception while opening, reading or mapping is caught and reported as
 FILE_ERROR naming the file and record (``on_error = "raise"``), or the record
 is skipped and counted in FILE_DONE (``on_error = "skip"``). A reader that
 raised cannot go on, so the rest of its file is skipped; a mapper that raised
-skips only its record.
+skips only its record, a batch mapper the records of its block.
+
+Batch mappers (``pipeline.batch_mappers``, workers/mapping.py) run on each chunk
+just before it is sent: after the per-sample mappers, or straight on the blocks
+of the fast path, so a numpy transform runs once per block. They must be
+row-wise, since where chunks are cut is no function of the data alone.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from loader.service import protocol as P
 from loader.service.blocks import block_nbytes, block_rows
 from workers.arena_writer import ArenaWriter
 from workers.columns import ChunkBuilder, rows_for_bytes
-from workers.mapping import SampleMappers
+from workers.mapping import BatchMappers, SampleMappers
 from workers.sources import FileSource
 
 log = logging.getLogger("loader.worker")
@@ -43,6 +48,7 @@ class FileJob:
         config: LoaderConfig,
         worker_id: str,
         mappers: Callable[[], list[Any]],
+        batch_mappers: Callable[[], list[Any]],
         arena: Callable[[], ArenaWriter | None],
         send_data: Callable[[list[Any]], None],
         check: Callable[[], None],
@@ -50,15 +56,17 @@ class FileJob:
         self.lease, self.config, self.worker_id = lease, config, worker_id
         # The arena is asked for at each chunk: a re-WELCOME during the lease (handled inside
         # ``check``) closes the worker's arena and names a fresh one.
-        self._mappers, self._arena = mappers, arena
+        self._mappers, self._batch_mappers, self._arena = mappers, batch_mappers, arena
         self._send_data, self._check = send_data, check
+        self._batch = BatchMappers((), ())  # bound in run()
 
     def run(self) -> None:
         path = self.lease.path
         try:
-            source = FileSource(self.config, path)
             lease = self.lease
             mappers = SampleMappers(self._mappers(), seed=lease.seed, epoch=lease.epoch, file_key=lease.file_key)
+            self._batch = BatchMappers(self.config.pipeline.batch_mappers, self._batch_mappers())
+            source = FileSource(self.config, path)
         except Exception as exc:  # every failure travels as a message
             if self._failed(exc, None):
                 self._done(sent=0, skipped=1)
@@ -87,12 +95,14 @@ class FileJob:
     def _done(self, sent: int, skipped: int) -> None:
         self._send_data(P.encode(P.FileDone(**self._tag(), sent=sent, skipped=skipped)))
 
-    def _failed(self, exc: BaseException, record: int | None) -> bool:
-        """Report a failure; True when the record is skipped (on_error = "skip")."""
+    def _failed(self, exc: BaseException, record: int | None, count: int = 1) -> bool:
+        """Report a failure at ``record``; True when it and the ``count - 1`` records after it are skipped
+        (on_error = "skip")."""
         path = self.lease.path
         error = WorkerError.from_exception(exc, worker=self.worker_id, file=path, record=record)
         if self.config.pipeline.on_error == "skip":
-            log.warning("skipping record %s of %s: %s: %s", record, path, type(exc).__name__, exc)
+            what = f"record {record}" if count == 1 else f"{count} records from record {record}"
+            log.warning("skipping %s of %s: %s: %s", what, path, type(exc).__name__, exc)
             return True
         self._send_data(P.encode(P.FileError(**self._tag(), error=error.to_dict())))
         return False
@@ -101,7 +111,7 @@ class FileJob:
         wanted = self.config.workers.samples_per_message
         batch_size = self.config.pipeline.batch_size
         # A first block of one row tells the row size, so big rows never make a huge first message.
-        rows, record, sent, skipped = 1, 0, 0, 0
+        rows, done = 1, _Progress(record=0)
         fresh: FileSource | None = None  # a reader reopened to salvage a failed block (closed here)
         if self.lease.start:
             # Records before the lease's start were taken from an earlier lease (a cut or resumed file).
@@ -110,7 +120,7 @@ class FileJob:
             except Exception as exc:
                 self._failed(exc, self.lease.start)
                 return (0, 1) if self.config.pipeline.on_error == "skip" else None
-            record = self.lease.start
+            done.record = self.lease.start
         try:
             while True:
                 self._check()
@@ -118,33 +128,35 @@ class FileJob:
                     block = (fresh or source).read_block(rows)
                 except Exception as exc:
                     if self.config.pipeline.on_error != "skip":
-                        self._failed(exc, record)
+                        self._failed(exc, done.record)
                         return None
                     if fresh is not None:
                         fresh.close()
-                    fresh, found = self._salvage(record, rows)
-                    sent += found.sent
-                    skipped += found.skipped
-                    record = found.record
+                    fresh, found = self._salvage(done.record, rows)
+                    done.sent += found.sent
+                    done.skipped += found.skipped
+                    done.record = found.record
                     if fresh is None:
-                        return sent, skipped
+                        return done.sent, done.skipped
                     continue
                 if block is None:
-                    return sent, skipped
+                    return done.sent, done.skipped
                 n = block_rows(block)
-                self._send_chunk(record, n, "tuple", dict(block))
-                record += n
-                sent += n
-                rows = rows_for_bytes(block_nbytes(block) // max(1, n), wanted, batch_size)
+                nbytes = self._send_mapped(done.record, n, "tuple", dict(block), done)
+                if nbytes is None:
+                    return None
+                done.record += n
+                # Sized by what is sent too: a batch mapper may make rows bigger than the file's.
+                rows = rows_for_bytes(max(block_nbytes(block), nbytes) // max(1, n), wanted, batch_size)
         finally:
             if fresh is not None:
                 fresh.close()
 
-    def _salvage(self, first: int, rows: int) -> tuple[FileSource | None, _Salvaged]:
+    def _salvage(self, first: int, rows: int) -> tuple[FileSource | None, _Progress]:
         """A block starting at record ``first`` failed (``on_error = "skip"``): read it again one record
         at a time on a fresh reader, send the good records, skip the bad one. Returns the reader to go
         on with, or None when the rest of the file cannot be read."""
-        found = _Salvaged(record=first)
+        found = _Progress(record=first)
         try:
             source = FileSource(self.config, self.lease.path)
         except Exception as exc:
@@ -177,9 +189,9 @@ class FileJob:
                     return source, found
                 if block is None:
                     break
-                self._send_chunk(found.record, 1, "tuple", dict(block))
+                # Only under on_error = "skip": a batch mapper's failure is skipped and counted, never final.
+                self._send_mapped(found.record, 1, "tuple", dict(block), found)
                 found.record += 1
-                found.sent += 1
             return source, found
         except BaseException:
             source.close()
@@ -188,7 +200,7 @@ class FileJob:
     def _send_samples(self, source: FileSource, mappers: SampleMappers) -> tuple[int, int] | None:
         builder = ChunkBuilder(source.fields, self.config.workers.samples_per_message)
         samples = source.samples()
-        record = sent = skipped = 0
+        record, done = 0, _Progress(record=0)  # ``record``: the reader's position; ``done``: sent and skipped
         start = self.lease.start  # records before it were taken from an earlier lease: read, not mapped or sent
         while True:
             self._check()
@@ -201,10 +213,10 @@ class FileJob:
                     return None
                 lost = getattr(exc, "records_skipped", None)
                 if isinstance(lost, int) and lost >= 1:  # the reader stepped past the damage: go on after it
-                    skipped += lost
+                    done.skipped += lost
                     record += lost
                     continue
-                skipped += 1
+                done.skipped += 1
                 break
             if record < start:
                 record += 1
@@ -214,21 +226,45 @@ class FileJob:
             except Exception as exc:
                 if not self._failed(exc, record):
                     return None
-                skipped += 1
+                done.skipped += 1
             record += 1
-            if builder.due:
-                sent += self._flush(builder)
-        if len(builder):
-            sent += self._flush(builder)
-        return sent, skipped
+            if builder.due and not self._flush(builder, done):
+                return None
+        if len(builder) and not self._flush(builder, done):
+            return None
+        return done.sent, done.skipped
 
-    def _flush(self, builder: ChunkBuilder) -> int:
+    def _flush(self, builder: ChunkBuilder, done: _Progress) -> bool:
+        """Send the builder's samples as one chunk; False when a failure ended the file (FILE_ERROR sent)."""
         columns, records = builder.take()
         n = int(records.size)
-        if int(records[-1]) - int(records[0]) + 1 != n:
-            columns[P.INDEX_COLUMN] = records  # records were skipped inside this chunk
-        self._send_chunk(int(records[0]), n, builder.kind, columns)
-        return n
+        skipped_inside = int(records[-1]) - int(records[0]) + 1 != n  # the rows then say which records they are
+        return (
+            self._send_mapped(int(records[0]), n, builder.kind, columns, done, records if skipped_inside else None)
+            is not None
+        )
+
+    def _send_mapped(
+        self, record: int, n: int, kind: str, columns: dict[str, Any], done: _Progress, index: Any = None
+    ) -> int | None:
+        """Send ``n`` records from ``record`` on through the batch mappers, counted in ``done``.
+
+        Returns the bytes of the columns sent; 0 when the batch mappers failed and the block's records
+        are skipped (``on_error = "skip"``); None when the failure was reported as FILE_ERROR.
+        """
+        if self._batch:
+            try:
+                columns = self._batch(columns)
+            except Exception as exc:
+                if not self._failed(exc, record, n):
+                    return None
+                done.skipped += n
+                return 0
+        if index is not None:
+            columns[P.INDEX_COLUMN] = index
+        self._send_chunk(record, n, kind, columns)
+        done.sent += n
+        return block_nbytes(columns)
 
     def _send_chunk(self, record: int, count: int, sample_kind: str, columns: dict[str, Any]) -> None:
         """Send records ``record``.. as a chunk, its large columns as arena references when they fit."""
@@ -244,8 +280,8 @@ class FileJob:
             raise
 
 
-class _Salvaged:
-    """What re-reading a failed block found: records sent and skipped, and the next record index."""
+class _Progress:
+    """Records sent and skipped so far, and the next record index to read."""
 
     def __init__(self, record: int) -> None:
         self.record, self.sent, self.skipped = record, 0, 0

@@ -83,7 +83,7 @@ class Worker:
         self.curve = connect.curve if isinstance(connect, transport.Dial) else None  # keys for the data socket too
         self.link: ControlLink | None = None
         self.config: Any = None
-        self.mappers: dict[str, list[Any]] = {}  # per dataset, resolved at its first lease
+        self.mappers: dict[tuple[str, str], list[Any]] = {}  # per (dataset, key), resolved at its first lease
         self.hb_interval_s = 0.5
         self.next_check = 0.0
         self.lease: P.Lease | None = None
@@ -232,7 +232,8 @@ class Worker:
             lease,
             config=self._dataset_config(lease.dataset),
             worker_id=self.worker_id,
-            mappers=lambda: self._resolved_mappers(lease.dataset),
+            mappers=lambda: self._resolved_mappers(lease.dataset, "mappers"),
+            batch_mappers=lambda: self._resolved_mappers(lease.dataset, "batch_mappers"),
             arena=lambda: self.arena,
             send_data=self._send_data,
             check=self._check,
@@ -253,11 +254,12 @@ class Worker:
             log.error("worker %s: the daemon named an unknown dataset %r", self.worker_id, name)
             return self.config
 
-    def _resolved_mappers(self, dataset: str) -> list[Any]:
-        # Resolved on a dataset's first lease, inside the job, so an import error is reported like a file error.
-        if dataset not in self.mappers:
-            self.mappers[dataset] = self._dataset_config(dataset).pipeline.resolve_mappers()
-        return self.mappers[dataset]
+    def _resolved_mappers(self, dataset: str, key: str) -> list[Any]:
+        """``pipeline.mappers`` or ``pipeline.batch_mappers`` of ``dataset``, imported on its first lease, inside
+        the job, so an import error is reported like a file error."""
+        if (dataset, key) not in self.mappers:
+            self.mappers[(dataset, key)] = self._dataset_config(dataset).pipeline.resolve_mappers(key)
+        return self.mappers[(dataset, key)]
 
 
 __all__ = ["run_worker", "Worker"]

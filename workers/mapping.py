@@ -1,27 +1,33 @@
-"""Mappers applied to one sample, each given a generator of its own when it asks for one.
+"""Mappers applied to one sample (``SampleMappers``) and batch mappers applied to a block (``BatchMappers``).
 
 A mapper with a parameter named ``rng`` receives a ``numpy.random.Generator``
 seeded from (dataset seed, epoch, file key, record). The key is the file's
 index in its dataset's list, so the draws a sample sees depend on where it
 lies in the data, never on which worker read it, how many workers there are,
 the rank split, or whether the epoch was resumed.
+
+A batch mapper takes a block, ``dict field -> array`` with a leading axis of n
+rows, and returns such a dict of n rows (any fields). Where a worker cuts its
+blocks depends on the lease's start record (a cut or resumed file), message
+sizes, row sizes and a timer, so a batch mapper must be row-wise: each output
+row a function of its input row alone, as a vectorised per-sample function is.
+Then the rows delivered are the same however the blocks were cut, and the
+determinism guarantees hold unchanged. For the same reason a batch mapper gets
+no generator: per-block draws would depend on the cut (config checks refuse an
+``rng`` parameter). docs/internals.md, "Batch mappers", says more.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-
-def _rng_parameter(mapper: Callable[..., Any]) -> inspect.Parameter | None:
-    try:
-        parameters = inspect.signature(mapper).parameters
-    except (TypeError, ValueError):  # builtins and C functions without a signature take no rng
-        return None
-    return parameters.get("rng")
+from loader.runtime.imports import rng_parameter
+from loader.service.blocks import block_rows
+from loader.service.protocol import INDEX_COLUMN
 
 
 class SampleMappers:
@@ -30,7 +36,7 @@ class SampleMappers:
     def __init__(self, mappers: Sequence[Callable[..., Any]], *, seed: int, epoch: int, file_key: int) -> None:
         self._steps: list[tuple[Callable[..., Any], str]] = []
         for mapper in mappers:
-            parameter = _rng_parameter(mapper)
+            parameter = rng_parameter(mapper)
             if parameter is None:
                 how = "plain"
             elif parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
@@ -60,4 +66,60 @@ class SampleMappers:
         return sample
 
 
-__all__ = ["SampleMappers"]
+class BatchMapperError(ValueError):
+    """A batch mapper raised, or returned something other than a block of the rows it was given."""
+
+
+class BatchMappers:
+    """The dataset's batch mappers, each named by its ``"module:function"`` for errors."""
+
+    def __init__(self, specs: Sequence[str], mappers: Sequence[Callable[..., Any]]) -> None:
+        self._steps = list(zip(specs, mappers))
+        for spec, mapper in self._steps:
+            if rng_parameter(mapper) is not None:  # a config check refuses it first; a worker never guesses
+                raise BatchMapperError(f"batch mapper {spec!r} takes an rng parameter; batch mappers get none")
+
+    def __bool__(self) -> bool:
+        return bool(self._steps)
+
+    def __call__(self, block: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``block`` through every batch mapper in order; ``BatchMapperError`` names the one that failed."""
+        rows = block_rows(block)
+        for spec, mapper in self._steps:
+            try:
+                out = mapper(block)
+            except Exception as exc:
+                raise BatchMapperError(f"batch mapper {spec!r} raised {type(exc).__name__}: {exc}") from exc
+            block = _checked(spec, out, rows)
+        return block
+
+
+def _checked(spec: str, out: Any, rows: int) -> dict[str, np.ndarray]:
+    """A batch mapper's result as a block of ``rows`` rows, or ``BatchMapperError`` saying what is wrong."""
+    if not isinstance(out, Mapping):
+        raise BatchMapperError(f"batch mapper {spec!r} returned a {type(out).__name__}, not a dict of arrays")
+    if not out:
+        raise BatchMapperError(f"batch mapper {spec!r} returned a dict with no fields")
+    block: dict[str, np.ndarray] = {}
+    for name, values in out.items():
+        if not isinstance(name, str) or name == INDEX_COLUMN:
+            raise BatchMapperError(
+                f"batch mapper {spec!r} returned a field named {name!r}: field names are strings other than "
+                f"{INDEX_COLUMN!r}"
+            )
+        if not isinstance(values, np.ndarray) or values.ndim == 0:
+            what = "a 0-d array" if isinstance(values, np.ndarray) else f"a value of type {type(values).__name__}"
+            raise BatchMapperError(
+                f"batch mapper {spec!r} returned field {name!r} as {what}, "
+                f"not a numpy array with a leading axis of {rows} rows"
+            )
+        if values.shape[0] != rows:
+            raise BatchMapperError(
+                f"batch mapper {spec!r} returned {values.shape[0]} rows of field {name!r} for a block of {rows}: "
+                "it must return one row per row it is given"
+            )
+        block[name] = values
+    return block
+
+
+__all__ = ["SampleMappers", "BatchMappers", "BatchMapperError"]

@@ -42,7 +42,7 @@ from loader.config.overrides import collect as collect_overrides
 from loader.config.overrides import sources as value_sources
 from loader.config.source import SourceConfig, absolute_paths
 from loader.errors import ConfigError
-from loader.runtime.imports import add_import_path, import_object
+from loader.runtime.imports import add_import_path, import_object, rng_parameter
 
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
 TRANSPORTS = ("zmq", "pipe", "queue")
@@ -84,6 +84,8 @@ class PipelineConfig:
     """What happens to samples between the file and the trainer."""
 
     mappers: tuple[str, ...] = ()
+    # Functions of a block of samples (dict field -> array of n rows) -> such a dict, after ``mappers``.
+    batch_mappers: tuple[str, ...] = ()
     shuffle_buffer: int = 0
     batch_size: int = 32
     drop_last: bool = False
@@ -95,9 +97,10 @@ class PipelineConfig:
 
     def __post_init__(self) -> None:
         check = Check(self, "pipeline")
-        check.texts("mappers")
-        for spec in self.mappers:
-            check.spec("mappers", spec)
+        for key in ("mappers", "batch_mappers"):
+            check.texts(key)
+            for spec in getattr(self, key):
+                check.spec(key, spec)
         check.integer("shuffle_buffer", minimum=0, maximum=MAX_SHUFFLE_BUFFER)
         check.integer("batch_size", minimum=1, maximum=MAX_BATCH_SIZE)
         check.boolean("drop_last")
@@ -107,9 +110,9 @@ class PipelineConfig:
         check.text("on_error", choices=ON_ERROR_CHOICES)
         check.text("batch_format", choices=BATCH_FORMATS)
 
-    def resolve_mappers(self) -> list[Any]:
-        """The mapper functions, in order (imported now)."""
-        return [import_object(spec, what="pipeline.mappers") for spec in self.mappers]
+    def resolve_mappers(self, key: str = "mappers") -> list[Any]:
+        """The functions of ``mappers`` (or of ``batch_mappers``), in order (imported now)."""
+        return [import_object(spec, what=f"pipeline.{key}") for spec in getattr(self, key)]
 
 
 @dataclass(frozen=True)
@@ -419,8 +422,14 @@ class LoaderConfig:
                 )
         _callable("source.reader", self.source.resolve_reader())
         self.source.resolve_provider()
-        for spec, mapper in zip(self.pipeline.mappers, self.pipeline.resolve_mappers()):
-            _callable(f"pipeline.mappers ({spec!r})", mapper)
+        for key in ("mappers", "batch_mappers"):
+            for spec, mapper in zip(getattr(self.pipeline, key), self.pipeline.resolve_mappers(key)):
+                _callable(f"pipeline.{key} ({spec!r})", mapper)
+                if key == "batch_mappers" and rng_parameter(mapper) is not None:
+                    raise ConfigError(
+                        f"pipeline.batch_mappers ({spec!r}) takes an rng parameter: batch mappers get no "
+                        'generator, since a batch mapper must be row-wise (docs/internals.md, "Batch mappers")'
+                    )
         parser = self.source.file_reader_options().get("parser")
         if parser is not None:
             _callable("source.format_options.parser", parser)

@@ -3,7 +3,8 @@
 A config can only name importable code, and ``configs/`` is not a package, so
 the examples live here: ``configs/text.toml`` uses ``parse_labeled_line``,
 ``configs/provider.toml`` uses ``labeled_text_provider``, and the service
-benchmark's CPU-heavy case uses ``cpu_heavy`` on both sides. Data for them is
+benchmark's CPU-heavy case uses ``cpu_heavy`` on both sides (and ``cpu_heavy_batch``,
+its vectorised form, as a batch mapper on ours in the batch-mapper case). Data for them is
 written by ``loader.examples.datagen`` (``write_text``; ``loader gen-data``).
 """
 
@@ -53,4 +54,20 @@ def cpu_heavy(sample: Any) -> Any:
     return [v, *rest]
 
 
-__all__ = ["parse_labeled_line", "labeled_text_provider", "cpu_heavy"]
+def cpu_heavy_batch(block: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``cpu_heavy`` as a batch mapper (``pipeline.batch_mappers``): the first field, float32 of n rows of
+    64, becomes what ``cpu_heavy`` makes of each row, bit for bit; the other fields pass through.
+
+    One stacked matrix-vector product per round for the whole block: numpy runs the same kernel
+    per row as ``cpu_heavy``'s ``W @ v``, so the rows are equal, not merely close. (``V @ W.T``,
+    one matrix-matrix product, is about twice as fast again but sums in another order: the last
+    bits differ.) Row-wise, as a batch mapper must be.
+    """
+    first, *rest = block
+    v = np.array(block[first], dtype=np.float32)[:, :, None]  # (n, 64, 1): a stack of column vectors
+    for _ in range(HEAVY_ROUNDS):
+        v = np.tanh(np.matmul(_HEAVY_WEIGHTS, v))
+    return {first: v[:, :, 0], **{name: block[name] for name in rest}}
+
+
+__all__ = ["parse_labeled_line", "labeled_text_provider", "cpu_heavy", "cpu_heavy_batch"]

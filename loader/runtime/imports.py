@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import re
 import sys
@@ -109,4 +110,13 @@ def import_shipped_package(name: str) -> None:
         raise
 
 
-__all__ = ["import_object", "import_shipped_package", "add_import_path", "is_spec", "SPEC_PATTERN"]
+def rng_parameter(func: Any) -> inspect.Parameter | None:
+    """The parameter named ``rng`` by which a resolved mapper asks for a random generator, or None."""
+    try:
+        parameters = inspect.signature(func).parameters
+    except (TypeError, ValueError):  # builtins and C functions without a signature take no rng
+        return None
+    return parameters.get("rng")
+
+
+__all__ = ["import_object", "import_shipped_package", "add_import_path", "is_spec", "rng_parameter", "SPEC_PATTERN"]

@@ -62,6 +62,8 @@ def fingerprint(config: Any, files: list[str], seed: int) -> dict[str, Any]:
     pipeline = config.pipeline
     source = _plain(config.source)
     source.pop("files", None)  # the patterns: the files they matched are what counts (below)
+    # Only when set, so checkpoints from before batch mappers existed still match a config without them.
+    batch = {"batch_mappers": _digest(list(pipeline.batch_mappers))} if pipeline.batch_mappers else {}
     return {
         "files": _digest(_relative(files)),
         "file_count": len(files),
@@ -72,6 +74,7 @@ def fingerprint(config: Any, files: list[str], seed: int) -> dict[str, Any]:
         "window": window_rows(pipeline.shuffle_buffer),
         "mappers": _digest(list(pipeline.mappers)),
         "source": _digest(source),
+        **batch,
     }
 
 

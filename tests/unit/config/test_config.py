@@ -180,6 +180,7 @@ def test_round_trip_keeps_every_value() -> None:
         },
         pipeline={
             "mappers": ["a:b", "c.d:e"],
+            "batch_mappers": ["f.g:h"],
             "shuffle_buffer": 10,
             "batch_size": 3,
             "drop_last": True,
@@ -245,6 +246,8 @@ def test_the_documented_message_shape() -> None:
         ("pipeline", {"mappers": "a:b"}, "pipeline.mappers must be a list of strings"),
         ("pipeline", {"mappers": ["nocolon"]}, "pipeline.mappers must look like 'module:function'"),
         ("pipeline", {"mappers": [3]}, "pipeline.mappers must be a list of non-empty strings"),
+        ("pipeline", {"batch_mappers": "a:b"}, "pipeline.batch_mappers must be a list of strings"),
+        ("pipeline", {"batch_mappers": ["nocolon"]}, "pipeline.batch_mappers must look like 'module:function'"),
         ("workers", {"count": 0}, "workers.count must be >= 1, got 0"),
         ("workers", {"transport": "tcp"}, "workers.transport must be one of 'zmq', 'pipe', 'queue'"),
         ("workers", {"samples_per_message": 0}, "workers.samples_per_message must be >= 1"),
@@ -370,8 +373,9 @@ def test_list_file(tmp_path) -> None:
 
 
 def test_resolve_imports_lazily() -> None:
-    config = make(pipeline={"mappers": ["os.path:basename", "json:dumps"]})
+    config = make(pipeline={"mappers": ["os.path:basename", "json:dumps"], "batch_mappers": ["json:loads"]})
     assert config.pipeline.resolve_mappers() == [os.path.basename, json.dumps]
+    assert config.pipeline.resolve_mappers("batch_mappers") == [json.loads]
     assert resolve("os.path:join") is os.path.join
     assert import_object("collections:OrderedDict.fromkeys") is not None
     # Creating a config never imports: a module only a worker host has is fine here.
