@@ -77,9 +77,14 @@ def connected_workers(endpoint: str) -> int:
 
 def kill_leased_worker(status: dict[str, Any]) -> int:
     """SIGKILL a worker that holds a lease in this ``status()`` snapshot; its pid."""
-    pid = [w for w in status["workers"] if w["leases"]][0]["pid"]
-    os.kill(pid, signal.SIGKILL)
-    return pid
+    for worker in status["workers"]:
+        if worker["leases"] and worker["pid"]:
+            try:
+                os.kill(worker["pid"], signal.SIGKILL)
+            except ProcessLookupError:  # killed already; the daemon has not noticed yet
+                continue
+            return int(worker["pid"])
+    raise AssertionError(f"no live worker holds a lease: {status['workers']}")
 
 
 def collect_ids(batches: Any, field: str = "data") -> list[int]:
