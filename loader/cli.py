@@ -135,6 +135,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     config = _load_checked(args.config, {}, args.set)
     print(f"{args.config}: ok, {config.workers.count} workers, bind {config.service.bind}")
+    empty = []
     for name in config.dataset_names:
         found = survey(config.dataset(name).source)
         samples = "samples not counted (a provider)" if found.samples is None else f"{found.samples} samples"
@@ -142,8 +143,18 @@ def cmd_check(args: argparse.Namespace) -> int:
         if found.fields:
             rows = [{"field": f.name, "shape": f.shape, "dtype": f.dtype} for f in found.fields]
             print("\n".join(_table(rows, "  ")))
+        if found.samples == 0:
+            empty.append(name)
     print("settings (value, and where it came from):")
     print("\n".join(format_sources(config)))
+    if empty:
+        # Every epoch would be empty: most often a writer that was never closed (RecordIO writes on close).
+        print(
+            f"loader: error: dataset {', '.join(empty)} of {args.config} holds no samples "
+            "(empty files, or a RecordIO writer that was not closed)",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
     return EXIT_OK
 
 

@@ -18,12 +18,13 @@ from tests.helpers import REPO_ROOT
 pytestmark = pytest.mark.integration
 
 SCRIPT_TIMEOUT_S = 90.0
+BROKEN_MAPPER_ERROR_S = 20.0
 
 
-def _run_script(path, cwd) -> subprocess.CompletedProcess[str]:
+def _run_script(path, cwd, timeout_s: float = SCRIPT_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}  # the library, never the config's directory
     return subprocess.run(
-        [sys.executable, str(path)], cwd=cwd, env=env, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S
+        [sys.executable, str(path)], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s
     )
 
 
@@ -123,12 +124,22 @@ def test_a_broken_mapper_module_fails_the_script_with_its_error(tmp_path):
     config = _project(tmp_path, mapper_source="raise RuntimeError('typo in my mapper module')\n")
     script = tmp_path / "scripts" / "train.py"
     script.write_text(f"import loader\nloader.Loader(loader.load_config({str(config)!r}))\n")
-    done = _run_script(script, cwd=tmp_path)  # bounded by SCRIPT_TIMEOUT_S: a hang fails the test
+    # The import fails in this process, before any worker starts: the error comes within seconds (a
+    # generous bound for a loaded 2-core machine; a script that hung or retried workers would not).
+    done = _run_script(script, cwd=tmp_path, timeout_s=BROKEN_MAPPER_ERROR_S)
     assert done.returncode != 0
     assert "typo in my mapper module" in done.stderr and "my_maps" in done.stderr
 
 
-def test_an_unclosed_loader_releases_its_workers_when_collected(tmp_path):
+def _arena_files(pid: int) -> set[str]:
+    """Shared-memory arena files made by the daemon in process ``pid``."""
+    from loader.service.shm.arena import shm_directory
+    from loader.service.shm.stale import parse_name
+
+    return {name for name in os.listdir(shm_directory()) if (parse_name(name) or (0, 0))[1] == pid}
+
+
+def test_an_unclosed_loader_releases_its_workers_and_shared_memory_when_collected(tmp_path):
     import gc
 
     from tests.helpers import child_pids, wait_until
@@ -137,9 +148,31 @@ def test_an_unclosed_loader_releases_its_workers_when_collected(tmp_path):
     local = loader.Loader(config)
     next(iter(local.epoch()))
     assert child_pids()
+    assert _arena_files(os.getpid()), "the workers' arenas exist while the Loader lives"
     del local
     gc.collect()
     assert wait_until(lambda: not (child_pids() - _trackers()), timeout_s=15.0)
+    assert not _arena_files(os.getpid())
+
+
+def test_an_unclosed_loader_leaves_nothing_when_the_script_exits(tmp_path):
+    config = _project(tmp_path)
+    script = tmp_path / "scripts" / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""\
+            import os
+            import loader
+            local = loader.Loader(loader.load_config({str(config)!r}))
+            next(iter(local.epoch()))
+            print("pid", os.getpid(), "arenas", len(os.listdir("/dev/shm")))
+            """  # and exits, the Loader still open
+        )
+    )
+    done = _run_script(script, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout.split()[1])
+    assert not _arena_files(pid), "arena files outlived the interpreter"
 
 
 def _trackers() -> set[int]:
@@ -244,6 +277,21 @@ def test_status_watch_refreshes_in_place_and_a_closed_pipe_ends_it_quietly(tmp_p
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=SCRIPT_TIMEOUT_S)
+
+
+def test_status_json_into_a_pipe_closed_at_once_ends_quietly(tmp_path):
+    from tests.integration.conftest import running_daemon
+
+    with running_daemon(_daemon_config(tmp_path)) as daemon:
+        read, write = os.pipe()
+        os.close(read)  # like `| head -0`: nobody reads
+        try:
+            proc = _loader_cli("status", daemon.endpoint, "--json", stdout=write, stderr=subprocess.PIPE)
+        finally:
+            os.close(write)
+        _, err = proc.communicate(timeout=SCRIPT_TIMEOUT_S)
+        assert proc.returncode == 0, err
+        assert b"Broken pipe" not in err and b"Traceback" not in err, err
 
 
 def test_a_hand_started_worker_says_where_it_connected_and_the_daemon_logs_it(tmp_path, caplog):

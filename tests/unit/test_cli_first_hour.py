@@ -81,6 +81,20 @@ def test_check_counts_samples_per_field(tmp_path) -> None:
     assert rows == [["data", "(2,", "3)", "float16"], ["label", "()", "int32"], ["weight", "()", "float64"]]
 
 
+def test_check_fails_on_a_dataset_without_samples(tmp_path) -> None:
+    from loader import recordio
+    from tests.unit.test_cli import assert_one_line_error
+
+    writer = recordio.Writer(str(tmp_path / "part-0.recordio"))  # never closed: nothing reached the file
+    writer.write([np.zeros(3, np.float32), 1])
+    cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.recordio"]\n')
+    result = loader_cmd("check", cfg)
+    assert "dataset default: 1 files, 0 samples" in result.stdout
+    assert_one_line_error(result, "holds no samples (empty files, or a RecordIO writer that was not closed)")
+    writer.close()
+    assert loader_cmd("check", cfg).returncode == 0
+
+
 def test_a_companion_with_a_different_length_is_refused(tmp_path) -> None:
     from loader.errors import ShapeMismatchError
     from loader.io.registry import create_file_reader
@@ -91,15 +105,17 @@ def test_a_companion_with_a_different_length_is_refused(tmp_path) -> None:
         create_file_reader(str(tmp_path / "a.npy"))
 
 
-def test_help_of_bench_installs_nothing(tmp_path) -> None:
+@pytest.mark.parametrize(("script", "says"), [("bench", "--quick"), ("test", "--fast"), ("demo", "--local")])
+def test_help_of_the_scripts_sets_up_and_installs_nothing(tmp_path, script, says) -> None:
+    # A copy of scripts/ in a folder with no .venv and no project: help must not need either.
+    import shutil
+
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    shutil.copytree(os.path.join(root, "scripts"), tmp_path / "scripts")
     env = {**os.environ, "PYTHON": sys.executable, "PATH": os.environ.get("PATH", "")}
     done = subprocess.run(
-        [os.path.join(root, "scripts", "bench"), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=CMD_TIMEOUT_S,
-        env=env,
+        [str(tmp_path / "scripts" / script), "--help"], capture_output=True, text=True, timeout=CMD_TIMEOUT_S, env=env
     )
     assert done.returncode == 0, done.stderr
-    assert "--quick" in done.stdout and "installing" not in done.stderr
+    assert says in done.stdout
+    assert not (tmp_path / ".venv").exists(), "help set up a virtual environment"
