@@ -3,6 +3,14 @@
 The assertions are upstream's (test_data_feeder.py of paddle.fluid, and of paddle.base with
 ``program_guard``), unchanged; then fluid's other ways of building a feeder: ``program=``,
 names in ``feed_list``, fluid places, LoDTensor methods, and the one-step way to plain arrays.
+
+Paddle 3's file has a fourth case, ``test_errors``, left out here for two reasons. It needs
+Paddle's new IR: it builds its variables under ``paddle.pir_utils.IrGuard()``, which the alias
+does not provide (this package has no graph). And it asserts the opposite of a choice made here
+on purpose: it expects ``DataFeeder(['image', label], ...)`` to raise ``ValueError`` because
+Paddle 3 in PIR mode could not look a name up, while this package accepts names in ``feed_list``
+and resolves them (through ``program=`` or the declared ``Field``s) as fluid and inference code
+need; ``test_program_keyword_and_names_resolved_through_the_program`` checks that.
 """
 
 from __future__ import annotations
@@ -115,7 +123,11 @@ class Paddle3DataFeederCases(unittest.TestCase):
         paddle = self.paddle
         base = importlib.import_module("paddle.base")
         with paddle.static.program_guard(paddle.static.Program(), paddle.static.Program()):
-            paragraphs = paddle.static.data(name="paragraphs", shape=[-1, 1], dtype="int64")
+            # Upstream's lod_level=2, restored. Paddle 3's static.data drops it in PIR mode (a PIR value has
+            # no LoD), and so does the alias: the feeder gets a value without lod_level and flattens the
+            # batch, which is what these shape assertions check. lod_level 2 itself (the nested lengths)
+            # is fed by the fluid case above, where the variable keeps it.
+            paragraphs = paddle.static.data(name="paragraphs", shape=[-1, 1], dtype="int64", lod_level=2)
             label = paddle.static.data(name="label", shape=[-1, 1], dtype="int64")
             feeder = base.DataFeeder([paragraphs, label], base.CPUPlace())
             result = feeder.feed([([[1, 2, 3], [4, 5]], [1]), ([[6, 7, 8, 9]], [1])])
