@@ -1,4 +1,4 @@
-"""Window shuffle, step cutter and the exactly-once ledger (pure numpy, no sockets)."""
+"""Window shuffle and step cutter (pure numpy, no sockets). Duplicates are the sequencer's: test_sequencer.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import pytest
 
 from loader.service.blocks import concat
 from loader.service.daemon.batching import StepCutter, WindowShuffle, split_tail, tail_sizes
-from loader.service.daemon.ledger import FileLedger
 from loader.service.order import WINDOW_ROUNDS, start_anchor
 
 
@@ -126,29 +125,3 @@ def test_concat_mixes_stacked_and_ragged_blocks():
     b = {"x": object_array([np.zeros(1), np.zeros(4)])}
     out = concat([a, b])
     assert out["x"].dtype == object and len(out["x"]) == 4
-
-
-def test_ledger_fast_path_and_duplicates():
-    ledger = FileLedger()
-    assert ledger.accept(0, 10) is None
-    assert ledger.accept(10, 5) is None
-    keep = ledger.accept(5, 15)  # a replacement worker re-sends 5..19
-    assert keep.tolist() == [False] * 10 + [True] * 5
-    assert ledger.received == 20
-    ledger.mark_done(20, 0)
-    assert ledger.complete
-
-
-def test_ledger_with_explicit_indexes_and_skips():
-    ledger = FileLedger()
-    assert ledger.accept(0, 3, np.array([0, 2, 3])) is not None
-    ledger.mark_done(3, skipped=1)
-    assert ledger.complete and ledger.skipped == 1
-    keep = ledger.accept(0, 3, np.array([0, 2, 3]))
-    assert not keep.any()
-
-
-def test_ledger_grows_for_large_indexes():
-    ledger = FileLedger()
-    keep = ledger.accept(5000, 3, np.array([5000, 5001, 90000]))
-    assert keep.all() and ledger.received == 3
