@@ -20,11 +20,12 @@ the table's first row (or the ideal), so a ratio reads as "how much worse than t
 * **memory**: RSS of the daemon, of each worker and of the client, from ``/proc/PID/status``
   (VmHWM, the peak, compared; VmRSS now and its parts RssAnon, the process's own memory, and
   RssFile/RssShmem, mapped pages that belong to the page cache or to shared memory, in the
-  detail), after the warm-up epoch and after the last one, against dataset size (1x and 4x the
-  samples in 10 files), file count (the files table's runs) and epochs (10 epochs of the 10-file
-  set). The daemon holds rows of files that arrive ahead of their turn up to
-  ``service.reorder_window_mib`` (64 MiB by default), so its memory grows with the data up to that
-  bound and no further: the quick run's 16 MiB set lies below it, the full run's 161 MiB above.
+  detail), after the warm-up epoch and after the last one, against dataset size (4x the samples
+  in 4x the files of the same size), file size (4x the samples in as many files, 4x the size),
+  file count (the files table's runs: the same samples in more, smaller files) and epochs (10
+  epochs of the 10-file set). The daemon holds the rows of files that arrive ahead of their turn,
+  per stream (the epoch being read and the one read ahead), up to ``service.reorder_window_mib``
+  (64 MiB by default): so its memory follows the size of a file up to that bound.
 * **cold read**: what a dataset larger than the page cache would be bound by: a 256 MiB file
   written, ``fsync``-ed and dropped from the page cache (``posix_fadvise(DONTNEED)``), read once
   cold and once warm, 1 MiB at a time.
@@ -126,8 +127,11 @@ def read_here(work: str, files: list[str], epochs: int) -> dict[str, Any]:
     }
 
 
-def split_files(work: str, total: int, count: int) -> list[str]:
-    return datagen.generate(os.path.join(work, f"files-{count}"), format="npz", files=count, samples=total // count)
+def split_files(work: str, total: int, count: int, name: str = "files") -> list[str]:
+    """``total`` samples in ``count`` .npz files; as a glob (10,000 paths would not fit a command line)."""
+    directory = os.path.join(work, f"{name}-{count}")
+    datagen.generate(directory, format="npz", files=count, samples=total // count)
+    return [os.path.join(directory, "*.npz")]
 
 
 # -- files ------------------------------------------------------------------------------------
@@ -332,13 +336,14 @@ def _memory_row(name: str, grown: dict[str, Any], base: dict[str, Any], what: st
 def bench_memory(work: str, size: Sizes, file_runs: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     count = size.file_counts[0]
     small = split_files(work, size.total_samples, count)
-    large = datagen.generate(
-        os.path.join(work, "large"), format="npz", files=count, samples=4 * size.total_samples // count
-    )
+    more = split_files(work, 4 * size.total_samples, 4 * count, "more")  # 4x the data in 4x the files
+    bigger = split_files(work, 4 * size.total_samples, count, "bigger")  # 4x the data in files 4x the size
     long = in_child("bench_growth", "read_here", work=work, files=small, epochs=size.memory_epochs)
-    big = in_child("bench_growth", "read_here", work=work, files=large, epochs=size.epochs)
+    more_run = in_child("bench_growth", "read_here", work=work, files=more, epochs=size.epochs)
+    bigger_run = in_child("bench_growth", "read_here", work=work, files=bigger, epochs=size.epochs)
     most = size.file_counts[-1]
     mib = size.total_samples * 264 / MIB  # 64 float32 + an int64 per sample
+    base = file_runs[count]["last"]
     return [
         _memory_row(
             "memory_vs_epochs",
@@ -348,15 +353,22 @@ def bench_memory(work: str, size: Sizes, file_runs: dict[int, dict[str, Any]]) -
         ),
         _memory_row(
             "memory_vs_dataset_size",
-            big["last"],
-            file_runs[count]["last"],
-            f"{4 * mib:.0f} MiB (large) vs {mib:.0f} MiB (small), {count} files each",
+            more_run["last"],
+            base,
+            f"{4 * mib:.0f} MiB in {4 * count} files (large) vs {mib:.0f} MiB in {count} (small), "
+            f"{mib / count:.0f} MiB a file",
+        ),
+        _memory_row(
+            "memory_vs_file_size",
+            bigger_run["last"],
+            base,
+            f"{count} files of {4 * mib / count:.0f} MiB (large) vs of {mib / count:.0f} MiB (small)",
         ),
         _memory_row(
             "memory_vs_file_count",
             file_runs[most]["last"],
-            file_runs[count]["last"],
-            f"{most:,} files (large) vs {count} (small), {mib:.0f} MiB each",
+            base,
+            f"{most:,} files (large) vs {count} (small), {mib:.0f} MiB in all",
         ),
     ]
 

@@ -33,6 +33,9 @@ process of the side (daemon, workers and client; torch's main process and worker
 The limit: ``workers x`` the single-core rate of the same mapper in this process, over the same
 bytes in RAM (best of a few passes). Each worker runs exactly that loop plus reading and sending;
 on a machine with as many cores as workers, the daemon and the client share those cores.
+``python scripts/bench_images.py --steps`` prints what each step of a batching pipeline costs per
+image on one core (mapping with a batch's outputs kept, stacking, copying into an arena and out),
+the diagnosis behind the gap to that limit in ``docs/performance.md``.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ FOLDER_READER = "loader.examples.images:read_image_file"
 BATCH = 64
 WORKERS = 2
 IMAGE_SIZE = 256
+CROP_PIXELS = 224 * 224
 CLIENT_TIMEOUT_S = 60.0
 GENERATE_TIMEOUT_S = 300.0
 
@@ -346,8 +350,55 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     return rows
 
 
+def steps(images: int = 512) -> None:
+    """``--steps``: the CPU cost per image of each step a batching pipeline takes, on one core.
+
+    Not part of the group's rows: a diagnosis of where time per image goes. Batch by batch, as a
+    worker works: map ``BATCH`` images keeping their outputs, stack them into one array, copy the
+    rows into a buffer (an arena) and out into a fresh batch (the client's gather).
+    """
+    from loader.examples.images import decode_crop_flip
+
+    arrays = [np.frombuffer(make_jpeg(i), np.uint8) for i in range(images)]
+    spent = dict.fromkeys(("mapper, outputs dropped at once (the limit)", "mapper, a batch's outputs kept"), 0.0)
+    spent |= dict.fromkeys(("stack a batch", "rows into a warm arena", "rows into a fresh batch"), 0.0)
+    names = list(spent)
+    arena = np.zeros(BATCH * 3 * CROP_PIXELS * 4, np.uint8)
+    for i, data in enumerate(arrays):
+        start = time.perf_counter()
+        decode_crop_flip([data, np.int64(0)], np.random.default_rng(i))
+        spent[names[0]] += time.perf_counter() - start
+    for first in range(0, images, BATCH):
+        clock = time.perf_counter()
+        outs = [
+            decode_crop_flip([d, np.int64(0)], np.random.default_rng(first + k))[0]
+            for k, d in enumerate(arrays[first : first + BATCH])
+        ]
+        now = time.perf_counter()
+        spent[names[1]], clock = spent[names[1]] + now - clock, now
+        stacked = np.stack(outs)
+        now = time.perf_counter()
+        spent[names[2]], clock = spent[names[2]] + now - clock, now
+        rows = stacked.reshape(len(outs), -1).view(np.uint8)
+        width = rows.shape[1]
+        for k in range(len(outs)):
+            arena[k * width : (k + 1) * width] = rows[k]
+        now = time.perf_counter()
+        spent[names[3]], clock = spent[names[3]] + now - clock, now
+        batch = np.empty_like(rows)
+        for k in range(len(outs)):
+            batch[k] = arena[k * width : (k + 1) * width]
+        spent[names[4]] += time.perf_counter() - clock
+        del outs, stacked, rows, batch
+    for name, seconds in spent.items():
+        print(f"{name:<48} {seconds / images * 1000:6.3f} ms/image")
+
+
 def main(argv: list[str] | None = None) -> int:
-    return group_main(__doc__ or "", run, f"{QUICK.images} images, one trial", argv)
+    if (sys.argv[1:] if argv is None else argv) == ["--steps"]:
+        steps()
+        return 0
+    return group_main(__doc__ or "", run, f"{QUICK.images} images, one trial (--steps: where CPU goes per image)", argv)
 
 
 if __name__ == "__main__":

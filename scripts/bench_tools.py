@@ -174,9 +174,9 @@ def cpu_seconds(pid: int) -> float:
 class CpuMeter:
     """CPU seconds a process tree spends between ``start()`` and ``stop()`` (all its processes).
 
-    A process that starts meanwhile counts from zero; one that ends meanwhile counts through its
-    parent's cutime once waited for (a process of the tree that ends unwaited is lost: none does in
-    these benchmarks, whose workers stay up across the measured epochs).
+    A process that starts meanwhile counts from zero. One that ends meanwhile is counted through its
+    parent's cutime once waited for (its whole life, so slightly over) or not at all if it is not;
+    none ends in these benchmarks, whose workers stay up across the measured epochs.
     """
 
     def __init__(self, root: int | None = None) -> None:
