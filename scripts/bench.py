@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-GROUPS = ("io", "service", "recordio", "resume")
+GROUPS = ("io", "service", "recordio", "resume", "images", "growth", "startup")
 HERE = Path(__file__).resolve().parent
 
 

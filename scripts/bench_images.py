@@ -1,0 +1,405 @@
+"""A real image pipeline: JPEGs decoded, randomly cropped and flipped to 224x224, normalised to float32.
+
+``run(quick) -> list[dict]`` (the driver's group ``images``). Run alone:
+``python scripts/bench_images.py [--quick]``. Needs Pillow (the ``bench`` extra).
+
+The workload: a few thousand 256x256 RGB JPEGs (quality 90) generated at benchmark time (a smooth
+colour field, a coarser texture, a few filled shapes, a slight blur and pixel noise: about 21 KiB
+each, like small natural photographs), stored twice, in one temp dir that is removed afterwards:
+
+* as RecordIO files, each record ``[jpeg bytes as uint8, label]``, stored uncompressed (JPEG is
+  compressed already);
+* as files in class folders (``root/class-NN/img-NNNNN.jpg``, the ``ImageFolder`` layout), read
+  by ``loader.examples.images:read_image_file``, one file per sample.
+
+Both sides map every sample with the same function, ``loader.examples.images:decode_crop_flip``
+(decode with Pillow, random 224x224 crop, random horizontal flip, uint8 -> float32 normalised,
+channels first: 588 KiB per sample), batch 64, the same worker count, no shuffling:
+
+* ours: ``loader serve`` in a child process (``bench_tools.Serve``) and a ``Client`` in another
+  fresh process, ``workers.samples_per_message = 64`` (one batch per message: the rows go through
+  shared memory, and the default 256 rows of 588 KiB would crowd a worker's arena);
+* the peer: ``torch.utils.data.DataLoader``, ``persistent_workers=True``, default collate, over a
+  map-style dataset: for the RecordIO case the same records read once into RAM (the peer gets its
+  bytes from memory, if anything faster than our reading), for the folders case the same files,
+  opened and read in ``__getitem__``. Each sample's generator is ``default_rng(index)``; the draws
+  differ from ours, the work does not.
+
+One warm-up epoch is excluded on each side; then several epochs run back to back, and the side's
+best of ``trials`` alternating runs is kept (``bench_service``'s rules). CPU time is that of every
+process of the side (daemon, workers and client; torch's main process and workers), read from
+``/proc`` before and after the measured epochs, per image.
+
+The limit: ``workers x`` the single-core rate of the same mapper in this process, over the same
+bytes in RAM (best of a few passes). Each worker runs exactly that loop plus reading and sending;
+on a machine with as many cores as workers, the daemon and the client share those cores.
+``python scripts/bench_images.py --steps`` prints what each step of a batching pipeline costs per
+image on one core (mapping with a batch's outputs kept, stacking, copying into an arena and out),
+the diagnosis behind the gap to that limit in ``docs/performance.md``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# Helpers in this directory (on sys.path when a script here runs).
+from bench_service import best_of, stream_rate
+from bench_tools import CpuMeter, Serve, child_command, group_main, in_child, row
+
+MAPPER = "loader.examples.images:decode_crop_flip"
+FOLDER_READER = "loader.examples.images:read_image_file"
+BATCH = 64
+WORKERS = 2
+IMAGE_SIZE = 256
+CROP_PIXELS = 224 * 224
+CLIENT_TIMEOUT_S = 60.0
+GENERATE_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Sizes:
+    images: int
+    files: int  # RecordIO files, and class folders
+    epochs: int  # measured, after one warm-up epoch
+    trials: int
+    single_core_images: int  # for the single-core rate
+
+
+QUICK = Sizes(512, 4, 1, 1, 128)
+FULL = Sizes(3072, 16, 2, 3, 512)
+
+
+# -- the images ------------------------------------------------------------------------------
+
+
+def _pillow() -> Any:
+    try:
+        from PIL import Image, ImageDraw, ImageFilter
+    except ImportError:
+        sys.exit("bench_images needs Pillow: pip install 'loader-service[bench]' (or pip install pillow)")
+    return Image, ImageDraw, ImageFilter
+
+
+def make_jpeg(index: int, size: int = IMAGE_SIZE) -> bytes:
+    """One natural-looking RGB JPEG (quality 90), a pure function of ``index``."""
+    image_module, draw_module, filter_module = _pillow()
+    rng = np.random.default_rng(index)
+
+    def field(cells: int, amplitude: float) -> np.ndarray:  # a random grid, smoothly upsampled
+        grid = rng.integers(0, 256, (cells, cells, 3), dtype=np.uint8)
+        smooth = image_module.fromarray(grid, "RGB").resize((size, size), image_module.Resampling.BICUBIC)
+        return (np.asarray(smooth, np.float32) - 128.0) * amplitude
+
+    base = np.clip(128.0 + field(4, 1.0) + field(24, 0.25), 0, 255).astype(np.uint8)
+    image = image_module.fromarray(base, "RGB")
+    draw = draw_module.Draw(image)
+    for _ in range(int(rng.integers(3, 9))):
+        x, y = (int(v) for v in rng.integers(-32, size, 2))
+        w, h = (int(v) for v in rng.integers(16, 128, 2))
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        shape = draw.ellipse if rng.random() < 0.5 else draw.rectangle
+        shape((x, y, x + w, y + h), fill=colour)
+    image = image.filter(filter_module.GaussianBlur(float(rng.uniform(0.5, 1.5))))
+    noisy = np.asarray(image, np.float32) + rng.standard_normal((size, size, 3), dtype=np.float32) * 8.0
+    out = io.BytesIO()
+    image_module.fromarray(np.clip(noisy, 0, 255).astype(np.uint8), "RGB").save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def image_path(work: str, index: int, label: int) -> str:
+    return os.path.join(work, "folders", f"class-{label:02d}", f"img-{index:05d}.jpg")
+
+
+def write_images(work: str, labels: list[int], start: int, stop: int) -> int:
+    """Write images ``start..stop-1`` into their class folders (run in a child process); how many."""
+    for i in range(start, stop):
+        path = image_path(work, i, labels[i])
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(make_jpeg(i))
+    return stop - start
+
+
+def write_dataset(work: str, size: Sizes) -> tuple[list[str], list[str], list[bytes], list[int]]:
+    """Class folders and RecordIO files of the same images: (recordio paths, image paths, jpegs, labels)."""
+    from loader import recordio
+
+    per_file = size.images // size.files
+    labels = [min(i // per_file, size.files - 1) for i in range(size.images)]
+    # Generated by one fresh process per core (10 ms an image): nothing is forked from this process,
+    # which may hold torch's threads.
+    parts = os.cpu_count() or 1
+    bounds = [size.images * k // parts for k in range(parts + 1)]
+    makers = [
+        subprocess.Popen(
+            child_command("bench_images", "write_images", work=work, labels=labels, start=a, stop=b),
+            stdout=subprocess.DEVNULL,
+        )
+        for a, b in zip(bounds, bounds[1:])
+    ]
+    try:
+        codes = [maker.wait(timeout=GENERATE_TIMEOUT_S) for maker in makers]
+    finally:
+        for maker in makers:
+            if maker.poll() is None:
+                maker.kill()
+                maker.wait(timeout=GENERATE_TIMEOUT_S)
+    if any(codes):
+        raise RuntimeError(f"generating the images failed (exit codes {codes})")
+    image_paths = [image_path(work, i, label) for i, label in enumerate(labels)]
+    jpegs = [Path(path).read_bytes() for path in image_paths]
+    record_paths = []
+    for f in range(size.files):
+        path = os.path.join(work, "recordio", f"part-{f:05d}.recordio")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with recordio.Writer(path, recordio.Compressor.NONE, max_num_records=256) as writer:
+            for i in (i for i, label in enumerate(labels) if label == f):
+                writer.write([np.frombuffer(jpegs[i], np.uint8), np.int64(labels[i])])
+        record_paths.append(path)
+    return record_paths, image_paths, jpegs, labels
+
+
+# -- the limit: the mapper on one core --------------------------------------------------------
+
+
+def single_core_rate(jpegs: list[bytes], passes: int = 3) -> float:
+    """Images/s of ``decode_crop_flip`` in this process, over bytes in RAM (best of ``passes``)."""
+    from loader.examples.images import decode_crop_flip
+
+    arrays = [np.frombuffer(data, np.uint8) for data in jpegs]
+    best = 0.0
+    for _ in range(passes):
+        start = time.perf_counter()
+        for i, data in enumerate(arrays):
+            decode_crop_flip([data, np.int64(0)], np.random.default_rng(i))
+        best = max(best, len(arrays) / (time.perf_counter() - start))
+    return best
+
+
+# -- ours ------------------------------------------------------------------------------------
+
+
+def ours_tables(source: dict[str, Any], workers: int) -> dict[str, dict[str, Any]]:
+    return {
+        "source": source,
+        "pipeline": {"batch_size": BATCH, "mappers": [MAPPER], "shuffle_buffer": 0, "seed": 0, "epochs": 0},
+        "workers": {"count": workers, "samples_per_message": BATCH},
+    }
+
+
+def ours_here(work: str, source: dict[str, Any], workers: int, epochs: int) -> list[Any]:
+    """In a fresh process: a daemon and a client; (images/s, CPU s per image, detail)."""
+    from loader.service.client.client import Client
+
+    with Serve(work, ours_tables(source, workers)) as daemon:
+        with Client(daemon.address, timeout_s=CLIENT_TIMEOUT_S) as client:
+            stream_rate(client.epoch, 1)  # warm-up: workers import Pillow, files in the page cache
+            meter = CpuMeter()  # this client, the daemon and its workers
+            meter.start()
+            rate, samples, seconds = stream_rate(client.epoch, epochs)
+            cpu, processes = meter.stop()
+    return [rate, cpu / samples, f"ours {samples} images in {seconds:.2f}s, {cpu:.1f} CPU s in {processes} processes"]
+
+
+def ours(work: str, source: dict[str, Any], workers: int, epochs: int) -> tuple[float, float, str]:
+    rate, cpu, detail = in_child("bench_images", "ours_here", work=work, source=source, workers=workers, epochs=epochs)
+    return float(rate), float(cpu), str(detail)
+
+
+# -- the peer: torch DataLoader ---------------------------------------------------------------
+
+
+class BytesDataset:
+    """Map-style: image ``i`` from JPEG bytes held in RAM, mapped by ``decode_crop_flip``."""
+
+    def __init__(self, jpegs: list[bytes], labels: list[int]) -> None:
+        self.jpegs, self.labels = jpegs, labels
+
+    def __len__(self) -> int:
+        return len(self.jpegs)
+
+    def _bytes(self, i: int) -> bytes:
+        return self.jpegs[i]
+
+    def __getitem__(self, i: int) -> Any:
+        from loader.examples.images import decode_crop_flip
+
+        sample = [np.frombuffer(self._bytes(i), np.uint8), np.int64(self.labels[i])]
+        return tuple(decode_crop_flip(sample, np.random.default_rng(i)))
+
+
+class FolderDataset(BytesDataset):
+    """Map-style: image ``i`` read from its file in ``__getitem__`` (the ``ImageFolder`` way)."""
+
+    def __init__(self, paths: list[str], labels: list[int]) -> None:
+        super().__init__([], labels)
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def _bytes(self, i: int) -> bytes:
+        with open(self.paths[i], "rb") as fh:
+            return fh.read()
+
+
+def recordio_bytes(paths: list[str]) -> list[bytes]:
+    """The JPEG bytes of every record, in order, read with our own scanner (for the peer's RAM copy)."""
+    from loader.recordio import Scanner
+
+    out = []
+    for path in paths:
+        with Scanner(path) as scanner:
+            out += [bytes(np.asarray(data, np.uint8)) for data, _ in scanner]
+    return out
+
+
+def peer(dataset: Any, workers: int, epochs: int) -> tuple[float, float, str]:
+    from torch.utils.data import DataLoader
+
+    # Persistent workers stop when the DataLoader is dropped, on return.
+    data_loader = DataLoader(dataset, batch_size=BATCH, num_workers=workers, persistent_workers=True, shuffle=False)
+    stream_rate(lambda: iter(data_loader), 1)  # warm-up, as on our side
+    meter = CpuMeter()  # this process and torch's workers
+    meter.start()
+    rate, samples, seconds = stream_rate(lambda: iter(data_loader), epochs)
+    cpu, processes = meter.stop()
+    return rate, cpu / samples, f"torch {samples} images in {seconds:.2f}s, {cpu:.1f} CPU s in {processes} processes"
+
+
+# -- the rows ------------------------------------------------------------------------------
+
+
+def compare(label: str, size: Sizes, single: float, ours_side: Any, peer_side: Any, what: str) -> list[dict[str, Any]]:
+    (ours_rate, ours_cpu, ours_detail), (peer_rate, peer_cpu, peer_detail) = best_of(size.trials, ours_side, peer_side)
+    limit = WORKERS * single
+    return [
+        row(
+            f"images_{label}_{WORKERS}_workers",
+            ours_rate,
+            peer_rate,
+            "images/s",
+            "> 1.0x torch",
+            ours_rate > peer_rate,
+            f"{what}; decode + crop + flip + normalise, batch {BATCH}; {ours_detail}; {peer_detail}",
+        ),
+        row(
+            f"images_{label}_vs_decode_limit",
+            ours_rate,
+            limit,
+            "images/s",
+            f">= 0.9x {WORKERS} x 1 core",
+            ours_rate >= 0.9 * limit,
+            f"peer = {WORKERS} workers x the mapper's single-core rate ({single:,.0f} images/s); "
+            f"torch reached {peer_rate / limit:.2f} of it",
+        ),
+        row(
+            f"images_{label}_cpu_per_image",
+            ours_cpu * 1000,
+            peer_cpu * 1000,
+            "CPU ms/img",
+            "none (lower is better)",
+            None,
+            f"every process of each side; ratio = torch / ours; the mapper alone: {1000 / single:.2f} ms",
+            ratio=peer_cpu / ours_cpu if ours_cpu else 0.0,
+        ),
+    ]
+
+
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    size = QUICK if quick else FULL
+    _pillow()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="loader-bench-images-") as work:
+        record_paths, image_paths, jpegs, labels = write_dataset(work, size)
+        single = single_core_rate(jpegs[: size.single_core_images])
+        mean_kib = sum(map(len, jpegs)) / len(jpegs) / 1024
+        rows += compare(
+            "recordio",
+            size,
+            single,
+            lambda: ours(work, {"files": record_paths}, WORKERS, size.epochs),
+            lambda: peer(BytesDataset(recordio_bytes(record_paths), labels), WORKERS, size.epochs),
+            f"{size.images} JPEGs of {IMAGE_SIZE}x{IMAGE_SIZE} (mean {mean_kib:.1f} KiB) in {size.files} RecordIO "
+            "files; torch from the same bytes in RAM",
+        )
+        rows += compare(
+            "folders",
+            size,
+            single,
+            lambda: ours(
+                work,
+                {"files": [os.path.join(work, "folders", "*", "*.jpg")], "reader": FOLDER_READER},
+                WORKERS,
+                size.epochs,
+            ),
+            lambda: peer(FolderDataset(image_paths, labels), WORKERS, size.epochs),
+            f"the same {size.images} JPEGs as files in {size.files} class folders (one lease per file); "
+            "torch reads each file in __getitem__",
+        )
+    return rows
+
+
+def steps(images: int = 512) -> None:
+    """``--steps``: the CPU cost per image of each step a batching pipeline takes, on one core.
+
+    Not part of the group's rows: a diagnosis of where time per image goes. Batch by batch, as a
+    worker works: map ``BATCH`` images keeping their outputs, stack them into one array, copy the
+    rows into a buffer (an arena) and out into a fresh batch (the client's gather).
+    """
+    from loader.examples.images import decode_crop_flip
+
+    arrays = [np.frombuffer(make_jpeg(i), np.uint8) for i in range(images)]
+    spent = dict.fromkeys(("mapper, outputs dropped at once (the limit)", "mapper, a batch's outputs kept"), 0.0)
+    spent |= dict.fromkeys(("stack a batch", "rows into a warm arena", "rows into a fresh batch"), 0.0)
+    names = list(spent)
+    arena = np.zeros(BATCH * 3 * CROP_PIXELS * 4, np.uint8)
+    for i, data in enumerate(arrays):
+        start = time.perf_counter()
+        decode_crop_flip([data, np.int64(0)], np.random.default_rng(i))
+        spent[names[0]] += time.perf_counter() - start
+    for first in range(0, images, BATCH):
+        clock = time.perf_counter()
+        outs = [
+            decode_crop_flip([d, np.int64(0)], np.random.default_rng(first + k))[0]
+            for k, d in enumerate(arrays[first : first + BATCH])
+        ]
+        now = time.perf_counter()
+        spent[names[1]], clock = spent[names[1]] + now - clock, now
+        stacked = np.stack(outs)
+        now = time.perf_counter()
+        spent[names[2]], clock = spent[names[2]] + now - clock, now
+        rows = stacked.reshape(len(outs), -1).view(np.uint8)
+        width = rows.shape[1]
+        for k in range(len(outs)):
+            arena[k * width : (k + 1) * width] = rows[k]
+        now = time.perf_counter()
+        spent[names[3]], clock = spent[names[3]] + now - clock, now
+        batch = np.empty_like(rows)
+        for k in range(len(outs)):
+            batch[k] = arena[k * width : (k + 1) * width]
+        spent[names[4]] += time.perf_counter() - clock
+        del outs, stacked, rows, batch
+    for name, seconds in spent.items():
+        print(f"{name:<48} {seconds / images * 1000:6.3f} ms/image")
+
+
+def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv) == ["--steps"]:
+        steps()
+        return 0
+    return group_main(__doc__ or "", run, f"{QUICK.images} images, one trial (--steps: where CPU goes per image)", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
