@@ -30,7 +30,7 @@ from typing import Any
 
 from loader.config import LoaderConfig
 from loader.config.sections import ServiceConfig
-from loader.errors import ConfigError, MalformedMessageError, TransportError
+from loader.errors import ConfigError, MalformedMessageError, TransportError, WorkerError
 from loader.service import protocol as P
 from loader.service import transport
 from loader.service.daemon.autoscale import Autoscaler
@@ -40,8 +40,8 @@ from loader.service.daemon.desk import ClientDesk
 from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY, make_launcher
 from loader.service.daemon.metrics import MetricsServer, start_metrics
 from loader.service.daemon.rate import RecentRate
-from loader.service.daemon.rejects import Rejects
-from loader.service.daemon.stage import Stage, frames_nbytes
+from loader.service.daemon.rejects import LOG_EVERY_S, Rejects
+from loader.service.daemon.stage import Session, Stage, frames_nbytes
 from loader.service.daemon.workforce import MAX_FILE_ATTEMPTS, WorkerPool
 from loader.service.shm.pool import open_pool
 from loader.service.transport import auth, links, sockets
@@ -198,6 +198,7 @@ class Daemon:
         # Autoscaling acts on our own workers when workers.max says so; else it only advises (the metric).
         self.autoscaler = Autoscaler(self, workers.min, workers.max, act=bool(workers.max) and start_workers)
         self._data_accepting = True  # the data source is polled (Stage.accepting)
+        self._pump_logged_at = -LOG_EVERY_S  # when a batch that could not be sent was last logged (``_pump``)
         try:
             if config.service.metrics:
                 self.metrics = start_metrics(config.service.metrics)
@@ -259,7 +260,7 @@ class Daemon:
                 self._on_control(*got)
         self.clients.handle_events()
         for session in list(self.stage.sessions.values()):
-            self.stage.pump(session)
+            self._pump(session)
         self.pool.dispatch()
         self.clients.read_ahead_when_leased()
         now = time.monotonic()
@@ -269,6 +270,7 @@ class Daemon:
             self.pool.reap()
             self.clients.reap(now)
             self.stage.refs.reclaim(self.stage.sessions.values(), now, self.config.service.reclaim_after_s)
+            self.stage.collect_specs()
             if self.arenas is not None and self.arenas.has_retired:
                 for arena_id in self.arenas.collect(self.stage.arenas_held(), now):
                     self.stage.refs.forget_arena(arena_id)
@@ -280,6 +282,27 @@ class Daemon:
                     if not self._metrics_failed:  # once: the same failure would recur at every snapshot
                         log.exception("taking the metrics snapshot failed; serving goes on")
                     self._metrics_failed = True
+
+    def _pump(self, session: Session) -> None:
+        """Send a client what its credits allow; a batch that cannot be sent fails its epoch, not the daemon.
+
+        The stage checks every chunk before its rows join a stream (``Stage.chunk_problem``, ``fit``), so
+        this guard is for what no check foresaw: batches are made of rows a worker sent, and should one
+        still fail to encode, the loop would otherwise raise out of ``serve`` and stop serving everyone.
+        The batch's rows were taken from the stream (freed, or outstanding for the session) before it
+        failed, and the failed stream is dropped whole by ``handle_events``, so nothing is left half-done.
+        """
+        try:
+            self.stage.pump(session)
+        except Exception as exc:
+            stream = session.current
+            now = time.monotonic()
+            if now - self._pump_logged_at >= LOG_EVERY_S:  # once a minute: each epoch of bad rows would recur
+                self._pump_logged_at = now
+                log.exception("a batch for client session %d could not be sent; its epoch fails", session.session_id)
+            if stream is not None:
+                message = f"a batch of epoch {stream.epoch} could not be sent: {type(exc).__name__}: {exc}"
+                self.stage.fail_stream(stream, WorkerError("BatchError", message).to_dict())
 
     @property
     def rejected_messages(self) -> int:
@@ -316,12 +339,22 @@ class Daemon:
             self.rejects.reject(who, f"lease {message.lease} (stream {message.stream}, file {message.file}) is not its")
             return
         try:
-            self._on_file_message(message, columns)
+            refused = self._on_file_message(message, columns)
         except Exception as exc:  # whatever a peer's message makes a handler raise
             self.rejects.reject(who, f"{message.KIND} failed: {type(exc).__name__}: {exc}")
+            return
+        if refused is not None:
+            self.rejects.reject(
+                who, f"a chunk of file {message.file} (stream {message.stream}) is malformed: {refused}"
+            )
 
-    def _on_file_message(self, message: P.FileMessage, columns: P.Columns) -> None:
+    def _on_file_message(self, message: P.FileMessage, columns: P.Columns) -> str | None:
+        """Hand a data message to the stage; why a chunk was refused, or None."""
         if isinstance(message, P.Chunk):
+            # Before its references are marked held: a refused chunk must leave no trace.
+            refused = self.stage.chunk_problem(message, columns)
+            if refused is not None:
+                return refused
             self.stage.refs.check_owned(message.refs, columns, self.pool.arena_of(message.worker))
         # The coordinator only notes the time: a worker that sends (acceptable) data is not hung.
         self.coordinator.progressed(message.worker)
@@ -331,6 +364,7 @@ class Daemon:
             self.stage.on_done(message)
         elif isinstance(message, P.FileError):
             self.stage.on_file_error(message)
+        return None
 
     def _on_control(self, peer: bytes, frames: list[Any]) -> None:
         who = who_of(peer)

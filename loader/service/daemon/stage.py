@@ -362,7 +362,40 @@ class Stage:
             self.refs.release_blocks(blocks, stream.ref_columns)
 
     # -- data from workers --------------------------------------------------
+    def chunk_problem(self, chunk: P.Chunk, columns: Block) -> str | None:
+        """Why a chunk's columns do not fit its header, in one line (None when they do); asked before
+        anything acts on the chunk, its references included.
+
+        ``P.decode`` has checked that every column has ``count`` rows. What a worker sends besides: 1 to
+        ``samples_per_message`` records (so a chunk of rows that take no bytes cannot make the stage hold
+        or number billions of them), at least one column that is not the record index, and records that
+        a later lease may start from (below ``P.MAX_INT``). Its record index column, sent when records
+        were skipped inside the chunk, is inline 1-d integers rising strictly from ``record`` (the
+        sequencer takes its last value as the file's next record, the shuffle its values as anchors)."""
+        if not 0 < chunk.count <= self.samples_per_message:
+            return (
+                f"it holds {chunk.count} records; a worker sends 1 to {self.samples_per_message} "
+                "(workers.samples_per_message)"
+            )
+        if all(name == P.INDEX_COLUMN for name in columns):
+            return f"its {chunk.count} records have no columns"
+        index = columns.get(P.INDEX_COLUMN)
+        if index is not None:
+            if chunk.refs and P.INDEX_COLUMN in chunk.refs:
+                return "its record index column is a reference column"
+            if index.ndim != 1 or index.dtype.kind not in "iu":
+                return f"its record index column holds {index.dtype} rows of shape {index.shape[1:]}, not integers"
+        last = chunk.record + chunk.count - 1 if index is None else int(index.max())
+        if last >= P.MAX_INT - 1:
+            return f"it names record {last}, beyond what a lease can start after"
+        if index is not None:
+            records = index.astype(np.int64)  # every value is below P.MAX_INT now (a uint64 one too)
+            if int(records[0]) != chunk.record or np.any(np.diff(records) <= 0):
+                return f"its record index column does not rise strictly from its first record {chunk.record}"
+        return None
+
     def on_chunk(self, chunk: P.Chunk, columns: Block) -> None:
+        """Rows of a file from the worker that holds its lease (the daemon asked ``chunk_problem`` first)."""
         try:
             names = self.refs.adopt(chunk.refs, columns)
         except ArenaError as exc:
@@ -524,7 +557,8 @@ class Stage:
         if state is None or state.done or state.cut:
             return
         if skipped:
-            self.skipped_records += skipped
+            # The worker's own count: the total stays one the protocol (``status()``) can carry.
+            self.skipped_records = min(P.MAX_INT, self.skipped_records + skipped)
             log.warning("skipped %d bad record(s) in file index %d (epoch %d)", skipped, file_index, stream.epoch)
         self.events.append(FileComplete(stream.stream_id, file_index))
         self._feed(stream, stream.sequencer.finish(file_index))
@@ -674,13 +708,20 @@ class Stage:
 
     def arenas_held(self) -> set[int]:
         """Arena ids of the references buffered or outstanding (a retired arena waits for these)."""
-        buffered = [
+        return self.refs.held(self._buffered_refs(), self.sessions.values())
+
+    def collect_specs(self) -> None:
+        """Forget row specs no row names any more, once enough were interned (``RefKeeper.collect_specs``)."""
+        if self.refs.specs_due:
+            self.refs.collect_specs(self._buffered_refs(), self.sessions.values())
+
+    def _buffered_refs(self) -> list[tuple[Block, frozenset[str]]]:
+        return [
             (block, stream.ref_columns)
             for stream in self.streams.values()
             if stream.ref_columns
             for block in stream.buffered_blocks()
         ]
-        return self.refs.held(buffered, self.sessions.values())
 
 
 def frames_nbytes(frames: list[Any]) -> int:

@@ -45,11 +45,18 @@ from loader.service.blocks import Block
 from loader.service.shm import refs as R
 from loader.service.shm.arena import USED, ArenaError, run_indexes
 
+# Row specs (dtype, shape) the stage keeps interned beyond those its rows name. Past this count, and past
+# twice what rows named at the last collection, the unnamed ones are forgotten (``collect_specs``): each
+# chunk may name a new spec, so a lease holder claiming another row shape every time would otherwise
+# grow the table without bound.
+SPECS_KEPT = 1024
+
 
 class RefKeeper:
     def __init__(self, arenas: Any) -> None:
         self.arenas = arenas  # ArenaPool, or None when the fast path is off
         self.specs = R.Specs()
+        self._collect_specs_at = SPECS_KEPT
         self.local: dict[int, Any] = {}
         self._local_ids = itertools.count()
         self._held: dict[int, np.ndarray] = {}  # arena id -> per block: held by the stage (adopted, not freed)
@@ -143,7 +150,9 @@ class RefKeeper:
         rows: list[Any] = []
         for arena_id, start, spec_id in refs.tolist():
             if arena_id == R.LOCAL_ARENA:
-                rows.append(np.array(self.local[start], copy=True))
+                # Local rows are never written to: sharing one is safe, and a row that is not an array (an
+                # object column's value) must stay what it is (``materialize``).
+                rows.append(self.local[start])
             else:
                 one = np.array([[arena_id, start, spec_id]], dtype=np.int64)
                 rows.append(R.gather(one, self.specs.specs, self.arena_of, free=False)[0])
@@ -157,8 +166,11 @@ class RefKeeper:
             self.specs.specs[i] for i in np.unique(arena_rows[:, 2]).tolist()
         }
         for key in refs[refs[:, 0] == R.LOCAL_ARENA, 1].tolist():
-            row = np.asarray(self.local[key])
-            out.add(None if row.dtype.hasobject else (row.dtype.str, tuple(row.shape)))
+            row = self.local[key]
+            # A row that is not an array (an object column's value: nested lists of any shape, a dict)
+            # is an object row; numpy may not even make an array of it.
+            fixed = isinstance(row, np.ndarray) and not row.dtype.hasobject
+            out.add((row.dtype.str, tuple(row.shape)) if fixed else None)
         return out
 
     def _to_local(self, values: Any) -> np.ndarray:
@@ -178,7 +190,9 @@ class RefKeeper:
         rows = []
         for arena_id, start, spec_id in refs.tolist():
             if arena_id == R.LOCAL_ARENA:
-                rows.append(np.asarray(self.local.pop(start)))
+                # As received: ``np.asarray`` would make a dict or None row a 0-d object array, which no
+                # batch can carry (the codec refuses object arrays), so sending it would raise.
+                rows.append(self.local.pop(start))
             else:
                 one = np.array([[arena_id, start, spec_id]], dtype=np.int64)
                 rows.append(R.gather(one, self.specs.specs, self.arena_of)[0])
@@ -263,15 +277,37 @@ class RefKeeper:
         """Arena ids the stage still holds references into: buffered (block, reference column names)
         pairs and the sessions' outstanding batches."""
         ids: set[int] = set()
-        for block, names in buffered:
-            for name in names:
-                if name in block:
-                    ids.update(np.unique(block[name][:, 0]).tolist())
-        for session in sessions:
-            for _, sent, _ in session.outstanding:
-                for refs in sent:
-                    ids.update(np.unique(refs[:, 0]).tolist())
+        for refs in _reference_columns(buffered, sessions):
+            ids.update(np.unique(refs[:, 0]).tolist())
         return ids
 
+    @property
+    def specs_due(self) -> bool:
+        """Whether enough specs were interned since the last collection to look for unnamed ones."""
+        return len(self.specs.specs) > self._collect_specs_at
 
-__all__ = ["RefKeeper"]
+    def collect_specs(self, buffered: Iterable[tuple[Block, frozenset[str]]], sessions: Iterable[Any]) -> None:
+        """Forget the specs no buffered or outstanding row names (as ``held``: every row the stage
+        keeps); called between messages, so no chunk's rows are on their way in."""
+        named: set[int] = set()
+        for refs in _reference_columns(buffered, sessions):
+            named.update(np.unique(refs[refs[:, 0] != R.LOCAL_ARENA, 2]).tolist())
+        self.specs.keep_only(named)
+        self._collect_specs_at = max(SPECS_KEPT, 2 * len(named))
+
+
+def _reference_columns(
+    buffered: Iterable[tuple[Block, frozenset[str]]], sessions: Iterable[Any]
+) -> Iterable[np.ndarray]:
+    """Every reference column the stage keeps: in buffered (block, reference column names) pairs and in
+    the sessions' outstanding batches."""
+    for block, names in buffered:
+        for name in names:
+            if name in block:
+                yield block[name]
+    for session in sessions:
+        for _, sent, _ in session.outstanding:
+            yield from sent
+
+
+__all__ = ["RefKeeper", "SPECS_KEPT"]

@@ -17,6 +17,7 @@ will read (duplicates, cancelled streams, batches of a client that left).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -39,14 +40,20 @@ class Specs:
     def __init__(self) -> None:
         self._ids: dict[Spec, int] = {}
         self.specs: dict[int, Spec] = {}
+        self._next = itertools.count()  # never reused: an id forgotten (``keep_only``) names nothing again
 
     def intern(self, dtype: str, shape: Any) -> int:
         spec = (str(dtype), tuple(int(d) for d in shape))
         spec_id = self._ids.get(spec)
         if spec_id is None:
-            spec_id = self._ids[spec] = len(self._ids)
+            spec_id = self._ids[spec] = next(self._next)
             self.specs[spec_id] = spec
         return spec_id
+
+    def keep_only(self, spec_ids: set[int]) -> None:
+        """Forget every spec but these (the ones rows still name)."""
+        for spec_id in [i for i in self.specs if i not in spec_ids]:
+            del self._ids[self.specs.pop(spec_id)]
 
     def describe(self, refs: np.ndarray) -> dict[int, list[Any]]:
         """The wire form of the specs ``refs`` use: ``{spec id: [dtype, shape]}``."""
