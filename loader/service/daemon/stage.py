@@ -58,6 +58,8 @@ DEFAULT_STALL_TIMEOUT_S = 240.0
 MIN_STALL_TIMEOUT_S = 30.0
 # Bytes of a stream's rows held for reordering (later files waiting for the head): ``service.reorder_window_mib``.
 DEFAULT_REORDER_BYTES = 64 * 1024 * 1024
+# A worker's error, logged under on_error = "skip": its first line, at most this long (the traceback stays out).
+MAX_LOGGED_ERROR_CHARS = 500
 
 
 @dataclass(frozen=True)
@@ -583,7 +585,7 @@ class Stage:
                 "skipping the rest of file index %d (epoch %d): %s",
                 file_index,
                 stream.epoch,
-                WorkerError.from_dict(error),
+                _first_line(str(WorkerError.from_dict(error)), MAX_LOGGED_ERROR_CHARS),  # a peer wrote it
             )
             self._complete_file(stream, file_index, lost + stream.rejected.pop(file_index, 0))
             return
@@ -732,6 +734,11 @@ def frames_nbytes(frames: list[Any]) -> int:
         nbytes = getattr(frame, "nbytes", None)
         total += nbytes if nbytes is not None else len(frame)
     return total
+
+
+def _first_line(text: str, limit: int) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[:limit] + "..."
 
 
 __all__ = ["Stage", "Session", "Step", "Stream", "StreamSettings", "frames_nbytes"]
