@@ -11,6 +11,7 @@ import typing as _typing
 
 from loader import errors
 from loader.errors import (
+    BatchMapperError,
     ClosedError,
     ComposeNotAligned,
     ConfigError,
@@ -114,6 +115,7 @@ __all__ = [
     "CorruptFileError",
     "ShapeMismatchError",
     "UnknownFormatError",
+    "BatchMapperError",
     "ComposeNotAligned",
     "MissingDependencyError",
     "WorkerError",

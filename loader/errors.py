@@ -60,6 +60,10 @@ class UnknownFormatError(DataError):
     """No file reader is registered for a file's format."""
 
 
+class BatchMapperError(DataError):
+    """A batch mapper raised, or returned something other than a block of the rows it was given."""
+
+
 class ComposeNotAligned(LoaderError, ValueError):
     """``reader.compose`` found that its readers yield different numbers of items."""
 
@@ -224,6 +228,7 @@ __all__ = [
     "CorruptFileError",
     "ShapeMismatchError",
     "UnknownFormatError",
+    "BatchMapperError",
     "ComposeNotAligned",
     "MissingDependencyError",
     "WorkerError",

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from loader.errors import BatchMapperError
 from loader.runtime.imports import rng_parameter
 from loader.service.blocks import block_rows
 from loader.service.protocol import INDEX_COLUMN
@@ -64,10 +65,6 @@ class SampleMappers:
             else:
                 sample = mapper(sample, rng)
         return sample
-
-
-class BatchMapperError(ValueError):
-    """A batch mapper raised, or returned something other than a block of the rows it was given."""
 
 
 class BatchMappers:

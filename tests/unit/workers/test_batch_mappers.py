@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from loader.config import LoaderConfig
-from loader.errors import ConfigError
+from loader.errors import BatchMapperError, ConfigError
 from loader.examples import cpu_heavy, cpu_heavy_batch
 from loader.service import protocol as P
 from loader.service.order import fingerprint
 from workers.file_job import FileJob
-from workers.mapping import BatchMapperError, BatchMappers
+from workers.mapping import BatchMappers
 
 HERE = "tests.unit.workers.test_batch_mappers"
 BLOCKS: list[int] = []  # rows of each block ``negate`` was given, in this process
