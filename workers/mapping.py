@@ -19,14 +19,13 @@ no generator: per-block draws would depend on the cut (config checks refuse an
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from loader.errors import BatchMapperError
-from loader.runtime.imports import rng_parameter
+from loader.runtime.imports import rng_parameter, rng_passing
 from loader.service.blocks import block_rows
 from loader.service.protocol import INDEX_COLUMN
 
@@ -37,13 +36,10 @@ class SampleMappers:
     def __init__(self, mappers: Sequence[Callable[..., Any]], *, seed: int, epoch: int, file_key: int) -> None:
         self._steps: list[tuple[Callable[..., Any], str]] = []
         for mapper in mappers:
-            parameter = rng_parameter(mapper)
-            if parameter is None:
-                how = "plain"
-            elif parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
-                how = "positional"
-            else:
-                how = "keyword"
+            try:
+                how = rng_passing(mapper)
+            except ValueError as exc:  # the config check refuses it first; this is a worker's own line
+                raise TypeError(f"mapper {getattr(mapper, '__name__', mapper)!r}: {exc}") from None
             self._steps.append((mapper, how))
         self.wants_rng = any(how != "plain" for _, how in self._steps)
         self._key = (int(seed), int(epoch), int(file_key))

@@ -42,7 +42,7 @@ from loader.config.overrides import collect as collect_overrides
 from loader.config.overrides import sources as value_sources
 from loader.config.source import SourceConfig, absolute_paths
 from loader.errors import ConfigError
-from loader.runtime.imports import add_import_path, import_object, rng_parameter
+from loader.runtime.imports import add_import_path, import_object, rng_parameter, rng_passing
 
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
 TRANSPORTS = ("zmq", "pipe", "queue")
@@ -425,6 +425,11 @@ class LoaderConfig:
         for key in ("mappers", "batch_mappers"):
             for spec, mapper in zip(getattr(self.pipeline, key), self.pipeline.resolve_mappers(key)):
                 _callable(f"pipeline.{key} ({spec!r})", mapper)
+                if key == "mappers":
+                    try:
+                        rng_passing(mapper)
+                    except ValueError as exc:
+                        raise ConfigError(f"pipeline.mappers ({spec!r}): {exc} ({self.origin})") from None
                 if key == "batch_mappers" and rng_parameter(mapper) is not None:
                     raise ConfigError(
                         f"pipeline.batch_mappers ({spec!r}) takes an rng parameter: batch mappers get no "

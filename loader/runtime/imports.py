@@ -119,4 +119,28 @@ def rng_parameter(func: Any) -> inspect.Parameter | None:
     return parameters.get("rng")
 
 
-__all__ = ["import_object", "import_shipped_package", "add_import_path", "is_spec", "rng_parameter", "SPEC_PATTERN"]
+def rng_passing(func: Any) -> str:
+    """How a per-sample mapper takes its generator: "plain" (it takes none), "keyword" or "positional".
+
+    ``ValueError`` (one line) when it names an ``rng`` that cannot be passed after the sample: the
+    first parameter (the sample's place), or ``*rng`` / ``**rng``."""
+    parameter = rng_parameter(func)
+    if parameter is None:
+        return "plain"
+    if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+        raise ValueError("its rng is a variadic parameter; name rng as a parameter after the sample")
+    names = list(inspect.signature(func).parameters)
+    if names.index("rng") == 0:
+        raise ValueError("its first parameter is rng, where the sample goes; put rng after the sample")
+    return "positional" if parameter.kind is inspect.Parameter.POSITIONAL_ONLY else "keyword"
+
+
+__all__ = [
+    "import_object",
+    "import_shipped_package",
+    "add_import_path",
+    "is_spec",
+    "rng_parameter",
+    "rng_passing",
+    "SPEC_PATTERN",
+]
