@@ -366,3 +366,39 @@ def test_a_daemon_killed_mid_epoch_is_resumed_on_a_new_one_with_other_workers(da
         second.send_signal(signal.SIGTERM)
         second.wait(timeout=20)
     assert head + tail == full
+
+
+SKIPPING_MAPPER = """
+def bad(sample, rng):
+    (value,) = sample
+    if int(value) % 19 == 0:  # about 5% of the records
+        raise ValueError(f"bad {int(value)}")
+    return sample
+"""
+
+
+def test_records_skipped_by_leases_that_were_cut_are_counted_once(tmp_path: Any) -> None:
+    sizes = [500, 37, 400, 1, 250, 300, 90, 400]
+    ids = write_id_files(tmp_path, len(sizes), sizes)
+    (tmp_path / "skipping.py").write_text(SKIPPING_MAPPER)
+
+    def run(workers: int) -> tuple[list[list[int]], int]:
+        cfg = loader.config.LoaderConfig.from_dict(
+            {
+                "source": {"files": [str(tmp_path / "*.npy")]},
+                "pipeline": {"batch_size": 8, "seed": 3, "mappers": ["skipping:bad"], "on_error": "skip"},
+                "workers": {"count": workers, "samples_per_message": 4},
+                "service": {"bind": "tcp://127.0.0.1:*", "reorder_window_mib": 0},  # a small window: many cuts
+                "import_path": [str(tmp_path)],
+            }
+        )
+        with loader.Loader(cfg) as local:
+            batches = [ids_of(b) for b in local.epoch(0)]
+            return batches, local.status()["skipped_records"]
+
+    bad = sum(1 for i in ids if i % 19 == 0)
+    one, skipped_one = run(1)
+    three, skipped_three = run(3)
+    assert sorted(i for b in one for i in b) == sorted(i for i in ids if i % 19)
+    assert three == one
+    assert skipped_one == skipped_three == bad

@@ -34,7 +34,10 @@ class FileRows:
     """One file of the stream: where it stands in the order, what was taken, what is held."""
 
     order_index: int
-    next_record: int = 0  # records before this were taken (passed on or held)
+    next_record: int = 0  # records before this were taken (passed on, held, or skipped as misfits)
+    lease_start: int = 0  # where the current lease began reading
+    taken: int = 0  # records the current lease delivered that were taken (rows, or skipped as misfits)
+    skipped_before_cuts: int = 0  # records cut leases skipped (their FILE_DONE, which says so, is not taken)
     done: bool = False
     cut: bool = False  # cut and not leased again yet: what its old lease still sends is not taken
     held: list[tuple[Block, np.ndarray]] = field(default_factory=list)
@@ -65,7 +68,8 @@ class Sequencer:
         self.reorder_bytes = reorder_bytes
         self.files = {f: FileRows(i) for i, f in enumerate(order) if i >= start_order}
         if start_order < len(order):
-            self.files[order[start_order]].next_record = start_record
+            first = self.files[order[start_order]]
+            first.next_record = first.lease_start = start_record
         self.held_rows = 0
         self.held_bytes = 0
 
@@ -87,6 +91,7 @@ class Sequencer:
         if state is None:
             return 0
         state.cut = False
+        state.lease_start, state.taken = state.next_record, 0
         return state.next_record
 
     def may_read(self, file_index: int) -> bool:
@@ -113,6 +118,7 @@ class Sequencer:
             return [], dropped, None
         if state.order_index == self.head:
             state.next_record = int(records[-1]) + 1
+            state.taken += n
             return [(block, state.order_index, records)], dropped, None
         nbytes = block_nbytes(block)
         if not self._room(n, nbytes):
@@ -124,6 +130,7 @@ class Sequencer:
         self.held_rows += n
         self.held_bytes += nbytes
         state.next_record = int(records[-1]) + 1
+        state.taken += n
         return [], dropped, None
 
     def cut(self, file_index: int) -> Cut | None:
@@ -134,7 +141,22 @@ class Sequencer:
         if state is None or state.done or state.cut:
             return None
         state.cut = True
+        # Records this lease read past without a row (skipped by the worker) lie before ``next_record``:
+        # the next lease starts after them, and only this lease's FILE_DONE, never taken now, counted them.
+        state.skipped_before_cuts += max(0, state.next_record - state.lease_start - state.taken)
         return Cut(file_index, state.next_record)
+
+    def skip(self, file_index: int, records: np.ndarray) -> int:
+        """Records that arrived but were refused (misfits under ``skip``): taken without rows, so a later
+        lease starts after them; how many of them were new."""
+        state = self.files.get(file_index)
+        if state is None or state.done or state.cut or not len(records):
+            return 0
+        fresh = int(np.count_nonzero(records >= state.next_record))
+        if fresh:
+            state.next_record = max(state.next_record, int(records[-1]) + 1)
+            state.taken += fresh
+        return fresh
 
     def finish(self, file_index: int) -> list[Tagged]:
         """The file is complete: the rows that are in order now (its successors' held rows, when it was the head)."""

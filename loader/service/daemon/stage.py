@@ -417,7 +417,7 @@ class Stage:
             stream.ref_columns = names
         if names or stream.ref_columns:
             columns = self.refs.conform(stream.ref_columns, columns, names)
-        fitted = self._fit(stream, chunk, columns, int(records[0]) if len(records) else chunk.record)
+        fitted = self._fit(stream, chunk, columns, records)
         if fitted is None:
             self._free(stream, [columns])
             return
@@ -491,7 +491,7 @@ class Stage:
             }
         return tail
 
-    def _fit(self, stream: Stream, chunk: P.Chunk, columns: Block, record: int) -> Block | None:
+    def _fit(self, stream: Stream, chunk: P.Chunk, columns: Block, records: np.ndarray) -> Block | None:
         """``columns`` made to fit the stream's batches, or None when they cannot (the file failed,
         or under ``on_error = "skip"`` the rows were counted as skipped)."""
         # Reference columns hold three integers a row: their rows' layout comes from the specs they name.
@@ -517,12 +517,14 @@ class Stage:
             return {n: fit.as_objects(v) if n in ragged else v for n, v in columns.items()} if ragged else columns
         if reason is None:
             reason = "; ".join(misfits.values()) + f" ({fit.RAGGED_HINT})"
-        self._misfit(stream, chunk, block_rows(columns), record, f"a sample does not fit its batch: {reason}")
+        self._misfit(stream, chunk, records, f"a sample does not fit its batch: {reason}")
         return None
 
-    def _misfit(self, stream: Stream, chunk: P.Chunk, rows: int, record: int, message: str) -> None:
+    def _misfit(self, stream: Stream, chunk: P.Chunk, records: np.ndarray, message: str) -> None:
         path = self._path(chunk.file)
+        record = int(records[0]) if len(records) else chunk.record
         if self.on_error == "skip":
+            rows = stream.sequencer.skip(chunk.file, records)  # a later lease starts after them: counted once
             stream.rejected[chunk.file] = stream.rejected.get(chunk.file, 0) + rows
             log.warning("skipping %d record(s) from record %d of %s: %s", rows, record, path, message)
             return
@@ -558,6 +560,7 @@ class Stage:
         state = stream.sequencer.files.get(file_index)
         if state is None or state.done or state.cut:
             return
+        skipped += state.skipped_before_cuts  # skipped by leases that were cut, whose FILE_DONE was not taken
         if skipped:
             # The worker's own count: the total stays one the protocol (``status()``) can carry.
             self.skipped_records = min(P.MAX_INT, self.skipped_records + skipped)

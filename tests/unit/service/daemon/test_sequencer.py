@@ -98,3 +98,19 @@ def test_the_head_file_is_always_readable(window):
     seq = Sequencer([0, 1], 0, 0, reorder_rows=window)
     seq.add(1, *_rows(0, 5))
     assert seq.may_read(0)
+
+
+def test_records_a_cut_lease_skipped_are_kept_for_the_file_and_misfits_advance_it():
+    seq = Sequencer([0, 1], 0, 0, reorder_rows=4)
+    seq.lease_start(1)
+    block, _ = _rows(0, 3)
+    seq.add(1, block, np.array([0, 2, 5]))  # the worker skipped records 1, 3 and 4
+    assert seq.add(1, *_rows(6, 3))[2] == Cut(1, 6), "the window is full: the lease is cut at record 6"
+    assert seq.files[1].skipped_before_cuts == 3, "the cut lease's FILE_DONE would have said so; it is not taken"
+    assert seq.lease_start(1) == 6
+    assert seq.skip(1, np.array([6, 7])) == 2 and seq.files[1].next_record == 8, "misfits are taken, rowless"
+    assert seq.skip(1, np.array([7])) == 0, "and never counted twice"
+    seq.files[1].held, seq.held_rows = [], 0  # room again
+    assert seq.add(1, *_rows(9, 1))[2] is None
+    assert seq.cut(1) == Cut(1, 10)
+    assert seq.files[1].skipped_before_cuts == 3 + 1, "record 8 was skipped by the second lease"
