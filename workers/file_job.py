@@ -213,7 +213,8 @@ class FileJob:
                     return None
                 lost = getattr(exc, "records_skipped", None)
                 if isinstance(lost, int) and lost >= 1:  # the reader stepped past the damage: go on after it
-                    done.skipped += lost
+                    # Only what lies from ``start`` on: the lease that read the records before it counted those.
+                    done.skipped += max(0, record + lost - max(record, start))
                     record += lost
                     continue
                 done.skipped += 1

@@ -115,4 +115,4 @@ def _checked(spec: str, out: Any, rows: int) -> dict[str, np.ndarray]:
     return block
 
 
-__all__ = ["SampleMappers", "BatchMappers", "BatchMapperError"]
+__all__ = ["SampleMappers", "BatchMappers"]

@@ -214,3 +214,49 @@ def test_batch_mappers_are_in_the_checkpoint_fingerprint_only_when_set() -> None
             1,
         )["batch_mappers"]
     )
+
+
+class _Damaged(Exception):
+    records_skipped = 3  # like a RecordIO chunk that fails its checksum: the reader steps past its records
+
+
+class _DamagedSource:
+    """Ten records, of which 2..4 lie in a damaged chunk the reader steps past."""
+
+    can_read_blocks = False
+    fields = ["data"]
+
+    def __init__(self, config: Any, path: str) -> None:
+        self.path = path
+
+    def samples(self) -> Any:
+        class Reading:
+            def __init__(self) -> None:
+                self.record = 0
+
+            def __iter__(self) -> Any:
+                return self
+
+            def __next__(self) -> Any:
+                if self.record == 2:
+                    self.record = 5
+                    raise _Damaged("bad chunk")
+                if self.record >= 10:
+                    raise StopIteration
+                self.record += 1
+                return (np.int64(self.record - 1),)
+
+        return Reading()
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("start", "skipped", "sent"), [(0, 3, 7), (3, 2, 5), (6, 0, 4)])
+def test_damage_before_a_lease_start_is_not_counted_again(tmp_path, monkeypatch, start, skipped, sent) -> None:
+    import workers.file_job as file_job
+
+    monkeypatch.setattr(file_job, "FileSource", _DamagedSource)
+    chunks, end = run_job(tmp_path, [], mappers=(plus_one,), on_error="skip", start=start)
+    assert isinstance(end, P.FileDone) and (end.skipped, end.sent) == (skipped, sent)
+    assert rows_of(chunks) == [i + 1 for i in range(10) if i >= start and not 2 <= i <= 4]
