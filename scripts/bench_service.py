@@ -179,7 +179,7 @@ class Daemon:
         workers: int,
         mappers: Iterable[str] = (),
         batch_mappers: Iterable[str] = (),
-        samples_per_message: int = 256,
+        samples_per_message: int = 4096,
         ipc: bool = False,
         metrics: bool = False,
     ) -> None:

@@ -121,7 +121,9 @@ class WorkersConfig:
 
     count: int = 2
     transport: str = "zmq"
-    samples_per_message: int = 256
+    # The most samples in one worker -> stage message; chunks also stop at about 1 MiB for blocks read
+    # straight from a file, 4 MiB or 50 ms otherwise (workers/columns.py), so this is rarely what binds.
+    samples_per_message: int = 4096
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 5.0
     # A worker that holds a lease and sends nothing for this long is taken for hung and replaced.

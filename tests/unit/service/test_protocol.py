@@ -28,6 +28,7 @@ from loader.service import protocol as P
 # A field's category says what it accepts; "?" marks an optional one (nil on the wire, or absent, is fine).
 COUNT, TEXT, PATH, FLAG, SECONDS, MAPPING, REFS = "count", "text", "path", "flag", "seconds", "mapping", "refs"
 ANCHOR = "anchor"
+PARTS = "parts"
 VERSIONED = {"v": COUNT, "lv": TEXT}
 FILE = {"s": COUNT, "f": COUNT, "l": COUNT, "w": TEXT, "t": TEXT}
 FIELDS: dict[type[P.Message], dict[str, str]] = {
@@ -81,6 +82,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
         "shm": FLAG,
         "pos": COUNT,
         "anchor": ANCHOR + "?",
+        "pack": COUNT,
     },
     P.Credit: {"n": COUNT, "g": COUNT + "?", "ws": SECONDS + "?"},
     P.Batch: {
@@ -91,6 +93,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
         "refs": REFS + "?",
         "pos": COUNT,
         "anchor": ANCHOR + "?",
+        "parts": PARTS + "?",
     },
     P.End: {"e": COUNT, "g": COUNT + "?", "batches": COUNT, "samples": COUNT},
     P.Ping: {},
@@ -160,11 +163,18 @@ EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
         ),
         {},
     ),
-    P.Epoch: (P.Epoch(epoch=2, gen=6, credit=4, ahead=False, shm=True, position=96, anchor=[1, 4, 17]), {}),
+    P.Epoch: (P.Epoch(epoch=2, gen=6, credit=4, ahead=False, shm=True, position=96, anchor=[1, 4, 17], pack=8), {}),
     P.Credit: (P.Credit(n=3, gen=6, wait_s=0.25), {}),
     P.Batch: (
         P.Batch(
-            epoch=2, gen=6, count=2, sample_kind="dict", refs={"x": {0: ["<f4", [4]]}}, position=64, anchor=[0, 0, 0]
+            epoch=2,
+            gen=6,
+            count=2,
+            sample_kind="dict",
+            refs={"x": {0: ["<f4", [4]]}},
+            position=64,
+            anchor=[0, 0, 0],
+            parts=[[1, 63, 0, 0, 0], [1, 64]],
         ),
         {"x": np.array([[1, 0, 0], [1, 1, 0]], np.int64), "y": np.array([[1.5, 2.5], [3.5, 4.5]])},
     ),
@@ -182,6 +192,20 @@ BAD: dict[str, list] = {
     SECONDS: [-0.5, -1, math.nan, math.inf, -math.inf, True, "1", None, [1.0]],
     MAPPING: [[], "x", 5, None, True, b"{}"],
     ANCHOR: [[], [0, 0], [0, 0, 0, 0], [0, -1, 0], [0, 1.5, 0], "000", None, {"w": 0}, [True, 0, 0]],
+    PARTS: [
+        [],
+        [[]],
+        [[1]],
+        [[1, 2, 3]],
+        [[1, 2, 3, 4, 5, 6]],
+        [[1, -2]],
+        [[1, 2.5]],
+        [[True, 2]],
+        "parts",
+        {"0": [1, 2]},
+        [[1, 2]] * (P.MAX_PACK + 1),
+        None,
+    ],
     REFS: [
         [],
         "x",
