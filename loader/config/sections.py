@@ -60,6 +60,7 @@ MAX_CPUS_PER_WORKER = 1024.0
 MAX_BATCH_SIZE = 1 << 24
 MAX_SHUFFLE_BUFFER = 1 << 28  # rows; the stage holds up to twice this many
 MAX_SAMPLES_PER_MESSAGE = 1 << 20
+MAX_KEEP_FREED_MIB = 2047  # mallopt takes an int of bytes
 MAX_ARENA_MIB = 64 * 1024  # per worker, in /dev/shm
 MAX_SEED = (1 << 63) - 1
 MAX_EPOCHS = 1 << 31
@@ -130,6 +131,9 @@ class WorkersConfig:
     progress_timeout_s: float = 120.0
     # Shared memory per worker for large arrays (MiB, reserved as used); 0 turns the fast path off.
     shm_arena_mib: int = 256
+    # Freed memory a worker's allocator keeps for the next samples (MiB, glibc; runtime/memory.py), so a
+    # mapper's large outputs reuse pages instead of faulting in fresh ones; 0 keeps the allocator's defaults.
+    keep_freed_mib: int = 512
     # Autoscaling of the daemon's own workers between min and max (max 0: a fixed pool of count).
     min: int = 1
     max: int = 0
@@ -145,6 +149,7 @@ class WorkersConfig:
     def __post_init__(self) -> None:
         check = Check(self, "workers")
         check.integer("shm_arena_mib", minimum=0, maximum=MAX_ARENA_MIB)
+        check.integer("keep_freed_mib", minimum=0, maximum=MAX_KEEP_FREED_MIB)
         check.integer("count", minimum=1, maximum=MAX_WORKERS)
         check.integer("min", minimum=1, maximum=MAX_WORKERS)
         check.integer("max", minimum=0, maximum=MAX_WORKERS)
