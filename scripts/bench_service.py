@@ -283,9 +283,36 @@ def ours_rate_here(
         with Client(daemon.address, timeout_s=CLIENT_TIMEOUT_S) as client:
             stream_rate(client.epoch, 1)  # warm-up: workers import, open files, page cache
             scraper = Scraper(daemon.metrics) if daemon.metrics else None
+            split = CpuSplit(daemon.proc.pid)
             rate, samples, seconds = stream_rate(client.epoch, epochs)
+            cpu = split.stop()
             scrapes = scraper.close() if scraper is not None else 0
-    return rate, f"ours {samples} samples in {seconds:.2f}s" + (f", {scrapes} scrapes" if scraper else "")
+    detail = f"ours {samples} samples in {seconds:.2f}s (CPU s: {cpu})"
+    return rate, detail + (f", {scrapes} scrapes" if scraper else "")
+
+
+class CpuSplit:
+    """CPU seconds of the daemon, its workers (together) and this process (the client) from now on:
+    where a case's time goes, printed with every run of ours."""
+
+    def __init__(self, daemon_pid: int) -> None:
+        from bench_tools import process_tree  # here: bench_tools imports this module
+
+        self.daemon_pid = daemon_pid
+        self.workers = [pid for pid in process_tree(daemon_pid) if pid != daemon_pid]
+        self.before = self._now()
+
+    def _now(self) -> tuple[float, float, float]:
+        from bench_tools import cpu_seconds
+
+        own = os.times()
+        # A live worker's CPU is not in its parent's (children count there only once waited for).
+        return cpu_seconds(self.daemon_pid), sum(cpu_seconds(pid) for pid in self.workers), own.user + own.system
+
+    def stop(self) -> str:
+        after = self._now()
+        daemon, workers, client = (a - b for a, b in zip(after, self.before))
+        return f"daemon {daemon:.2f}, its {len(self.workers)} child processes {workers:.2f}, client {client:.2f}"
 
 
 def ours_first_batch_here(
