@@ -101,6 +101,9 @@ class Coordinator:
         self._lease_ids = itertools.count(1)
         self.restarts = 0
         self._ended: OrderedDict[tuple[str, int], str] = OrderedDict()  # (worker, lease id) -> its token
+        # (stream, file) of jobs put back in a queue (a dead worker's, a cut file): only these can be in a
+        # queue when their file completes, so ``job_finished`` searches a queue for these alone.
+        self._requeued: set[tuple[int, int]] = set()
         self.leases_granted = 0  # counters for the metrics endpoint
         self.re_leases = 0
 
@@ -111,7 +114,8 @@ class Coordinator:
 
     def cancel_stream(self, stream_id: int) -> list[tuple[str, int]]:
         """Forget a stream's jobs; returns (worker id, lease id) of leases to cancel."""
-        self._queues.pop(stream_id, None)
+        for job in self._queues.pop(stream_id, ()):
+            self._requeued.discard((stream_id, job.file_index))
         cancelled = []
         for worker in self.workers.values():
             for lease_id, job in list(worker.leases.items()):
@@ -149,6 +153,7 @@ class Coordinator:
         for i, job in enumerate(itertools.islice(jobs, SCAN_JOBS)):
             if self.may_lease(stream_id, job.file_index):
                 del jobs[i]
+                self._requeued.discard((stream_id, job.file_index))
                 return job
         return None
 
@@ -160,11 +165,15 @@ class Coordinator:
                     self._end(worker.worker_id, worker.leases.pop(lease_id))
                     worker.files_done += 1
         queue = self._queues.get(stream_id)
-        if queue:
-            # A dead worker's data can complete a file after its job was re-queued.
-            remaining = [j for j in queue if j.file_index != file_index]
-            if len(remaining) != len(queue):
-                self._queues[stream_id] = deque(remaining)
+        if queue and (stream_id, file_index) in self._requeued:
+            # A dead worker's data can complete a file after its job was re-queued. Re-queued jobs lie
+            # at the front, and only those are looked for: a scan of the whole queue per file would
+            # make an epoch cost quadratic in its files.
+            self._requeued.discard((stream_id, file_index))
+            for i, job in enumerate(queue):
+                if job.file_index == file_index:
+                    del queue[i]
+                    break
 
     def requeue(self, stream_id: int, file_index: int) -> list[tuple[str, int]]:
         """End the lease of this file (the stage cut it) and queue it first again; the (worker id,
@@ -178,6 +187,7 @@ class Coordinator:
                     queue = self._queues.get(stream_id)
                     if queue is not None:
                         queue.appendleft(Job(next(self._lease_ids), stream_id, job.epoch, file_index, job.path))
+                        self._requeued.add((stream_id, file_index))
         return cancelled
 
     def queued(self, stream_id: int | None = None) -> int:
@@ -259,6 +269,7 @@ class Coordinator:
                 continue  # the stream was cancelled meanwhile
             job.worker = None
             queue.appendleft(job)
+            self._requeued.add((job.stream_id, job.file_index))
             self.re_leases += 1
         record.leases.clear()
         return orphans
