@@ -22,6 +22,17 @@ The coordinator decides, workers obey:
   ``owns`` accepts a data message only when its lease id, token, stream, file
   and worker all match a lease held now. The data endpoint cannot tell senders
   apart, so this token is what binds a chunk to the worker that holds the lease.
+* Leases ahead (``leases_ahead``): a worker asks for its next file when it starts
+  one, so it may hold a few leases, read one after another in the order granted
+  (the oldest is the one it reads). Queued leases are what the round trip per
+  file is saved by, and also what could keep a file waiting behind a slow one:
+  so a worker is granted one only while its files are quick (the last took
+  less than ``AHEAD_HOLD_S`` and the current one began less than that ago), and
+  ``take_back`` returns to the front of their queue the leases a worker has not
+  started while its current file runs longer than that. A file thus waits
+  behind another one at most ``AHEAD_HOLD_S`` (and a loop turn) before any
+  worker may take it, as it would have today; a worker's death re-leases every
+  lease it held, and counts only against the file it was reading.
 """
 
 from __future__ import annotations
@@ -44,6 +55,9 @@ LEASE_PROGRESS_TIMEOUT_S = 120.0
 LEASE_TOKEN_BYTES = 16
 # Leases remembered after they end, so a worker's late data for one is told from a forgery (bounded).
 ENDED_LEASES_KEPT = 4096
+# A lease queued behind the file its worker reads goes back to the queue once that file has taken this long;
+# and a worker whose files take this long gets no lease ahead: for such files a round trip is cheap anyway.
+AHEAD_HOLD_S = 0.02
 # Queued jobs of a stream looked at for one that may be leased now (re-queued files go first; see _leasable).
 SCAN_JOBS = 256
 
@@ -58,6 +72,7 @@ class Job:
     worker: str | None = None
     start: int = 0  # the first record the lease reads (set at each grant)
     token: str = ""  # issued afresh with every grant (``next_job``)
+    heard: bool = False  # data of this lease arrived: its worker has started it
 
 
 @dataclass
@@ -67,8 +82,10 @@ class WorkerRecord:
     pid: int | None = None
     process: Any = None  # when this daemon started it: its launcher's handle (a multiprocessing process, a Ray actor)
     last_seen: float = field(default_factory=time.monotonic)
-    waiting: bool = False  # has an unanswered lease request
-    leases: dict[int, Job] = field(default_factory=dict)
+    asked: int = 0  # lease requests not yet answered
+    leases: dict[int, Job] = field(default_factory=dict)  # in the order granted: the worker reads the first
+    reading_since: float = 0.0  # when the worker began its first lease (as the daemon sees it)
+    last_file_s: float = 0.0  # how long its last complete file took, from there to its end
     files_done: int = 0
     started: float = field(default_factory=time.monotonic)
     progress_at: float = field(default_factory=time.monotonic)  # last lease granted or data received
@@ -90,8 +107,10 @@ class Coordinator:
         may_lease: Callable[[int, int], bool] = lambda stream_id, file_index: True,
         lease_start: Callable[[int, int], int] = lambda stream_id, file_index: 0,
         progress_timeout_s: float = LEASE_PROGRESS_TIMEOUT_S,
+        leases_ahead: int = 0,
     ) -> None:
         self.files = list(files)
+        self.leases_ahead = leases_ahead
         self.lease_start = lease_start
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.progress_timeout_s = progress_timeout_s
@@ -106,6 +125,7 @@ class Coordinator:
         self._requeued: set[tuple[int, int]] = set()
         self.leases_granted = 0  # counters for the metrics endpoint
         self.re_leases = 0
+        self.taken_back = 0  # leases queued behind a slow file returned to the queue (``take_back``)
 
     # -- jobs ---------------------------------------------------------------
     def enqueue(self, stream_id: int, epoch: int, file_indexes: list[int]) -> None:
@@ -120,9 +140,21 @@ class Coordinator:
         for worker in self.workers.values():
             for lease_id, job in list(worker.leases.items()):
                 if job.stream_id == stream_id:
-                    self._end(worker.worker_id, worker.leases.pop(lease_id))
+                    self._end(worker, lease_id)
                     cancelled.append((worker.worker_id, lease_id))
         return cancelled
+
+    def wants_lease(self, worker: WorkerRecord, now: float) -> bool:
+        """Whether ``worker`` asked and may be granted a lease now (see "Leases ahead" above)."""
+        if worker.asked <= 0 or worker.peer is None:
+            return False
+        if not worker.leases:
+            return True
+        return (
+            len(worker.leases) <= self.leases_ahead
+            and worker.last_file_s < AHEAD_HOLD_S
+            and now - worker.reading_since < AHEAD_HOLD_S
+        )
 
     def next_job(self, worker: WorkerRecord) -> Job | None:
         """A job for ``worker`` (rotating over streams so clients share workers fairly)."""
@@ -136,12 +168,13 @@ class Coordinator:
             job.start = self.lease_start(stream_id, job.file_index)
             self._queues.move_to_end(stream_id)
             if not worker.leases:
-                worker.progress_at = time.monotonic()
+                worker.progress_at = worker.reading_since = time.monotonic()
             job.worker = worker.worker_id
             job.token = secrets.token_hex(LEASE_TOKEN_BYTES)
+            job.heard = False
             worker.leases[job.lease_id] = job
             self.leases_granted += 1
-            worker.waiting = False
+            worker.asked = max(0, worker.asked - 1)
             return job
         return None
 
@@ -162,7 +195,9 @@ class Coordinator:
         for worker in self.workers.values():
             for lease_id, job in list(worker.leases.items()):
                 if job.stream_id == stream_id and job.file_index == file_index:
-                    self._end(worker.worker_id, worker.leases.pop(lease_id))
+                    if lease_id == next(iter(worker.leases)):
+                        worker.last_file_s = time.monotonic() - worker.reading_since
+                    self._end(worker, lease_id)
                     worker.files_done += 1
         queue = self._queues.get(stream_id)
         if queue and (stream_id, file_index) in self._requeued:
@@ -182,13 +217,42 @@ class Coordinator:
         for worker in self.workers.values():
             for lease_id, job in list(worker.leases.items()):
                 if job.stream_id == stream_id and job.file_index == file_index:
-                    self._end(worker.worker_id, worker.leases.pop(lease_id))
+                    self._end(worker, lease_id)
                     cancelled.append((worker.worker_id, lease_id))
-                    queue = self._queues.get(stream_id)
-                    if queue is not None:
-                        queue.appendleft(Job(next(self._lease_ids), stream_id, job.epoch, file_index, job.path))
-                        self._requeued.add((stream_id, file_index))
+                    self._queue_again(job)
         return cancelled
+
+    def _queue_again(self, job: Job) -> None:
+        """Put the file of an ended lease first in its stream's queue, as a new job (a new lease id)."""
+        queue = self._queues.get(job.stream_id)
+        if queue is not None:
+            queue.appendleft(Job(next(self._lease_ids), job.stream_id, job.epoch, job.file_index, job.path))
+            self._requeued.add((job.stream_id, job.file_index))
+
+    def take_back(self, now: float) -> list[tuple[str, int]]:
+        """Leases queued behind a file read for ``AHEAD_HOLD_S`` and not started, back to the front of their
+        queues; the (worker id, lease id) to cancel. A lease whose data arrived is being read: it stays."""
+        cancelled: list[tuple[str, int]] = []
+        for worker in self.workers.values():
+            if len(worker.leases) < 2 or now - worker.reading_since < AHEAD_HOLD_S:
+                continue
+            queued = [job for job in list(worker.leases.values())[1:] if not job.heard]
+            for job in reversed(queued):  # each goes first: the earliest granted ends up in front
+                self._end(worker, job.lease_id)
+                self._queue_again(job)
+                cancelled.append((worker.worker_id, job.lease_id))
+            self.taken_back += len(queued)
+        cancelled.reverse()
+        return cancelled
+
+    def take_back_due_in(self, now: float) -> float:
+        """Seconds until ``take_back`` may have something to do (inf when no worker holds a queued lease)."""
+        due = [
+            w.reading_since + AHEAD_HOLD_S - now
+            for w in self.workers.values()
+            if len(w.leases) > 1 and not all(job.heard for job in list(w.leases.values())[1:])
+        ]
+        return max(0.0, min(due)) if due else float("inf")
 
     def queued(self, stream_id: int | None = None) -> int:
         if stream_id is not None:
@@ -221,7 +285,15 @@ class Coordinator:
             and hmac.compare_digest(job.token.encode(), token.encode())
         )
 
-    def _end(self, worker_id: str, job: Job) -> None:
+    def _end(self, worker: WorkerRecord, lease_id: int) -> Job:
+        """End one of ``worker``'s leases (remembered, so its late data is told from a forgery)."""
+        if lease_id == next(iter(worker.leases)):
+            worker.reading_since = time.monotonic()  # its worker goes on to the next one it holds
+        job = worker.leases.pop(lease_id)
+        self._remember(worker.worker_id, job)
+        return job
+
+    def _remember(self, worker_id: str, job: Job) -> None:
         self._ended[(worker_id, job.lease_id)] = job.token
         while len(self._ended) > ENDED_LEASES_KEPT:
             self._ended.popitem(last=False)
@@ -231,11 +303,14 @@ class Coordinator:
         ended = self._ended.get((worker_id, lease_id))
         return ended is not None and bool(ended) and hmac.compare_digest(ended.encode(), token.encode())
 
-    def progressed(self, worker_id: str | None) -> None:
-        """A worker sent data: it is working, whatever its heartbeats say."""
+    def progressed(self, worker_id: str | None, lease_id: int | None = None) -> None:
+        """A worker sent data (of ``lease_id``): it is working, whatever its heartbeats say."""
         record = self.workers.get(worker_id) if worker_id is not None else None
         if record is not None:
             record.progress_at = time.monotonic()
+            job = record.leases.get(lease_id) if lease_id is not None else None
+            if job is not None:
+                job.heard = True
 
     def by_peer(self, peer: bytes) -> WorkerRecord | None:
         for record in self.workers.values():
@@ -259,11 +334,12 @@ class Coordinator:
         return dead
 
     def remove_worker(self, record: WorkerRecord) -> list[Job]:
-        """Drop a dead worker; its unfinished jobs go back to the front of their queues."""
+        """Drop a dead worker; its unfinished jobs go back to the front of their queues. Returned in the
+        order granted: the first is the file it was reading, the rest waited behind it."""
         self.workers.pop(record.worker_id, None)
-        orphans = sorted(record.leases.values(), key=lambda j: j.lease_id, reverse=True)
-        for job in orphans:
-            self._end(record.worker_id, job)
+        held = list(record.leases.values())
+        for job in sorted(held, key=lambda j: j.lease_id, reverse=True):
+            self._remember(record.worker_id, job)
             queue = self._queues.get(job.stream_id)
             if queue is None:
                 continue  # the stream was cancelled meanwhile
@@ -272,7 +348,7 @@ class Coordinator:
             self._requeued.add((job.stream_id, job.file_index))
             self.re_leases += 1
         record.leases.clear()
-        return orphans
+        return held
 
 
 __all__ = ["Coordinator", "Job", "WorkerRecord"]
