@@ -424,6 +424,7 @@ class Daemon:
                 "total": len(self.files),
                 "leased": self.coordinator.leased(),
                 "queued": self.coordinator.queued(),
+                "taken_back": self.coordinator.taken_back,  # leases ahead returned from behind a slow file
             },
             "datasets": [d.describe() for d in self.datasets.by_name.values()],
             "transport": self.config.workers.transport,
