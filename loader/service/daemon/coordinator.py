@@ -23,16 +23,9 @@ The coordinator decides, workers obey:
   and worker all match a lease held now. The data endpoint cannot tell senders
   apart, so this token is what binds a chunk to the worker that holds the lease.
 * Leases ahead (``leases_ahead``): a worker asks for its next file when it starts
-  one, so it may hold a few leases, read one after another in the order granted
-  (the oldest is the one it reads). Queued leases are what the round trip per
-  file is saved by, and also what could keep a file waiting behind a slow one:
-  so a worker is granted one only while its files are quick (the last took
-  less than ``AHEAD_HOLD_S`` and the current one began less than that ago), and
-  ``take_back`` returns to the front of their queue the leases a worker has not
-  started while its current file runs longer than that. A file thus waits
-  behind another one at most ``AHEAD_HOLD_S`` (and a loop turn) before any
-  worker may take it, as it would have today; a worker's death re-leases every
-  lease it held, and counts only against the file it was reading.
+  one, so it may hold a few leases, read in the order granted. When it may be
+  granted one, and when a queued one goes back to the queue, is ``ahead.py``'s.
+  A worker's death re-leases every lease it held.
 """
 
 from __future__ import annotations
@@ -44,8 +37,10 @@ import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
+
+from loader.service.daemon import ahead
+from loader.service.daemon.records import Job, WorkerRecord
 
 log = logging.getLogger("loader.coordinator")
 
@@ -55,45 +50,8 @@ LEASE_PROGRESS_TIMEOUT_S = 120.0
 LEASE_TOKEN_BYTES = 16
 # Leases remembered after they end, so a worker's late data for one is told from a forgery (bounded).
 ENDED_LEASES_KEPT = 4096
-# A lease queued behind the file its worker reads goes back to the queue once that file has taken this long;
-# and a worker whose files take this long gets no lease ahead: for such files a round trip is cheap anyway.
-AHEAD_HOLD_S = 0.02
 # Queued jobs of a stream looked at for one that may be leased now (re-queued files go first; see _leasable).
 SCAN_JOBS = 256
-
-
-@dataclass
-class Job:
-    lease_id: int
-    stream_id: int
-    epoch: int
-    file_index: int
-    path: str
-    worker: str | None = None
-    start: int = 0  # the first record the lease reads (set at each grant)
-    token: str = ""  # issued afresh with every grant (``next_job``)
-    heard: bool = False  # data of this lease arrived: its worker has started it
-
-
-@dataclass
-class WorkerRecord:
-    worker_id: str
-    peer: bytes | None = None
-    pid: int | None = None
-    process: Any = None  # when this daemon started it: its launcher's handle (a multiprocessing process, a Ray actor)
-    last_seen: float = field(default_factory=time.monotonic)
-    asked: int = 0  # lease requests not yet answered
-    leases: dict[int, Job] = field(default_factory=dict)  # in the order granted: the worker reads the first
-    reading_since: float = 0.0  # when the worker began its first lease (as the daemon sees it)
-    last_file_s: float = 0.0  # how long its last complete file took, from there to its end
-    files_done: int = 0
-    started: float = field(default_factory=time.monotonic)
-    progress_at: float = field(default_factory=time.monotonic)  # last lease granted or data received
-    claim: str | None = None  # the secret a worker this daemon started must show in its first HELLO
-
-    @property
-    def alive(self) -> bool:
-        return self.process.is_alive() if self.process is not None else self.peer is not None
 
 
 class Coordinator:
@@ -145,16 +103,10 @@ class Coordinator:
         return cancelled
 
     def wants_lease(self, worker: WorkerRecord, now: float) -> bool:
-        """Whether ``worker`` asked and may be granted a lease now (see "Leases ahead" above)."""
+        """Whether ``worker`` asked and may be granted a lease now (``ahead.may_queue`` for one ahead)."""
         if worker.asked <= 0 or worker.peer is None:
             return False
-        if not worker.leases:
-            return True
-        return (
-            len(worker.leases) <= self.leases_ahead
-            and worker.last_file_s < AHEAD_HOLD_S
-            and now - worker.reading_since < AHEAD_HOLD_S
-        )
+        return not worker.leases or ahead.may_queue(worker, self.leases_ahead, now)
 
     def next_job(self, worker: WorkerRecord) -> Job | None:
         """A job for ``worker`` (rotating over streams so clients share workers fairly)."""
@@ -230,13 +182,11 @@ class Coordinator:
             self._requeued.add((job.stream_id, job.file_index))
 
     def take_back(self, now: float) -> list[tuple[str, int]]:
-        """Leases queued behind a file read for ``AHEAD_HOLD_S`` and not started, back to the front of their
-        queues; the (worker id, lease id) to cancel. A lease whose data arrived is being read: it stays."""
+        """Leases waiting behind a slow file (``ahead.waiting_behind_slow``) back to the front of their queues,
+        in order, as new leases; the (worker id, lease id) to cancel."""
         cancelled: list[tuple[str, int]] = []
         for worker in self.workers.values():
-            if len(worker.leases) < 2 or now - worker.reading_since < AHEAD_HOLD_S:
-                continue
-            queued = [job for job in list(worker.leases.values())[1:] if not job.heard]
+            queued = ahead.waiting_behind_slow(worker, now)
             for job in reversed(queued):  # each goes first: the earliest granted ends up in front
                 self._end(worker, job.lease_id)
                 self._queue_again(job)
@@ -246,13 +196,8 @@ class Coordinator:
         return cancelled
 
     def take_back_due_in(self, now: float) -> float:
-        """Seconds until ``take_back`` may have something to do (inf when no worker holds a queued lease)."""
-        due = [
-            w.reading_since + AHEAD_HOLD_S - now
-            for w in self.workers.values()
-            if len(w.leases) > 1 and not all(job.heard for job in list(w.leases.values())[1:])
-        ]
-        return max(0.0, min(due)) if due else float("inf")
+        """Seconds until ``take_back`` may have something to do (inf when no lease waits behind another)."""
+        return ahead.due_in(self.workers.values(), now)
 
     def queued(self, stream_id: int | None = None) -> int:
         if stream_id is not None:

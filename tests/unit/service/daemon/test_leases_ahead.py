@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from loader.service.daemon.coordinator import AHEAD_HOLD_S, Coordinator
+from loader.service.daemon.ahead import AHEAD_HOLD_S
+from loader.service.daemon.coordinator import Coordinator
 
 
 def _coordinator(n=10, ahead=2, **kw):
