@@ -13,8 +13,9 @@ Each lease is read by a ``FileJob`` (``workers/file_job.py``), which reports
 every failure as a message. A worker asks for its next lease when it starts
 one (``workers.leases_ahead`` queued at most), so small files follow each
 other without waiting a round trip to the coordinator; leases are read in the
-order they came, and a CANCEL of a queued one drops it unread. The worker exits on BYE, on its stop event, or
-when the daemon has been silent for ``heartbeat_timeout_s``. A daemon that
+order they came, and a CANCEL of a queued one drops it unread. The worker
+exits on BYE, on its stop event, or when the daemon has been silent for
+``heartbeat_timeout_s``. A daemon that
 speaks another protocol version refuses the worker's HELLO (or the worker
 refuses its WELCOME): ``run_worker`` raises ``ProtocolVersionError`` saying both
 versions.
