@@ -129,7 +129,7 @@ class WorkersConfig:
     progress_timeout_s: float = 120.0
     # Leases a worker holds queued behind the file it reads, so the next file starts without a round
     # trip to the coordinator (0: one file at a time).
-    leases_ahead: int = 1
+    leases_ahead: int = 2
     # Shared memory per worker for large arrays (MiB, reserved as used); 0 turns the fast path off.
     shm_arena_mib: int = 256
     # Autoscaling of the daemon's own workers between min and max (max 0: a fixed pool of count).
