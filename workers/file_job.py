@@ -110,8 +110,12 @@ class FileJob:
     def _send_blocks(self, source: FileSource) -> tuple[int, int] | None:
         wanted = self.config.workers.samples_per_message
         batch_size = self.config.pipeline.batch_size
-        # A first block of one row tells the row size, so big rows never make a huge first message.
-        rows, done = 1, _Progress(record=0)
+        # A first block of one row tells the row size, so big rows never make a huge first message; a reader
+        # that knows it from the file's headers spares that message (one of three for a small file), unless
+        # batch mappers may change what a row weighs.
+        known = source.row_bytes
+        rows = rows_for_bytes(known, wanted, batch_size) if known is not None and not self._batch else 1
+        done = _Progress(record=0)
         fresh: FileSource | None = None  # a reader reopened to salvage a failed block (closed here)
         if self.lease.start:
             # Records before the lease's start were taken from an earlier lease (a cut or resumed file).

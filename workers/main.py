@@ -10,8 +10,12 @@ timeout. The main thread checks for control messages (cancel, bye) between
 samples, at most every ``CONTROL_CHECK_INTERVAL_S``.
 
 Each lease is read by a ``FileJob`` (``workers/file_job.py``), which reports
-every failure as a message. The worker exits on BYE, on its stop event, or
-when the daemon has been silent for ``heartbeat_timeout_s``. A daemon that
+every failure as a message. A worker asks for its next lease when it starts
+one (``workers.leases_ahead`` queued at most), so small files follow each
+other without waiting a round trip to the coordinator; leases are read in the
+order they came, and a CANCEL of a queued one drops it unread. The worker
+exits on BYE, on its stop event, or when the daemon has been silent for
+``heartbeat_timeout_s``. A daemon that
 speaks another protocol version refuses the worker's HELLO (or the worker
 refuses its WELCOME): ``run_worker`` raises ``ProtocolVersionError`` saying both
 versions.
@@ -88,7 +92,8 @@ class Worker:
         self.hb_interval_s = 0.5
         self.next_check = 0.0
         self.lease: P.Lease | None = None
-        self.pending: list[P.Lease] = []
+        self.pending: list[P.Lease] = []  # leases received and not started, read in the order they came
+        self.asked = 0  # lease requests sent and not answered yet
         self.arena: ArenaWriter | None = None  # the shared-memory fast path for large rows (workers/arena_writer.py)
         self.connect_timeout_s = connect_timeout_s
 
@@ -100,12 +105,11 @@ class Worker:
         self.link = ControlLink(self.ctl, self.hb_interval_s, self.config.workers.heartbeat_timeout_s)
         self.link.start()
         try:
-            self._send_ctl(P.LeaseRequest())
             while True:
+                self._ask()
                 lease = self.pending.pop(0) if self.pending else self._recv_ctl(self.hb_interval_s / 2)
                 if lease is not None:
                     self._serve_lease(lease)
-                    self._send_ctl(P.LeaseRequest())
                 self._tick()
         except _Stop as stop:
             log.info("worker %s stopping: %s", self.worker_id, stop)
@@ -174,6 +178,13 @@ class Worker:
             self.data = transport.push(transport.reachable_endpoint(welcome.data, self.connect), curve=self.curve)
 
     # -- control ------------------------------------------------------------
+    def _ask(self) -> None:
+        """Ask for leases until the one being read, those queued and those asked for make 1 + leases_ahead."""
+        held = (self.lease is not None) + len(self.pending) + self.asked
+        for _ in range(1 + self.config.workers.leases_ahead - held):
+            self._send_ctl(P.LeaseRequest())
+            self.asked += 1
+
     def _send_ctl(self, message: P.Message) -> None:
         assert self.link is not None
         self.link.send(message)
@@ -190,16 +201,23 @@ class Worker:
         if isinstance(message, P.Cancel):
             if self.lease is not None and message.lease == self.lease.lease:
                 raise _Cancelled
+            # A queued lease taken back (its file waited behind a slow one) or cut: dropped unread.
+            self.pending = [lease for lease in self.pending if lease.lease != message.lease]
             return None
         if isinstance(message, P.Error) and message.unknown_session:
             # The daemon forgot us (it declared us dead, or restarted): introduce ourselves again.
             self._send_ctl(self._hello())
             return None
         if isinstance(message, P.Welcome):
+            # A fresh session: the daemon forgot the leases and requests of the old one.
+            self.pending, self.asked = [], 0
             self._configure(message)
-            self._send_ctl(P.LeaseRequest())
+            self._ask()
             return None
-        return message if isinstance(message, P.Lease) else None
+        if isinstance(message, P.Lease):
+            self.asked = max(0, self.asked - 1)
+            return message
+        return None
 
     def _tick(self) -> None:
         """Stop on request or when the control link lost the daemon (silent, or gone)."""
@@ -218,7 +236,7 @@ class Worker:
             msg = self._recv_ctl(0)
             if msg is None:
                 break
-            self.pending.append(msg)  # a lease can only arrive unasked after a re-hello
+            self.pending.append(msg)  # a lease asked for ahead: read after this one
         self._tick()
 
     def _send_data(self, frames: list[Any]) -> None:
@@ -230,6 +248,7 @@ class Worker:
     # -- one file -----------------------------------------------------------
     def _serve_lease(self, lease: P.Lease) -> None:
         self.lease = lease
+        self._ask()  # the next lease travels while this file is read
         job = FileJob(
             lease,
             config=self._dataset_config(lease.dataset),

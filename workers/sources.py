@@ -48,6 +48,12 @@ class FileSource:
     def can_read_blocks(self) -> bool:
         return self._reader is not None
 
+    @property
+    def row_bytes(self) -> int | None:
+        """Bytes of one record when the reader knows them before reading (``.npy``/``.npz`` headers)."""
+        nbytes = getattr(self._reader, "row_nbytes", None)
+        return nbytes if isinstance(nbytes, int) and nbytes > 0 else None
+
     def samples(self) -> Iterator[Any]:
         """Samples one by one (tuples of slot arrays for file readers)."""
         if self._reader is None:

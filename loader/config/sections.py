@@ -56,6 +56,7 @@ MAX_PREFETCH = 32
 # Sane limits: a value past one is a typo or a unit mistake, not a plan (each would exhaust memory,
 # processes or patience before it did any good).
 MAX_WORKERS = 1024
+MAX_LEASES_AHEAD = 16  # leases a worker holds queued behind the file it reads (workers.leases_ahead)
 MAX_CPUS_PER_WORKER = 1024.0
 MAX_BATCH_SIZE = 1 << 24
 MAX_SHUFFLE_BUFFER = 1 << 28  # rows; the stage holds up to twice this many
@@ -129,6 +130,9 @@ class WorkersConfig:
     heartbeat_timeout_s: float = 5.0
     # A worker that holds a lease and sends nothing for this long is taken for hung and replaced.
     progress_timeout_s: float = 120.0
+    # Leases a worker holds queued behind the file it reads, so the next file starts without a round
+    # trip to the coordinator (0: one file at a time).
+    leases_ahead: int = 2
     # Shared memory per worker for large arrays (MiB, reserved as used); 0 turns the fast path off.
     shm_arena_mib: int = 256
     # Freed memory a worker's allocator keeps for the next samples (MiB, glibc; runtime/memory.py), so a
@@ -151,6 +155,7 @@ class WorkersConfig:
         check.integer("shm_arena_mib", minimum=0, maximum=MAX_ARENA_MIB)
         check.integer("keep_freed_mib", minimum=0, maximum=MAX_KEEP_FREED_MIB)
         check.integer("count", minimum=1, maximum=MAX_WORKERS)
+        check.integer("leases_ahead", minimum=0, maximum=MAX_LEASES_AHEAD)
         check.integer("min", minimum=1, maximum=MAX_WORKERS)
         check.integer("max", minimum=0, maximum=MAX_WORKERS)
         if self.max and not self.min <= self.count <= self.max:

@@ -10,8 +10,11 @@ is listed (``drop_companions``): ``part-*.npy`` leases ``part-0.npy`` only.
 ``.npz``: one slot per key, in the archive's order; every key must have the same
 number of rows. ``np.load`` cannot memory-map an ``.npz``, so this reader opens
 the zip itself: members stored uncompressed (``np.savez``) are memory-mapped in
-place; compressed members (``np.savez_compressed``) are inflated into memory,
-one key at a time, at the first read (only their headers are read at open).
+place, or read at open when smaller than ``SMALL_MEMBER_BYTES`` (a mapping costs
+more than reading a few pages: datasets of many small files pay it per file);
+compressed members (``np.savez_compressed``) are inflated into memory, one key
+at a time, at the first read (only their headers are read at open). Member
+headers are parsed once per distinct header (files of one dataset share them).
 
 Rows are read-only views of the file (a batch copies them). Nothing is
 unpickled: an object-dtype array is refused with a ``DataError``. Shapes and
@@ -22,6 +25,8 @@ from __future__ import annotations
 
 import functools
 import glob
+import io
+import math
 import os
 import re
 import struct
@@ -42,6 +47,11 @@ _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., file name length, e
 # one at a time.
 _HEADER_LOCK = threading.Lock()
 _ArraySource = Callable[[], np.ndarray]
+# Uncompressed .npz members below this are read at open instead of memory-mapped.
+SMALL_MEMBER_BYTES = 256 * 1024
+_NPY_MAGIC = b"\x93NUMPY"
+# numpy's own limit on a header's length (read_array_header's max_header_size): a longer one is refused.
+_MAX_HEADER_BYTES = 10000
 _COMPANION = re.compile(r"^(?P<main>.+)\.(?P<field>[A-Za-z_][A-Za-z0-9_-]*)\.npy$")
 
 
@@ -91,11 +101,17 @@ class ArrayFileReader(FileReader):
         self._sources = sources
         self._arrays: list[np.ndarray] | None = None
         self._length = next(iter(lengths.values()))
+        self._row_nbytes = sum(math.prod(shape[1:]) * dtype.itemsize for shape, dtype in metas)
 
     @property
     def rows(self) -> int:
         """Instances in the file (known from the headers alone)."""
         return int(self._length)
+
+    @property
+    def row_nbytes(self) -> int:
+        """Bytes of one instance, every slot together (known from the headers alone)."""
+        return int(self._row_nbytes)
 
     def _load(self) -> list[np.ndarray]:
         if self._arrays is None:
@@ -179,15 +195,9 @@ class NpzFileReader(ArrayFileReader):
         self, raw: Any, archive: zipfile.ZipFile, info: zipfile.ZipInfo
     ) -> tuple[Any, Callable[[], np.ndarray]]:
         with archive.open(info) as member:
-            version = np.lib.format.read_magic(member)
-            with _HEADER_LOCK:
-                if version == (1, 0):
-                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
-                elif version == (2, 0):
-                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
-                else:
-                    raise ValueError(f"member {info.filename!r}: unsupported .npy format version {version}")
-            header_len = member.tell()
+            header = _read_header_bytes(member, info.filename)
+        shape, fortran, dtype = _parse_header(header)
+        header_len = len(header)
         if dtype.hasobject:
             raise ValueError(f"member {info.filename!r} holds Python objects, which are never unpickled")
         path, name = self.path, info.filename
@@ -198,10 +208,52 @@ class NpzFileReader(ArrayFileReader):
                 raise ValueError(f"member {info.filename!r}: bad local header")
             offset = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len + header_len
             order: Literal["F", "C"] = "F" if fortran else "C"
+            nbytes = math.prod(shape) * dtype.itemsize  # Python ints: a hostile shape cannot overflow
+            if info.file_size < header_len + nbytes:  # else the rows would run into the next member
+                raise ValueError(f"member {info.filename!r} holds fewer bytes than its header's {shape} {dtype}")
+            if nbytes < SMALL_MEMBER_BYTES:
+                raw.seek(offset)
+                data = raw.read(nbytes)
+                if len(data) != nbytes:
+                    raise ValueError(f"member {info.filename!r}: {len(data)} of its {nbytes} bytes are in the file")
+                array = np.frombuffer(data, dtype=dtype).reshape(shape, order=order)  # read-only, like a mapping
+                return (shape, dtype), functools.partial(_same, array)
             return (shape, dtype), lambda: np.memmap(
                 path, dtype=dtype, mode="r", offset=offset, shape=shape, order=order
             )
         return (shape, dtype), lambda: _inflate(path, name)
+
+
+def _read_header_bytes(member: Any, name: str) -> bytes:
+    """A member's .npy magic, version, header length and header, as bytes (the key of ``_parse_header``)."""
+    prefix = member.read(len(_NPY_MAGIC) + 2)
+    if len(prefix) < len(_NPY_MAGIC) + 2 or not prefix.startswith(_NPY_MAGIC):
+        raise ValueError(f"member {name!r}: not a .npy array (no magic string)")
+    version = (prefix[-2], prefix[-1])
+    if version not in ((1, 0), (2, 0)):
+        raise ValueError(f"member {name!r}: unsupported .npy format version {version}")
+    length_format = "<H" if version == (1, 0) else "<I"
+    length_bytes = member.read(struct.calcsize(length_format))
+    if len(length_bytes) != struct.calcsize(length_format):
+        raise ValueError(f"member {name!r}: its .npy header is cut short")
+    (length,) = struct.unpack(length_format, length_bytes)
+    if length > _MAX_HEADER_BYTES:
+        raise ValueError(f"member {name!r}: a .npy header of {length} bytes (at most {_MAX_HEADER_BYTES})")
+    header = member.read(length)
+    if len(header) != length:
+        raise ValueError(f"member {name!r}: its .npy header is cut short")
+    return prefix + length_bytes + header
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_header(header: bytes) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran order, dtype) of a .npy header; numpy parses it, once per distinct header."""
+    fh = io.BytesIO(header)
+    version = np.lib.format.read_magic(fh)
+    with _HEADER_LOCK:
+        if version == (1, 0):
+            return np.lib.format.read_array_header_1_0(fh)
+        return np.lib.format.read_array_header_2_0(fh)
 
 
 def _inflate(path: str, member: str) -> np.ndarray:

@@ -22,6 +22,10 @@ The coordinator decides, workers obey:
   ``owns`` accepts a data message only when its lease id, token, stream, file
   and worker all match a lease held now. The data endpoint cannot tell senders
   apart, so this token is what binds a chunk to the worker that holds the lease.
+* Leases ahead (``leases_ahead``): a worker asks for its next file when it starts
+  one, so it may hold a few leases, read in the order granted. When it may be
+  granted one, and when a queued one goes back to the queue, is ``ahead.py``'s.
+  A worker's death re-leases every lease it held.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
+
+from loader.service.daemon import ahead
+from loader.service.daemon.records import Job, WorkerRecord
 
 log = logging.getLogger("loader.coordinator")
 
@@ -48,37 +54,6 @@ ENDED_LEASES_KEPT = 4096
 SCAN_JOBS = 256
 
 
-@dataclass
-class Job:
-    lease_id: int
-    stream_id: int
-    epoch: int
-    file_index: int
-    path: str
-    worker: str | None = None
-    start: int = 0  # the first record the lease reads (set at each grant)
-    token: str = ""  # issued afresh with every grant (``next_job``)
-
-
-@dataclass
-class WorkerRecord:
-    worker_id: str
-    peer: bytes | None = None
-    pid: int | None = None
-    process: Any = None  # when this daemon started it: its launcher's handle (a multiprocessing process, a Ray actor)
-    last_seen: float = field(default_factory=time.monotonic)
-    waiting: bool = False  # has an unanswered lease request
-    leases: dict[int, Job] = field(default_factory=dict)
-    files_done: int = 0
-    started: float = field(default_factory=time.monotonic)
-    progress_at: float = field(default_factory=time.monotonic)  # last lease granted or data received
-    claim: str | None = None  # the secret a worker this daemon started must show in its first HELLO
-
-    @property
-    def alive(self) -> bool:
-        return self.process.is_alive() if self.process is not None else self.peer is not None
-
-
 class Coordinator:
     """Leases files to workers and keeps track of who holds what."""
 
@@ -90,8 +65,10 @@ class Coordinator:
         may_lease: Callable[[int, int], bool] = lambda stream_id, file_index: True,
         lease_start: Callable[[int, int], int] = lambda stream_id, file_index: 0,
         progress_timeout_s: float = LEASE_PROGRESS_TIMEOUT_S,
+        leases_ahead: int = 0,
     ) -> None:
         self.files = list(files)
+        self.leases_ahead = leases_ahead
         self.lease_start = lease_start
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.progress_timeout_s = progress_timeout_s
@@ -101,8 +78,12 @@ class Coordinator:
         self._lease_ids = itertools.count(1)
         self.restarts = 0
         self._ended: OrderedDict[tuple[str, int], str] = OrderedDict()  # (worker, lease id) -> its token
+        # (stream, file) of jobs put back in a queue (a dead worker's, a cut file): only these can be in a
+        # queue when their file completes, so ``job_finished`` searches a queue for these alone.
+        self._requeued: set[tuple[int, int]] = set()
         self.leases_granted = 0  # counters for the metrics endpoint
         self.re_leases = 0
+        self.taken_back = 0  # leases queued behind a slow file returned to the queue (``take_back``)
 
     # -- jobs ---------------------------------------------------------------
     def enqueue(self, stream_id: int, epoch: int, file_indexes: list[int]) -> None:
@@ -111,14 +92,21 @@ class Coordinator:
 
     def cancel_stream(self, stream_id: int) -> list[tuple[str, int]]:
         """Forget a stream's jobs; returns (worker id, lease id) of leases to cancel."""
-        self._queues.pop(stream_id, None)
+        for job in self._queues.pop(stream_id, ()):
+            self._requeued.discard((stream_id, job.file_index))
         cancelled = []
         for worker in self.workers.values():
             for lease_id, job in list(worker.leases.items()):
                 if job.stream_id == stream_id:
-                    self._end(worker.worker_id, worker.leases.pop(lease_id))
+                    self._end(worker, lease_id)
                     cancelled.append((worker.worker_id, lease_id))
         return cancelled
+
+    def wants_lease(self, worker: WorkerRecord, now: float) -> bool:
+        """Whether ``worker`` asked and may be granted a lease now (``ahead.may_queue`` for one ahead)."""
+        if worker.asked <= 0 or worker.peer is None:
+            return False
+        return not worker.leases or ahead.may_queue(worker, self.leases_ahead, now)
 
     def next_job(self, worker: WorkerRecord) -> Job | None:
         """A job for ``worker`` (rotating over streams so clients share workers fairly)."""
@@ -132,12 +120,13 @@ class Coordinator:
             job.start = self.lease_start(stream_id, job.file_index)
             self._queues.move_to_end(stream_id)
             if not worker.leases:
-                worker.progress_at = time.monotonic()
+                worker.progress_at = worker.reading_since = time.monotonic()
             job.worker = worker.worker_id
             job.token = secrets.token_hex(LEASE_TOKEN_BYTES)
+            job.heard = False
             worker.leases[job.lease_id] = job
             self.leases_granted += 1
-            worker.waiting = False
+            worker.asked = max(0, worker.asked - 1)
             return job
         return None
 
@@ -149,6 +138,7 @@ class Coordinator:
         for i, job in enumerate(itertools.islice(jobs, SCAN_JOBS)):
             if self.may_lease(stream_id, job.file_index):
                 del jobs[i]
+                self._requeued.discard((stream_id, job.file_index))
                 return job
         return None
 
@@ -157,14 +147,20 @@ class Coordinator:
         for worker in self.workers.values():
             for lease_id, job in list(worker.leases.items()):
                 if job.stream_id == stream_id and job.file_index == file_index:
-                    self._end(worker.worker_id, worker.leases.pop(lease_id))
+                    if lease_id == next(iter(worker.leases)):
+                        worker.last_file_s = time.monotonic() - worker.reading_since
+                    self._end(worker, lease_id)
                     worker.files_done += 1
         queue = self._queues.get(stream_id)
-        if queue:
-            # A dead worker's data can complete a file after its job was re-queued.
-            remaining = [j for j in queue if j.file_index != file_index]
-            if len(remaining) != len(queue):
-                self._queues[stream_id] = deque(remaining)
+        if queue and (stream_id, file_index) in self._requeued:
+            # A dead worker's data can complete a file after its job was re-queued. Re-queued jobs lie
+            # at the front, and only those are looked for: a scan of the whole queue per file would
+            # make an epoch cost quadratic in its files.
+            self._requeued.discard((stream_id, file_index))
+            for i, job in enumerate(queue):
+                if job.file_index == file_index:
+                    del queue[i]
+                    break
 
     def requeue(self, stream_id: int, file_index: int) -> list[tuple[str, int]]:
         """End the lease of this file (the stage cut it) and queue it first again; the (worker id,
@@ -173,12 +169,35 @@ class Coordinator:
         for worker in self.workers.values():
             for lease_id, job in list(worker.leases.items()):
                 if job.stream_id == stream_id and job.file_index == file_index:
-                    self._end(worker.worker_id, worker.leases.pop(lease_id))
+                    self._end(worker, lease_id)
                     cancelled.append((worker.worker_id, lease_id))
-                    queue = self._queues.get(stream_id)
-                    if queue is not None:
-                        queue.appendleft(Job(next(self._lease_ids), stream_id, job.epoch, file_index, job.path))
+                    self._queue_again(job)
         return cancelled
+
+    def _queue_again(self, job: Job) -> None:
+        """Put the file of an ended lease first in its stream's queue, as a new job (a new lease id)."""
+        queue = self._queues.get(job.stream_id)
+        if queue is not None:
+            queue.appendleft(Job(next(self._lease_ids), job.stream_id, job.epoch, job.file_index, job.path))
+            self._requeued.add((job.stream_id, job.file_index))
+
+    def take_back(self, now: float) -> list[tuple[str, int]]:
+        """Leases waiting behind a slow file (``ahead.waiting_behind_slow``) back to the front of their queues,
+        in order, as new leases; the (worker id, lease id) to cancel."""
+        cancelled: list[tuple[str, int]] = []
+        for worker in self.workers.values():
+            queued = ahead.waiting_behind_slow(worker, now)
+            for job in reversed(queued):  # each goes first: the earliest granted ends up in front
+                self._end(worker, job.lease_id)
+                self._queue_again(job)
+                cancelled.append((worker.worker_id, job.lease_id))
+            self.taken_back += len(queued)
+        cancelled.reverse()
+        return cancelled
+
+    def take_back_due_in(self, now: float) -> float:
+        """Seconds until ``take_back`` may have something to do (inf when no lease waits behind another)."""
+        return ahead.due_in(self.workers.values(), now)
 
     def queued(self, stream_id: int | None = None) -> int:
         if stream_id is not None:
@@ -211,7 +230,15 @@ class Coordinator:
             and hmac.compare_digest(job.token.encode(), token.encode())
         )
 
-    def _end(self, worker_id: str, job: Job) -> None:
+    def _end(self, worker: WorkerRecord, lease_id: int) -> Job:
+        """End one of ``worker``'s leases (remembered, so its late data is told from a forgery)."""
+        if lease_id == next(iter(worker.leases)):
+            worker.reading_since = time.monotonic()  # its worker goes on to the next one it holds
+        job = worker.leases.pop(lease_id)
+        self._remember(worker.worker_id, job)
+        return job
+
+    def _remember(self, worker_id: str, job: Job) -> None:
         self._ended[(worker_id, job.lease_id)] = job.token
         while len(self._ended) > ENDED_LEASES_KEPT:
             self._ended.popitem(last=False)
@@ -221,11 +248,14 @@ class Coordinator:
         ended = self._ended.get((worker_id, lease_id))
         return ended is not None and bool(ended) and hmac.compare_digest(ended.encode(), token.encode())
 
-    def progressed(self, worker_id: str | None) -> None:
-        """A worker sent data: it is working, whatever its heartbeats say."""
+    def progressed(self, worker_id: str | None, lease_id: int | None = None) -> None:
+        """A worker sent data (of ``lease_id``): it is working, whatever its heartbeats say."""
         record = self.workers.get(worker_id) if worker_id is not None else None
         if record is not None:
             record.progress_at = time.monotonic()
+            job = record.leases.get(lease_id) if lease_id is not None else None
+            if job is not None:
+                job.heard = True
 
     def by_peer(self, peer: bytes) -> WorkerRecord | None:
         for record in self.workers.values():
@@ -249,19 +279,21 @@ class Coordinator:
         return dead
 
     def remove_worker(self, record: WorkerRecord) -> list[Job]:
-        """Drop a dead worker; its unfinished jobs go back to the front of their queues."""
+        """Drop a dead worker; its unfinished jobs go back to the front of their queues. Returned in the
+        order granted: the first is the file it was reading, the rest waited behind it."""
         self.workers.pop(record.worker_id, None)
-        orphans = sorted(record.leases.values(), key=lambda j: j.lease_id, reverse=True)
-        for job in orphans:
-            self._end(record.worker_id, job)
+        held = list(record.leases.values())
+        for job in sorted(held, key=lambda j: j.lease_id, reverse=True):
+            self._remember(record.worker_id, job)
             queue = self._queues.get(job.stream_id)
             if queue is None:
                 continue  # the stream was cancelled meanwhile
             job.worker = None
             queue.appendleft(job)
+            self._requeued.add((job.stream_id, job.file_index))
             self.re_leases += 1
         record.leases.clear()
-        return orphans
+        return held
 
 
 __all__ = ["Coordinator", "Job", "WorkerRecord"]

@@ -165,6 +165,7 @@ class Daemon:
             may_lease=self.stage.may_lease,
             lease_start=self.stage.lease_start,
             progress_timeout_s=workers.progress_timeout_s,
+            leases_ahead=workers.leases_ahead,
         )
         self.pool = WorkerPool(
             self.coordinator,
@@ -243,7 +244,8 @@ class Daemon:
     def step(self, timeout_s: float) -> None:
         """One turn: read what is ready, move batches, lease files, check liveness."""
         self._pace_data()
-        ready = self._poller.wait(timeout_s)
+        # A lease queued behind a slow file is taken back on time even while no message comes (``dispatch``).
+        ready = self._poller.wait(min(timeout_s, self.coordinator.take_back_due_in(time.monotonic())))
         if self._data in ready:
             for _ in range(MAX_DRAIN_MESSAGES):
                 if not self.stage.accepting():
@@ -357,7 +359,7 @@ class Daemon:
                 return refused
             self.stage.refs.check_owned(message.refs, columns, self.pool.arena_of(message.worker))
         # The coordinator only notes the time: a worker that sends (acceptable) data is not hung.
-        self.coordinator.progressed(message.worker)
+        self.coordinator.progressed(message.worker, message.lease)
         if isinstance(message, P.Chunk):
             self.stage.on_chunk(message, columns)
         elif isinstance(message, P.FileDone):
@@ -422,6 +424,7 @@ class Daemon:
                 "total": len(self.files),
                 "leased": self.coordinator.leased(),
                 "queued": self.coordinator.queued(),
+                "taken_back": self.coordinator.taken_back,  # leases ahead returned from behind a slow file
             },
             "datasets": [d.describe() for d in self.datasets.by_name.values()],
             "transport": self.config.workers.transport,

@@ -38,7 +38,7 @@ from typing import Any
 
 from loader.errors import WorkerDiedError, WorkerError
 from loader.service import protocol as P
-from loader.service.daemon.coordinator import Coordinator, WorkerRecord
+from loader.service.daemon.coordinator import Coordinator, Job, WorkerRecord
 from loader.service.daemon.launcher import CLAIM_SEP, Launcher, LocalLauncher
 from loader.service.daemon.rejects import LOG_EVERY_S
 from loader.service.shm.pool import ArenaPool
@@ -168,7 +168,8 @@ class WorkerPool:
         self._note_start(record, early, exitcode)
         # Only deaths of workers this daemon started count against a file: a peer that takes a lease and
         # leaves (says BYE, goes silent) must not be able to fail an epoch by doing it three times.
-        counted = jobs if record.process is not None and why != "said goodbye" else []
+        # Only the file it was reading (the first granted): the files queued behind it did not kill it.
+        counted = jobs[:1] if record.process is not None and why != "said goodbye" else []
         for job in counted:
             key = (job.stream_id, job.file_index)
             self._attempts[key] = self._attempts.get(key, 0) + 1
@@ -272,7 +273,8 @@ class WorkerPool:
     def on_message(self, worker: WorkerRecord, message: P.Message) -> None:
         worker.last_seen = time.monotonic()
         if isinstance(message, P.LeaseRequest):
-            worker.waiting = True
+            # Capped at what a worker may hold: a peer asking in a loop cannot make the daemon owe it more.
+            worker.asked = min(worker.asked + 1, 1 + self.coordinator.leases_ahead)
         elif isinstance(message, P.Heartbeat):
             assert worker.peer is not None
             self._send(worker.peer, P.encode(P.Heartbeat()))
@@ -284,28 +286,41 @@ class WorkerPool:
 
     # -- leases -------------------------------------------------------------
     def dispatch(self) -> None:
-        """Lease a file to every worker that asked, while there are leasable files."""
-        for record in self.coordinator.workers.values():
-            if not record.waiting or record.peer is None:
-                continue
-            job = self.coordinator.next_job(record)
-            if job is None:
-                return  # nothing leasable now; no other worker would get anything either
-            self._send(
-                record.peer,
-                P.encode(
-                    P.Lease(
-                        lease=job.lease_id,
-                        stream=job.stream_id,
-                        epoch=job.epoch,
-                        file=job.file_index,
-                        path=job.path,
-                        token=job.token,
-                        start=job.start,
-                        **self._lease_fields(job.file_index),
-                    )
-                ),
-            )
+        """Lease files to the workers that asked, while there are leasable files: first to workers holding
+        none, then leases ahead (``Coordinator.wants_lease``); leases queued behind a slow file go back first."""
+        now = time.monotonic()
+        self._cancel_leases(self.coordinator.take_back(now))
+        workers = list(self.coordinator.workers.values())
+        # One file to each worker with nothing to read before any lease ahead: no file is hoarded while one idles.
+        for record in [r for r in workers if not r.leases]:
+            if self.coordinator.wants_lease(record, now) and not self._grant(record):
+                return
+        for record in workers:
+            while self.coordinator.wants_lease(record, now):
+                if not self._grant(record):
+                    return
+
+    def _grant(self, record: WorkerRecord) -> bool:
+        """Lease the next leasable file to ``record``; False when there is none (for any worker, then)."""
+        job = self.coordinator.next_job(record)
+        if job is None:
+            return False
+        assert record.peer is not None  # wants_lease says so
+        self._send(record.peer, self._lease_message(job))
+        return True
+
+    def _lease_message(self, job: Job) -> list[Any]:
+        lease = P.Lease(
+            lease=job.lease_id,
+            stream=job.stream_id,
+            epoch=job.epoch,
+            file=job.file_index,
+            path=job.path,
+            token=job.token,
+            start=job.start,
+            **self._lease_fields(job.file_index),
+        )
+        return P.encode(lease)
 
     def cancel(self, stream_id: int | None) -> None:
         """Forget a stream's jobs and tell the workers reading its files to stop."""

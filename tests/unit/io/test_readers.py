@@ -115,13 +115,50 @@ def test_npz_one_slot_per_key(tmp_path, saver):
     np.testing.assert_array_equal(np.stack([g[1] for g in got]), y)
 
 
-def test_stored_npz_members_are_memory_mapped(tmp_path):
-    np.savez(tmp_path / "m.npz", a=np.arange(12, dtype=np.int16).reshape(6, 2), f=np.asfortranarray(np.ones((6, 3))))
-    reader = lio.create_file_reader(tmp_path / "m.npz")
-    block = reader.read_block(4)
-    assert isinstance(block[0].base, np.memmap) or isinstance(block[0].base.base, np.memmap)
-    np.testing.assert_array_equal(block[0], np.arange(8).reshape(4, 2))
-    np.testing.assert_array_equal(block[1], np.ones((4, 3)))
+def test_stored_npz_members_are_memory_mapped_or_read_at_open_when_small(tmp_path):
+    from loader.io.formats_numpy import SMALL_MEMBER_BYTES
+
+    big_rows = SMALL_MEMBER_BYTES // 16 + 1  # two int64 a row: just over the limit
+    np.savez(
+        tmp_path / "m.npz", a=np.arange(2 * big_rows).reshape(big_rows, 2), f=np.asfortranarray(np.ones((big_rows, 3)))
+    )
+    np.savez(tmp_path / "s.npz", a=np.arange(12, dtype=np.int16).reshape(6, 2), f=np.asfortranarray(np.ones((6, 3))))
+    big = lio.create_file_reader(tmp_path / "m.npz").read_block(4)
+    assert isinstance(big[0].base, np.memmap) or isinstance(big[0].base.base, np.memmap)
+    np.testing.assert_array_equal(big[0], np.arange(8).reshape(4, 2))
+    small = lio.create_file_reader(tmp_path / "s.npz").read_block(4)
+    assert not any(isinstance(b.base, np.memmap) for b in small), "a mapping costs more than a few pages"
+    np.testing.assert_array_equal(small[0], np.arange(8).reshape(4, 2))
+    np.testing.assert_array_equal(small[1], np.ones((4, 3)))
+    assert not small[0].flags.writeable and not small[1].flags.writeable, "read-only, like a mapping"
+
+
+def test_npz_headers_are_parsed_once_per_distinct_header(tmp_path):
+    from loader.io import formats_numpy
+
+    for i in range(3):
+        np.savez(tmp_path / f"p{i}.npz", a=np.full((5, 2), i, dtype=np.int32))
+    formats_numpy._parse_header.cache_clear()
+    for i in range(3):
+        np.testing.assert_array_equal(lio.create_file_reader(tmp_path / f"p{i}.npz").read_block(5)[0], i)
+    info = formats_numpy._parse_header.cache_info()
+    assert (info.misses, info.hits) == (1, 2)
+
+
+def test_npz_member_cut_short_or_with_a_huge_header_is_refused(tmp_path):
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "cut.npz", "w") as archive:
+        full = tmp_path / "full.npy"
+        np.save(full, np.arange(100, dtype=np.int64))
+        archive.writestr("a.npy", full.read_bytes()[:-16])  # the header promises 800 bytes of data
+    with pytest.raises(DataError, match="cut.npz"):
+        lio.create_file_reader(tmp_path / "cut.npz")
+    with zipfile.ZipFile(tmp_path / "huge.npz", "w") as archive:
+        archive.writestr("a.npy", b"\x93NUMPY\x02\x00" + struct.pack("<I", 1 << 30) + b"{}")
+    with pytest.raises(DataError, match="header of 1073741824 bytes"):
+        lio.create_file_reader(tmp_path / "huge.npz")
 
 
 def test_npz_keys_of_different_lengths(tmp_path):
