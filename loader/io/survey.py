@@ -9,6 +9,7 @@ shape shows ``varies``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from time import monotonic
 from typing import Any
 
 import numpy as np
@@ -61,9 +62,10 @@ def survey(source: Any) -> Survey:
     return result
 
 
-def count_samples(source: Any, paths: list[str]) -> list[int] | None:
+def count_samples(source: Any, paths: list[str], budget_s: float | None = None) -> list[int] | None:
     """Samples in each of ``paths`` from the files' headers (``.npy``, ``.npz``); None where a format
-    cannot tell without reading everything (a reader, a provider, recordio, text)."""
+    cannot tell without reading everything (a reader, a provider, recordio, text), or when reading the
+    headers takes longer than ``budget_s`` (None: no limit)."""
     if source.reader is not None or source.provider is not None:
         return None
     from loader.io.formats_numpy import ArrayFileReader
@@ -71,7 +73,10 @@ def count_samples(source: Any, paths: list[str]) -> list[int] | None:
 
     source.register_formats()
     counts = []
+    deadline = None if budget_s is None else monotonic() + budget_s
     for path in paths:
+        if deadline is not None and monotonic() > deadline:
+            return None
         with create_file_reader(path, format=source.format, **source.file_reader_options()) as reader:
             if not isinstance(reader, ArrayFileReader):
                 return None

@@ -28,6 +28,7 @@ the loop, which counts it.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,9 @@ log = logging.getLogger("loader.daemon")
 MAX_PREFETCH = 1024
 # Streams one job keeps at once (its ranks' current epochs, one read ahead); beyond, the oldest unread goes.
 MAX_STREAMS_PER_JOB = 4
+# The longest the loop spends reading file headers to count an epoch's samples (``len()`` of an epoch)
+# at a dataset's first client; beyond it the count is given up, not the heartbeats.
+SURVEY_BUDGET_S = 1.0
 
 
 @dataclass
@@ -91,9 +95,20 @@ class ClientDesk:
     def _epoch_samples(self, dataset: Dataset) -> int | None:
         if dataset.name not in self._samples:
             self._samples[dataset.name] = None
+            started = time.monotonic()
             try:
-                rows = count_samples(dataset.config.source, dataset.files)
+                # Inside the daemon's loop: bounded, so heartbeats go on being answered (a dataset of 10,000
+                # small files takes about 3 s here; workers take a daemon silent for 5 s for dead).
+                rows = count_samples(dataset.config.source, dataset.files, budget_s=SURVEY_BUDGET_S)
                 self._samples[dataset.name] = sum(rows) if rows is not None else None
+                if rows is None and time.monotonic() - started >= SURVEY_BUDGET_S:
+                    log.info(
+                        "not counting the samples of dataset %r: its %d files' headers take over %.0f s to read "
+                        "(len() of an epoch is unknown to its clients)",
+                        dataset.name,
+                        len(dataset.files),
+                        SURVEY_BUDGET_S,
+                    )
             except Exception as exc:  # an unreadable header: the workers will report it with the file
                 log.warning("could not count the samples of an epoch of dataset %r: %s", dataset.name, exc)
         return self._samples[dataset.name]
