@@ -128,6 +128,9 @@ class WorkersConfig:
     progress_timeout_s: float = 120.0
     # Shared memory per worker for large arrays (MiB, reserved as used); 0 turns the fast path off.
     shm_arena_mib: int = 256
+    # With an arena, large rows read straight from a local .npy/.npz go as references into the file itself
+    # (the client reads them from the page cache: one copy); false sends them through the arena.
+    file_rows: bool = True
     # Autoscaling of the daemon's own workers between min and max (max 0: a fixed pool of count).
     min: int = 1
     max: int = 0
@@ -143,6 +146,7 @@ class WorkersConfig:
     def __post_init__(self) -> None:
         check = Check(self, "workers")
         check.integer("shm_arena_mib", minimum=0, maximum=MAX_ARENA_MIB)
+        check.boolean("file_rows")
         check.integer("count", minimum=1, maximum=MAX_WORKERS)
         check.integer("min", minimum=1, maximum=MAX_WORKERS)
         check.integer("max", minimum=0, maximum=MAX_WORKERS)

@@ -211,6 +211,12 @@ class Coordinator:
             and hmac.compare_digest(job.token.encode(), token.encode())
         )
 
+    def leased_path(self, worker_id: str, lease_id: int) -> str | None:
+        """The path of the file ``worker_id`` holds lease ``lease_id`` for (asked after ``owns``)."""
+        record = self.workers.get(worker_id)
+        job = record.leases.get(lease_id) if record is not None else None
+        return job.path if job is not None else None
+
     def _end(self, worker_id: str, job: Job) -> None:
         self._ended[(worker_id, job.lease_id)] = job.token
         while len(self._ended) > ENDED_LEASES_KEPT:

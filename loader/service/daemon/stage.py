@@ -672,13 +672,14 @@ class Stage:
         n = block_rows(batch)
         gen = stream.gens[session.rank]
         # Recorded as outstanding before sending: a failed send drops the session, which frees it.
-        batch, refs = self.refs.outbound(session, batch, stream.ref_columns or frozenset(), gen)
+        batch, refs, files = self.refs.outbound(session, batch, stream.ref_columns or frozenset(), gen)
         message = P.Batch(
             epoch=stream.epoch,
             gen=gen,
             count=n,
             sample_kind=stream.sample_kind,
             refs=refs,
+            files=files,
             position=step.position,
             anchor=list(step.anchor) if step.anchor is not None else None,
         )

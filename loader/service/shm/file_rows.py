@@ -1,0 +1,310 @@
+"""File rows: large rows of a local ``.npy``/``.npz`` sent as references into the file itself.
+
+A row read by the block fast path from a memory-mapped array already lies in
+the page cache. Copying it into an arena and again into the batch costs two
+copies; a reference to ``(file, row)`` lets the client read it straight into
+the batch (one copy). A reference column of file rows has the arena layout
+(``refs.REF_WIDTH`` int64 per row) with a negative id in place of the arena:
+
+* in a worker's chunk, ``[FILE_ROWS, record, spec]``: "row ``record`` of the
+  file this lease is for". The worker never names a path: the stage binds the
+  reference to the path the coordinator leased, so a worker cannot make anyone
+  read a file it was not given;
+* in the stage and in batches, ``[file_id(source), row, spec]``, where the
+  source (``Layout``) names the file, the member and the file's identity.
+
+Whoever reads rows (the stage for a client on another host, the client)
+takes dtype, shape and offset from the file's own header (never unpickling:
+object dtypes are refused), checks every row index against the row count, and
+refuses a file whose size, mtime or inode is not what the stage saw, with one
+``FileRowsError``. Rows are copied with ``preadv`` into the destination rather
+than through a mapping: a file truncated under a mapping would kill the reader
+with SIGBUS, a short read is only an error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import zipfile
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from loader.io.formats_numpy import _HEADER_LOCK
+from loader.service.shm.arena import ArenaError
+
+FILE_ROWS = -2  # column 0 of a worker's file-row reference: the leased file; the stage's ids go down from here
+MAX_OPEN_FILES = 64  # file descriptors a reader keeps open for file rows (least recently used closed first)
+_MEMBER = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")  # a companion field, as formats_numpy names them
+_LOCAL_HEADER_BYTES = 30  # a zip local file header before its name and extra field
+Identity = tuple[int, int, int, int]  # st_size, st_mtime_ns, st_ino, st_dev
+
+
+class FileRowsError(ArenaError):
+    """A file-row reference cannot be honoured: not a mappable array, a bad row, or the file changed."""
+
+
+def file_id(source: int) -> int:
+    """The reference id of source ``source`` (0, 1, ...): -2, -3, ..."""
+    return FILE_ROWS - source
+
+
+def source_of(ref_id: int) -> int:
+    return FILE_ROWS - ref_id
+
+
+def is_file_id(ref_id: int) -> bool:
+    return ref_id <= FILE_ROWS
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the rows of one member lie: read from the file's header, never from a peer."""
+
+    path: str  # the leased path (an .npy, whose companions are members, or an .npz)
+    member: str
+    file: str  # the file holding the rows: ``path`` or a companion
+    offset: int
+    dtype: str
+    row_shape: tuple[int, ...]
+    rows: int
+    identity: Identity
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.row_shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    @property
+    def spec(self) -> tuple[str, tuple[int, ...]]:
+        return self.dtype, self.row_shape
+
+    def describe(self) -> list[Any]:
+        """The wire form a client opens it by: ``[path, member, size, mtime_ns, inode, device]``."""
+        return [self.path, self.member, *self.identity]
+
+
+def member_file(path: str, member: str) -> str:
+    """The file holding ``member`` of the leased ``path``; ``FileRowsError`` when it is not a numpy file."""
+    lower = path.lower()
+    if lower.endswith(".npz"):
+        return path
+    if not lower.endswith(".npy"):
+        raise FileRowsError(f"{path} is not an .npy or .npz file")
+    if member == "data":
+        return path
+    if not _MEMBER.match(member):
+        raise FileRowsError(f"{path} has no field {member[:40]!r}")
+    return f"{path[: -len('.npy')]}.{member}.npy"
+
+
+def identity(st: os.stat_result) -> Identity:
+    return (int(st.st_size), int(st.st_mtime_ns), int(st.st_ino), int(st.st_dev))
+
+
+def read_layout(path: str, member: str) -> tuple[Layout, int]:
+    """The layout of ``member`` and a file descriptor open on its file (the caller closes it)."""
+    target = member_file(path, member)
+    try:
+        fh = open(target, "rb")  # noqa: SIM115 - its descriptor outlives the with-less open (dup below)
+    except OSError as exc:
+        raise FileRowsError(f"cannot open {target} for its rows: {exc}") from exc
+    with fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise FileRowsError(f"{target} is not a regular file")
+        try:
+            if target.lower().endswith(".npz"):
+                offset, shape, fortran, dtype = _npz_member(fh, member)
+            else:
+                offset, shape, fortran, dtype = _npy_header(fh, target)
+        except (ValueError, EOFError, KeyError, zipfile.BadZipFile, OSError) as exc:
+            raise FileRowsError(f"{target}: no readable array {member[:40]!r} ({exc})") from exc
+        layout = _checked(path, member, target, offset, shape, fortran, dtype, st)
+        return layout, os.dup(fh.fileno())
+
+
+def _npy_header(fh: BinaryIO, target: str) -> tuple[int, tuple[int, ...], bool, np.dtype]:
+    version = np.lib.format.read_magic(fh)
+    with _HEADER_LOCK:  # numpy parses headers with ast.literal_eval: one thread at a time (formats_numpy)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+        else:
+            raise ValueError(f"unsupported .npy format version {version}")
+    return fh.tell(), shape, fortran, dtype
+
+
+def _npz_member(fh: BinaryIO, member: str) -> tuple[int, tuple[int, ...], bool, np.dtype]:
+    with zipfile.ZipFile(fh) as archive:
+        info = archive.getinfo(member + ".npy")
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise ValueError("the member is compressed")
+        with archive.open(info) as raw:
+            _, shape, fortran, dtype = _npy_header(raw, member)  # type: ignore[arg-type]
+            header_len = raw.tell()
+    fh.seek(info.header_offset)
+    local = fh.read(_LOCAL_HEADER_BYTES)
+    if len(local) != _LOCAL_HEADER_BYTES or local[:4] != b"PK\x03\x04":
+        raise ValueError("bad local header")
+    name_len, extra_len = int.from_bytes(local[26:28], "little"), int.from_bytes(local[28:30], "little")
+    return info.header_offset + _LOCAL_HEADER_BYTES + name_len + extra_len + header_len, shape, fortran, dtype
+
+
+def _checked(
+    path: str,
+    member: str,
+    target: str,
+    offset: int,
+    shape: tuple[int, ...],
+    fortran: bool,
+    dtype: np.dtype,
+    st: os.stat_result,
+) -> Layout:
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise FileRowsError(f"{target}: array {member[:40]!r} has dtype {dtype}, which is never read by reference")
+    if len(shape) == 0 or (fortran and len(shape) > 1):
+        raise FileRowsError(f"{target}: array {member[:40]!r} has no C-order rows")
+    rows = int(shape[0])
+    layout = Layout(path, member, target, int(offset), dtype.str, tuple(int(d) for d in shape[1:]), rows, identity(st))
+    if layout.offset + rows * layout.row_bytes > st.st_size:
+        raise FileRowsError(f"{target} is shorter than its header says")
+    return layout
+
+
+class RowFile:
+    """One open member: copies its rows into a destination, checking the file is still the one described."""
+
+    def __init__(self, layout: Layout, fd: int) -> None:
+        self.layout, self._fd = layout, fd
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
+    def read_rows(self, first: int, count: int, out: np.ndarray, row_bytes: int) -> None:
+        """Rows ``first .. first + count - 1`` into ``out`` (``count * row_bytes`` contiguous bytes)."""
+        layout = self.layout
+        if row_bytes != layout.row_bytes:
+            raise FileRowsError(f"{layout.file}: a reference claims rows of {row_bytes} bytes, the header says otherwise")
+        if first < 0 or count < 0 or first + count > layout.rows:
+            raise FileRowsError(f"{layout.file}: row {first + count - 1} is outside its {layout.rows} rows")
+        if identity(os.fstat(self._fd)) != layout.identity:
+            raise FileRowsError(f"{layout.file} changed while its rows were in flight (size, mtime or inode)")
+        view = memoryview(out).cast("B")
+        total, done = count * row_bytes, 0
+        offset = layout.offset + first * row_bytes
+        while done < total:
+            got = os.preadv(self._fd, [view[done:total]], offset + done)
+            if got <= 0:
+                raise FileRowsError(f"{layout.file} changed while its rows were in flight (it is shorter)")
+            done += got
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class FileTable:
+    """The stage's sources: ``(leased path, member)`` -> a ``Layout`` checked against the file now."""
+
+    def __init__(self) -> None:
+        self.sources: dict[int, Layout] = {}
+        self._current: dict[tuple[str, str], int] = {}
+        self._next = 0
+        self.readers = RowFiles()  # the stage's own reads (a client on another host)
+
+    def resolve(self, path: str, member: str) -> tuple[int, Layout]:
+        """(reference id, layout) of ``member`` of ``path``; a changed file gets a new source."""
+        key = (path, member)
+        source = self._current.get(key)
+        if source is not None and source in self.sources:
+            layout = self.sources[source]
+            try:
+                if identity(os.stat(layout.file)) == layout.identity:
+                    return file_id(source), layout
+            except OSError as exc:
+                raise FileRowsError(f"cannot stat {layout.file}: {exc}") from exc
+        layout, fd = read_layout(path, member)
+        os.close(fd)
+        source, self._next = self._next, self._next + 1
+        self.sources[source] = layout
+        self._current[key] = source
+        return file_id(source), layout
+
+    def get(self, ref_id: int) -> RowFile:
+        layout = self.sources.get(source_of(ref_id))
+        if layout is None:
+            raise FileRowsError(f"a reference names file source {source_of(ref_id)}, which the stage does not have")
+        return self.readers.open(layout.describe())
+
+    def describe(self, ids: Any) -> dict[int, list[Any]]:
+        """``{source: [path, member, size, mtime_ns, inode, device]}`` for the file ids among ``ids``."""
+        return {
+            source_of(int(i)): self.sources[source_of(int(i))].describe()
+            for i in np.unique(ids).tolist()
+            if is_file_id(int(i))
+        }
+
+    def keep_only(self, ids: set[int]) -> None:
+        """Forget the sources no row names (by reference id)."""
+        named = {source_of(i) for i in ids if is_file_id(i)}
+        for source in [s for s in self.sources if s not in named]:
+            del self.sources[source]
+        for key in [k for k, s in self._current.items() if s not in self.sources]:
+            del self._current[key]
+
+    def close(self) -> None:
+        self.readers.close()
+
+
+class RowFiles:
+    """A reader's open files for file rows, by their description; at most ``MAX_OPEN_FILES`` stay open."""
+
+    def __init__(self) -> None:
+        self._open: OrderedDict[tuple[Any, ...], RowFile] = OrderedDict()
+
+    def open(self, described: list[Any]) -> RowFile:
+        """The member ``described`` names (``Layout.describe``), refused unless the file is still that one."""
+        key = tuple(described)
+        found = self._open.get(key)
+        if found is not None:
+            self._open.move_to_end(key)
+            return found
+        path, member, *expected = described
+        layout, fd = read_layout(str(path), str(member))
+        if list(layout.identity) != expected:
+            os.close(fd)
+            raise FileRowsError(
+                f"{layout.file} changed since the loader daemon read its header (size, mtime or inode differ); "
+                "its rows cannot be read"
+            )
+        row_file = self._open[key] = RowFile(layout, fd)
+        while len(self._open) > MAX_OPEN_FILES:
+            self._open.popitem(last=False)[1].close()
+        return row_file
+
+    def close(self) -> None:
+        for row_file in self._open.values():
+            row_file.close()
+        self._open.clear()
+
+
+__all__ = [
+    "FILE_ROWS",
+    "FileRowsError",
+    "FileTable",
+    "Layout",
+    "RowFile",
+    "RowFiles",
+    "file_id",
+    "is_file_id",
+    "member_file",
+    "read_layout",
+    "source_of",
+]
