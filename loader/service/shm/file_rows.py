@@ -34,6 +34,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from loader.errors import DataError
 from loader.io.formats_numpy import _HEADER_LOCK
 from loader.service.shm.arena import ArenaError
 
@@ -44,8 +45,11 @@ _LOCAL_HEADER_BYTES = 30  # a zip local file header before its name and extra fi
 Identity = tuple[int, int, int, int]  # st_size, st_mtime_ns, st_ino, st_dev
 
 
-class FileRowsError(ArenaError):
-    """A file-row reference cannot be honoured: not a mappable array, a bad row, or the file changed."""
+class FileRowsError(ArenaError, DataError):
+    """A file-row reference cannot be honoured: not a mappable array, a bad row, or the file changed.
+
+    An ``ArenaError`` where the stage refuses a chunk; a ``DataError`` to a training loop, since a
+    changed data file is the user's to fix."""
 
 
 def file_id(source: int) -> int:
