@@ -240,9 +240,7 @@ def test_file_rows_reach_a_client_on_another_host_copied_by_the_daemon(tmp_path,
 
 def test_a_file_changed_under_its_file_rows_fails_with_one_clear_error(tmp_path):
     write_large_files(tmp_path, 1, 64)
-    config = make_config(
-        tmp_path, pipeline={"batch_size": 8}, workers={"count": 1, "samples_per_message": 8}
-    )
+    config = make_config(tmp_path, pipeline={"batch_size": 8}, workers={"count": 1, "samples_per_message": 8})
     with running_daemon(config) as daemon:
         with Client(daemon.endpoint, timeout_s=10, prefetch=1) as client:
             batches = client.epoch()

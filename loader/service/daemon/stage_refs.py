@@ -160,7 +160,9 @@ class RefKeeper:
                     f"{layout.dtype} rows of shape {layout.row_shape}"
                 )
         if int(expected.max()) >= layout.rows:
-            raise ArenaError(f"reference column {name!r} names row {int(expected.max())}; {layout.file} has {layout.rows}")
+            raise ArenaError(
+                f"reference column {name!r} names row {int(expected.max())}; {layout.file} has {layout.rows}"
+            )
         out = np.array(values, dtype=np.int64, copy=True)
         out[:, 0] = ref_id
         return out

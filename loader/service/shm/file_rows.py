@@ -113,7 +113,7 @@ def read_layout(path: str, member: str) -> tuple[Layout, int]:
     """The layout of ``member`` and a file descriptor open on its file (the caller closes it)."""
     target = member_file(path, member)
     try:
-        fh = open(target, "rb")  # noqa: SIM115 - its descriptor outlives the with-less open (dup below)
+        fh = open(target, "rb")  # closed by the with below; its descriptor is dup()ed for the reader
     except OSError as exc:
         raise FileRowsError(f"cannot open {target} for its rows: {exc}") from exc
     with fh:
@@ -194,12 +194,14 @@ class RowFile:
         """Rows ``first .. first + count - 1`` into ``out`` (``count * row_bytes`` contiguous bytes)."""
         layout = self.layout
         if row_bytes != layout.row_bytes:
-            raise FileRowsError(f"{layout.file}: a reference claims rows of {row_bytes} bytes, the header says otherwise")
+            raise FileRowsError(
+                f"{layout.file}: a reference claims rows of {row_bytes} bytes, the header says otherwise"
+            )
         if first < 0 or count < 0 or first + count > layout.rows:
             raise FileRowsError(f"{layout.file}: row {first + count - 1} is outside its {layout.rows} rows")
         if identity(os.fstat(self._fd)) != layout.identity:
             raise FileRowsError(f"{layout.file} changed while its rows were in flight (size, mtime or inode)")
-        view = memoryview(out).cast("B")
+        view = out.data.cast("B")  # a C-contiguous run of rows of the destination
         total, done = count * row_bytes, 0
         offset = layout.offset + first * row_bytes
         while done < total:

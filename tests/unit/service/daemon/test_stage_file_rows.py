@@ -9,7 +9,14 @@ from loader.service import protocol as P
 from loader.service.shm import refs as R
 from loader.service.shm.arena import ArenaError
 from loader.service.shm.file_rows import FILE_ROWS, RowFiles, is_file_id, source_of
-from tests.unit.service.daemon.test_stage_refs import ROW, _done, _rows, _setup, pool  # noqa: F401 (a fixture)
+from loader.service.shm.pool import ArenaPool
+from tests.unit.service.daemon.test_stage_refs import ROW, _done, _rows, _setup
+
+
+@pytest.fixture
+def pool(tmp_path):
+    with ArenaPool(64 * ROW * 4, directory=str(tmp_path)) as p:  # 64 blocks of 64 KiB
+        yield p
 
 
 @pytest.fixture
