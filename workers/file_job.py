@@ -73,7 +73,13 @@ class FileJob:
                 self._done(sent=0, skipped=1)
             return
         # Only rows nothing changes after the read are the file's rows: no mappers of either kind.
-        self._file_rows = self.config.workers.file_rows and source.reads_array_file and not mappers and not self._batch
+        self._file_rows = (
+            self.config.workers.file_rows
+            and source.can_read_blocks
+            and source.reads_array_file
+            and not mappers
+            and not self._batch
+        )
         try:
             if source.can_read_blocks and not mappers:
                 counts = self._send_blocks(source)

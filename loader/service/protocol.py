@@ -104,7 +104,7 @@ def _file_sources(value: Any) -> bool:
             return False
         if not (_path(described[0]) and _text(described[1])):
             return False
-        if not all(type(v) is int for v in described[2:]):
+        if not all(type(v) is int and -MAX_INT < v < MAX_INT for v in described[2:]):  # mtime may be < 0
             return False
     return True
 

@@ -28,6 +28,7 @@ from loader.service import protocol as P
 # A field's category says what it accepts; "?" marks an optional one (nil on the wire, or absent, is fine).
 COUNT, TEXT, PATH, FLAG, SECONDS, MAPPING, REFS = "count", "text", "path", "flag", "seconds", "mapping", "refs"
 ANCHOR = "anchor"
+FILES = "files"
 VERSIONED = {"v": COUNT, "lv": TEXT}
 FILE = {"s": COUNT, "f": COUNT, "l": COUNT, "w": TEXT, "t": TEXT}
 FIELDS: dict[type[P.Message], dict[str, str]] = {
@@ -89,6 +90,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
         "n": COUNT,
         "sk": TEXT,
         "refs": REFS + "?",
+        "files": FILES + "?",
         "pos": COUNT,
         "anchor": ANCHOR + "?",
     },
@@ -164,9 +166,16 @@ EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
     P.Credit: (P.Credit(n=3, gen=6, wait_s=0.25), {}),
     P.Batch: (
         P.Batch(
-            epoch=2, gen=6, count=2, sample_kind="dict", refs={"x": {0: ["<f4", [4]]}}, position=64, anchor=[0, 0, 0]
+            epoch=2,
+            gen=6,
+            count=2,
+            sample_kind="dict",
+            refs={"x": {0: ["<f4", [4]]}},
+            files={0: ["/data/f.npy", "data", 4224, -5, 77, 2049]},
+            position=64,
+            anchor=[0, 0, 0],
         ),
-        {"x": np.array([[1, 0, 0], [1, 1, 0]], np.int64), "y": np.array([[1.5, 2.5], [3.5, 4.5]])},
+        {"x": np.array([[1, 0, 0], [-2, 1, 0]], np.int64), "y": np.array([[1.5, 2.5], [3.5, 4.5]])},
     ),
     P.End: (P.End(epoch=2, gen=6, batches=10, samples=317), {}),
     P.Ping: (P.Ping(), {}),
@@ -201,6 +210,17 @@ BAD: dict[str, list] = {
         {"x": {0: ["<f4", [1] * 33]}},
         {5: {0: ["<f4", [4]]}},
         {"x": {0: ["x" * (P.MAX_TEXT + 1), [4]]}},
+    ],
+    FILES: [
+        [],
+        5,
+        {-1: ["/f.npy", "data", 1, 1, 1, 1]},
+        {0: ["/f.npy", "data", 1, 1, 1]},
+        {0: ["", "data", 1, 1, 1, 1]},
+        {0: ["/f.npy", 5, 1, 1, 1, 1]},
+        {0: ["/f.npy", "data", 1.5, 1, 1, 1]},
+        {0: ["/f.npy", "data", True, 1, 1, 1]},
+        {0: ["/f.npy", "data", 1, 1, 1, P.MAX_INT]},
     ],
 }
 
