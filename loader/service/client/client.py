@@ -330,6 +330,7 @@ class Client:
                 now = time.monotonic()
                 if self._arenas is not None:
                     self._arenas.evict_idle(now)
+                self._row_files.evict_idle(now)
                 if now - state.last_ping >= self._ping_interval_s:
                     # Never wait for room: a daemon that reads nothing is found by the silence check
                     # below, within timeout_s, not after a blocked ping's timeout on top of it.

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import time
 import zipfile
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from loader.service.shm.arena import ArenaError
 
 FILE_ROWS = -2  # column 0 of a worker's file-row reference: the leased file; the stage's ids go down from here
 MAX_OPEN_FILES = 64  # file descriptors a reader keeps open for file rows (least recently used closed first)
+OPEN_FILE_IDLE_S = 30.0  # a reader closes a file unused this long (an open one keeps a deleted file's space)
 _MEMBER = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")  # a companion field, as formats_numpy names them
 _LOCAL_HEADER_BYTES = 30  # a zip local file header before its name and extra field
 Identity = tuple[int, int, int, int]  # st_size, st_mtime_ns, st_ino, st_dev
@@ -274,10 +276,13 @@ class RowFiles:
 
     def __init__(self) -> None:
         self._open: OrderedDict[tuple[Any, ...], RowFile] = OrderedDict()
+        self._used: dict[tuple[Any, ...], float] = {}
+        self._next_evict = 0.0
 
     def open(self, described: list[Any]) -> RowFile:
         """The member ``described`` names (``Layout.describe``), refused unless the file is still that one."""
         key = tuple(described)
+        self._used[key] = time.monotonic()
         found = self._open.get(key)
         if found is not None:
             self._open.move_to_end(key)
@@ -292,13 +297,27 @@ class RowFiles:
             )
         row_file = self._open[key] = RowFile(layout, fd)
         while len(self._open) > MAX_OPEN_FILES:
-            self._open.popitem(last=False)[1].close()
+            old, oldest = self._open.popitem(last=False)
+            oldest.close()
+            self._used.pop(old, None)
         return row_file
+
+    def evict_idle(self, now: float) -> None:
+        """Close the files unused for ``OPEN_FILE_IDLE_S`` (looked at once a second at most)."""
+        if now < self._next_evict:
+            return
+        self._next_evict = now + 1.0
+        for key in [k for k, used in self._used.items() if now - used >= OPEN_FILE_IDLE_S]:
+            del self._used[key]
+            row_file = self._open.pop(key, None)
+            if row_file is not None:
+                row_file.close()
 
     def close(self) -> None:
         for row_file in self._open.values():
             row_file.close()
         self._open.clear()
+        self._used.clear()
 
 
 __all__ = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -123,6 +124,8 @@ def test_readers_keep_a_bounded_number_of_files_open(tmp_path, monkeypatch):
         np.save(tmp_path / f"f{i}.npy", _rows()[:2])
         readers.open(table.resolve(str(tmp_path / f"f{i}.npy"), "data")[1].describe())
     assert len(readers._open) == 3
+    readers.evict_idle(time.monotonic() + F.OPEN_FILE_IDLE_S)
+    assert not readers._open, "files nobody read for a while are closed"
     readers.close()
 
 
