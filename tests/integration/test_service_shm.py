@@ -251,3 +251,35 @@ def test_a_file_changed_under_its_file_rows_fails_with_one_clear_error(tmp_path)
             with pytest.raises(Exception, match="changed"):
                 for _ in batches:
                     pass
+
+
+def test_stored_npz_members_go_as_file_rows_and_compressed_ones_through_the_arena(tmp_path):
+    ids = []
+    for i in range(3):
+        x = np.random.default_rng(i).random((20, ROW_FLOATS), dtype=np.float32)
+        x[:, 0] = np.arange(20) + 100 * i
+        np.savez(tmp_path / f"f{i}.npz", x=x, label=np.arange(20) + 100 * i)  # stored: memory-mapped
+        ids += list(range(100 * i, 100 * i + 20))
+    inflated = np.full((6, ROW_FLOATS), 7, np.float32)
+    np.savez_compressed(tmp_path / "f9.npz", x=inflated, label=np.arange(900, 906))  # inflated in memory
+    ids += list(range(900, 906))
+    config = make_config(
+        tmp_path,
+        source={"files": [str(tmp_path / "*.npz")]},
+        pipeline={"batch_size": 8, "shuffle_buffer": 8},
+        workers={"samples_per_message": 8},
+    )
+    with loader.Loader(config) as local:
+        got = []
+        for batch in local:
+            for row, label in zip(batch["x"], batch["label"]):
+                assert row[0] == (7 if label >= 900 else label)
+            got.extend(batch["label"].tolist())
+        refs = local._daemon.stage.refs
+        assert {layout.member for layout in refs.files.sources.values()} == {"x"}
+        assert {os.path.basename(layout.path) for layout in refs.files.sources.values()} == {
+            "f0.npz",
+            "f1.npz",
+            "f2.npz",
+        }
+    assert collections.Counter(got) == collections.Counter(ids)
