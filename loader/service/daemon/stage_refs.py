@@ -47,6 +47,7 @@ import numpy as np
 
 from loader.service import protocol as P
 from loader.service.blocks import Block
+from loader.service.daemon.stage_file_rows import bind_file_rows
 from loader.service.shm import file_rows as F
 from loader.service.shm import refs as R
 from loader.service.shm.arena import USED, ArenaError, run_indexes
@@ -100,7 +101,9 @@ class RefKeeper:
                 raise ArenaError(f"reference column {name!r} is malformed")
             values = values.astype(np.int64, copy=False)
             if len(values) and np.any(values[:, 0] == F.FILE_ROWS):
-                bound[name] = self._bind_file_rows(name, values, specs, columns, chunk, path)
+                if not self.allow_files:
+                    raise ArenaError(f"reference column {name!r} names file rows, which workers.file_rows turns off")
+                bound[name] = bind_file_rows(self.files, name, values, specs, columns, chunk, path)
                 continue
             if np.any(values[:, 0] != own_arena):
                 raise ArenaError(f"reference column {name!r} names an arena that is not its sender's")
@@ -125,47 +128,6 @@ class RefKeeper:
             raise ArenaError("a chunk references blocks that are free or already handed over")
         held[taken] = True
         columns.update(bound)
-
-    def _bind_file_rows(
-        self,
-        name: str,
-        values: np.ndarray,
-        specs: dict[Any, Any],
-        columns: Block,
-        chunk: P.Chunk | None,
-        path: str | None,
-    ) -> np.ndarray:
-        """A worker's file-row column as references to the leased file's source; ``ArenaError`` unless its
-        rows are exactly the chunk's records, inside the file, of the header's dtype and row shape."""
-        if not self.allow_files:
-            raise ArenaError(f"reference column {name!r} names file rows, which workers.file_rows turns off")
-        if chunk is None or path is None:
-            raise ArenaError(f"reference column {name!r} names file rows, but no file is leased for its chunk")
-        if np.any(values[:, 0] != F.FILE_ROWS):
-            raise ArenaError(f"reference column {name!r} mixes file rows and arena rows")
-        index = columns.get(P.INDEX_COLUMN)
-        if index is not None:
-            expected = np.asarray(index, dtype=np.int64)
-        else:
-            expected = np.arange(chunk.record, chunk.record + chunk.count, dtype=np.int64)
-        if not np.array_equal(values[:, 1], expected):
-            raise ArenaError(f"reference column {name!r} names file rows other than its chunk's records")
-        ref_id, layout = self.files.resolve(path, name)  # FileRowsError (an ArenaError) names the file
-        parsed = R.parse_specs(specs)
-        for spec_id in np.unique(values[:, 2]).tolist():
-            claimed = parsed.get(spec_id)
-            if claimed is None or np.dtype(claimed[0]) != np.dtype(layout.dtype) or claimed[1] != layout.row_shape:
-                raise ArenaError(
-                    f"reference column {name!r} claims rows of {claimed}; {layout.file} holds "
-                    f"{layout.dtype} rows of shape {layout.row_shape}"
-                )
-        if int(expected.max()) >= layout.rows:
-            raise ArenaError(
-                f"reference column {name!r} names row {int(expected.max())}; {layout.file} has {layout.rows}"
-            )
-        out = np.array(values, dtype=np.int64, copy=True)
-        out[:, 0] = ref_id
-        return out
 
     def _unhold(self, refs: np.ndarray) -> None:
         """The stage no longer holds these rows' blocks (they are freed, or about to be)."""
