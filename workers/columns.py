@@ -21,6 +21,9 @@ from loader.service.protocol import object_array
 # big samples then travel in messages of a few MiB, and the first batch of an epoch is not held back.
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
 MAX_CHUNK_DELAY_S = 0.05
+# Blocks read straight from a file (no per-sample mappers) aim at this many bytes: per-chunk work in the
+# worker, the stage and on the wire is then constant per MiB, whatever the row size.
+BLOCK_CHUNK_BYTES = 1024 * 1024
 # A chunk may grow up to this to hold exactly one batch of big samples.
 MAX_BATCH_CHUNK_BYTES = 64 * 1024 * 1024
 
@@ -53,9 +56,10 @@ def stack_column(values: list[Any]) -> np.ndarray:
 
 
 def rows_for_bytes(row_bytes: int, wanted: int, batch_size: int) -> int:
-    """How many rows of ``row_bytes`` fit a chunk; a multiple of batch_size when that is possible,
-    so the stage can cut batches out of one chunk without copying."""
-    rows = max(1, min(wanted, MAX_CHUNK_BYTES // max(1, row_bytes)))
+    """How many rows of ``row_bytes`` make a block's chunk: about ``BLOCK_CHUNK_BYTES``, at most ``wanted``
+    (``samples_per_message``); a multiple of batch_size when that is possible, so the stage can cut
+    batches out of one chunk without copying."""
+    rows = max(1, min(wanted, BLOCK_CHUNK_BYTES // max(1, row_bytes)))
     if batch_size > 1 and rows >= batch_size:
         rows -= rows % batch_size
     elif rows < batch_size <= wanted and batch_size * row_bytes <= MAX_BATCH_CHUNK_BYTES:

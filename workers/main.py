@@ -28,6 +28,7 @@ from typing import Any
 
 from loader.config import LoaderConfig
 from loader.errors import ConfigError, ProtocolVersionError, TransportError
+from loader.runtime.memory import keep_freed_memory
 from loader.service import protocol as P
 from loader.service import transport
 from workers.arena_writer import ArenaWriter
@@ -165,6 +166,7 @@ class Worker:
         self.config = LoaderConfig.from_dict(welcome.config, origin=f"daemon at {self.connect}")
         self.config.add_import_path()  # mapper/reader modules beside the daemon's config file
         self.hb_interval_s = self.config.workers.heartbeat_interval_s
+        keep_freed_memory(self.config.workers.keep_freed_mib)  # mapped samples reuse pages (runtime/memory.py)
         if self.arena is not None:
             self.arena.close()  # a re-welcome names a fresh arena; what we sent from the old one stays valid
         self.arena = ArenaWriter.from_welcome(welcome.shm)

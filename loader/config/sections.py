@@ -60,6 +60,7 @@ MAX_CPUS_PER_WORKER = 1024.0
 MAX_BATCH_SIZE = 1 << 24
 MAX_SHUFFLE_BUFFER = 1 << 28  # rows; the stage holds up to twice this many
 MAX_SAMPLES_PER_MESSAGE = 1 << 20
+MAX_KEEP_FREED_MIB = 2047  # mallopt takes an int of bytes
 MAX_ARENA_MIB = 64 * 1024  # per worker, in /dev/shm
 MAX_SEED = (1 << 63) - 1
 MAX_EPOCHS = 1 << 31
@@ -121,7 +122,9 @@ class WorkersConfig:
 
     count: int = 2
     transport: str = "zmq"
-    samples_per_message: int = 256
+    # The most samples in one worker -> stage message; chunks also stop at about 1 MiB for blocks read
+    # straight from a file, 4 MiB or 50 ms otherwise (workers/columns.py), so this is rarely what binds.
+    samples_per_message: int = 4096
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 5.0
     # A worker that holds a lease and sends nothing for this long is taken for hung and replaced.
@@ -131,6 +134,9 @@ class WorkersConfig:
     # With an arena, large rows read straight from a local .npy/.npz go as references into the file itself
     # (the client reads them from the page cache: one copy); false sends them through the arena.
     file_rows: bool = True
+    # Freed memory a worker's allocator keeps for the next samples (MiB, glibc; runtime/memory.py), so a
+    # mapper's large outputs reuse pages instead of faulting in fresh ones; 0 keeps the allocator's defaults.
+    keep_freed_mib: int = 512
     # Autoscaling of the daemon's own workers between min and max (max 0: a fixed pool of count).
     min: int = 1
     max: int = 0
@@ -147,6 +153,7 @@ class WorkersConfig:
         check = Check(self, "workers")
         check.integer("shm_arena_mib", minimum=0, maximum=MAX_ARENA_MIB)
         check.boolean("file_rows")
+        check.integer("keep_freed_mib", minimum=0, maximum=MAX_KEEP_FREED_MIB)
         check.integer("count", minimum=1, maximum=MAX_WORKERS)
         check.integer("min", minimum=1, maximum=MAX_WORKERS)
         check.integer("max", minimum=0, maximum=MAX_WORKERS)

@@ -26,10 +26,43 @@ def concat(blocks: list[Block]) -> Block:
 
 
 def _concat_column(parts: list[np.ndarray]) -> np.ndarray:
+    joined = _adjacent_view(parts)
+    if joined is not None:
+        return joined
     if any(p.dtype.hasobject for p in parts) and not all(p.dtype.hasobject for p in parts):
         # One block stacked, another ragged: fall back to object rows for all.
         parts = [p if p.dtype.hasobject else _as_object_rows(p) for p in parts]
     return np.concatenate(parts, axis=0)
+
+
+def _adjacent_view(parts: list[np.ndarray]) -> np.ndarray | None:
+    """One view over ``parts`` when they are consecutive slices of one buffer (steps cut from one chunk,
+    which the stage then packs into one message): no copy. None when they are not."""
+    first = parts[0]
+    if first.dtype.hasobject or not first.flags.c_contiguous or first.ndim == 0:
+        return None
+    root = _root(first)
+    address = first.__array_interface__["data"][0] + first.nbytes
+    for part in parts[1:]:
+        if (
+            part.dtype != first.dtype
+            or part.shape[1:] != first.shape[1:]
+            or not part.flags.c_contiguous
+            or part.__array_interface__["data"][0] != address
+            or _root(part) is not root
+        ):
+            return None
+        address += part.nbytes
+    rows = sum(int(p.shape[0]) for p in parts)
+    # Every byte of the view lies in ``root``'s buffer (the parts are adjacent slices of it).
+    return np.lib.stride_tricks.as_strided(first, shape=(rows, *first.shape[1:]), writeable=first.flags.writeable)
+
+
+def _root(array: np.ndarray) -> object:
+    """The object that owns an array's memory (the end of its chain of bases)."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array.base if array.base is not None else array
 
 
 def _as_object_rows(array: np.ndarray) -> np.ndarray:

@@ -114,6 +114,19 @@ def _anchor(value: Any) -> bool:
     return isinstance(value, list) and len(value) == 3 and all(_count(v) for v in value)
 
 
+MAX_PACK = 64  # most batches one BATCH message carries (``Epoch.pack``, ``Batch.parts``)
+
+
+def _parts(value: Any) -> bool:
+    """``[[count, position, window, order index, record] or [count, position], ...]``: the batches of one
+    message, in order (``Batch.parts``)."""
+    return (
+        isinstance(value, list)
+        and 0 < len(value) <= MAX_PACK
+        and all(isinstance(p, list) and len(p) in (2, 5) and all(_count(v) for v in p) for p in value)
+    )
+
+
 def _optional(check: Check) -> Check:
     return lambda value: value is None or check(value)
 
@@ -333,12 +346,15 @@ class Epoch(Message):
     # Resume: start at global sample ``position`` of the epoch, reading from ``anchor`` (a checkpoint's).
     position: int = wire("pos", _count, 0)
     anchor: list[int] | None = wire("anchor", _optional(_anchor), None)
+    # The most batches the client takes in one BATCH message (``Batch.parts``); 1 for a client that
+    # does not say, so each message is one batch as before.
+    pack: int = wire("pack", _count, 1)
 
 
 @_kind("credit")
 @dataclass(frozen=True, kw_only=True)
 class Credit(Message):
-    """The consumer took ``n`` batches of request ``gen``: send as many more."""
+    """The consumer took ``n`` BATCH messages of request ``gen`` (every batch in them): send as many more."""
 
     n: int = wire("n", _count, 1)
     gen: int | None = wire("g", _optional(_count), None)
@@ -349,7 +365,8 @@ class Credit(Message):
 @_kind("batch", columns=True)
 @dataclass(frozen=True, kw_only=True)
 class Batch(Message):
-    """One batch of ``count`` samples for request ``gen``."""
+    """One batch of ``count`` samples for request ``gen``; or, with ``parts``, several consecutive batches
+    of this rank whose rows are stacked in one set of columns (a client that asked with ``Epoch.pack``)."""
 
     epoch: int = wire("e", _count)
     gen: int | None = wire("g", _optional(_count), None)
@@ -362,6 +379,9 @@ class Batch(Message):
     # what ``Client.state_dict()`` saves once the consumer has taken this batch.
     position: int = wire("pos", _count, 0)
     anchor: list[int] | None = wire("anchor", _optional(_anchor), None)
+    # Per batch, in order: ``[count, position]`` plus its anchor's three numbers when it has one. The
+    # counts add up to ``count``; ``position`` and ``anchor`` above are the last batch's.
+    parts: list[list[int]] | None = wire("parts", _optional(_parts), None)
 
 
 @_kind("end")

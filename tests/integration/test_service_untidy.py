@@ -249,7 +249,7 @@ def test_a_big_file_and_a_client_that_stops_reading_keep_the_stage_within_its_bo
             for _ in range(3):
                 next(batches)  # then the training loop stops reading
             session = next(iter(daemon.stage.sessions.values()))
-            bound = 2 * daemon.stage.buffer_limit_rows(session) + spm  # one chunk may land on the bound
+            bound = 2 * daemon.stage.buffer_limit_rows(session.current) + spm  # one chunk may land on the bound
             seen = []
             for _ in range(40):  # while the workers would read on, the stage stays within its bound
                 seen.append(query_status(daemon.endpoint)["buffered_samples"])

@@ -3,9 +3,12 @@
 A background receiver thread owns the socket: it asks for an epoch, receives
 batches, decodes them (``np.frombuffer`` on the received frames: no copy) and
 starts their placement (``Placer.stage``); the consumer's iterator finishes
-placement (``Placer.finish``) and, for every batch it takes, returns one credit
+placement (``Placer.finish``) and, for every message it has taken, returns one credit
 to the daemon through a ``Waker`` so the receiver sends it at once. The daemon
-sends at most ``prefetch`` batches ahead, so memory is bounded on both sides.
+sends at most ``prefetch`` messages ahead, so memory is bounded on both sides. A
+message is one batch, or several small ones packed up to 1 MiB (``Batch.parts``):
+the receiver splits it into views, one batch each, and the credit comes back
+once the consumer has taken them all.
 
 The receiver pings the daemon while idle (every ``PING_INTERVAL_S``, or the
 daemon's heartbeat interval when shorter); a daemon silent for ``timeout_s``
@@ -151,7 +154,8 @@ class Client:
         self._commands: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._waker = transport.Waker()
         self._stop = threading.Event()
-        self._consumed = 0
+        self._consumed = 0  # batches the consumer took
+        self._messages_taken = 0  # BATCH messages all of whose batches the consumer took: what credits count
         self._wait_s = 0.0  # the consumer's time blocked on the next batch (stats(), and each credit)
         self._received = [0, 0]  # batches, samples: written by the receiver thread only
         self._gens = itertools.count(1)
@@ -268,9 +272,11 @@ class Client:
             if item_gen != gen:
                 continue  # left over from an epoch the consumer abandoned
             if kind == "batch":
-                staged, place = payload
+                staged, place, last_of_message = payload
                 self._consumed += 1
-                self._waker.wake()
+                if last_of_message:
+                    self._messages_taken += 1
+                    self._waker.wake()
                 if place is not None:
                     self._place = place
                 yield self._placer.finish(staged)
@@ -360,7 +366,7 @@ class Client:
                 return
             _, place, gen = command
             state.gen = gen
-            state.credited = self._consumed
+            state.credited = self._messages_taken
             request = P.Epoch(
                 epoch=place.epoch,
                 gen=gen,
@@ -369,11 +375,12 @@ class Client:
                 shm=self._arenas is not None,
                 position=place.position,
                 anchor=list(place.anchor) if place.position else None,
+                pack=P.MAX_PACK,
             )
             self._send(state, P.encode(request))
 
     def _return_credits(self, state: _ReceiverState) -> None:
-        owed = self._consumed - state.credited
+        owed = self._messages_taken - state.credited
         if owed > 0 and state.gen is not None:
             state.credited += owed
             credit = P.Credit(n=owed, gen=state.gen, wait_s=round(self._wait_s, 6))
@@ -401,12 +408,17 @@ class Client:
                     if gen != state.gen:
                         continue  # an abandoned epoch's batch: never read, the daemon frees it
                     self._gather(message.refs, columns, message.files or {})
-                batch = to_batch(columns, message.sample_kind, self.batch_format)
-                self._received[0] += 1
+                parts = self._parts(message)
+                self._received[0] += len(parts)
                 self._received[1] += message.count
-                anchor = message.anchor
-                place = Place(message.epoch, message.position, tuple(anchor)) if anchor is not None else None  # type: ignore[arg-type]
-                self._out.put(("batch", gen, (self._placer.stage(batch), place)))
+                start = 0
+                for i, (count, place) in enumerate(parts):
+                    rows = (
+                        columns if len(parts) == 1 else {name: v[start : start + count] for name, v in columns.items()}
+                    )
+                    start += count
+                    batch = to_batch(rows, message.sample_kind, self.batch_format)
+                    self._out.put(("batch", gen, (self._placer.stage(batch), place, i == len(parts) - 1)))
             elif isinstance(message, P.End):
                 self._out.put(("end", message.gen, message))
             elif isinstance(message, P.Error):
@@ -416,6 +428,20 @@ class Client:
                 self._out.put(("error", message.gen, WorkerError.from_dict(info)))
             elif isinstance(message, P.Bye):
                 raise ServiceUnavailableError(f"the loader daemon at {self.address} stopped ({message.reason})")
+
+    def _parts(self, message: P.Batch) -> list[tuple[int, Place | None]]:
+        """(rows, place after it) of each batch a BATCH message holds: one, or its ``parts``."""
+        if message.parts is None:
+            anchor = message.anchor
+            place = Place(message.epoch, message.position, tuple(anchor)) if anchor is not None else None  # type: ignore[arg-type]
+            return [(message.count, place)]
+        parts = [(p[0], Place(message.epoch, p[1], tuple(p[2:])) if len(p) == 5 else None) for p in message.parts]  # type: ignore[arg-type]
+        if sum(count for count, _ in parts) != message.count or any(count == 0 for count, _ in parts):
+            raise TransportError(
+                f"the loader daemon at {self.address} sent a packed batch whose {len(parts)} parts do not add "
+                f"up to its {message.count} rows"
+            )
+        return parts
 
     def _gather(self, described: dict[str, Any], columns: dict[str, np.ndarray], files: dict[int, Any]) -> None:
         """Replace reference columns by fresh arrays copied out of the arenas and files (the daemon frees them)."""

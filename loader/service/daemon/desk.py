@@ -194,7 +194,7 @@ class ClientDesk:
             error = WorkerError("ConfigError", anchor).to_dict()
             self._router.send(session.peer, P.encode(P.Error(gen=message.gen, error=error, message=anchor)))
             return anchor
-        self.stage.on_epoch_request(session, message.shm)
+        self.stage.on_epoch_request(session, message.shm, message.pack)
         self.stage.detach(session)
         stream = self._stream_for(job, session.rank, message.epoch, message.position, anchor)
         credits = message.credit if message.credit is not None else session.prefetch

@@ -39,7 +39,7 @@ import numpy as np
 from loader.config.sections import MAX_PREFETCH
 from loader.errors import WorkerError
 from loader.service import protocol as P
-from loader.service.blocks import Block, block_rows
+from loader.service.blocks import Block, block_nbytes, block_rows, concat
 from loader.service.daemon import fit
 from loader.service.daemon.batching import StepCutter, WindowShuffle
 from loader.service.daemon.sequencer import Sequencer, Tagged
@@ -58,6 +58,8 @@ DEFAULT_STALL_TIMEOUT_S = 240.0
 MIN_STALL_TIMEOUT_S = 30.0
 # Bytes of a stream's rows held for reordering (later files waiting for the head): ``service.reorder_window_mib``.
 DEFAULT_REORDER_BYTES = 64 * 1024 * 1024
+# A message that packs several batches for a client (``Epoch.pack``) holds at most this many bytes.
+PACK_BYTES = 1024 * 1024
 # A worker's error, logged under on_error = "skip": its first line, at most this long (the traceback stays out).
 MAX_LOGGED_ERROR_CHARS = 500
 
@@ -98,6 +100,7 @@ class Session:
     wait_s: float = 0.0  # the client's running total of time waiting for batches (its credits say it)
     bytes_sent: int = 0
     shm: bool = False  # the client maps the daemon's arenas (it says so with each EPOCH)
+    pack: int = 1  # the most batches it takes in one message (``Epoch.pack``)
     # (request id, reference arrays) per batch sent and not yet taken by the consumer
     outstanding: deque = field(default_factory=deque)
     dataset: str = "default"
@@ -136,6 +139,7 @@ class Stream:
     step_rows: int = 0  # rows in ``steps`` not yet sent
     samples_sent: dict[int, int] = field(default_factory=dict)  # rank -> samples sent it
     arrived: dict[int, int] = field(default_factory=dict)  # file -> records that reached the stage from its lease
+    chunk_rows: int = 0  # the most records one chunk of this stream has brought (its bound must hold one)
 
     @property
     def input_done(self) -> bool:
@@ -253,7 +257,9 @@ class Stage:
         """Rows a stream may buffer (shuffle, steps) before its next file waits; also its reorder window."""
         settings = stream.settings
         step = stream.world_size * settings.batch_size
-        return 2 * settings.shuffle_buffer + step * (stream.prefetch + 2) + self.samples_per_message
+        # One chunk's rows on top, as the worker sized it (by bytes: ``workers/columns.py``), not
+        # ``samples_per_message``, the most it may be: that would let a stream of big rows hold gigabytes.
+        return 2 * settings.shuffle_buffer + step * (stream.prefetch + 2) + stream.chunk_rows
 
     def accepting(self) -> bool:
         """False while the daemon should stop reading worker data: a stream holds more than twice its
@@ -429,6 +435,9 @@ class Stage:
             if cut is not None:
                 self.events.append(FileCut(stream.stream_id, cut.file_index))
             return
+        if chunk.count > stream.chunk_rows:  # after the room check: a chunk cannot make room for itself
+            stream.chunk_rows = chunk.count
+            stream.sequencer.reorder_rows = self.buffer_limit_rows(stream)
         in_order, dropped, cut = stream.sequencer.add(chunk.file, fitted, records)
         self.dropped_duplicates += sum(block_rows(b) for b in dropped) if cut is None else 0
         self._free(stream, dropped)
@@ -620,15 +629,10 @@ class Stage:
             return
         rank = session.rank
         while session.credits > 0:
-            step = self._step_for(stream, rank)
-            if step is None:
+            group = self._take_steps(session, stream)
+            if not group:
                 break
-            piece = step.slices[rank]
-            step.slices[rank] = None
-            stream.cursors[rank] = step.index + 1
-            if piece is not None:
-                stream.step_rows -= block_rows(piece)
-                self._send_batch(session, stream, step, piece)
+            self._send_batch(session, stream, group)
         self._trim(stream)
         if stream.total_steps is not None and stream.cursors.get(rank, 0) >= stream.total_steps:
             self._send_end(session, stream)
@@ -636,6 +640,33 @@ class Stage:
             self._starving(session, stream)
         else:
             stream.starved_since = None
+
+    def _take_steps(self, session: Session, stream: Stream) -> list[tuple[Step, Block]]:
+        """The rank's pieces of the next steps that are cut, as many as one message carries: one, or for a
+        client that takes packed messages (``Epoch.pack``) consecutive small batches up to ``PACK_BYTES``.
+
+        Per-message work (encode, send, the client's decode and credit) then stays constant while batches
+        get smaller. Batches with reference or ragged (object) columns always travel one per message."""
+        rank = session.rank
+        group: list[tuple[Step, Block]] = []
+        nbytes: int | None = 0  # of the group so far; None once it holds a batch that travels alone
+        while True:
+            step = self._step_for(stream, rank)
+            if step is None:
+                break
+            piece = step.slices[rank]
+            if piece is not None:
+                size = None if stream.ref_columns else _packable_nbytes(piece)
+                if group and (
+                    nbytes is None or size is None or len(group) >= session.pack or nbytes + size > PACK_BYTES
+                ):
+                    break
+                nbytes = None if size is None or nbytes is None else nbytes + size
+                stream.step_rows -= block_rows(piece)
+                group.append((step, piece))
+            step.slices[rank] = None
+            stream.cursors[rank] = step.index + 1
+        return group
 
     def _send_end(self, session: Session, stream: Stream) -> None:
         rank = session.rank
@@ -668,9 +699,15 @@ class Stage:
         )
         self.fail_stream(stream, WorkerError("EpochStalledError", message).to_dict())
 
-    def _send_batch(self, session: Session, stream: Stream, step: Step, batch: Block) -> None:
+    def _send_batch(self, session: Session, stream: Stream, group: list[tuple[Step, Block]]) -> None:
+        """One BATCH message with the batches of ``group`` (one credit, however many batches it holds)."""
+        batch = concat([piece for _, piece in group])
         n = block_rows(batch)
         gen = stream.gens[session.rank]
+        step = group[-1][0]
+        parts = None
+        if len(group) > 1:
+            parts = [[block_rows(piece), s.position, *(s.anchor or ())] for s, piece in group]
         # Recorded as outstanding before sending: a failed send drops the session, which frees it.
         batch, refs, files = self.refs.outbound(session, batch, stream.ref_columns or frozenset(), gen)
         message = P.Batch(
@@ -682,17 +719,18 @@ class Stage:
             files=files,
             position=step.position,
             anchor=list(step.anchor) if step.anchor is not None else None,
+            parts=parts,
         )
         frames = P.encode(message, batch)
         self.send(session.peer, frames)
         nbytes = frames_nbytes(frames)
         session.bytes_sent += nbytes
-        self.sent_totals[0] += 1  # batches, samples, bytes to every client since the daemon started
+        self.sent_totals[0] += len(group)  # batches, samples, bytes to every client since the daemon started
         self.sent_totals[1] += n
         self.sent_totals[2] += nbytes
         session.credits -= 1
         stream.samples_sent[session.rank] = stream.samples_sent.get(session.rank, 0) + n
-        session.batches_sent += 1
+        session.batches_sent += len(group)
         session.samples_sent += n
 
     def buffered_rows(self) -> int:
@@ -707,9 +745,10 @@ class Stage:
             session.credits += count
         self.refs.credited(session, gen, count)
 
-    def on_epoch_request(self, session: Session, shm: bool) -> None:
+    def on_epoch_request(self, session: Session, shm: bool, pack: int = 1) -> None:
         """A client asks for an epoch: every batch it will still read has been copied, so free them all."""
         session.shm = shm and self.refs.arenas is not None
+        session.pack = max(1, min(pack, P.MAX_PACK))
         self.refs.release_outstanding(session)
 
     def arenas_held(self) -> set[int]:
@@ -728,6 +767,14 @@ class Stage:
             if stream.ref_columns
             for block in stream.buffered_blocks()
         ]
+
+
+def _packable_nbytes(piece: Block) -> int | None:
+    """Bytes of a batch that may share a message with others; None for ragged (object) columns, whose
+    size the array does not tell."""
+    if any(values.dtype.hasobject for values in piece.values()):
+        return None
+    return block_nbytes(piece)
 
 
 def frames_nbytes(frames: list[Any]) -> int:

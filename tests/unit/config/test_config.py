@@ -142,7 +142,7 @@ def test_defaults() -> None:
     assert config.pipeline.batch_size == 32 and config.pipeline.epochs == 1 and config.pipeline.seed is None
     assert config.workers == WorkersConfig()
     assert config.workers.count == 2 and config.workers.transport == "zmq"
-    assert config.workers.samples_per_message == 256
+    assert config.workers.samples_per_message == 4096
     assert config.workers.heartbeat_interval_s == 0.5 and config.workers.heartbeat_timeout_s == 5.0
     assert config.service.bind == DEFAULT_BIND == "tcp://127.0.0.1:5555" and config.service.is_loopback
     assert (config.client.prefetch, config.client.device, config.client.timeout_s) == (4, "cpu", 30.0)

@@ -29,6 +29,7 @@ from loader.service import protocol as P
 COUNT, TEXT, PATH, FLAG, SECONDS, MAPPING, REFS = "count", "text", "path", "flag", "seconds", "mapping", "refs"
 ANCHOR = "anchor"
 FILES = "files"
+PARTS = "parts"
 VERSIONED = {"v": COUNT, "lv": TEXT}
 FILE = {"s": COUNT, "f": COUNT, "l": COUNT, "w": TEXT, "t": TEXT}
 FIELDS: dict[type[P.Message], dict[str, str]] = {
@@ -82,6 +83,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
         "shm": FLAG,
         "pos": COUNT,
         "anchor": ANCHOR + "?",
+        "pack": COUNT,
     },
     P.Credit: {"n": COUNT, "g": COUNT + "?", "ws": SECONDS + "?"},
     P.Batch: {
@@ -93,6 +95,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
         "files": FILES + "?",
         "pos": COUNT,
         "anchor": ANCHOR + "?",
+        "parts": PARTS + "?",
     },
     P.End: {"e": COUNT, "g": COUNT + "?", "batches": COUNT, "samples": COUNT},
     P.Ping: {},
@@ -162,7 +165,7 @@ EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
         ),
         {},
     ),
-    P.Epoch: (P.Epoch(epoch=2, gen=6, credit=4, ahead=False, shm=True, position=96, anchor=[1, 4, 17]), {}),
+    P.Epoch: (P.Epoch(epoch=2, gen=6, credit=4, ahead=False, shm=True, position=96, anchor=[1, 4, 17], pack=8), {}),
     P.Credit: (P.Credit(n=3, gen=6, wait_s=0.25), {}),
     P.Batch: (
         P.Batch(
@@ -174,6 +177,7 @@ EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
             files={0: ["/data/f.npy", "data", 4224, -5, 77, 2049]},
             position=64,
             anchor=[0, 0, 0],
+            parts=[[1, 63, 0, 0, 0], [1, 64]],
         ),
         {"x": np.array([[1, 0, 0], [-2, 1, 0]], np.int64), "y": np.array([[1.5, 2.5], [3.5, 4.5]])},
     ),
@@ -191,6 +195,20 @@ BAD: dict[str, list] = {
     SECONDS: [-0.5, -1, math.nan, math.inf, -math.inf, True, "1", None, [1.0]],
     MAPPING: [[], "x", 5, None, True, b"{}"],
     ANCHOR: [[], [0, 0], [0, 0, 0, 0], [0, -1, 0], [0, 1.5, 0], "000", None, {"w": 0}, [True, 0, 0]],
+    PARTS: [
+        [],
+        [[]],
+        [[1]],
+        [[1, 2, 3]],
+        [[1, 2, 3, 4, 5, 6]],
+        [[1, -2]],
+        [[1, 2.5]],
+        [[True, 2]],
+        "parts",
+        {"0": [1, 2]},
+        [[1, 2]] * (P.MAX_PACK + 1),
+        None,
+    ],
     REFS: [
         [],
         "x",

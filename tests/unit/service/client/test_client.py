@@ -19,8 +19,10 @@ from loader.service.transport import FakeChannel
 class FakeDaemon:
     """Answers hello, then serves ``batches`` batches per epoch honouring credits."""
 
-    def __init__(self, channel, batches=5, fail=False, silent_after_hello=False, welcome=None):
+    def __init__(self, channel, batches=5, fail=False, silent_after_hello=False, welcome=None, pack=1, bad_parts=False):
         self.channel, self.batches, self.fail, self.silent = channel, batches, fail, silent_after_hello
+        self.pack, self.bad_parts = pack, bad_parts  # batches per message (``Batch.parts``) when the client asks
+        self.asked_pack = None
         self.welcome = welcome or {}
         self.hello = None
         self.max_outstanding = 0
@@ -49,6 +51,7 @@ class FakeDaemon:
                         return
                 elif isinstance(message, P.Epoch):
                     credits, sent, gen, epoch, outstanding = message.credit, 0, message.gen, message.epoch, 0
+                    self.asked_pack = message.pack
                 elif isinstance(message, P.Credit) and message.gen == gen:
                     credits += message.n
                     outstanding -= message.n
@@ -62,10 +65,16 @@ class FakeDaemon:
                 gen = None
                 continue
             while credits > 0 and sent < self.batches:
-                batch = P.Batch(gen=gen, epoch=epoch, count=2)
-                self.channel.send(P.encode(batch, {"x": np.array([sent, epoch])}))
+                n = min(self.pack, self.batches - sent, self.asked_pack or 1)
+                # Batch i holds rows [i, epoch]; it ends at global position 2 * (i + 1) of window 0.
+                parts = [[2, 2 * (i + 1), 0, 0, 0] for i in range(sent, sent + n)]
+                if self.bad_parts:
+                    parts[0][0] = 3
+                rows = np.array([v for i in range(sent, sent + n) for v in (i, epoch)])
+                batch = P.Batch(gen=gen, epoch=epoch, count=2 * n, parts=parts if n > 1 else None)
+                self.channel.send(P.encode(batch, {"x": rows}))
                 credits -= 1
-                sent += 1
+                sent += n
                 outstanding += 1
                 self.max_outstanding = max(self.max_outstanding, outstanding)
             if sent == self.batches:
@@ -86,6 +95,31 @@ def test_epochs_arrive_in_order_within_credit_window():
             got = [b["x"].tolist() for b in client.epoch()]
             assert got == [[i, epoch] for i in range(6)]
     assert daemon.max_outstanding <= 2
+    daemon.stop.set()
+
+
+def test_packed_messages_arrive_as_their_batches_and_cost_one_credit_each():
+    client, daemon = _client(batches=11, pack=4)
+    with client:
+        for epoch in range(2):
+            got, places = [], []
+            for batch in client.epoch():
+                got.append(batch["x"].tolist())
+                places.append(client.state_dict()["position"])
+            assert got == [[i, epoch] for i in range(11)]
+            # The place after each batch is that batch's own, not its message's last.
+            assert places == [2 * (i + 1) for i in range(11)]
+    assert daemon.asked_pack == P.MAX_PACK
+    assert daemon.max_outstanding <= 2  # messages in flight: the prefetch counts messages
+    daemon.stop.set()
+
+
+def test_a_packed_message_whose_parts_do_not_add_up_ends_the_client_with_one_line():
+    from loader.errors import TransportError
+
+    client, daemon = _client(batches=4, pack=2, bad_parts=True)
+    with client, pytest.raises(TransportError, match="parts do not add up to its 4 rows"):
+        list(client.epoch())
     daemon.stop.set()
 
 

@@ -97,7 +97,12 @@ def test_may_lease_stops_when_buffer_is_full():
     stage = _stage(Recorder())
     session, stream = _open(stage, [0], credits=0)
     assert stage.may_lease(stream.stream_id, 0)
-    stage.on_chunk(*_chunk(stream, 0, 0, list(range(stage.buffer_limit_rows(stream)))))
+    stage.on_chunk(*_chunk(stream, 0, 0, [0, 1]))
+    record = 2
+    while stream.rows_buffered < stage.buffer_limit_rows(stream):  # the bound holds one chunk (2 rows) more
+        assert stage.may_lease(stream.stream_id, 0)
+        stage.on_chunk(*_chunk(stream, 0, record, [record, record + 1]))
+        record += 2
     assert not stage.may_lease(stream.stream_id, 0)
     assert not stage.may_lease(12345, 0)
 

@@ -90,14 +90,17 @@ def test_a_file_that_failed_for_good_under_skip_keeps_what_arrived():
 def test_the_stage_stops_accepting_when_full_unless_a_client_starves():
     stage = _stage(Recorder())
     session, stream = _open(stage, [0], credits=0)
-    limit = stage.buffer_limit_rows(stream)
     assert stage.accepting()
-    stage.on_chunk(*_chunk(stream, 0, 0, np.arange(2 * limit)))
+    # Chunks of 4 rows (the bound holds one chunk on top of the batches: see buffer_limit_rows).
+    record = 0
+    while stream.rows_buffered < 2 * stage.buffer_limit_rows(stream):
+        stage.on_chunk(*_chunk(stream, 0, record, np.arange(record, record + 4)))
+        record += 4
     assert not stage.accepting()  # over twice the lease bound and the client has taken nothing
     stage.on_credit(session, stream.gens[0], 1)
     stage.pump(session)  # one batch out: below the bound again
     assert stage.accepting()
-    stage.on_chunk(*_chunk(stream, 0, 2 * limit, np.arange(8)))
+    stage.on_chunk(*_chunk(stream, 0, record, np.arange(4)))
     assert not stage.accepting()
     # Another client waits with credits and nothing to receive: pausing would starve it behind this one.
     other = stage.open_session(b"other", 0, 1, prefetch=2)
@@ -158,6 +161,7 @@ def test_a_rank_that_stops_reading_holds_its_job_back_within_the_bound():
             break
         assert stage.accepting() or not stage._starved(fast), "the fast rank is held back, not starved"
     assert cuts and cuts[0].file_index == 0, "the overfull stream's file is cut, to be read again later"
+    limit = stage.buffer_limit_rows(stream)  # with one chunk's rows in it now
     assert stream.rows_buffered <= 2 * limit + 8
     assert not stage.may_lease(stream.stream_id, 0)
     # another client starving elsewhere makes the daemon read on: this stream's chunks still take no room
