@@ -5,11 +5,18 @@ A worker that cannot map it, or finds another token there (it runs on
 another host), sends everything inline, as does a chunk whose rows are small
 (``refs.MIN_REF_ROW_BYTES``) or that does not fit in the free blocks: the
 worker never waits for arena space.
+
+Rows the block fast path read straight from a memory-mapped ``.npy``/``.npz``
+member need no arena at all: ``put_file_rows`` replaces them by references to
+``(the leased file, record)`` (``shm.file_rows``), and the client reads them
+from the page cache into its batch. Only a worker with an arena does so: having
+one is the proof that it shares the daemon's host, hence its files.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
 from typing import Any
 
 import numpy as np
@@ -17,6 +24,7 @@ import numpy as np
 from loader.service import protocol as P
 from loader.service.shm import refs as R
 from loader.service.shm.arena import Arena, ArenaError, arena_path
+from loader.service.shm.file_rows import FILE_ROWS
 
 log = logging.getLogger("loader.worker")
 
@@ -55,6 +63,20 @@ class ArenaWriter:
             written.append((refs, (values.dtype.str, tuple(values.shape[1:]))))
         return described, written
 
+    def put_file_rows(self, columns: dict[str, Any], record: int) -> dict[str, Any]:
+        """Replace each eligible column that is a view of a memory-mapped file by references to records
+        ``record, record + 1, ...`` of the leased file (in place); their ``Chunk.refs``."""
+        described: dict[str, Any] = {}
+        for name, values in list(columns.items()):
+            if name == P.INDEX_COLUMN or not R.eligible(values) or not _maps_a_file(values):
+                continue
+            n = len(values)
+            refs = np.empty((n, R.REF_WIDTH), dtype=np.int64)
+            refs[:, 0], refs[:, 1], refs[:, 2] = FILE_ROWS, np.arange(record, record + n), 0
+            columns[name] = refs
+            described[name] = {0: [values.dtype.str, list(values.shape[1:])]}
+        return described
+
     def free(self, written: list[tuple[np.ndarray, R.Spec]]) -> None:
         """Give back what ``put`` wrote for a chunk that was never sent."""
         for refs, spec in written:
@@ -65,6 +87,16 @@ class ArenaWriter:
 
     def close(self) -> None:
         self.arena.close()
+
+
+def _maps_a_file(values: np.ndarray) -> bool:
+    """Whether ``values`` are the bytes of a memory-mapped file (not a copy, not inflated)."""
+    base: Any = values
+    while base is not None:
+        if isinstance(base, (np.memmap, mmap.mmap)):
+            return True
+        base = getattr(base, "base", None)
+    return False
 
 
 __all__ = ["ArenaWriter"]

@@ -59,6 +59,7 @@ class FileJob:
         self._mappers, self._batch_mappers, self._arena = mappers, batch_mappers, arena
         self._send_data, self._check = send_data, check
         self._batch = BatchMappers((), ())  # bound in run()
+        self._file_rows = False  # large rows go as references into the leased file (decided in run())
 
     def run(self) -> None:
         path = self.lease.path
@@ -71,6 +72,14 @@ class FileJob:
             if self._failed(exc, None):
                 self._done(sent=0, skipped=1)
             return
+        # Only rows nothing changes after the read are the file's rows: no mappers of either kind.
+        self._file_rows = (
+            self.config.workers.file_rows
+            and source.can_read_blocks
+            and source.reads_array_file
+            and not mappers
+            and not self._batch
+        )
         try:
             if source.can_read_blocks and not mappers:
                 counts = self._send_blocks(source)
@@ -274,7 +283,11 @@ class FileJob:
     def _send_chunk(self, record: int, count: int, sample_kind: str, columns: dict[str, Any]) -> None:
         """Send records ``record``.. as a chunk, its large columns as arena references when they fit."""
         arena = self._arena()
-        refs, written = arena.put(columns) if arena is not None else ({}, [])
+        refs: dict[str, Any] = {}
+        if arena is not None and self._file_rows and P.INDEX_COLUMN not in columns:
+            refs = arena.put_file_rows(columns, record)
+        in_arena, written = arena.put(columns) if arena is not None else ({}, [])
+        refs.update(in_arena)
         chunk = P.Chunk(**self._tag(), record=record, count=count, sample_kind=sample_kind, refs=refs or None)
         try:
             self._send_data(P.encode(chunk, columns))

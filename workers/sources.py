@@ -54,6 +54,18 @@ class FileSource:
         nbytes = getattr(self._reader, "row_nbytes", None)
         return nbytes if isinstance(nbytes, int) and nbytes > 0 else None
 
+    @property
+    def reads_array_file(self) -> bool:
+        """Whether blocks are rows of the file's own arrays under their own names: the built-in .npy/.npz
+        reader, no renaming fields (what ``shm.file_rows`` references may name)."""
+        from loader.io.formats_numpy import NpyFileReader, NpzFileReader
+
+        return (
+            isinstance(self._reader, (NpyFileReader, NpzFileReader))
+            and not self.source.fields
+            and self.path.lower().endswith((".npy", ".npz"))
+        )
+
     def samples(self) -> Iterator[Any]:
         """Samples one by one (tuples of slot arrays for file readers)."""
         if self._reader is None:

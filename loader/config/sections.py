@@ -135,6 +135,9 @@ class WorkersConfig:
     leases_ahead: int = 2
     # Shared memory per worker for large arrays (MiB, reserved as used); 0 turns the fast path off.
     shm_arena_mib: int = 256
+    # With an arena, large rows read straight from a local .npy/.npz go as references into the file itself
+    # (the client reads them from the page cache: one copy); false sends them through the arena.
+    file_rows: bool = True
     # Freed memory a worker's allocator keeps for the next samples (MiB, glibc; runtime/memory.py), so a
     # mapper's large outputs reuse pages instead of faulting in fresh ones; 0 keeps the allocator's defaults.
     keep_freed_mib: int = 512
@@ -153,6 +156,7 @@ class WorkersConfig:
     def __post_init__(self) -> None:
         check = Check(self, "workers")
         check.integer("shm_arena_mib", minimum=0, maximum=MAX_ARENA_MIB)
+        check.boolean("file_rows")
         check.integer("keep_freed_mib", minimum=0, maximum=MAX_KEEP_FREED_MIB)
         check.integer("count", minimum=1, maximum=MAX_WORKERS)
         check.integer("leases_ahead", minimum=0, maximum=MAX_LEASES_AHEAD)

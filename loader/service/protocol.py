@@ -95,6 +95,20 @@ def _refs(value: Any) -> bool:
     return True
 
 
+def _file_sources(value: Any) -> bool:
+    """``{source id: [path, member, size, mtime_ns, inode, device]}`` (``shm.file_rows.Layout.describe``)."""
+    if not isinstance(value, dict):
+        return False
+    for source, described in value.items():
+        if not (_count(source) and isinstance(described, list) and len(described) == 6):
+            return False
+        if not (_path(described[0]) and _text(described[1])):
+            return False
+        if not all(type(v) is int and -MAX_INT < v < MAX_INT for v in described[2:]):  # mtime may be < 0
+            return False
+    return True
+
+
 def _anchor(value: Any) -> bool:
     """``[window, order index, record]``: where the input of a shuffle window begins (``daemon/order.py``)."""
     return isinstance(value, list) and len(value) == 3 and all(_count(v) for v in value)
@@ -359,6 +373,8 @@ class Batch(Message):
     count: int = wire("n", _count)
     sample_kind: str = wire("sk", _text, "tuple")
     refs: dict[str, Any] | None = wire("refs", _optional(_refs), None)
+    # The files that reference columns' file rows name (``shm.file_rows``), by source id.
+    files: dict[int, Any] | None = wire("files", _optional(_file_sources), None)
     # The global sample position after this batch's step, and where its shuffle window's input begins:
     # what ``Client.state_dict()`` saves once the consumer has taken this batch.
     position: int = wire("pos", _count, 0)

@@ -255,6 +255,39 @@ def test_forged_arena_references_from_a_lease_holder_are_refused(hostile):
     exact_epochs(daemon, ids)
 
 
+@pytest.mark.slow
+def test_forged_file_rows_from_a_lease_holder_are_refused(hostile):
+    daemon, ids = hostile
+    before = rejected(daemon)
+    fake = FakeWorker(daemon.endpoint)
+    try:
+        assert (fake.welcome.shm or {}).get("arena") is not None
+        with Client(daemon.endpoint, timeout_s=30) as client:
+            fake.ask_lease()
+            batches = client.epoch()
+            first = [next(batches)]
+            lease = fake.lease()
+            tag = {"stream": lease.stream, "file": lease.file, "lease": lease.lease, "worker": fake.welcome.worker}
+            ok_spec = {"data": {0: ["<i8", []]}}  # the id files hold int64 scalars
+            forged = [
+                (0, [[-2, 5, 0]], ok_spec, "data"),  # a row that is not the chunk's record
+                (10**6, [[-2, 10**6, 0]], ok_spec, "data"),  # past the file's end
+                (0, [[-2, 0, 0]], {"data": {0: ["<i8", [8192]]}}, "data"),  # a spec the header does not give
+                (0, [[-2, 0, 0]], {"../../../etc/passwd": {0: ["<i8", []]}}, "../../../etc/passwd"),  # no such member
+                (0, [[-2, 0, 0]], {"label": {0: ["<i8", []]}}, "label"),  # a companion that is not there
+                (0, [[-3, 0, 0]], ok_spec, "data"),  # a stage-side file id: not the worker's to name
+            ]
+            for record, refs, spec, name in forged:
+                chunk = P.Chunk(**tag, token=lease.token, record=record, count=1, refs=spec)
+                fake.data.send(P.encode(chunk, {name: np.array(refs, dtype=np.int64)}))
+            assert wait_until(lambda: rejected(daemon) >= before + len(forged), timeout_s=10)
+            got = collect_ids(first) + collect_ids(batches)
+        assert collections.Counter(got) == collections.Counter(ids)
+    finally:
+        fake.close()
+    exact_epochs(daemon, ids)
+
+
 # -- 15: floods of hellos are capped ----------------------------------------------------------------------------
 @pytest.mark.slow
 def test_hello_floods_are_refused_at_the_caps(tmp_path):

@@ -24,17 +24,41 @@ pytestmark = pytest.mark.integration
 SIZES = [37, 120, 5, 64, 200, 1, 90, 143]  # uneven files: chunks, files and steps never line up
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: Any) -> tuple[Any, list[int]]:
-    directory = tmp_path_factory.mktemp("order-data")
-    return directory, write_id_files(directory, len(SIZES), SIZES)
+# Every property runs over three kinds of rows: small ones (inline frames), and 64 KiB ones (the id
+# repeated), which travel as references into the files themselves or through the shared-memory arenas.
+ROW_KINDS = {"small": {}, "file_rows": {"file_rows": True}, "arena": {"file_rows": False}}
+BIG_ROW_VALUES = 8192  # int64: 64 KiB, the smallest row sent by reference
+_WORKERS_OF: dict[str, dict[str, Any]] = {}  # data directory -> the workers settings of its kind
+
+
+@pytest.fixture(scope="module", params=list(ROW_KINDS))
+def data(request: Any, tmp_path_factory: Any) -> tuple[Any, list[int]]:
+    directory = tmp_path_factory.mktemp(f"order-data-{request.param}")
+    ids = write_id_files(directory, len(SIZES), SIZES)
+    if request.param != "small":
+        for i in range(len(SIZES)):
+            base = np.load(directory / f"f{i:03d}.npy")
+            np.save(directory / f"f{i:03d}.npy", np.repeat(base[:, None], BIG_ROW_VALUES, axis=1))
+    _WORKERS_OF[str(directory)] = ROW_KINDS[request.param]
+    return directory, ids
+
+
+def small_only(data: tuple[Any, list[int]]) -> None:
+    """Skip a test whose subject is not how rows travel (it runs once, on small rows)."""
+    if _WORKERS_OF.get(str(data[0])):
+        pytest.skip("not about how rows travel: run on small rows only")
 
 
 def config(directory: Any, *, workers: int = 2, transport: str = "zmq", shuffle: int = 50, **pipeline: Any) -> Any:
     return make_config(
         directory,
         pipeline={"batch_size": 8, "shuffle_buffer": shuffle, "seed": 11, **pipeline},
-        workers={"count": workers, "transport": transport, "samples_per_message": 16},
+        workers={
+            "count": workers,
+            "transport": transport,
+            "samples_per_message": 16,
+            **_WORKERS_OF.get(str(directory), {}),
+        },
     )
 
 
@@ -86,6 +110,7 @@ def test_one_order_whatever_the_workers_and_transport(data: Any) -> None:
 
 
 def test_shared_memory_and_no_shuffle_keep_the_order(data: Any, tmp_path: Any) -> None:
+    small_only(data)
     directory, ids = data
     plain = read_loader(config(directory, shuffle=0))
     assert [i for b in plain for i in b] == ids, "without a shuffle: files in name order, records in order"
@@ -224,6 +249,7 @@ def test_elastic_resume_delivers_every_sample_once(data: Any, before: int, after
 
 
 def test_bad_states_are_refused_with_one_clear_error(data: Any, tmp_path: Any) -> None:
+    small_only(data)
     directory, _ = data
     with loader.Loader(config(directory)) as first:
         next(iter(first.epoch()))
@@ -249,6 +275,7 @@ def test_bad_states_are_refused_with_one_clear_error(data: Any, tmp_path: Any) -
 
 
 def test_state_is_small_and_json(data: Any) -> None:
+    small_only(data)
     import json
 
     directory, _ = data
@@ -279,6 +306,7 @@ def plain(sample):
 
 
 def test_mappers_with_rng_draw_from_seed_epoch_file_and_record(data: Any, tmp_path: Any) -> None:
+    small_only(data)
     directory, _ = data
     (tmp_path / "rng_mappers.py").write_text(RNG_MAPPERS)
 

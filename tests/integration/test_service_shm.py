@@ -46,14 +46,22 @@ def arena_files(daemon) -> list[str]:
     return glob.glob(os.path.join(daemon.arenas.directory, daemon.arenas.prefix + "-*"))
 
 
+def through(daemon) -> str:
+    """Which reference kind carried the rows: "file" (file rows), "arena", or "inline"."""
+    if daemon.stage.refs.files.sources:
+        return "file"
+    return "arena" if daemon.stage.refs.specs.specs else "inline"
+
+
+@pytest.mark.parametrize("file_rows", [True, False], ids=["file_rows", "arena"])
 @pytest.mark.parametrize("transport", ["zmq", "pipe"])
-def test_loader_large_rows_exactly_once_through_arenas_then_unlinked(tmp_path, no_leaks, transport):
+def test_loader_large_rows_exactly_once_through_arenas_then_unlinked(tmp_path, no_leaks, transport, file_rows):
     ids = write_large_files(tmp_path, 4, 30)
     rows = expected_rows(tmp_path)
     config = make_config(
         tmp_path,
         pipeline={"epochs": 2, "shuffle_buffer": 16, "batch_size": 8},
-        workers={"samples_per_message": 8, "transport": transport},
+        workers={"samples_per_message": 8, "transport": transport, "file_rows": file_rows},
     )
     with loader.Loader(config) as local:
         daemon = local._daemon
@@ -63,7 +71,7 @@ def test_loader_large_rows_exactly_once_through_arenas_then_unlinked(tmp_path, n
             for row in batch["data"]:
                 assert np.array_equal(row, rows[int(row[0])])
             got.extend(batch_ids(batch))
-        assert daemon.stage.refs.specs.specs, "no chunk came through an arena"
+        assert through(daemon) == ("file" if file_rows else "arena")
         assert arena_files(daemon)
     assert collections.Counter(got) == collections.Counter(ids * 2)
     assert arena_files(daemon) == []
@@ -175,3 +183,103 @@ def test_config_shm_arena_mib_zero_turns_the_fast_path_off(tmp_path):
         with Client(daemon.endpoint, timeout_s=10) as client:
             got = [i for batch in client.epoch() for i in batch_ids(batch)]
     assert sorted(got) == sorted(ids)
+
+
+@pytest.mark.parametrize("file_rows", [True, False], ids=["file_rows", "arena"])
+def test_killed_worker_without_mappers_is_exactly_once(tmp_path, file_rows):
+    # No mapper: rows read by the block fast path, as file rows or through the arena.
+    ids = write_large_files(tmp_path, 8, 40)
+    rows = expected_rows(tmp_path)
+    config = make_config(
+        tmp_path,
+        pipeline={"batch_size": 8, "shuffle_buffer": 16},
+        workers={"samples_per_message": 8, "file_rows": file_rows},
+    )
+    with running_daemon(config) as daemon:
+        assert wait_until(lambda: connected_workers(daemon.endpoint) == 2, timeout_s=20)
+        with Client(daemon.endpoint, timeout_s=10, prefetch=1) as client:
+            got, killed = [], None
+            for batch in client.epoch():
+                for row in batch["data"]:
+                    assert np.array_equal(row, rows[int(row[0])])
+                got.extend(batch_ids(batch))
+                if killed is None:
+                    status = query_status(daemon.endpoint)
+                    if any(w["leases"] and w["alive"] for w in status["workers"]):
+                        killed = kill_leased_worker(status)
+            assert killed is not None
+            assert collections.Counter(got) == collections.Counter(ids)
+            second = [i for batch in client.epoch() for i in batch_ids(batch)]
+            assert collections.Counter(second) == collections.Counter(ids)
+        assert through(daemon) == ("file" if file_rows else "arena")
+
+
+def test_file_rows_reach_a_client_on_another_host_copied_by_the_daemon(tmp_path, monkeypatch):
+    ids = write_large_files(tmp_path, 3, 24)
+    rows = expected_rows(tmp_path)
+    config = make_config(tmp_path, pipeline={"batch_size": 8, "shuffle_buffer": 8}, workers={"samples_per_message": 8})
+
+    class OtherHost(ArenaCache):  # another token at that path: the client cannot map arenas, nor read our files
+        def __init__(self, info):
+            super().__init__({**info, "token": (b"\x01" * 16).hex()})
+
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=10) as near:
+            near_batches = [b["data"] for b in near.epoch()]
+        monkeypatch.setattr(client_mod, "ArenaCache", OtherHost)
+        with Client(daemon.endpoint, timeout_s=10) as far:
+            assert far._arenas is None
+            far_batches = [b["data"] for b in far.epoch()]
+        assert through(daemon) == "file"
+    for batches in (near_batches, far_batches):
+        got = [int(r[0]) for b in batches for r in b]
+        assert collections.Counter(got) == collections.Counter(ids)
+        assert all(np.array_equal(r, rows[int(r[0])]) for b in batches for r in b)
+    assert all(np.array_equal(a, b) for a, b in zip(near_batches, far_batches))
+
+
+def test_a_file_changed_under_its_file_rows_fails_with_one_clear_error(tmp_path):
+    write_large_files(tmp_path, 1, 64)
+    config = make_config(tmp_path, pipeline={"batch_size": 8}, workers={"count": 1, "samples_per_message": 8})
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=10, prefetch=1) as client:
+            batches = client.epoch()
+            next(batches)
+            # Rewritten in place (same inode, new size and mtime) while later rows are in flight.
+            with open(tmp_path / "f000.npy", "ab") as fh:
+                fh.write(b"\0" * 4096)
+            with pytest.raises(Exception, match="changed"):
+                for _ in batches:
+                    pass
+
+
+def test_stored_npz_members_go_as_file_rows_and_compressed_ones_through_the_arena(tmp_path):
+    ids = []
+    for i in range(3):
+        x = np.random.default_rng(i).random((20, ROW_FLOATS), dtype=np.float32)
+        x[:, 0] = np.arange(20) + 100 * i
+        np.savez(tmp_path / f"f{i}.npz", x=x, label=np.arange(20) + 100 * i)  # stored: memory-mapped
+        ids += list(range(100 * i, 100 * i + 20))
+    inflated = np.full((6, ROW_FLOATS), 7, np.float32)
+    np.savez_compressed(tmp_path / "f9.npz", x=inflated, label=np.arange(900, 906))  # inflated in memory
+    ids += list(range(900, 906))
+    config = make_config(
+        tmp_path,
+        source={"files": [str(tmp_path / "*.npz")]},
+        pipeline={"batch_size": 8, "shuffle_buffer": 8},
+        workers={"samples_per_message": 8},
+    )
+    with loader.Loader(config) as local:
+        got = []
+        for batch in local:
+            for row, label in zip(batch["x"], batch["label"]):
+                assert row[0] == (7 if label >= 900 else label)
+            got.extend(batch["label"].tolist())
+        refs = local._daemon.stage.refs
+        assert {layout.member for layout in refs.files.sources.values()} == {"x"}
+        assert {os.path.basename(layout.path) for layout in refs.files.sources.values()} == {
+            "f0.npz",
+            "f1.npz",
+            "f2.npz",
+        }
+    assert collections.Counter(got) == collections.Counter(ids)

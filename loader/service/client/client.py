@@ -22,7 +22,10 @@ if so, the receiver copies each batch's referenced rows into one fresh array
 per column as the batch arrives (``refs.gather``: the one copy of the fast
 path, and where pinned memory could be used) and the daemon frees the blocks
 once the consumer has taken the batch (the credit says so). Otherwise the
-daemon sends those columns inline.
+daemon sends those columns inline. A reference may also name a row of a local
+``.npy``/``.npz`` file (``shm.file_rows``, the batch's ``files`` say which): the
+receiver reads it from the page cache straight into the batch, after checking
+the file's header and identity itself.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from loader.service.client.env import client_stats, from_environment
 from loader.service.order import epoch_batches
 from loader.service.shm import refs as R
 from loader.service.shm.cache import ArenaCache
+from loader.service.shm.file_rows import RowFiles, is_file_id, source_of
 from loader.service.transport import Channel
 
 DEFAULT_PREFETCH = 4
@@ -169,6 +173,7 @@ class Client:
         self.batch_format = self.info.batch_format
         # Owned by the receiver thread from here on (it maps, reads and closes the arenas).
         self._arenas = _arena_cache(self.info.shm) if shm else None
+        self._row_files = RowFiles()  # files whose rows batches reference (receiver thread only)
         self._ping_interval_s = min(PING_INTERVAL_S, float(self.info.ping_s))
         self._thread = threading.Thread(target=self._receive_loop, name="loader-client", daemon=True)
         self._thread.start()
@@ -332,6 +337,7 @@ class Client:
                 now = time.monotonic()
                 if self._arenas is not None:
                     self._arenas.evict_idle(now)
+                self._row_files.evict_idle(now)
                 if now - state.last_ping >= self._ping_interval_s:
                     # Never wait for room: a daemon that reads nothing is found by the silence check
                     # below, within timeout_s, not after a blocked ping's timeout on top of it.
@@ -351,6 +357,7 @@ class Client:
             self._channel.close()
             if self._arenas is not None:
                 self._arenas.close()
+            self._row_files.close()
 
     def _run_commands(self, state: _ReceiverState) -> None:
         while True:
@@ -401,7 +408,7 @@ class Client:
                 if message.refs:
                     if gen != state.gen:
                         continue  # an abandoned epoch's batch: never read, the daemon frees it
-                    self._gather(message.refs, columns)
+                    self._gather(message.refs, columns, message.files or {})
                 parts = self._parts(message)
                 self._received[0] += len(parts)
                 self._received[1] += message.count
@@ -437,15 +444,25 @@ class Client:
             )
         return parts
 
-    def _gather(self, described: dict[str, Any], columns: dict[str, np.ndarray]) -> None:
-        """Replace reference columns by fresh arrays copied out of the arenas (the daemon frees them)."""
-        if self._arenas is None:
+    def _gather(self, described: dict[str, Any], columns: dict[str, np.ndarray], files: dict[int, Any]) -> None:
+        """Replace reference columns by fresh arrays copied out of the arenas and files (the daemon frees them)."""
+        arenas = self._arenas
+        if arenas is None:
             raise TransportError(f"the loader daemon at {self.address} sent references to a client without arenas")
+
+        def source(ref_id: int) -> Any:
+            if not is_file_id(ref_id):
+                return arenas.get(ref_id)
+            file = files.get(source_of(ref_id))
+            if file is None:
+                raise TransportError(f"the loader daemon at {self.address} sent a file row of no file")
+            return self._row_files.open(file)
+
         for name, specs in described.items():
             refs = columns[name]
             if refs.ndim != 2 or refs.shape[1] != 3:
                 raise TransportError(f"reference column {name!r} from {self.address} is malformed")
-            columns[name] = R.gather(refs, R.parse_specs(specs), self._arenas.get, free=False)
+            columns[name] = R.gather(refs, R.parse_specs(specs), source, free=False)
 
 
 def _prefetch(prefetch: Any) -> int:

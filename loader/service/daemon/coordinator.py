@@ -230,6 +230,12 @@ class Coordinator:
             and hmac.compare_digest(job.token.encode(), token.encode())
         )
 
+    def leased_path(self, worker_id: str, lease_id: int) -> str | None:
+        """The path of the file ``worker_id`` holds lease ``lease_id`` for (asked after ``owns``)."""
+        record = self.workers.get(worker_id)
+        job = record.leases.get(lease_id) if record is not None else None
+        return job.path if job is not None else None
+
     def _end(self, worker: WorkerRecord, lease_id: int) -> Job:
         """End one of ``worker``'s leases (remembered, so its late data is told from a forgery)."""
         if lease_id == next(iter(worker.leases)):

@@ -159,6 +159,7 @@ class Daemon:
             stall_timeout_s=2 * workers.progress_timeout_s,
             reorder_bytes=config.service.reorder_window_mib * 1024 * 1024,
         )
+        self.stage.refs.allow_files = workers.file_rows
         self.coordinator = Coordinator(
             self.files,
             heartbeat_timeout_s=float(workers.heartbeat_timeout_s),
@@ -231,6 +232,7 @@ class Daemon:
         self._data.close()
         if self._auth is not None:
             self._auth.close()  # after the sockets: terminating its context waits for them
+        self.stage.refs.files.close()
         if self.arenas is not None:
             self.arenas.close()  # after the workers: nothing in /dev/shm outlives the daemon
 
@@ -357,7 +359,8 @@ class Daemon:
             refused = self.stage.chunk_problem(message, columns)
             if refused is not None:
                 return refused
-            self.stage.refs.check_owned(message.refs, columns, self.pool.arena_of(message.worker))
+            path = self.coordinator.leased_path(message.worker, message.lease)  # file rows name this file only
+            self.stage.refs.check_owned(message.refs, columns, self.pool.arena_of(message.worker), message, path)
         # The coordinator only notes the time: a worker that sends (acceptable) data is not hung.
         self.coordinator.progressed(message.worker, message.lease)
         if isinstance(message, P.Chunk):

@@ -709,13 +709,14 @@ class Stage:
         if len(group) > 1:
             parts = [[block_rows(piece), s.position, *(s.anchor or ())] for s, piece in group]
         # Recorded as outstanding before sending: a failed send drops the session, which frees it.
-        batch, refs = self.refs.outbound(session, batch, stream.ref_columns or frozenset(), gen)
+        batch, refs, files = self.refs.outbound(session, batch, stream.ref_columns or frozenset(), gen)
         message = P.Batch(
             epoch=stream.epoch,
             gen=gen,
             count=n,
             sample_kind=stream.sample_kind,
             refs=refs,
+            files=files,
             position=step.position,
             anchor=list(step.anchor) if step.anchor is not None else None,
             parts=parts,

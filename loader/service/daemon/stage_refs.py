@@ -27,6 +27,11 @@ touched). Its rules:
   used), not overlapping, and not already held by the stage. Held blocks are
   tracked per arena until released, so a forged or replayed reference can
   neither free a row the stage still holds nor make two rows share blocks.
+* File rows (``shm.file_rows``) are believed only as rows of the file the
+  coordinator leased for the chunk (the worker names no path), exactly the
+  chunk's records, of the dtype and row shape the file's header gives, and
+  from a worker with an arena (on this host). Nothing is freed for them; a
+  client that cannot read them (``session.shm`` false) gets them copied here.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ import numpy as np
 
 from loader.service import protocol as P
 from loader.service.blocks import Block
+from loader.service.daemon.stage_file_rows import bind_file_rows
+from loader.service.shm import file_rows as F
 from loader.service.shm import refs as R
 from loader.service.shm.arena import USED, ArenaError, run_indexes
 
@@ -60,25 +67,44 @@ class RefKeeper:
         self.local: dict[int, Any] = {}
         self._local_ids = itertools.count()
         self._held: dict[int, np.ndarray] = {}  # arena id -> per block: held by the stage (adopted, not freed)
+        self.files = F.FileTable()
+        self.allow_files = True  # workers.file_rows: false refuses file rows too
 
     def arena_of(self, arena_id: int) -> Any:
+        """The ``Arena`` of an arena id, the open ``RowFile`` of a file id (``FileRowsError`` when unknown)."""
+        if F.is_file_id(arena_id):
+            return self.files.get(arena_id)
         return self.arenas.get(arena_id) if self.arenas is not None else None
 
     # -- chunks in ------------------------------------------------------------
-    def check_owned(self, described: dict[str, Any] | None, columns: Block, own_arena: int | None) -> None:
-        """``ArenaError`` unless every reference of a chunk is a run of blocks its sender may hand over
-        (see the module docstring); marks those blocks held."""
+    def check_owned(
+        self,
+        described: dict[str, Any] | None,
+        columns: Block,
+        own_arena: int | None,
+        chunk: P.Chunk | None = None,
+        path: str | None = None,
+    ) -> None:
+        """``ArenaError`` unless every reference of a chunk is a run of blocks its sender may hand over, or
+        rows of the file leased for it (``path``), see the module docstring; marks those blocks held and
+        turns file rows into references to the stage's sources."""
         if not described:
             return
         arena = self.arena_of(own_arena) if own_arena is not None else None
         if arena is None or arena.closed:
             raise ArenaError("a chunk carries references, but its sender has no arena of this daemon")
         blocks = []
+        bound: dict[str, np.ndarray] = {}
         for name, specs in described.items():
             values = columns.get(name)
             if values is None or values.ndim != 2 or values.shape[1] != R.REF_WIDTH or values.dtype.kind not in "iu":
                 raise ArenaError(f"reference column {name!r} is malformed")
             values = values.astype(np.int64, copy=False)
+            if len(values) and np.any(values[:, 0] == F.FILE_ROWS):
+                if not self.allow_files:
+                    raise ArenaError(f"reference column {name!r} names file rows, which workers.file_rows turns off")
+                bound[name] = bind_file_rows(self.files, name, values, specs, columns, chunk, path)
+                continue
             if np.any(values[:, 0] != own_arena):
                 raise ArenaError(f"reference column {name!r} names an arena that is not its sender's")
             parsed = R.parse_specs(specs)
@@ -101,10 +127,13 @@ class RefKeeper:
         if np.any(arena.states[taken] != USED) or np.any(held[taken]):
             raise ArenaError("a chunk references blocks that are free or already handed over")
         held[taken] = True
+        columns.update(bound)
 
     def _unhold(self, refs: np.ndarray) -> None:
         """The stage no longer holds these rows' blocks (they are freed, or about to be)."""
         for arena_id, spec_id in np.unique(refs[:, [0, 2]], axis=0).tolist() if len(refs) else ():
+            if arena_id < 0:  # file rows hold no blocks
+                continue
             held = self._held.get(arena_id)
             arena = self.arena_of(arena_id)
             if held is None or arena is None or spec_id not in self.specs.specs:
@@ -127,6 +156,10 @@ class RefKeeper:
             for spec in specs.values():
                 R.parse_specs({0: spec})  # refuses object dtypes
             for arena_id in np.unique(values[:, 0]).tolist():
+                if F.is_file_id(arena_id):
+                    if F.source_of(arena_id) not in self.files.sources:
+                        raise ArenaError(f"reference column {name!r} names a file source this stage does not have")
+                    continue
                 if self.arena_of(arena_id) is None:
                     raise ArenaError(
                         f"reference column {name!r} names arena {arena_id}, which this daemon does not have"
@@ -223,8 +256,9 @@ class RefKeeper:
     # -- batches out ----------------------------------------------------------
     def outbound(
         self, session: Any, batch: Block, ref_columns: frozenset[str], gen: int | None
-    ) -> tuple[Block, dict[str, Any] | None]:
-        """(the batch to send, its ``Batch.refs``): references where the client maps arenas, copies elsewhere.
+    ) -> tuple[Block, dict[str, Any] | None, dict[int, Any] | None]:
+        """(the batch to send, its ``Batch.refs``, its ``Batch.files``): references where the client maps
+        arenas (and so shares this host and its files), copies elsewhere.
 
         Sent references are recorded as outstanding for ``session`` under request ``gen`` (also an
         empty entry, so that credits line up with batches).
@@ -232,17 +266,19 @@ class RefKeeper:
         batch = dict(batch)
         sent: list[np.ndarray] = []
         described = {}
+        files: dict[int, Any] = {}
         for name in ref_columns:
             refs = batch.get(name)
             if refs is None:
                 continue
             if session.shm and not np.any(refs[:, 0] == R.LOCAL_ARENA):
                 described[name] = self.specs.describe(refs)
+                files.update(self.files.describe(refs[:, 0]))
                 sent.append(refs)
             else:
                 batch[name] = self.materialize(refs)
         session.outstanding.append((gen, sent, time.monotonic()))
-        return batch, described or None
+        return batch, described or None, files or None
 
     def credited(self, session: Any, gen: Any, count: int) -> None:
         """The client's consumer took ``count`` more batches of request ``gen``: free their rows."""
@@ -284,15 +320,18 @@ class RefKeeper:
     @property
     def specs_due(self) -> bool:
         """Whether enough specs were interned since the last collection to look for unnamed ones."""
-        return len(self.specs.specs) > self._collect_specs_at
+        return max(len(self.specs.specs), len(self.files.sources)) > self._collect_specs_at
 
     def collect_specs(self, buffered: Iterable[tuple[Block, frozenset[str]]], sessions: Iterable[Any]) -> None:
         """Forget the specs no buffered or outstanding row names (as ``held``: every row the stage
         keeps); called between messages, so no chunk's rows are on their way in."""
         named: set[int] = set()
+        sources: set[int] = set()
         for refs in _reference_columns(buffered, sessions):
             named.update(np.unique(refs[refs[:, 0] != R.LOCAL_ARENA, 2]).tolist())
+            sources.update(np.unique(refs[refs[:, 0] <= F.FILE_ROWS, 0]).tolist())
         self.specs.keep_only(named)
+        self.files.keep_only(sources)
         self._collect_specs_at = max(SPECS_KEPT, 2 * len(named))
 
 

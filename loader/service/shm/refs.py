@@ -7,6 +7,9 @@ column, touching no sample data. On the wire the column is an ordinary int64
 frame and the message header says which columns are references and what their
 specs are (``"refs": {name: {spec id: [dtype, shape]}}``).
 
+A reference may also name a row of a local ``.npy``/``.npz`` file instead of
+an arena (a negative id, ``file_rows``); ``gather`` reads those from the file.
+
 ``write_column`` (a worker) copies a column's rows into its arena, one run of
 blocks per row, so rows can later be freed one by one after the shuffle split
 them up. ``gather`` (the client, or the stage for a client that cannot map
@@ -24,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from loader.service.shm.arena import Arena, ArenaError
+from loader.service.shm.file_rows import FileRowsError, is_file_id, source_of
 
 # Rows smaller than this travel inline: a reference saves little, and rounding to blocks would waste more.
 MIN_REF_ROW_BYTES = 64 * 1024
@@ -31,7 +35,7 @@ LOCAL_ARENA = -1  # reserved id: never an arena (the stage's own inline rows)
 REF_WIDTH = 3  # arena id, first block, spec id
 
 Spec = tuple[str, tuple[int, ...]]
-ArenaOf = Callable[[int], "Arena | None"]
+ArenaOf = Callable[[int], Any]  # an id -> its Arena or file_rows.RowFile (None when gone)
 
 
 class Specs:
@@ -123,7 +127,9 @@ def write_column(arena: Arena, values: np.ndarray, spec_id: int = 0) -> np.ndarr
 
 
 def gather(refs: np.ndarray, specs: Mapping[int, Spec], arena_of: ArenaOf, *, free: bool = True) -> np.ndarray:
-    """The rows of ``refs`` as one fresh array (an object array of rows when their specs differ); frees them."""
+    """The rows of ``refs`` as one fresh array (an object array of rows when their specs differ); frees them.
+
+    ``arena_of`` gives an ``Arena`` for an arena id and a ``file_rows.RowFile`` for a file id."""
     n = len(refs)
     spec_ids = np.unique(refs[:, 2]) if n else np.zeros(0, np.int64)
     out: np.ndarray
@@ -131,17 +137,38 @@ def gather(refs: np.ndarray, specs: Mapping[int, Spec], arena_of: ArenaOf, *, fr
         dtype, shape = specs[int(spec_ids[0])]
         nbytes = row_nbytes((dtype, shape))
         raw = np.empty((n, nbytes), dtype=np.uint8)
-        for i, (arena_id, start, _) in enumerate(refs.tolist()):
-            raw[i] = _arena(arena_of, arena_id).row(start, nbytes)
+        _copy_rows(refs, raw, nbytes, arena_of)
         out = raw.view(np.dtype(dtype)).reshape((n, *shape))
     else:
         out = np.empty(n, dtype=object)
-        for i, (arena_id, start, spec_id) in enumerate(refs.tolist()):
+        for i, spec_id in enumerate(refs[:, 2].tolist()):
             dtype, shape = specs[spec_id]
-            out[i] = _arena(arena_of, arena_id).row(start, row_nbytes((dtype, shape))).copy().view(dtype).reshape(shape)
+            one = np.empty((1, row_nbytes((dtype, shape))), dtype=np.uint8)
+            _copy_rows(refs[i : i + 1], one, one.shape[1], arena_of)
+            out[i] = one[0].view(dtype).reshape(shape)
     if free:
         free_refs(refs, specs, arena_of)
     return out
+
+
+def _copy_rows(refs: np.ndarray, raw: np.ndarray, nbytes: int, arena_of: ArenaOf) -> None:
+    """Copy each referenced row into its row of ``raw``; consecutive rows of one file in one read."""
+    ids, starts, n = refs[:, 0].tolist(), refs[:, 1].tolist(), len(refs)
+    i = 0
+    while i < n:
+        ref_id, start = ids[i], starts[i]
+        if is_file_id(ref_id):
+            j = i + 1
+            while j < n and ids[j] == ref_id and starts[j] == starts[j - 1] + 1:
+                j += 1
+            source = arena_of(ref_id)
+            if source is None or source.closed:
+                raise FileRowsError(f"a reference names file source {source_of(ref_id)}, which is not open")
+            source.read_rows(start, j - i, raw[i:j], nbytes)
+            i = j
+        else:
+            raw[i] = _arena(arena_of, ref_id).row(start, nbytes)
+            i += 1
 
 
 def free_refs(refs: np.ndarray, specs: Mapping[int, Spec], arena_of: ArenaOf) -> None:
@@ -149,7 +176,7 @@ def free_refs(refs: np.ndarray, specs: Mapping[int, Spec], arena_of: ArenaOf) ->
     if len(refs) == 0:
         return
     for arena_id, spec_id in np.unique(refs[:, [0, 2]], axis=0).tolist():
-        if arena_id == LOCAL_ARENA:
+        if arena_id < 0:  # local rows and file rows: nothing to free
             continue
         try:
             arena = arena_of(arena_id)

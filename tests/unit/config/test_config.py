@@ -241,6 +241,7 @@ def test_the_documented_message_shape() -> None:
         ("pipeline", {"seed": -5}, "pipeline.seed must be >= 0"),
         ("pipeline", {"seed": "x"}, "pipeline.seed must be an integer"),
         ("pipeline", {"drop_last": 1}, "pipeline.drop_last must be true or false"),
+        ("workers", {"file_rows": "yes"}, "workers.file_rows must be true or false"),
         ("pipeline", {"on_error": "ignore"}, "pipeline.on_error must be one of 'raise', 'skip', got 'ignore'"),
         ("pipeline", {"batch_format": "dict"}, "pipeline.batch_format must be one of"),
         ("pipeline", {"mappers": "a:b"}, "pipeline.mappers must be a list of strings"),

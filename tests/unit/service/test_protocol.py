@@ -28,6 +28,7 @@ from loader.service import protocol as P
 # A field's category says what it accepts; "?" marks an optional one (nil on the wire, or absent, is fine).
 COUNT, TEXT, PATH, FLAG, SECONDS, MAPPING, REFS = "count", "text", "path", "flag", "seconds", "mapping", "refs"
 ANCHOR = "anchor"
+FILES = "files"
 PARTS = "parts"
 VERSIONED = {"v": COUNT, "lv": TEXT}
 FILE = {"s": COUNT, "f": COUNT, "l": COUNT, "w": TEXT, "t": TEXT}
@@ -91,6 +92,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
         "n": COUNT,
         "sk": TEXT,
         "refs": REFS + "?",
+        "files": FILES + "?",
         "pos": COUNT,
         "anchor": ANCHOR + "?",
         "parts": PARTS + "?",
@@ -172,11 +174,12 @@ EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
             count=2,
             sample_kind="dict",
             refs={"x": {0: ["<f4", [4]]}},
+            files={0: ["/data/f.npy", "data", 4224, -5, 77, 2049]},
             position=64,
             anchor=[0, 0, 0],
             parts=[[1, 63, 0, 0, 0], [1, 64]],
         ),
-        {"x": np.array([[1, 0, 0], [1, 1, 0]], np.int64), "y": np.array([[1.5, 2.5], [3.5, 4.5]])},
+        {"x": np.array([[1, 0, 0], [-2, 1, 0]], np.int64), "y": np.array([[1.5, 2.5], [3.5, 4.5]])},
     ),
     P.End: (P.End(epoch=2, gen=6, batches=10, samples=317), {}),
     P.Ping: (P.Ping(), {}),
@@ -225,6 +228,17 @@ BAD: dict[str, list] = {
         {"x": {0: ["<f4", [1] * 33]}},
         {5: {0: ["<f4", [4]]}},
         {"x": {0: ["x" * (P.MAX_TEXT + 1), [4]]}},
+    ],
+    FILES: [
+        [],
+        5,
+        {-1: ["/f.npy", "data", 1, 1, 1, 1]},
+        {0: ["/f.npy", "data", 1, 1, 1]},
+        {0: ["", "data", 1, 1, 1, 1]},
+        {0: ["/f.npy", 5, 1, 1, 1, 1]},
+        {0: ["/f.npy", "data", 1.5, 1, 1, 1]},
+        {0: ["/f.npy", "data", True, 1, 1, 1]},
+        {0: ["/f.npy", "data", 1, 1, 1, P.MAX_INT]},
     ],
 }
 
