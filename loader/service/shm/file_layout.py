@@ -83,9 +83,12 @@ def read_layout(path: str, member: str) -> tuple[Layout, int]:
     """The layout of ``member`` and a file descriptor open on its file (the caller closes it)."""
     target = member_file(path, member)
     try:
-        fh = open(target, "rb")  # closed by the with below; its descriptor is dup()ed for the reader
+        # O_NONBLOCK: a FIFO put in a file's place would otherwise block the open until a writer
+        # comes, and the stage opens on the daemon's loop thread. Reads of a regular file ignore it.
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise FileRowsError(f"cannot open {target} for its rows: {exc}") from exc
+    fh = os.fdopen(fd, "rb")  # closed by the with below; its descriptor is dup()ed for the reader
     with fh:
         st = os.fstat(fh.fileno())
         if not stat.S_ISREG(st.st_mode):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -80,6 +81,28 @@ def test_a_short_file_is_refused_before_any_read(tmp_path):
     os.truncate(path, os.path.getsize(path) - 100)
     with pytest.raises(F.FileRowsError, match="shorter"):
         F.FileTable().resolve(str(path), "data")
+
+
+def test_a_fifo_in_place_of_a_file_is_refused_without_waiting_for_a_writer(tmp_path):
+    # A data file replaced by a FIFO (or a companion name that is one): opening it for reading would
+    # wait for a writer forever, and the stage resolves file rows on the daemon's loop thread.
+    np.save(tmp_path / "a.npy", _rows())
+    os.mkfifo(tmp_path / "a.pixels.npy")
+    os.mkfifo(tmp_path / "b.npy")
+    outcome: list[BaseException] = []
+
+    def resolve() -> None:
+        for path, member in [("a.npy", "pixels"), ("b.npy", "data")]:
+            try:
+                F.FileTable().resolve(str(tmp_path / path), member)
+            except F.FileRowsError as exc:
+                outcome.append(exc)
+
+    thread = threading.Thread(target=resolve, daemon=True)
+    thread.start()
+    thread.join(5.0)
+    assert not thread.is_alive(), "opening a FIFO for its rows blocked"
+    assert len(outcome) == 2 and all("not a regular file" in str(e) for e in outcome), outcome
 
 
 def test_rows_outside_the_file_and_wrong_row_sizes_are_refused(tmp_path):
