@@ -13,6 +13,7 @@ import loader
 from loader import Client
 from loader.service.client import client as client_mod
 from loader.service.client.client import query_status
+from loader.service.shm import file_rows as F
 from loader.service.shm.cache import ArenaCache
 from tests.helpers import wait_until
 from tests.integration.conftest import connected_workers, kill_leased_worker, make_config, running_daemon
@@ -236,6 +237,42 @@ def test_file_rows_reach_a_client_on_another_host_copied_by_the_daemon(tmp_path,
         assert collections.Counter(got) == collections.Counter(ids)
         assert all(np.array_equal(r, rows[int(r[0])]) for b in batches for r in b)
     assert all(np.array_equal(a, b) for a, b in zip(near_batches, far_batches))
+
+
+def _open_deleted(directory) -> list[str]:
+    """Files under ``directory`` this process holds open although they were deleted."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(directory)) and target.endswith(" (deleted)"):
+            out.append(target)
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_the_daemon_closes_files_it_read_rows_of_once_unused(tmp_path, monkeypatch):
+    # The daemon reads file rows itself for a client on another host (and for padded repeats). Files
+    # it opened for that must not stay open for good: a dataset rewritten beside a long-lived daemon
+    # would keep every old file's space held on disk.
+    monkeypatch.setattr(F, "OPEN_FILE_IDLE_S", 0.3)
+    write_large_files(tmp_path, 3, 16)
+    config = make_config(tmp_path, pipeline={"batch_size": 8}, workers={"samples_per_message": 8})
+
+    class OtherHost(ArenaCache):  # another token at that path: the daemon reads the rows for this client
+        def __init__(self, info):
+            super().__init__({**info, "token": (b"\x01" * 16).hex()})
+
+    monkeypatch.setattr(client_mod, "ArenaCache", OtherHost)
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=10) as far:
+            assert len(list(far.epoch())) == 6
+        assert through(daemon) == "file"
+        for path in glob.glob(str(tmp_path / "*.npy")):
+            os.unlink(path)
+        assert wait_until(lambda: not _open_deleted(tmp_path), timeout_s=5.0), _open_deleted(tmp_path)
 
 
 def test_a_file_changed_under_its_file_rows_fails_with_one_clear_error(tmp_path):

@@ -275,6 +275,9 @@ class Daemon:
             self.clients.reap(now)
             self.stage.refs.reclaim(self.stage.sessions.values(), now, self.config.service.reclaim_after_s)
             self.stage.collect_specs()
+            # Files the stage read rows of itself (a client on another host, a padded repeat): closed once
+            # unused, as a client closes its own, so a deleted or replaced data file's space is not held.
+            self.stage.refs.files.readers.evict_idle(now)
             if self.arenas is not None and self.arenas.has_retired:
                 for arena_id in self.arenas.collect(self.stage.arenas_held(), now):
                     self.stage.refs.forget_arena(arena_id)
