@@ -124,6 +124,7 @@ class Coordinator:
             job.worker = worker.worker_id
             job.token = secrets.token_hex(LEASE_TOKEN_BYTES)
             job.heard = False
+            job.file_identities = {}  # a new lease opens the file afresh
             worker.leases[job.lease_id] = job
             self.leases_granted += 1
             worker.asked = max(0, worker.asked - 1)
@@ -232,9 +233,13 @@ class Coordinator:
 
     def leased_path(self, worker_id: str, lease_id: int) -> str | None:
         """The path of the file ``worker_id`` holds lease ``lease_id`` for (asked after ``owns``)."""
-        record = self.workers.get(worker_id)
-        job = record.leases.get(lease_id) if record is not None else None
+        job = self.leased_job(worker_id, lease_id)
         return job.path if job is not None else None
+
+    def leased_job(self, worker_id: str, lease_id: int) -> Job | None:
+        """The lease ``lease_id`` of ``worker_id`` (asked after ``owns``)."""
+        record = self.workers.get(worker_id)
+        return record.leases.get(lease_id) if record is not None else None
 
     def _end(self, worker: WorkerRecord, lease_id: int) -> Job:
         """End one of ``worker``'s leases (remembered, so its late data is told from a forgery)."""

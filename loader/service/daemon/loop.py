@@ -362,8 +362,9 @@ class Daemon:
             refused = self.stage.chunk_problem(message, columns)
             if refused is not None:
                 return refused
-            path = self.coordinator.leased_path(message.worker, message.lease)  # file rows name this file only
-            self.stage.refs.check_owned(message.refs, columns, self.pool.arena_of(message.worker), message, path)
+            job = self.coordinator.leased_job(message.worker, message.lease)  # file rows name this file only
+            path, seen = (job.path, job.file_identities) if job is not None else (None, None)
+            self.stage.refs.check_owned(message.refs, columns, self.pool.arena_of(message.worker), message, path, seen)
         # The coordinator only notes the time: a worker that sends (acceptable) data is not hung.
         self.coordinator.progressed(message.worker, message.lease)
         if isinstance(message, P.Chunk):

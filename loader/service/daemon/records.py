@@ -18,6 +18,9 @@ class Job:
     start: int = 0  # the first record the lease reads (set at each grant)
     token: str = ""  # issued afresh with every grant (``next_job``)
     heard: bool = False  # data of this lease arrived: its worker has started it
+    # member -> (size, mtime_ns, inode, device) of the file this lease's first file rows were bound to
+    # (``stage_file_rows``): the worker reads the file it opened, so later rows must name that one too.
+    file_identities: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from loader.service.blocks import Block
 from loader.service.shm import file_rows as F
 from loader.service.shm import refs as R
 from loader.service.shm.arena import ArenaError
+from loader.service.shm.file_layout import Identity
 
 
 def bind_file_rows(
@@ -29,9 +30,14 @@ def bind_file_rows(
     columns: Block,
     chunk: P.Chunk | None,
     path: str | None,
+    seen: dict[str, Identity] | None = None,
 ) -> np.ndarray:
     """A worker's file-row column as references to the leased file's source; ``ArenaError`` unless its
-    rows are exactly the chunk's records, inside the file, of the header's dtype and row shape."""
+    rows are exactly the chunk's records, inside the file, of the header's dtype and row shape.
+
+    ``seen`` (the lease's, kept by the coordinator) pins each member to the file its first rows were
+    bound to: the worker goes on reading the file it opened, so a path replaced since (a rename over it)
+    names other rows than the ones that travel inline beside them; those are refused, never mixed."""
     if chunk is None or path is None:
         raise ArenaError(f"reference column {name!r} names file rows, but no file is leased for its chunk")
     if np.any(values[:, 0] != F.FILE_ROWS):
@@ -44,6 +50,8 @@ def bind_file_rows(
     if not np.array_equal(values[:, 1], expected):
         raise ArenaError(f"reference column {name!r} names file rows other than its chunk's records")
     ref_id, layout = files.resolve(path, name)  # FileRowsError (an ArenaError) names the file
+    if seen is not None and seen.setdefault(name, layout.identity) != layout.identity:
+        raise F.FileRowsError(f"{layout.file} changed while its lease was read (size, mtime or inode)")
     parsed = R.parse_specs(specs)
     for spec_id in np.unique(values[:, 2]).tolist():
         claimed = parsed.get(spec_id)

@@ -51,6 +51,7 @@ from loader.service.daemon.stage_file_rows import bind_file_rows
 from loader.service.shm import file_rows as F
 from loader.service.shm import refs as R
 from loader.service.shm.arena import USED, ArenaError, run_indexes
+from loader.service.shm.file_layout import Identity
 
 # Row specs (dtype, shape) the stage keeps interned beyond those its rows name. Past this count, and past
 # twice what rows named at the last collection, the unnamed ones are forgotten (``collect_specs``): each
@@ -84,10 +85,12 @@ class RefKeeper:
         own_arena: int | None,
         chunk: P.Chunk | None = None,
         path: str | None = None,
+        seen: dict[str, Identity] | None = None,
     ) -> None:
         """``ArenaError`` unless every reference of a chunk is a run of blocks its sender may hand over, or
-        rows of the file leased for it (``path``), see the module docstring; marks those blocks held and
-        turns file rows into references to the stage's sources."""
+        rows of the file leased for it (``path``; ``seen``: the lease's files so far, ``bind_file_rows``),
+        see the module docstring; marks those blocks held and turns file rows into references to the
+        stage's sources."""
         if not described:
             return
         arena = self.arena_of(own_arena) if own_arena is not None else None
@@ -103,7 +106,7 @@ class RefKeeper:
             if len(values) and np.any(values[:, 0] == F.FILE_ROWS):
                 if not self.allow_files:
                     raise ArenaError(f"reference column {name!r} names file rows, which workers.file_rows turns off")
-                bound[name] = bind_file_rows(self.files, name, values, specs, columns, chunk, path)
+                bound[name] = bind_file_rows(self.files, name, values, specs, columns, chunk, path, seen)
                 continue
             if np.any(values[:, 0] != own_arena):
                 raise ArenaError(f"reference column {name!r} names an arena that is not its sender's")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -113,3 +115,21 @@ def test_a_chunk_naming_a_source_it_was_not_bound_to_is_dropped(pool, npy):
     columns["x"][:, 0] = FILE_ROWS - 7  # a stage-side id, never bound by check_owned
     stage.on_chunk(chunk, columns)  # adopt refuses it: dropped, logged
     assert stream.arrived.get(0, 0) == 0
+
+
+def test_a_file_replaced_while_its_lease_is_read_has_its_later_rows_refused(pool, npy):
+    # The worker maps the file it opened; replacing the path (an atomic rename, as rsync does) leaves its
+    # mapping on the old file, so the columns it sends inline (a label) still come from the old file.
+    # Rows bound by path to the new file would then pair new data with old labels, silently.
+    rec, stage, session, stream, arena = _setup(pool)
+    seen: dict = {}  # what the lease's first file rows were bound to (the coordinator's Job keeps it)
+    chunk, columns = _file_chunk(stream, 0, 3)
+    stage.refs.check_owned(chunk.refs, columns, arena.arena_id, chunk, npy, seen)
+    replacement = npy + ".new.npz"
+    np.savez(replacement, x=_rows([100 + i for i in range(10)]))
+    os.replace(replacement, npy)
+    chunk, columns = _file_chunk(stream, 3, 3)
+    with pytest.raises(ArenaError, match="changed while its lease was read"):
+        stage.refs.check_owned(chunk.refs, columns, arena.arena_id, chunk, npy, seen)
+    chunk, columns = _file_chunk(stream, 3, 3)  # a new lease of the file binds to the file as it is now
+    stage.refs.check_owned(chunk.refs, columns, arena.arena_id, chunk, npy, {})
