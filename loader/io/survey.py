@@ -8,6 +8,7 @@ shape shows ``varies``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from time import monotonic
 from typing import Any
@@ -76,6 +77,10 @@ def count_samples(source: Any, paths: list[str], budget_s: float | None = None) 
     deadline = None if budget_s is None else monotonic() + budget_s
     for path in paths:
         if deadline is not None and monotonic() > deadline:
+            return None
+        if not os.path.isfile(path):
+            # Replaced since the list was expanded (by a FIFO, whose open would wait for a writer: this
+            # runs in the daemon's loop) or gone: the workers will report it; the count is unknown.
             return None
         with create_file_reader(path, format=source.format, **source.file_reader_options()) as reader:
             if not isinstance(reader, ArrayFileReader):

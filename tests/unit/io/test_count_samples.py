@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import os
+import threading
 
 from loader.config import SourceConfig
 from loader.examples import datagen
@@ -26,3 +28,19 @@ def test_a_count_that_overruns_its_budget_is_given_up(tmp_path, monkeypatch):
 def test_recordio_cannot_be_counted_from_headers(tmp_path):
     files = datagen.generate(str(tmp_path), format="recordio", files=1, samples=3)
     assert survey.count_samples(SourceConfig(files=tuple(files)), files) is None
+
+
+def test_a_fifo_in_a_files_place_is_not_opened(tmp_path):
+    # The daemon counts at a client's hello, on its loop thread: a data file replaced by a FIFO since the
+    # file list was expanded would block that open until a writer came, and the daemon with it.
+    files = datagen.generate(str(tmp_path), format="npz", files=2, samples=7)
+    os.unlink(files[1])
+    os.mkfifo(files[1])
+    counted: list[object] = []
+    thread = threading.Thread(
+        target=lambda: counted.append(survey.count_samples(SourceConfig(files=tuple(files)), files)), daemon=True
+    )
+    thread.start()
+    thread.join(5.0)
+    assert not thread.is_alive(), "counting opened a FIFO and waited for a writer"
+    assert counted == [None]
