@@ -279,7 +279,7 @@ def test_a_file_changed_under_its_file_rows_fails_with_one_clear_error(tmp_path)
     write_large_files(tmp_path, 1, 64)
     config = make_config(tmp_path, pipeline={"batch_size": 8}, workers={"count": 1, "samples_per_message": 8})
     with running_daemon(config) as daemon:
-        with Client(daemon.endpoint, timeout_s=10, prefetch=1) as client:
+        with Client(daemon.endpoint, timeout_s=10, prefetch=1, read_ahead=False) as client:
             batches = client.epoch()
             next(batches)
             # Rewritten in place (same inode, new size and mtime) while later rows are in flight.
@@ -288,6 +288,8 @@ def test_a_file_changed_under_its_file_rows_fails_with_one_clear_error(tmp_path)
             with pytest.raises(Exception, match="changed"):
                 for _ in batches:
                     pass
+            # Like a worker's error, it ends that epoch only: the client reads the next one.
+            assert len(list(client.epoch(1))) == 8
 
 
 def test_stored_npz_members_go_as_file_rows_and_compressed_ones_through_the_arena(tmp_path):

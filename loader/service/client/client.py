@@ -59,7 +59,7 @@ from loader.service.client.env import client_stats, from_environment
 from loader.service.order import epoch_batches
 from loader.service.shm import refs as R
 from loader.service.shm.cache import ArenaCache
-from loader.service.shm.file_rows import RowFiles, is_file_id, source_of
+from loader.service.shm.file_rows import FileRowsError, RowFiles, is_file_id, source_of
 from loader.service.transport import Channel
 
 DEFAULT_PREFETCH = 4
@@ -408,7 +408,13 @@ class Client:
                 if message.refs:
                     if gen != state.gen:
                         continue  # an abandoned epoch's batch: never read, the daemon frees it
-                    self._gather(message.refs, columns, message.files or {})
+                    try:
+                        self._gather(message.refs, columns, message.files or {})
+                    except FileRowsError as exc:
+                        # A data file changed under its rows: that epoch fails, as with a worker's error, and
+                        # the client stays usable (the rest of the epoch's batches are of an abandoned request).
+                        self._out.put(("error", gen, exc))
+                        continue
                 parts = self._parts(message)
                 self._received[0] += len(parts)
                 self._received[1] += message.count
