@@ -38,7 +38,8 @@ from loader.service.frames import Columns, Frame, buffer_of, column_frames, obje
 
 # Every hello and welcome carries it; a peer of another version is refused with one line saying both.
 # Bump it on any change a peer of the old version would misread. Peers from before the check sent none: 1.
-PROTOCOL_VERSION = 2
+# 3: packed batches (``Epoch.pack``, ``Batch.parts``) and file rows (``Batch.files``, negative reference ids).
+PROTOCOL_VERSION = 3
 # Name of the optional per-sample record index column of a Chunk.
 INDEX_COLUMN = "__idx__"
 # Bounds of what a peer may claim: ids and counts fit in int64, text stays short.

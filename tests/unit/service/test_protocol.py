@@ -9,6 +9,7 @@ bit-flipped headers.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import subprocess
 import sys
@@ -369,6 +370,23 @@ def test_error_dicts_travel_in_messages():
     message, _ = P.decode(P.encode(P.FileError(stream=0, file=0, lease=0, worker="w1", error=err.to_dict())))
     back = WorkerError.from_dict(message.error)
     assert (back.type_name, back.file, back.record, back.worker) == ("Boom", "/d/f.npy", 7, "w1")
+
+
+# Every wire schema (each kind's keys) a protocol version has had. A change to the schema needs a new
+# version: a peer of the old one would misread the new messages (an old client takes a packed BATCH for
+# one batch, an old daemon refuses a worker's file rows as forged) instead of refusing it in one line.
+SCHEMA_OF_VERSION = {2: "08569ee2d0ba2c2c", 3: "eab8ef5e470bcbc9"}
+
+
+def _schema_digest() -> str:
+    keys = sorted(f"{kind}:{key}" for kind, cls in P._KINDS.items() for _, key, *_ in cls._SCHEMA)
+    return hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
+
+
+def test_the_wire_schema_changes_only_with_the_protocol_version():
+    assert SCHEMA_OF_VERSION.get(P.PROTOCOL_VERSION) == _schema_digest(), (
+        f"the wire schema is now {_schema_digest()}: bump PROTOCOL_VERSION and record it here"
+    )
 
 
 def test_versioned_messages_and_mismatch_lines():
