@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from loader.service.daemon import ahead
-from loader.service.daemon.records import Job, WorkerRecord
+from loader.service.daemon.records import Job, WorkerRecord, identity_at_grant
 
 log = logging.getLogger("loader.coordinator")
 
@@ -66,9 +66,11 @@ class Coordinator:
         lease_start: Callable[[int, int], int] = lambda stream_id, file_index: 0,
         progress_timeout_s: float = LEASE_PROGRESS_TIMEOUT_S,
         leases_ahead: int = 0,
+        pin_files: bool = False,
     ) -> None:
         self.files = list(files)
         self.leases_ahead = leases_ahead
+        self.pin_files = pin_files  # workers may send file rows: each grant notes its file's identity
         self.lease_start = lease_start
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.progress_timeout_s = progress_timeout_s
@@ -124,7 +126,7 @@ class Coordinator:
             job.worker = worker.worker_id
             job.token = secrets.token_hex(LEASE_TOKEN_BYTES)
             job.heard = False
-            job.file_identities = {}  # a new lease opens the file afresh
+            job.file_identities = identity_at_grant(job.path) if self.pin_files else {}
             worker.leases[job.lease_id] = job
             self.leases_granted += 1
             worker.asked = max(0, worker.asked - 1)

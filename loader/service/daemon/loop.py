@@ -167,6 +167,7 @@ class Daemon:
             lease_start=self.stage.lease_start,
             progress_timeout_s=workers.progress_timeout_s,
             leases_ahead=workers.leases_ahead,
+            pin_files=workers.file_rows and self.arenas is not None,  # a worker may send file rows
         )
         self.pool = WorkerPool(
             self.coordinator,

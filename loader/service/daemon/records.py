@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from loader.service.shm.file_layout import Identity, identity
 
 
 @dataclass
@@ -18,9 +21,10 @@ class Job:
     start: int = 0  # the first record the lease reads (set at each grant)
     token: str = ""  # issued afresh with every grant (``next_job``)
     heard: bool = False  # data of this lease arrived: its worker has started it
-    # member -> (size, mtime_ns, inode, device) of the file this lease's first file rows were bound to
-    # (``stage_file_rows``): the worker reads the file it opened, so later rows must name that one too.
-    file_identities: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
+    # file -> (size, mtime_ns, inode, device) as the lease found it: the leased file at the grant (with
+    # ``Coordinator.pin_files``), a companion at its first file rows (``stage_file_rows``). The worker reads
+    # the files it opened, so rows bound to a path replaced since are refused.
+    file_identities: dict[str, Identity] = field(default_factory=dict)
 
 
 @dataclass
@@ -44,4 +48,14 @@ class WorkerRecord:
         return self.process.is_alive() if self.process is not None else self.peer is not None
 
 
-__all__ = ["Job", "WorkerRecord"]
+def identity_at_grant(path: str) -> dict[str, Identity]:
+    """``{path: its identity}`` now: the worker opens the file after the grant, so rows bound later to a path
+    replaced in between are not the ones it read (``stage_file_rows``). Empty when it cannot be looked at
+    (the worker will say why it cannot open it)."""
+    try:
+        return {path: identity(os.stat(path))}
+    except OSError:
+        return {}
+
+
+__all__ = ["Job", "WorkerRecord", "identity_at_grant"]

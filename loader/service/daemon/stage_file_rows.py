@@ -35,9 +35,10 @@ def bind_file_rows(
     """A worker's file-row column as references to the leased file's source; ``ArenaError`` unless its
     rows are exactly the chunk's records, inside the file, of the header's dtype and row shape.
 
-    ``seen`` (the lease's, kept by the coordinator) pins each member to the file its first rows were
-    bound to: the worker goes on reading the file it opened, so a path replaced since (a rename over it)
-    names other rows than the ones that travel inline beside them; those are refused, never mixed."""
+    ``seen`` (the lease's, kept by the coordinator) pins each file to its identity at the grant, or for a
+    companion at its first rows: the worker goes on reading the file it opened, so a path replaced since (a
+    rename over it) names other rows than the ones that travel inline beside them; those are refused,
+    never mixed."""
     if chunk is None or path is None:
         raise ArenaError(f"reference column {name!r} names file rows, but no file is leased for its chunk")
     if np.any(values[:, 0] != F.FILE_ROWS):
@@ -50,7 +51,7 @@ def bind_file_rows(
     if not np.array_equal(values[:, 1], expected):
         raise ArenaError(f"reference column {name!r} names file rows other than its chunk's records")
     ref_id, layout = files.resolve(path, name)  # FileRowsError (an ArenaError) names the file
-    if seen is not None and seen.setdefault(name, layout.identity) != layout.identity:
+    if seen is not None and seen.setdefault(layout.file, layout.identity) != layout.identity:
         raise F.FileRowsError(f"{layout.file} changed while its lease was read (size, mtime or inode)")
     parsed = R.parse_specs(specs)
     for spec_id in np.unique(values[:, 2]).tolist():

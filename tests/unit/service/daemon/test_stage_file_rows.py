@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from loader.service import protocol as P
+from loader.service.daemon.coordinator import Coordinator
 from loader.service.shm import refs as R
 from loader.service.shm.arena import ArenaError
 from loader.service.shm.file_rows import FILE_ROWS, RowFiles, is_file_id, source_of
@@ -133,3 +134,19 @@ def test_a_file_replaced_while_its_lease_is_read_has_its_later_rows_refused(pool
         stage.refs.check_owned(chunk.refs, columns, arena.arena_id, chunk, npy, seen)
     chunk, columns = _file_chunk(stream, 3, 3)  # a new lease of the file binds to the file as it is now
     stage.refs.check_owned(chunk.refs, columns, arena.arena_id, chunk, npy, {})
+
+
+def test_a_file_replaced_between_its_grant_and_its_first_rows_is_refused(pool, npy):
+    # The coordinator pins the leased file at the grant (the worker opens it after that): rows bound to a
+    # path replaced before the first chunk arrived are not the rows the worker read either.
+    rec, stage, session, stream, arena = _setup(pool)
+    coordinator = Coordinator([npy], heartbeat_timeout_s=5.0, pin_files=True)
+    coordinator.enqueue(stream.stream_id, 0, [0])
+    job = coordinator.next_job(coordinator.add_worker("w1"))
+    assert job is not None and set(job.file_identities) == {npy}
+    replacement = npy + ".new.npz"
+    np.savez(replacement, x=_rows([100 + i for i in range(10)]))
+    os.replace(replacement, npy)
+    chunk, columns = _file_chunk(stream, 0, 3)
+    with pytest.raises(ArenaError, match="changed while its lease was read"):
+        stage.refs.check_owned(chunk.refs, columns, arena.arena_id, chunk, npy, job.file_identities)
