@@ -132,6 +132,9 @@ def gather(refs: np.ndarray, specs: Mapping[int, Spec], arena_of: ArenaOf, *, fr
     ``arena_of`` gives an ``Arena`` for an arena id and a ``file_rows.RowFile`` for a file id."""
     n = len(refs)
     spec_ids = np.unique(refs[:, 2]) if n else np.zeros(0, np.int64)
+    missing = set(spec_ids.tolist()) - set(specs)
+    if missing:  # a client's specs come from the daemon's message: a bad one is one line, not a KeyError
+        raise ArenaError(f"a reference names row spec {min(missing)}, which its message does not describe")
     out: np.ndarray
     if len(spec_ids) == 1:
         dtype, shape = specs[int(spec_ids[0])]

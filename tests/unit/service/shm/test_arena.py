@@ -113,6 +113,18 @@ def test_gather_returns_identical_fresh_arrays(pool, dtype, shape):
     assert arena.used_blocks() == 0  # gathered rows are freed
 
 
+def test_gather_of_a_row_spec_its_message_does_not_describe_is_one_arena_error(pool):
+    # A client gathers what a daemon's BATCH describes: a reference to an undescribed spec is a bad message
+    # (one ``ArenaError`` line), not a ``KeyError: 5`` out of the receiver thread.
+    arena = pool.create()
+    values = np.ones((2, 20000), np.float32)
+    refs = R.write_column(arena, values)
+    refs[1, 2] = 5
+    for mixed in (refs, refs[1:]):
+        with pytest.raises(ArenaError, match="row spec 5"):
+            R.gather(mixed, _spec(values), pool.get, free=False)
+
+
 def test_gather_in_shuffled_order_and_mixed_specs(pool):
     arena = pool.create()
     specs = R.Specs()
