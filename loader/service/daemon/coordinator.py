@@ -233,13 +233,9 @@ class Coordinator:
             and hmac.compare_digest(job.token.encode(), token.encode())
         )
 
-    def leased_path(self, worker_id: str, lease_id: int) -> str | None:
-        """The path of the file ``worker_id`` holds lease ``lease_id`` for (asked after ``owns``)."""
-        job = self.leased_job(worker_id, lease_id)
-        return job.path if job is not None else None
-
     def leased_job(self, worker_id: str, lease_id: int) -> Job | None:
-        """The lease ``lease_id`` of ``worker_id`` (asked after ``owns``)."""
+        """The lease ``lease_id`` of ``worker_id``: its path and the identities file rows are bound to
+        (asked after ``owns``)."""
         record = self.workers.get(worker_id)
         return record.leases.get(lease_id) if record is not None else None
 
