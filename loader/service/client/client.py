@@ -78,9 +78,7 @@ class EpochBatches(Iterator[Any]):
 
     ``len()`` is the number of batches the epoch will have (for a learning-rate schedule or a
     progress bar) where the daemon can count it from file headers (``.npy``, ``.npz``, read within a
-    second at the dataset's first client; with several ranks, when every file has the same number
-    of rows); otherwise ``len()`` raises
-    ``TypeError``. With ``on_error = "skip"`` skipped records can make the epoch shorter.
+    second at the dataset's first client); otherwise ``len()`` raises ``TypeError``. With ``on_error = "skip"`` skipped records can make the epoch shorter.
     """
 
     def __init__(self, batches: Iterator[Any], length: int | None, epoch: int) -> None:
@@ -98,8 +96,8 @@ class EpochBatches(Iterator[Any]):
     def __len__(self) -> int:
         if self._length is None:
             raise TypeError(
-                "this epoch's number of batches is not known ahead: the daemon counts it only for "
-                ".npy/.npz files (and, with several ranks, files of equal length)"
+                "this epoch's number of batches is not known ahead: the daemon counts it only from "
+                ".npy/.npz headers, and only when it can read them within a second"
             )
         return self._length
 

@@ -87,7 +87,11 @@ def read_layout(path: str, member: str) -> tuple[Layout, int]:
         # comes, and the stage opens on the daemon's loop thread. Reads of a regular file ignore it.
         fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        raise FileRowsError(f"cannot open {target} for its rows: {exc}") from exc
+        # Usually a client that shares the daemon's /dev/shm but not its data files (another container).
+        raise FileRowsError(
+            f"cannot open {target} for its rows: {exc} (a client that cannot see the daemon's data files "
+            "needs workers.file_rows = false in the daemon's config, or Client(shm=False))"
+        ) from exc
     fh = os.fdopen(fd, "rb")  # closed by the with below; its descriptor is dup()ed for the reader
     with fh:
         st = os.fstat(fh.fileno())
