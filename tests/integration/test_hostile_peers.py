@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgpack
@@ -227,26 +227,21 @@ class FakeWorker:
         self.peer.close()
 
 
-@pytest.mark.slow
-def test_forged_arena_references_from_a_lease_holder_are_refused(hostile):
+def _forged_chunks_are_refused(hostile: Any, forge: Callable[[FakeWorker, P.Lease, dict[str, Any]], int]) -> None:
+    """A fake worker takes a lease while a client reads; ``forge`` sends chunks under it (returns how many),
+    every one of them must be refused, and the client still gets every sample once, now and after."""
     daemon, ids = hostile
     before = rejected(daemon)
     fake = FakeWorker(daemon.endpoint)
     try:
-        own = (fake.welcome.shm or {}).get("arena")
-        assert own is not None, "the daemon gives shared memory to its workers"
         with Client(daemon.endpoint, timeout_s=30) as client:
             fake.ask_lease()
             batches = client.epoch()
             first = [next(batches)]
             lease = fake.lease()
             tag = {"stream": lease.stream, "file": lease.file, "lease": lease.lease, "worker": fake.welcome.worker}
-            spec = {"data": {0: ["<i8", [8192]]}}  # 64 KiB rows: one block each
-            for arena, block in [(own - 1, 0), (own, -1), (own, 10**9), (own, 0)]:  # another's, wrapping, far, free
-                refs = np.array([[arena, block, 0]], dtype=np.int64)
-                chunk = P.Chunk(**tag, token=lease.token, count=1, refs=spec)
-                fake.data.send(P.encode(chunk, {"data": refs}))
-            assert wait_until(lambda: rejected(daemon) >= before + 4, timeout_s=10)
+            sent = forge(fake, lease, tag)
+            assert wait_until(lambda: rejected(daemon) >= before + sent, timeout_s=10)
             # The fake now sends nothing: after progress_timeout_s its lease goes to a real worker.
             got = collect_ids(first) + collect_ids(batches)
         assert collections.Counter(got) == collections.Counter(ids)
@@ -256,36 +251,40 @@ def test_forged_arena_references_from_a_lease_holder_are_refused(hostile):
 
 
 @pytest.mark.slow
+def test_forged_arena_references_from_a_lease_holder_are_refused(hostile):
+    def forge(fake: FakeWorker, lease: P.Lease, tag: dict[str, Any]) -> int:
+        own = (fake.welcome.shm or {}).get("arena")
+        assert own is not None, "the daemon gives shared memory to its workers"
+        spec = {"data": {0: ["<i8", [8192]]}}  # 64 KiB rows: one block each
+        forged = [(own - 1, 0), (own, -1), (own, 10**9), (own, 0)]  # another's, wrapping, far, free
+        for arena, block in forged:
+            refs = np.array([[arena, block, 0]], dtype=np.int64)
+            chunk = P.Chunk(**tag, token=lease.token, count=1, refs=spec)
+            fake.data.send(P.encode(chunk, {"data": refs}))
+        return len(forged)
+
+    _forged_chunks_are_refused(hostile, forge)
+
+
+@pytest.mark.slow
 def test_forged_file_rows_from_a_lease_holder_are_refused(hostile):
-    daemon, ids = hostile
-    before = rejected(daemon)
-    fake = FakeWorker(daemon.endpoint)
-    try:
+    def forge(fake: FakeWorker, lease: P.Lease, tag: dict[str, Any]) -> int:
         assert (fake.welcome.shm or {}).get("arena") is not None
-        with Client(daemon.endpoint, timeout_s=30) as client:
-            fake.ask_lease()
-            batches = client.epoch()
-            first = [next(batches)]
-            lease = fake.lease()
-            tag = {"stream": lease.stream, "file": lease.file, "lease": lease.lease, "worker": fake.welcome.worker}
-            ok_spec = {"data": {0: ["<i8", []]}}  # the id files hold int64 scalars
-            forged = [
-                (0, [[-2, 5, 0]], ok_spec, "data"),  # a row that is not the chunk's record
-                (10**6, [[-2, 10**6, 0]], ok_spec, "data"),  # past the file's end
-                (0, [[-2, 0, 0]], {"data": {0: ["<i8", [8192]]}}, "data"),  # a spec the header does not give
-                (0, [[-2, 0, 0]], {"../../../etc/passwd": {0: ["<i8", []]}}, "../../../etc/passwd"),  # no such member
-                (0, [[-2, 0, 0]], {"label": {0: ["<i8", []]}}, "label"),  # a companion that is not there
-                (0, [[-3, 0, 0]], ok_spec, "data"),  # a stage-side file id: not the worker's to name
-            ]
-            for record, refs, spec, name in forged:
-                chunk = P.Chunk(**tag, token=lease.token, record=record, count=1, refs=spec)
-                fake.data.send(P.encode(chunk, {name: np.array(refs, dtype=np.int64)}))
-            assert wait_until(lambda: rejected(daemon) >= before + len(forged), timeout_s=10)
-            got = collect_ids(first) + collect_ids(batches)
-        assert collections.Counter(got) == collections.Counter(ids)
-    finally:
-        fake.close()
-    exact_epochs(daemon, ids)
+        ok_spec = {"data": {0: ["<i8", []]}}  # the id files hold int64 scalars
+        forged = [
+            (0, [[-2, 5, 0]], ok_spec, "data"),  # a row that is not the chunk's record
+            (10**6, [[-2, 10**6, 0]], ok_spec, "data"),  # past the file's end
+            (0, [[-2, 0, 0]], {"data": {0: ["<i8", [8192]]}}, "data"),  # a spec the header does not give
+            (0, [[-2, 0, 0]], {"../../../etc/passwd": {0: ["<i8", []]}}, "../../../etc/passwd"),  # no such member
+            (0, [[-2, 0, 0]], {"label": {0: ["<i8", []]}}, "label"),  # a companion that is not there
+            (0, [[-3, 0, 0]], ok_spec, "data"),  # a stage-side file id: not the worker's to name
+        ]
+        for record, refs, spec, name in forged:
+            chunk = P.Chunk(**tag, token=lease.token, record=record, count=1, refs=spec)
+            fake.data.send(P.encode(chunk, {name: np.array(refs, dtype=np.int64)}))
+        return len(forged)
+
+    _forged_chunks_are_refused(hostile, forge)
 
 
 # -- 15: floods of hellos are capped ----------------------------------------------------------------------------
