@@ -31,7 +31,7 @@ from loader.service.blocks import block_nbytes, block_rows
 from workers.arena_writer import ArenaWriter
 from workers.columns import ChunkBuilder, rows_for_bytes
 from workers.mapping import BatchMappers, SampleMappers
-from workers.sources import FileSource
+from workers.sources import FileSource, GroupSource
 
 log = logging.getLogger("loader.worker")
 
@@ -60,6 +60,7 @@ class FileJob:
         self._send_data, self._check = send_data, check
         self._batch = BatchMappers((), ())  # bound in run()
         self._file_rows = False  # large rows go as references into the leased file (decided in run())
+        self._group: GroupSource | None = None  # a lease of several files: where a record came from
 
     def run(self) -> None:
         path = self.lease.path
@@ -67,7 +68,11 @@ class FileJob:
             lease = self.lease
             mappers = SampleMappers(self._mappers(), seed=lease.seed, epoch=lease.epoch, file_key=lease.file_key)
             self._batch = BatchMappers(self.config.pipeline.batch_mappers, self._batch_mappers())
-            source = FileSource(self.config, path)
+            source: FileSource | GroupSource
+            if lease.more:
+                source = self._group = GroupSource(self.config, lease.paths)
+            else:
+                source = FileSource(self.config, path)
         except Exception as exc:  # every failure travels as a message
             if self._failed(exc, None):
                 self._done(sent=0, skipped=1)
@@ -81,7 +86,7 @@ class FileJob:
             and not self._batch
         )
         try:
-            if source.can_read_blocks and not mappers:
+            if isinstance(source, FileSource) and source.can_read_blocks and not mappers:
                 counts = self._send_blocks(source)
             else:
                 counts = self._send_samples(source, mappers)
@@ -108,6 +113,8 @@ class FileJob:
         """Report a failure at ``record``; True when it and the ``count - 1`` records after it are skipped
         (on_error = "skip")."""
         path = self.lease.path
+        if self._group is not None and record is not None:
+            path, record = self._group.locate(record)
         error = WorkerError.from_exception(exc, worker=self.worker_id, file=path, record=record)
         if self.config.pipeline.on_error == "skip":
             what = f"record {record}" if count == 1 else f"{count} records from record {record}"
@@ -210,7 +217,7 @@ class FileJob:
             source.close()
             raise
 
-    def _send_samples(self, source: FileSource, mappers: SampleMappers) -> tuple[int, int] | None:
+    def _send_samples(self, source: FileSource | GroupSource, mappers: SampleMappers) -> tuple[int, int] | None:
         builder = ChunkBuilder(source.fields, self.config.workers.samples_per_message)
         samples = source.samples()
         record, done = 0, _Progress(record=0)  # ``record``: the reader's position; ``done``: sent and skipped
@@ -235,6 +242,8 @@ class FileJob:
             if record < start:
                 record += 1
                 continue
+            if builder.fields is None and source.fields:  # a group learns them from the first file it opens
+                builder.fields = list(source.fields)
             try:
                 builder.add(record, mappers(sample, record))
             except Exception as exc:

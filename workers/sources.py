@@ -11,10 +11,14 @@ Three ways to read a file, in the order the config is checked:
 
 A ``loader.io`` reader with no mappers is read in blocks (``read_block``): each
 block is already columnar, so a worker does no per-sample Python work at all.
+
+A lease of several small files (``source.files_per_lease``) is a ``GroupSource``:
+its files' samples one file after the other, numbered on as one file's records.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 from typing import Any
 
@@ -103,6 +107,105 @@ class _reader_instances:
         return tuple(instance)
 
 
+class GroupSource:
+    """The files of one lease read as one file: their samples in order, record numbers running on.
+
+    A file that cannot be opened, or whose reader raises, counts as one record and the next file
+    goes on: the exception it raised carries ``records_skipped = 1``, the way a reader that
+    stepped past damage says so (``FileJob`` then skips or reports it). The numbering is
+    therefore the same on every read of the group while the files read the same, which a lease
+    that starts past record 0 (a cut or re-leased group) relies on.
+    """
+
+    can_read_blocks = False
+    row_bytes = None
+    reads_array_file = False
+
+    def __init__(self, config: Any, paths: list[str]) -> None:
+        self.config, self.paths = config, list(paths)
+        self.fields: list[str] | None = list(config.source.fields) if config.source.fields else None
+        self._firsts: list[int] = []  # the record each file opened so far began at
+        self._unopened: set[int] = set()  # files (by position) that could not be opened: no record of theirs
+        self._current: FileSource | None = None
+
+    @property
+    def path(self) -> str:
+        return self.paths[max(0, len(self._firsts) - 1)]
+
+    def locate(self, record: int) -> tuple[str, int | None]:
+        """The file a record of the group came from, and its record number in that file (None: the file
+        could not be opened)."""
+        k = bisect.bisect_right(self._firsts, record) - 1
+        if k < 0:
+            return self.paths[0], record
+        return self.paths[k], None if k in self._unopened else record - self._firsts[k]
+
+    def samples(self) -> Iterator[Any]:
+        return _group_samples(self)
+
+    def _open_next(self, record: int) -> Iterator[Any] | None:
+        """The next file's samples (it begins at ``record``), or None after the last file."""
+        if len(self._firsts) == len(self.paths):
+            return None
+        self._firsts.append(record)
+        self.close()
+        try:
+            self._current = FileSource(self.config, self.paths[len(self._firsts) - 1])
+        except Exception:
+            self._unopened.add(len(self._firsts) - 1)
+            raise
+        self.fields = self.fields or self._current.fields
+        return self._current.samples()
+
+    def close(self) -> None:
+        current, self._current = self._current, None
+        if current is not None:
+            current.close()
+
+
+class _group_samples:
+    """A ``GroupSource``'s samples. Not a generator, for the reason ``_reader_instances`` is not one."""
+
+    def __init__(self, group: GroupSource) -> None:
+        self._group = group
+        self._record = 0  # the group's record number of the next sample
+        self._samples: Iterator[Any] | None = None
+        self._ended = False
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        while not self._ended:
+            if self._samples is None:
+                try:
+                    self._samples = self._group._open_next(self._record)
+                except Exception as exc:  # a file that cannot be opened is one record
+                    self._record += 1
+                    exc.records_skipped = 1  # type: ignore[attr-defined]
+                    raise
+                if self._samples is None:
+                    self._ended = True
+                    break
+            try:
+                sample = next(self._samples)
+            except StopIteration:
+                self._samples = None
+                continue
+            except Exception as exc:
+                lost = getattr(exc, "records_skipped", None)
+                if isinstance(lost, int) and lost >= 1:  # the reader stepped past damage: this file goes on
+                    self._record += lost
+                else:  # the rest of this file is lost: it counts as one record, and the next file follows
+                    self._samples = None
+                    self._record += 1
+                    exc.records_skipped = 1  # type: ignore[attr-defined]
+                raise
+            self._record += 1
+            return sample
+        raise StopIteration
+
+
 def _open_file_reader(path: str, source: Any) -> Any:
     from loader.io import create_file_reader
 
@@ -114,4 +217,4 @@ def _open_file_reader(path: str, source: Any) -> Any:
     return create_file_reader(path, format=source.format, **source.file_reader_options())
 
 
-__all__ = ["FileSource"]
+__all__ = ["FileSource", "GroupSource"]

@@ -18,6 +18,11 @@ from loader.config.globbing import glob_files, unique_files
 from loader.errors import ConfigError
 from loader.runtime.imports import import_object
 
+MAX_FILES_PER_LEASE = 1024
+# Only files smaller than this are leased together (``files_per_lease``): a larger one is worth a round trip,
+# and its rows may go as file rows, which name one file.
+SMALL_FILE_BYTES = 1 << 20
+
 
 @dataclass(frozen=True)
 class SourceConfig:
@@ -32,6 +37,9 @@ class SourceConfig:
     format_options: dict = field(default_factory=dict)
     # Extra file formats: name -> "module:factory" or {factory = "...", suffixes = [...]}.
     formats: dict = field(default_factory=dict)
+    # Small files leased together, up to this many per lease (one round trip, one message stream for them
+    # all); 1: one file per lease. Files of over SMALL_FILE_BYTES always go alone (``DatasetTable``).
+    files_per_lease: int = 1
     origin: str = origin_field()
 
     def __post_init__(self) -> None:
@@ -46,6 +54,7 @@ class SourceConfig:
         check.spec("reader", self.reader)
         check.spec("provider", self.provider)
         check.texts("fields", optional=True)
+        check.integer("files_per_lease", minimum=1, maximum=MAX_FILES_PER_LEASE)
         if not isinstance(self.format_options, Mapping):
             check.fail("format_options", f"must be a table, got {show(self.format_options)}")
         check.set("format_options", plain_copy(dict(self.format_options), "source.format_options", self.origin))

@@ -4,7 +4,9 @@ An epoch of a dataset is one global sequence of samples, the same for every
 run, worker count and transport:
 
 1. its files in ``file_order(n, seed, epoch, shuffle)``, each file's records in
-   record order (records skipped under ``on_error = "skip"`` left out);
+   record order (records skipped under ``on_error = "skip"`` left out); with
+   ``source.files_per_lease`` above 1, "file" here means a lease group of small
+   files (``lease_groups``), read as one file;
 2. shuffled by ``batching.WindowShuffle``: the sequence is cut into *windows*
    of ``window_rows(shuffle_buffer)`` rows, each shuffled on its own by a
    buffer of ``shuffle_buffer`` rows seeded by (seed, epoch, window, round);
@@ -44,6 +46,47 @@ def file_order(count: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
     return [int(i) for i in np.random.default_rng((seed, epoch)).permutation(count)]
 
 
+# The most bytes of small files one lease group holds: about what a file may weigh before it is cut.
+GROUP_BYTES = 8 << 20
+# Seeds the fixed grouping of a shuffled dataset's small files (with the dataset's seed), apart from epochs.
+_GROUPING_STREAM = 0x67726F75
+
+
+def lease_groups(sizes: list[int | None], per_lease: int, small: int, seed: int, shuffle: bool) -> list[list[int]]:
+    """Files (by position, with their sizes; None: unknown) grouped into leases of up to ``per_lease``.
+
+    Only files under ``small`` bytes share a lease, up to ``GROUP_BYTES`` together; any other goes alone.
+    Unshuffled, a group is a run of neighbouring files, so the groups in order read the files in list
+    order. Shuffled, small files are grouped from one permutation seeded by the dataset's seed (the same
+    every epoch; the epoch's ``file_order`` then shuffles the groups): a sorted list of class folders
+    would otherwise make groups of one class each.
+    """
+    count = len(sizes)
+    if per_lease <= 1:
+        return [[i] for i in range(count)]
+    weights = [size if size is not None and size < small else None for size in sizes]  # None: goes alone
+    order: list[int] = list(range(count))
+    if shuffle:
+        permuted = np.random.default_rng((seed, _GROUPING_STREAM)).permutation(count)
+        order = [i for i in order if weights[i] is None] + [int(i) for i in permuted if weights[int(i)] is not None]
+    groups: list[list[int]] = []
+    current: list[int] = []
+    held = 0
+    for i in order:
+        weight = weights[i]
+        if current and (weight is None or len(current) >= per_lease or held + weight > GROUP_BYTES):
+            groups.append(current)
+            current, held = [], 0
+        if weight is None:
+            groups.append([i])
+            continue
+        current.append(i)
+        held += weight
+    if current:
+        groups.append(current)
+    return groups
+
+
 def window_rows(shuffle_buffer: int) -> int:
     """Rows of one shuffle window."""
     return WINDOW_ROUNDS * shuffle_buffer if shuffle_buffer > 0 else UNSHUFFLED_WINDOW_ROWS
@@ -62,6 +105,8 @@ def fingerprint(config: Any, files: list[str], seed: int) -> dict[str, Any]:
     pipeline = config.pipeline
     source = _plain(config.source)
     source.pop("files", None)  # the patterns: the files they matched are what counts (below)
+    if source.get("files_per_lease") == 1:
+        del source["files_per_lease"]  # the default: checkpoints from before the setting existed still match
     # Only when set, so checkpoints from before batch mappers existed still match a config without them.
     batch = {"batch_mappers": _digest(list(pipeline.batch_mappers))} if pipeline.batch_mappers else {}
     return {

@@ -39,13 +39,15 @@ from loader.service.frames import Columns, Frame, buffer_of, column_frames, obje
 # Every hello and welcome carries it; a peer of another version is refused with one line saying both.
 # Bump it on any change a peer of the old version would misread. Peers from before the check sent none: 1.
 # 3: packed batches (``Epoch.pack``, ``Batch.parts``) and file rows (``Batch.files``, negative reference ids).
-PROTOCOL_VERSION = 3
+# 4: leases of several small files (``Lease.more``): a worker of 3 would read only the first.
+PROTOCOL_VERSION = 4
 # Name of the optional per-sample record index column of a Chunk.
 INDEX_COLUMN = "__idx__"
 # Bounds of what a peer may claim: ids and counts fit in int64, text stays short.
 MAX_INT = 2**62
 MAX_TEXT = 4096
 MAX_PATH = 65536
+MAX_LEASE_FILES = 4096  # files one lease may name (``Lease.more``; ``source.files_per_lease`` stays below it)
 
 Check = Callable[[Any], bool]
 _MISSING: Any = dataclasses.MISSING
@@ -126,6 +128,11 @@ def _parts(value: Any) -> bool:
         and 0 < len(value) <= MAX_PACK
         and all(isinstance(p, list) and len(p) in (2, 5) and all(_count(v) for v in p) for p in value)
     )
+
+
+def _more_paths(value: Any) -> bool:
+    """The files a lease names after its first (``Lease.more``): a bounded list of paths."""
+    return isinstance(value, list) and 0 < len(value) < MAX_LEASE_FILES and all(_path(v) for v in value)
 
 
 def _optional(check: Check) -> Check:
@@ -227,6 +234,14 @@ class Lease(Message):
     start: int = wire("start", _count, 0)  # the first record to read (a resumed or re-leased file)
     seed: int = wire("seed", _count, 0)  # the dataset's seed: mappers' generators come from it
     file_key: int = wire("fk", _count, 0)  # the file's index in its dataset's list (mappers' generators)
+    # A lease of several small files (``source.files_per_lease``): the files after ``path``, read after it in
+    # this order as one file whose records are numbered on from one file to the next.
+    more: list[str] | None = wire("more", _optional(_more_paths), None)
+
+    @property
+    def paths(self) -> list[str]:
+        """Every file of the lease, in reading order."""
+        return [self.path, *(self.more or ())]
 
 
 @_kind("hb")

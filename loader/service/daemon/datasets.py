@@ -1,8 +1,10 @@
 """The datasets one daemon serves: ``[source]``/``[pipeline]`` (named ``"default"``) and ``[datasets.NAME]``.
 
 Every dataset shares the daemon's workers and its coordinator: the coordinator
-leases from one file list, the datasets' files one after the other, so a file
-index names its dataset (``DatasetTable.owner``). Each dataset has its own
+leases from one list, the datasets' leases one after the other, so an index in it
+(a "file index" to the coordinator and the stage) names its dataset
+(``DatasetTable.owner``). A lease is one file, or with ``source.files_per_lease``
+above 1 a group of small files read as one (``order.lease_groups``). Each dataset has its own
 files, seed, epochs and stream settings (batch size, drop_last, shuffle buffer);
 a client reads one dataset (``Client(address, dataset="eval")``).
 """
@@ -10,25 +12,29 @@ a client reads one dataset (``Client(address, dataset="eval")``).
 from __future__ import annotations
 
 import bisect
+import os
 import random
+import stat
 from dataclasses import dataclass
 from typing import Any
 
 from loader.config import DEFAULT_DATASET, LoaderConfig
+from loader.config.source import SMALL_FILE_BYTES
 from loader.errors import ConfigError
 from loader.service.daemon.stage import StreamSettings
-from loader.service.order import file_order, fingerprint
+from loader.service.order import file_order, fingerprint, lease_groups
 
 
 @dataclass(frozen=True)
 class Dataset:
-    """One dataset of the daemon: ``files`` are indexes ``offset .. offset + len(files) - 1`` of its file list."""
+    """One dataset of the daemon: its ``leases`` are indexes ``offset .. offset + len(leases) - 1`` of its list."""
 
     name: str
     config: LoaderConfig  # the daemon's config with this dataset's source and pipeline
-    files: list[str]
+    files: list[str]  # every file, sorted
     offset: int
     seed: int
+    leases: list[list[str]]  # the files of each lease, in reading order
 
     @property
     def settings(self) -> StreamSettings:
@@ -38,11 +44,13 @@ class Dataset:
     def order(self, epoch: int) -> list[int]:
         """File indexes (in the daemon's list) of ``epoch``, in reading order (``order.py``)."""
         shuffle = self.config.pipeline.shuffle_buffer > 0
-        return [self.offset + i for i in file_order(len(self.files), self.seed, epoch, shuffle)]
+        return [self.offset + i for i in file_order(len(self.leases), self.seed, epoch, shuffle)]
 
     def lease_fields(self, file_index: int) -> dict[str, Any]:
-        """What a lease of file ``file_index`` (of the daemon's list) says of its dataset."""
-        return {"dataset": self.name, "seed": self.seed, "file_key": file_index - self.offset}
+        """What a lease of ``file_index`` (of the daemon's list) says of its dataset and of its other files."""
+        key = file_index - self.offset
+        more = self.leases[key][1:]
+        return {"dataset": self.name, "seed": self.seed, "file_key": key, **({"more": more} if more else {})}
 
     def fingerprint(self) -> dict[str, Any]:
         """What a checkpoint of this dataset must match (``order.fingerprint``)."""
@@ -54,6 +62,7 @@ class Dataset:
         return {
             "name": self.name,
             "files": len(self.files),
+            "leases": len(self.leases),
             "batch_size": pipeline.batch_size,
             "epochs": pipeline.epochs,
             "seed": self.seed,
@@ -62,17 +71,19 @@ class Dataset:
 
 
 class DatasetTable:
-    """The daemon's datasets by name, and the one file list they lease from."""
+    """The daemon's datasets by name, and the one list of leases they lease from."""
 
     def __init__(self, config: LoaderConfig) -> None:
         self.by_name: dict[str, Dataset] = {}
+        # Per lease, its first file: what the coordinator leases and messages name (``Dataset.leases`` has all).
         self.files: list[str] = []
         for name in config.dataset_names:
             view = config.dataset(name)
             files = view.source.expand_files()  # ConfigError for no match / empty list
             seed = view.pipeline.seed if view.pipeline.seed is not None else random.SystemRandom().randrange(2**32)
-            self.by_name[name] = Dataset(name, view, files, len(self.files), seed)
-            self.files.extend(files)
+            leases = _leases(files, view, seed)
+            self.by_name[name] = Dataset(name, view, files, len(self.files), seed, leases)
+            self.files.extend(group[0] for group in leases)
         self._offsets = [d.offset for d in self.by_name.values()]
         self._names = list(self.by_name)
 
@@ -90,6 +101,25 @@ class DatasetTable:
     def owner(self, file_index: int) -> Dataset:
         """The dataset that file ``file_index`` of the daemon's list belongs to."""
         return self.by_name[self._names[bisect.bisect_right(self._offsets, file_index) - 1]]
+
+
+def _leases(files: list[str], config: LoaderConfig, seed: int) -> list[list[str]]:
+    """``files`` grouped into leases as ``source.files_per_lease`` says (sizes read here, once)."""
+    per_lease = config.source.files_per_lease
+    if per_lease <= 1:
+        return [[path] for path in files]
+    shuffle = config.pipeline.shuffle_buffer > 0
+    groups = lease_groups([_size(path) for path in files], per_lease, SMALL_FILE_BYTES, seed, shuffle)
+    return [[files[i] for i in group] for group in groups]
+
+
+def _size(path: str) -> int | None:
+    """Bytes of ``path``; None for a name that is not a regular file (a provider's name): it goes alone."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_size if stat.S_ISREG(found.st_mode) else None
 
 
 __all__ = ["Dataset", "DatasetTable"]

@@ -226,7 +226,7 @@ class ClientDesk:
             return start_anchor()
         window, order_index, record = message.anchor
         size = window_rows(job.dataset.config.pipeline.shuffle_buffer)
-        if not window * size <= message.position <= (window + 1) * size or order_index > len(job.dataset.files):
+        if not window * size <= message.position <= (window + 1) * size or order_index > len(job.dataset.leases):
             return f"the resume position {message.position} does not lie in its anchor {message.anchor} (a bad state)"
         return (window, order_index, record)
 

@@ -429,7 +429,9 @@ class Daemon:
             "data_endpoint": self.data_endpoint,
             "uptime_s": round(elapsed, 3),
             "files": {
-                "total": len(self.files),
+                "total": sum(len(d.files) for d in self.datasets.by_name.values()),
+                "leases": len(self.files),  # entries of the lease list: fewer than files with lease groups
+                "granted": self.coordinator.leases_granted,
                 "leased": self.coordinator.leased(),
                 "queued": self.coordinator.queued(),
                 "taken_back": self.coordinator.taken_back,  # leases ahead returned from behind a slow file

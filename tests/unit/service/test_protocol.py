@@ -31,6 +31,7 @@ COUNT, TEXT, PATH, FLAG, SECONDS, MAPPING, REFS = "count", "text", "path", "flag
 ANCHOR = "anchor"
 FILES = "files"
 PARTS = "parts"
+MORE = "more"
 VERSIONED = {"v": COUNT, "lv": TEXT}
 FILE = {"s": COUNT, "f": COUNT, "l": COUNT, "w": TEXT, "t": TEXT}
 FIELDS: dict[type[P.Message], dict[str, str]] = {
@@ -48,6 +49,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
         "start": COUNT,
         "seed": COUNT,
         "fk": COUNT,
+        "more": MORE + "?",
     },
     P.Heartbeat: {},
     P.Cancel: {"lease": COUNT},
@@ -133,7 +135,17 @@ EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
     ),
     P.LeaseRequest: (P.LeaseRequest(), {}),
     P.Lease: (
-        P.Lease(lease=7, stream=3, epoch=2, file=11, path="/data/part-0011.npy", start=40, seed=5, file_key=3),
+        P.Lease(
+            lease=7,
+            stream=3,
+            epoch=2,
+            file=11,
+            path="/data/part-0011.npy",
+            start=40,
+            seed=5,
+            file_key=3,
+            more=["/data/part-0012.npy", "/data/part-0013.npy"],
+        ),
         {},
     ),
     P.Heartbeat: (P.Heartbeat(), {}),
@@ -230,6 +242,7 @@ BAD: dict[str, list] = {
         {5: {0: ["<f4", [4]]}},
         {"x": {0: ["x" * (P.MAX_TEXT + 1), [4]]}},
     ],
+    MORE: [[], "/data/f", ["/data/f", ""], ["/data/f", 5], ["/f"] * P.MAX_LEASE_FILES, {"0": "/f"}, [None]],
     FILES: [
         [],
         5,
@@ -375,7 +388,7 @@ def test_error_dicts_travel_in_messages():
 # Every wire schema (each kind's keys) a protocol version has had. A change to the schema needs a new
 # version: a peer of the old one would misread the new messages (an old client takes a packed BATCH for
 # one batch, an old daemon refuses a worker's file rows as forged) instead of refusing it in one line.
-SCHEMA_OF_VERSION = {2: "08569ee2d0ba2c2c", 3: "eab8ef5e470bcbc9"}
+SCHEMA_OF_VERSION = {2: "08569ee2d0ba2c2c", 3: "eab8ef5e470bcbc9", 4: "4e3c87399b323b09"}
 
 
 def _schema_digest() -> str:

@@ -1,0 +1,93 @@
+"""Lease groups end to end (``source.files_per_lease``): small files leased several at a time.
+
+The order, resume and fault properties of ``test_order_and_resume`` run with lease groups as one of
+their kinds of data; here: without a shuffle the files are read in list order exactly as one file
+per lease reads them, a failing file is named by its own path and record inside its group, under
+``on_error = "skip"`` the rest of the group goes on, and a daemon leases far fewer times.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import loader
+from loader.errors import WorkerError
+from loader.service.client.client import Client, query_status
+from tests.integration.conftest import make_config, running_daemon, write_id_files
+
+pytestmark = pytest.mark.integration
+
+SIZES = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4] * 3  # 60 small files
+
+
+def config(directory: Any, *, per_lease: int, workers: int = 2, shuffle: int = 0, **pipeline: Any) -> Any:
+    return make_config(
+        directory,
+        source={"files": [str(directory / "*.npy")], "files_per_lease": per_lease},
+        pipeline={"batch_size": 8, "shuffle_buffer": shuffle, "seed": 3, **pipeline},
+        workers={"count": workers, "samples_per_message": 16},
+    )
+
+
+def ids_of(batch: dict[str, Any]) -> list[int]:
+    return [int(v) for v in np.asarray(batch["data"]).reshape(-1)]
+
+
+def read_loader(cfg: Any) -> list[list[int]]:
+    with loader.Loader(cfg) as source:
+        return [ids_of(b) for b in source.epoch(0)]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: Any) -> tuple[Any, list[int]]:
+    directory = tmp_path_factory.mktemp("groups-data")
+    return directory, write_id_files(directory, len(SIZES), SIZES)
+
+
+def test_unshuffled_groups_read_what_one_file_per_lease_reads(data: Any) -> None:
+    directory, ids = data
+    single = read_loader(config(directory, per_lease=1))
+    assert [i for b in single for i in b] == ids
+    for per_lease, workers in [(8, 1), (8, 3), (64, 2)]:
+        assert read_loader(config(directory, per_lease=per_lease, workers=workers)) == single, (per_lease, workers)
+
+
+def test_groups_lease_fewer_times_and_say_so_in_status(data: Any) -> None:
+    directory, ids = data
+    with running_daemon(config(directory, per_lease=8, shuffle=16)) as daemon:
+        with Client(daemon.endpoint, timeout_s=20) as client:
+            got = [i for b in client.epoch(0) for i in ids_of(b)]
+        status = query_status(daemon.endpoint)
+    assert sorted(got) == sorted(ids)
+    files = status["files"]
+    assert (files["total"], files["leases"]) == (60, 8)
+    assert 8 <= files["granted"] <= 8 + 4, files  # one grant per group (a cut file may be leased again)
+    [dataset] = [d for d in status["datasets"] if d["name"] == "default"]
+    assert (dataset["files"], dataset["leases"]) == (60, 8)
+
+
+def break_file(directory: Any, index: int) -> str:
+    path = directory / f"f{index:03d}.npy"
+    path.write_bytes(b"\x93NUMPY but not really")
+    return str(path)
+
+
+def test_a_file_that_fails_in_a_group_is_named_and_skipped_alone(tmp_path: Any) -> None:
+    ids = write_id_files(tmp_path, 12, 5)
+    broken = break_file(tmp_path, 6)  # the middle of the second group of four
+    with running_daemon(config(tmp_path, per_lease=4, workers=2)) as daemon:
+        with Client(daemon.endpoint, timeout_s=20) as client, pytest.raises(WorkerError) as info:
+            for _ in client.epoch(0):
+                pass
+    assert info.value.file == broken and info.value.record is None, info.value
+    skip = config(tmp_path, per_lease=4, workers=2, on_error="skip")
+    with running_daemon(skip) as daemon:
+        with Client(daemon.endpoint, timeout_s=20) as client:
+            got = [i for b in client.epoch(0) for i in ids_of(b)]
+        status = query_status(daemon.endpoint)
+    lost = ids[6 * 5 : 7 * 5]
+    assert got == [i for i in ids if i not in lost], "every other file, in order"
+    assert status["skipped_records"] == 1

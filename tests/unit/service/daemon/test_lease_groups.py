@@ -1,0 +1,46 @@
+"""``order.lease_groups``: which files share a lease (``source.files_per_lease``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from loader.service.order import GROUP_BYTES, lease_groups
+
+SMALL = 1 << 20
+
+
+def flat(groups: list[list[int]]) -> list[int]:
+    return [i for group in groups for i in group]
+
+
+def test_one_file_per_lease_by_default() -> None:
+    assert lease_groups([10, 20, 30], 1, SMALL, seed=0, shuffle=False) == [[0], [1], [2]]
+
+
+def test_unshuffled_groups_are_runs_of_neighbours_in_list_order() -> None:
+    groups = lease_groups([100] * 10, 4, SMALL, seed=0, shuffle=False)
+    assert groups == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_large_and_unknown_files_go_alone_and_split_the_runs() -> None:
+    sizes: list[int | None] = [5, 5, SMALL, 5, None, 5, 5, 5]
+    assert lease_groups(sizes, 8, SMALL, seed=0, shuffle=False) == [[0, 1], [2], [3], [4], [5, 6, 7]]
+
+
+def test_a_group_holds_at_most_group_bytes() -> None:
+    size = GROUP_BYTES // 3 + 1  # three would be over
+    assert lease_groups([size] * 5, 64, GROUP_BYTES, seed=0, shuffle=False) == [[0, 1], [2, 3], [4]]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345])
+def test_shuffled_groups_hold_every_file_once_mixed_and_depend_on_the_seed_alone(seed: int) -> None:
+    sizes: list[int | None] = [100] * 200 + [SMALL * 2] * 3
+    groups = lease_groups(sizes, 16, SMALL, seed=seed, shuffle=True)
+    assert sorted(flat(groups)) == list(range(203))
+    assert [g for g in groups if len(g) == 1 and sizes[g[0]] == SMALL * 2] == [[200], [201], [202]]
+    assert all(len(g) <= 16 for g in groups)
+    assert groups == lease_groups(sizes, 16, SMALL, seed=seed, shuffle=True), "a function of the seed"
+    assert groups != lease_groups(sizes, 16, SMALL, seed=seed + 1, shuffle=True)
+    # A sorted list of class folders (20 classes of 10 files) is mixed: no group of one class.
+    classes = [{i // 10 for i in g} for g in groups if len(g) == 16]
+    assert all(len(c) > 1 for c in classes)
