@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import pytest
 
 from loader.service.order import GROUP_BYTES, lease_groups
@@ -44,3 +47,31 @@ def test_shuffled_groups_hold_every_file_once_mixed_and_depend_on_the_seed_alone
     # A sorted list of class folders (20 classes of 10 files) is mixed: no group of one class.
     classes = [{i // 10 for i in g} for g in groups if len(g) == 16]
     assert all(len(c) > 1 for c in classes)
+
+
+def test_a_daemon_groups_its_files_and_hints_when_many_small_files_go_one_per_lease(tmp_path: Any, caplog: Any) -> None:
+    from loader.config import LoaderConfig
+    from loader.service.daemon.datasets import HINT_FILES, DatasetTable
+
+    for i in range(HINT_FILES):
+        (tmp_path / f"img-{i:04d}.bin").write_bytes(b"x" * 100)
+    (tmp_path / "img-zbig.bin").write_bytes(b"x" * SMALL)
+
+    def table(**source: Any) -> DatasetTable:
+        files = {"files": [str(tmp_path / "*.bin")], "reader": "tests.helpers:range_file_reader", **source}
+        return DatasetTable(LoaderConfig.from_dict({"source": files, "pipeline": {"seed": 1}}))
+
+    caplog.set_level(logging.INFO, logger="loader.daemon")
+    single = table()
+    assert len(single.files) == HINT_FILES + 1
+    assert "source.files_per_lease = 64 would read" in caplog.text
+    caplog.clear()
+    grouped = table(files_per_lease=64)
+    assert "files_per_lease" not in caplog.text
+    leases = grouped.default.leases
+    assert [len(group) for group in leases] == [64] * (HINT_FILES // 64) + [1]
+    assert [path for group in leases for path in group] == single.files, "unshuffled: list order"
+    assert grouped.files == [group[0] for group in leases]
+    fields = grouped.default.lease_fields(1)
+    assert fields["file_key"] == 1 and fields["more"] == leases[1][1:]
+    assert "more" not in grouped.default.lease_fields(len(leases) - 1)
