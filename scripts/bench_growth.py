@@ -78,9 +78,11 @@ QUICK = Sizes(64_000, (10, 100, 1000), (1, 4), 4, 16_384, (1, 2, 4), 8, 128, 1, 
 FULL = Sizes(640_000, (10, 1000, 10_000), (1, 4, 16), 16, 16_384, (1, 2, 4, 8), 16, 256, 2, 10)
 
 
-def tables(files: list[str], workers: int = WORKERS, mappers: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+def tables(
+    files: list[str], workers: int = WORKERS, mappers: tuple[str, ...] = (), per_lease: int = 1
+) -> dict[str, dict[str, Any]]:
     return {
-        "source": {"files": files},
+        "source": {"files": files, "files_per_lease": per_lease},
         "pipeline": {"batch_size": BATCH, "mappers": list(mappers), "shuffle_buffer": 0, "epochs": 0},
         "workers": {"count": workers},
     }
@@ -107,11 +109,11 @@ def memory_snapshot(daemon_pid: int) -> dict[str, Any]:
     }
 
 
-def read_here(work: str, files: list[str], epochs: int) -> dict[str, Any]:
+def read_here(work: str, files: list[str], epochs: int, per_lease: int = 1) -> dict[str, Any]:
     """In a fresh process: a daemon and a client; rate, seconds per epoch and memory after the warm-up and the last epoch."""
     from loader.service.client.client import Client
 
-    with Serve(work, tables(files)) as daemon:
+    with Serve(work, tables(files, per_lease=per_lease)) as daemon:
         with Client(daemon.address, timeout_s=CLIENT_TIMEOUT_S) as client:
             stream_rate(client.epoch, 1)  # warm-up
             first = memory_snapshot(daemon.pid)

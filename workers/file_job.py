@@ -63,16 +63,11 @@ class FileJob:
         self._group: GroupSource | None = None  # a lease of several files: where a record came from
 
     def run(self) -> None:
-        path = self.lease.path
         try:
             lease = self.lease
             mappers = SampleMappers(self._mappers(), seed=lease.seed, epoch=lease.epoch, file_key=lease.file_key)
             self._batch = BatchMappers(self.config.pipeline.batch_mappers, self._batch_mappers())
-            source: FileSource | GroupSource
-            if lease.more:
-                source = self._group = GroupSource(self.config, lease.paths)
-            else:
-                source = FileSource(self.config, path)
+            source = self._open()
         except Exception as exc:  # every failure travels as a message
             if self._failed(exc, None):
                 self._done(sent=0, skipped=1)
@@ -86,7 +81,7 @@ class FileJob:
             and not self._batch
         )
         try:
-            if isinstance(source, FileSource) and source.can_read_blocks and not mappers:
+            if source.can_read_blocks and not mappers:
                 counts = self._send_blocks(source)
             else:
                 counts = self._send_samples(source, mappers)
@@ -94,6 +89,13 @@ class FileJob:
             source.close()
         if counts is not None:
             self._done(*counts)
+
+    def _open(self) -> FileSource | GroupSource:
+        """The lease's file, or its group of files (a fresh reader each call)."""
+        if self.lease.more:
+            self._group = GroupSource(self.config, self.lease.paths)
+            return self._group
+        return FileSource(self.config, self.lease.path)
 
     def _tag(self) -> dict[str, Any]:
         """The fields every message about this lease's file carries."""
@@ -123,7 +125,7 @@ class FileJob:
         self._send_data(P.encode(P.FileError(**self._tag(), error=error.to_dict())))
         return False
 
-    def _send_blocks(self, source: FileSource) -> tuple[int, int] | None:
+    def _send_blocks(self, source: FileSource | GroupSource) -> tuple[int, int] | None:
         wanted = self.config.workers.samples_per_message
         batch_size = self.config.pipeline.batch_size
         # A first block of one row tells the row size, so big rows never make a huge first message; a reader
@@ -132,7 +134,7 @@ class FileJob:
         known = source.row_bytes
         rows = rows_for_bytes(known, wanted, batch_size) if known is not None and not self._batch else 1
         done = _Progress(record=0)
-        fresh: FileSource | None = None  # a reader reopened to salvage a failed block (closed here)
+        fresh: FileSource | GroupSource | None = None  # a reader reopened to salvage a failed block (closed here)
         if self.lease.start:
             # Records before the lease's start were taken from an earlier lease (a cut or resumed file).
             try:
@@ -172,13 +174,13 @@ class FileJob:
             if fresh is not None:
                 fresh.close()
 
-    def _salvage(self, first: int, rows: int) -> tuple[FileSource | None, _Progress]:
+    def _salvage(self, first: int, rows: int) -> tuple[FileSource | GroupSource | None, _Progress]:
         """A block starting at record ``first`` failed (``on_error = "skip"``): read it again one record
         at a time on a fresh reader, send the good records, skip the bad one. Returns the reader to go
         on with, or None when the rest of the file cannot be read."""
         found = _Progress(record=first)
         try:
-            source = FileSource(self.config, self.lease.path)
+            source = self._open()
         except Exception as exc:
             self._failed(exc, first)
             found.skipped += 1
@@ -314,7 +316,7 @@ class _Progress:
         self.record, self.sent, self.skipped = record, 0, 0
 
 
-def _skip_records(source: FileSource, count: int) -> None:
+def _skip_records(source: FileSource | GroupSource, count: int) -> None:
     """Read past the first ``count`` records of a freshly opened source (already sent)."""
     while count > 0:
         try:

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from loader.service.blocks import block_rows
+
 
 class FileSource:
     """One file of the dataset, opened for one lease."""
@@ -112,21 +114,28 @@ class GroupSource:
 
     A file that cannot be opened, or whose reader raises, counts as one record and the next file
     goes on: the exception it raised carries ``records_skipped = 1``, the way a reader that
-    stepped past damage says so (``FileJob`` then skips or reports it). The numbering is
-    therefore the same on every read of the group while the files read the same, which a lease
-    that starts past record 0 (a cut or re-leased group) relies on.
+    stepped past damage says so (``FileJob`` then skips or reports it, and reads on). The
+    numbering is therefore the same on every read of the group while the files read the same,
+    which a lease that starts past record 0 (a cut or re-leased group) relies on.
+
+    Read either sample by sample (``samples``) or in blocks (``read_block``, when every file has a
+    built-in reader): a block never spans two files.
     """
 
-    can_read_blocks = False
     row_bytes = None
     reads_array_file = False
 
     def __init__(self, config: Any, paths: list[str]) -> None:
         self.config, self.paths = config, list(paths)
         self.fields: list[str] | None = list(config.source.fields) if config.source.fields else None
+        # Blocks need the built-in file readers (``FileSource.can_read_blocks``) for every file.
+        self.can_read_blocks = config.source.provider is None and config.source.reader is None
+        self.record = 0  # the group's record number of the next record read
         self._firsts: list[int] = []  # the record each file opened so far began at
         self._unopened: set[int] = set()  # files (by position) that could not be opened: no record of theirs
         self._current: FileSource | None = None
+        self._samples: Iterator[Any] | None = None
+        self._held: dict[str, np.ndarray] | BaseException | None = None  # for the next read_block (see there)
 
     @property
     def path(self) -> str:
@@ -143,24 +152,109 @@ class GroupSource:
     def samples(self) -> Iterator[Any]:
         return _group_samples(self)
 
-    def _open_next(self, record: int) -> Iterator[Any] | None:
-        """The next file's samples (it begins at ``record``), or None after the last file."""
-        if len(self._firsts) == len(self.paths):
-            return None
-        self._firsts.append(record)
-        self.close()
+    def next_sample(self) -> Any:
+        """The next sample of the group; StopIteration after the last file."""
+        while True:
+            if self._samples is None:
+                if not self._open_next():
+                    raise StopIteration
+                assert self._current is not None
+                self._samples = self._current.samples()
+            try:
+                sample = self._guarded(next, self._samples)
+            except StopIteration:
+                self._samples = None
+                continue
+            self.record += 1
+            return sample
+
+    def read_block(self, max_rows: int) -> dict[str, np.ndarray] | None:
+        """Up to ``max_rows`` records as columns, from as many files as it takes (one chunk for many small
+        files); None after the last file. A failure after some rows is raised at the next call, so the
+        rows before it are sent and its record number is where the caller stands."""
+        parts: list[dict[str, np.ndarray]] = []
+        rows = 0
+        held, self._held = self._held, None
+        if isinstance(held, BaseException):
+            raise held
+        if held is not None:
+            parts, rows = [held], block_rows(held)
+        while rows < max_rows:
+            try:
+                block = self._file_block(max_rows - rows)
+            except Exception as exc:
+                if not parts:
+                    raise
+                self._held = exc
+                break
+            if block is None:
+                break
+            if parts and not _same_columns(parts[0], block):  # files of another layout: the next chunk
+                self._held = block
+                break
+            parts.append(block)
+            rows += block_rows(block)
+        if len(parts) <= 1:
+            return parts[0] if parts else None
+        return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+
+    def _file_block(self, max_rows: int) -> dict[str, np.ndarray] | None:
+        """Up to ``max_rows`` records of one file; None after the last file."""
+        while True:
+            if self._current is None and not self._open_next():
+                return None
+            assert self._current is not None
+            block = self._guarded(self._current.read_block, max_rows)
+            if block is None:
+                self.close()
+                continue
+            self.record += block_rows(block)
+            return block
+
+    def _guarded(self, read: Any, arg: Any) -> Any:
+        """``read(arg)`` on the open file; a failure that lost the rest of the file counts one record and
+        closes the file, so the next read goes on with the next file."""
         try:
-            self._current = FileSource(self.config, self.paths[len(self._firsts) - 1])
-        except Exception:
-            self._unopened.add(len(self._firsts) - 1)
+            return read(arg)
+        except StopIteration:
+            raise
+        except Exception as exc:
+            lost = getattr(exc, "records_skipped", None)
+            if isinstance(lost, int) and lost >= 1:  # the reader stepped past damage: this file goes on
+                self.record += lost
+            else:
+                self.record += 1
+                self.close()
+                exc.records_skipped = 1  # type: ignore[attr-defined]
+            raise
+
+    def _open_next(self) -> bool:
+        """Open the next file (it begins at ``self.record``); False after the last file. A file that cannot
+        be opened raises, counted as one record (``records_skipped = 1``)."""
+        self.close()
+        if len(self._firsts) == len(self.paths):
+            return False
+        position = len(self._firsts)
+        self._firsts.append(self.record)
+        try:
+            self._current = FileSource(self.config, self.paths[position])
+        except Exception as exc:
+            self._unopened.add(position)
+            self.record += 1
+            exc.records_skipped = 1  # type: ignore[attr-defined]
             raise
         self.fields = self.fields or self._current.fields
-        return self._current.samples()
+        return True
 
     def close(self) -> None:
-        current, self._current = self._current, None
+        current, self._current, self._samples = self._current, None, None
         if current is not None:
             current.close()
+
+
+def _same_columns(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    """Whether two blocks' columns can be concatenated: the same names, dtypes and row shapes."""
+    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and a[k].shape[1:] == b[k].shape[1:] for k in a)
 
 
 class _group_samples:
@@ -168,42 +262,12 @@ class _group_samples:
 
     def __init__(self, group: GroupSource) -> None:
         self._group = group
-        self._record = 0  # the group's record number of the next sample
-        self._samples: Iterator[Any] | None = None
-        self._ended = False
 
     def __iter__(self) -> Iterator[Any]:
         return self
 
     def __next__(self) -> Any:
-        while not self._ended:
-            if self._samples is None:
-                try:
-                    self._samples = self._group._open_next(self._record)
-                except Exception as exc:  # a file that cannot be opened is one record
-                    self._record += 1
-                    exc.records_skipped = 1  # type: ignore[attr-defined]
-                    raise
-                if self._samples is None:
-                    self._ended = True
-                    break
-            try:
-                sample = next(self._samples)
-            except StopIteration:
-                self._samples = None
-                continue
-            except Exception as exc:
-                lost = getattr(exc, "records_skipped", None)
-                if isinstance(lost, int) and lost >= 1:  # the reader stepped past damage: this file goes on
-                    self._record += lost
-                else:  # the rest of this file is lost: it counts as one record, and the next file follows
-                    self._samples = None
-                    self._record += 1
-                    exc.records_skipped = 1  # type: ignore[attr-defined]
-                raise
-            self._record += 1
-            return sample
-        raise StopIteration
+        return self._group.next_sample()
 
 
 def _open_file_reader(path: str, source: Any) -> Any:

@@ -91,3 +91,30 @@ def test_a_file_that_fails_in_a_group_is_named_and_skipped_alone(tmp_path: Any) 
     lost = ids[6 * 5 : 7 * 5]
     assert got == [i for i in ids if i not in lost], "every other file, in order"
     assert status["skipped_records"] == 1
+
+
+def draw(sample: Any, rng: Any) -> Any:
+    """The sample's id and one draw of its generator."""
+    (value,) = sample
+    return (np.array([int(value), int(rng.integers(2**62))], dtype=np.int64),)
+
+
+def test_a_mappers_generator_is_seeded_by_the_group_and_its_record(data: Any) -> None:
+    directory, ids = data
+    mapper = {"mappers": ["tests.integration.test_lease_groups:draw"]}
+    rows = {}
+    for workers in (1, 3):
+        with loader.Loader(config(directory, per_lease=8, workers=workers, **mapper)) as source:
+            rows[workers] = [np.asarray(b["data"]).tolist() for b in source.epoch(1)]
+    assert rows[1] == rows[3], "the same draws whatever the worker count"
+    # Unshuffled, group k holds files 8k .. 8k+7; its records run on through them.
+    where, group_record = {}, 0
+    for i, size in enumerate(SIZES):
+        if i % 8 == 0:
+            group_record = 0
+        for r in range(size):
+            where[ids[sum(SIZES[:i]) + r]] = (i // 8, group_record + r)
+        group_record += size
+    for value, drawn in (row for batch in rows[1] for row in batch):
+        expected = np.random.default_rng((3, 1, *where[value]))
+        assert drawn == int(expected.integers(2**62))

@@ -109,3 +109,26 @@ def test_files_per_lease_is_checked(tmp_path: Any) -> None:
     for bad in (0, -1, 5000, "8", True):
         with pytest.raises(ConfigError, match="files_per_lease"):
             LoaderConfig.from_dict({"source": {"files": ["x"], "files_per_lease": bad}})
+
+
+def test_blocks_never_span_files_and_a_bad_file_is_one_record(tmp_path: Any) -> None:
+    np.save(tmp_path / "a.npy", np.arange(5))
+    (tmp_path / "b.npy").write_bytes(b"not an npy file")
+    np.save(tmp_path / "c.npy", np.arange(10, 13))
+    cfg = LoaderConfig.from_dict({"source": {"files": [str(tmp_path / "*.npy")], "files_per_lease": 4}})
+    paths = [str(tmp_path / f"{name}.npy") for name in "abc"]
+    group = GroupSource(cfg, paths)
+    assert group.can_read_blocks
+    got, failures = [], []
+    while True:
+        try:
+            block = group.read_block(4)
+        except Exception as exc:
+            failures.append((group.record - exc.records_skipped, *group.locate(group.record - 1)))  # type: ignore[attr-defined]
+            continue
+        if block is None:
+            break
+        got.append(next(iter(block.values())).tolist())
+    assert got == [[0, 1, 2, 3], [4], [10, 11, 12]]
+    assert failures == [(5, paths[1], None)]
+    assert group.record == 9
