@@ -13,11 +13,13 @@ which a reader does not always know before reading:
   percent of a file).
 * ``waiting_behind_slow``: once a worker's current file has run ``AHEAD_HOLD_S``,
   the leases queued behind it that it has not started (no data of theirs
-  arrived) go back to the front of their queues for any worker
-  (``Coordinator.take_back``, each loop turn; ``due_in`` wakes the loop for it).
+  arrived) go back to their queues for any worker, each at its place in the
+  epoch's order (``Coordinator.take_back``, each loop turn; ``due_in`` wakes the
+  loop for it).
 
 So a file waits behind another at most ``AHEAD_HOLD_S`` plus a loop turn, then
-goes to the next worker that asks, as it would have without leases ahead.
+goes to the next worker that asks, as it would have without leases ahead; the
+head file first, whatever else was put back with it.
 """
 
 from __future__ import annotations

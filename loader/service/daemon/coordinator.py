@@ -10,8 +10,11 @@ The coordinator decides, workers obey:
   is not read again from its beginning.
 * A job stays leased until the stage has every record of the file
   (``job_finished``). When a worker dies (exit code, or heartbeats missing for
-  ``heartbeat_timeout_s``) its unfinished jobs go back to the front of their
-  queue and, for a worker this daemon started, a replacement is launched.
+  ``heartbeat_timeout_s``) its unfinished jobs go back to their queue and, for
+  a worker this daemon started, a replacement is launched.
+* A queue stays in the epoch's order: a job put back (a dead worker's, a cut
+  file, a lease taken back) goes to its place in it, so a queued head file
+  (always leasable) is the next one leased.
 * Heartbeats come from a thread of their own in the worker, so they say the
   process is alive, not that it works. A worker holding a lease that sends no
   data for ``progress_timeout_s`` (``LEASE_PROGRESS_TIMEOUT_S`` by default:
@@ -80,8 +83,8 @@ class Coordinator:
         self._lease_ids = itertools.count(1)
         self.restarts = 0
         self._ended: OrderedDict[tuple[str, int], str] = OrderedDict()  # (worker, lease id) -> its token
-        # (stream, file) of jobs put back in a queue (a dead worker's, a cut file): only these can be in a
-        # queue when their file completes, so ``job_finished`` searches a queue for these alone.
+        # (stream, file) of jobs put back in a queue (a dead worker's, a cut file, a lease taken back): only these
+        # can be in a queue when their file completes, so ``job_finished`` searches a queue for these alone.
         self._requeued: set[tuple[int, int]] = set()
         self.leases_granted = 0  # counters for the metrics endpoint
         self.re_leases = 0
@@ -89,7 +92,10 @@ class Coordinator:
 
     # -- jobs ---------------------------------------------------------------
     def enqueue(self, stream_id: int, epoch: int, file_indexes: list[int]) -> None:
-        jobs = deque(Job(next(self._lease_ids), stream_id, epoch, i, self.files[i]) for i in file_indexes)
+        jobs = deque(
+            Job(next(self._lease_ids), stream_id, epoch, i, self.files[i], order=place)
+            for place, i in enumerate(file_indexes)
+        )
         self._queues[stream_id] = jobs
 
     def cancel_stream(self, stream_id: int) -> list[tuple[str, int]]:
@@ -136,8 +142,8 @@ class Coordinator:
     def _leasable(self, stream_id: int, jobs: deque[Job]) -> Job | None:
         """The first queued job of the stream the stage lets a worker start now, taken off the queue.
 
-        Files are queued in the epoch's order, but a re-queued one (a dead worker's, a cut one) goes
-        first: the head file may wait behind a few of those, never behind more than ``SCAN_JOBS``."""
+        The queue is in the epoch's order (``_put_back``), so the head file, when queued, comes first; later
+        files the stage refuses now (no room) are passed over, at most ``SCAN_JOBS`` of them."""
         for i, job in enumerate(itertools.islice(jobs, SCAN_JOBS)):
             if self.may_lease(stream_id, job.file_index):
                 del jobs[i]
@@ -156,9 +162,9 @@ class Coordinator:
                     worker.files_done += 1
         queue = self._queues.get(stream_id)
         if queue and (stream_id, file_index) in self._requeued:
-            # A dead worker's data can complete a file after its job was re-queued. Re-queued jobs lie
-            # at the front, and only those are looked for: a scan of the whole queue per file would
-            # make an epoch cost quadratic in its files.
+            # A dead worker's data can complete a file after its job was re-queued. Re-queued jobs lie near
+            # the front (before every file not leased yet), and only those are looked for: a scan of the
+            # whole queue per file would make an epoch cost quadratic in its files.
             self._requeued.discard((stream_id, file_index))
             for i, job in enumerate(queue):
                 if job.file_index == file_index:
@@ -166,8 +172,8 @@ class Coordinator:
                     break
 
     def requeue(self, stream_id: int, file_index: int) -> list[tuple[str, int]]:
-        """End the lease of this file (the stage cut it) and queue it first again; the (worker id,
-        lease id) to cancel. It is leased again from where the stage stands (``lease_start``)."""
+        """End the lease of this file (the stage cut it) and queue it again; the (worker id, lease id) to
+        cancel. It is leased again from where the stage stands (``lease_start``)."""
         cancelled = []
         for worker in self.workers.values():
             for lease_id, job in list(worker.leases.items()):
@@ -178,24 +184,34 @@ class Coordinator:
         return cancelled
 
     def _queue_again(self, job: Job) -> None:
-        """Put the file of an ended lease first in its stream's queue, as a new job (a new lease id)."""
+        """Queue the file of an ended lease again, as a new job (a new lease id)."""
+        self._put_back(Job(next(self._lease_ids), job.stream_id, job.epoch, job.file_index, job.path, order=job.order))
+
+    def _put_back(self, job: Job) -> bool:
+        """Put ``job`` back in its stream's queue at its place in the epoch's order (False: the stream is gone).
+
+        At the front, files put back in turn (taken back from two workers, cut) stood before the head file
+        and could keep it from every worker for good (docs/internals.md, "Leases ahead"). A queue is leased
+        from its front, so only files put back lie before that place: the walk is short."""
         queue = self._queues.get(job.stream_id)
-        if queue is not None:
-            queue.appendleft(Job(next(self._lease_ids), job.stream_id, job.epoch, job.file_index, job.path))
-            self._requeued.add((job.stream_id, job.file_index))
+        if queue is None:
+            return False
+        place = next((i for i, queued in enumerate(queue) if queued.order > job.order), len(queue))
+        queue.insert(place, job)
+        self._requeued.add((job.stream_id, job.file_index))
+        return True
 
     def take_back(self, now: float) -> list[tuple[str, int]]:
-        """Leases waiting behind a slow file (``ahead.waiting_behind_slow``) back to the front of their queues,
-        in order, as new leases; the (worker id, lease id) to cancel."""
+        """Leases waiting behind a slow file (``ahead.waiting_behind_slow``) back to their queues, at their
+        places in the epoch's order, as new leases; the (worker id, lease id) to cancel."""
         cancelled: list[tuple[str, int]] = []
         for worker in self.workers.values():
             queued = ahead.waiting_behind_slow(worker, now)
-            for job in reversed(queued):  # each goes first: the earliest granted ends up in front
+            for job in queued:
                 self._end(worker, job.lease_id)
                 self._queue_again(job)
                 cancelled.append((worker.worker_id, job.lease_id))
             self.taken_back += len(queued)
-        cancelled.reverse()
         return cancelled
 
     def take_back_due_in(self, now: float) -> float:
@@ -288,19 +304,15 @@ class Coordinator:
         return dead
 
     def remove_worker(self, record: WorkerRecord) -> list[Job]:
-        """Drop a dead worker; its unfinished jobs go back to the front of their queues. Returned in the
+        """Drop a dead worker; its unfinished jobs go back to their queues (``_put_back``). Returned in the
         order granted: the first is the file it was reading, the rest waited behind it."""
         self.workers.pop(record.worker_id, None)
         held = list(record.leases.values())
-        for job in sorted(held, key=lambda j: j.lease_id, reverse=True):
+        for job in held:
             self._remember(record.worker_id, job)
-            queue = self._queues.get(job.stream_id)
-            if queue is None:
-                continue  # the stream was cancelled meanwhile
             job.worker = None
-            queue.appendleft(job)
-            self._requeued.add((job.stream_id, job.file_index))
-            self.re_leases += 1
+            if self._put_back(job):
+                self.re_leases += 1
         record.leases.clear()
         return held
 

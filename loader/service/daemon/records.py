@@ -17,6 +17,7 @@ class Job:
     epoch: int
     file_index: int
     path: str
+    order: int = 0  # its place in the stream's epoch order: a job put back in the queue goes there
     worker: str | None = None
     start: int = 0  # the first record the lease reads (set at each grant)
     token: str = ""  # issued afresh with every grant (``next_job``)

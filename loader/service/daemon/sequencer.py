@@ -14,7 +14,10 @@ leave a later file's worker idle behind a window of a few batches). A chunk of
 a later file that would hold more is refused, and the stream *cuts* that file
 there (``Cut``): its lease is cancelled and the file re-leased later from that
 record. So a slow worker holds the stream back by at most the reorder window,
-and memory stays bounded whatever the file sizes.
+and memory stays bounded whatever the file sizes. A later file may be leased
+only while the window has room for a chunk as large as the stream's largest:
+with less, its first full chunk would be cut at once, and a cut file would be
+leased, cut and queued again in a loop while the window stays full.
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ class Sequencer:
             first.next_record = first.lease_start = start_record
         self.held_rows = 0
         self.held_bytes = 0
+        # The largest chunk of the stream so far, in rows and in bytes (``may_read``); one row before any.
+        self.chunk_rows = self.chunk_bytes = 1
 
     def _room(self, rows: int, nbytes: int) -> bool:
         """Whether ``rows`` more rows of ``nbytes`` fit the reorder window."""
@@ -95,13 +100,18 @@ class Sequencer:
         return state.next_record
 
     def may_read(self, file_index: int) -> bool:
-        """Whether a lease of this file may start now (the head always; later files while there is room)."""
+        """Whether a lease of this file may start now: the head always; a later file while the window has
+        room for one more chunk as large as the largest so far.
+
+        Room for one row would not do: a file cut because its chunk did not fit would be leased again at
+        once, its next chunk refused and the file cut again, over and over while the window stays full
+        (only the head's completion empties it), keeping workers from the head file."""
         state = self.files.get(file_index)
         if state is None or state.done:
             return False
         if state.order_index == self.head:
             return True
-        return state.order_index < self.head + MAX_FILES_AHEAD and self._room(1, 1)
+        return state.order_index < self.head + MAX_FILES_AHEAD and self._room(self.chunk_rows, self.chunk_bytes)
 
     def add(self, file_index: int, block: Block, records: np.ndarray) -> tuple[list[Tagged], list[Block], Cut | None]:
         """Rows of a file: (rows now in order, rows dropped as already taken, a cut or None)."""
@@ -116,11 +126,12 @@ class Sequencer:
         n = block_rows(block)
         if n == 0:
             return [], dropped, None
+        nbytes = block_nbytes(block)
+        self.chunk_rows, self.chunk_bytes = max(self.chunk_rows, n), max(self.chunk_bytes, nbytes)
         if state.order_index == self.head:
             state.next_record = int(records[-1]) + 1
             state.taken += n
             return [(block, state.order_index, records)], dropped, None
-        nbytes = block_nbytes(block)
         if not self._room(n, nbytes):
             dropped.append(block)
             return [], dropped, self.cut(file_index)

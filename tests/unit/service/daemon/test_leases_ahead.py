@@ -1,9 +1,10 @@
 """Leases ahead: a worker holds files queued behind the one it reads; slow files give theirs back.
 
 What must hold whatever the timing: a worker is granted a lease ahead only while its files are quick,
-a queued lease it has not started goes back to the front of its queue once the file before it has run
-``AHEAD_HOLD_S``, a death re-queues every lease (in the epoch's order) and is charged only to the file
-being read, and completing a file never scans the whole queue.
+a queued lease it has not started goes back to its queue once the file before it has run
+``AHEAD_HOLD_S``, a death re-queues every lease and is charged only to the file being read, a lease put
+back goes to its place in the epoch's order (so a queued head file is leased first), files larger than
+the reorder window never livelock, and completing a file never scans the whole queue.
 """
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ from __future__ import annotations
 import time
 from collections import deque
 
+import numpy as np
+
 from loader.service.daemon.ahead import AHEAD_HOLD_S
 from loader.service.daemon.coordinator import Coordinator
+from loader.service.daemon.sequencer import Sequencer
 
 
 def _coordinator(n=10, ahead=2, **kw):
@@ -159,3 +163,80 @@ def test_finishing_files_does_not_scan_the_queue():
         coord.job_finished(1, job.file_index)
     assert not w.leases and coord.queued(1) == 1000 - 17
     assert passes == [], "a file leased from the queue is not looked for in it"
+
+
+def test_leases_taken_back_from_several_workers_go_back_in_the_epochs_order():
+    """Each worker's queued leases used to go to the very front in turn, so the second worker's later files
+    stood before the first's: the head file among them waited behind files it comes before."""
+    coord = _coordinator(8)
+    coord.enqueue(1, 0, list(range(8)))
+    a, b = coord.hello("a", b"p", 1), coord.hello("b", b"q", 2)
+    a.asked = b.asked = 3
+    assert [j.file_index for j in _grant(coord, a) + _grant(coord, b)] == [0, 1, 2, 3, 4, 5]
+    late = max(a.reading_since, b.reading_since) + AHEAD_HOLD_S + 0.001
+    assert len(coord.take_back(late)) == 4
+    assert [job.file_index for job in coord._queues[1]] == [1, 2, 4, 5, 6, 7]
+
+
+def test_a_file_put_back_goes_to_its_place_behind_a_queued_head():
+    coord = _coordinator(6, ahead=0)
+    coord.enqueue(1, 0, [5, 3, 1, 0, 4, 2])  # the epoch's order
+    a, b = coord.hello("a", b"p", 1), coord.hello("b", b"q", 2)
+    a.asked = b.asked = 1
+    reading, later = _grant(coord, a)[0], _grant(coord, b)[0]
+    coord.remove_worker(a)  # the head goes back
+    coord.requeue(1, later.file_index)  # then the stage cuts the file after it
+    assert [job.file_index for job in coord._queues[1]] == [reading.file_index, later.file_index, 1, 0, 4, 2]
+
+
+def _read_with_cuts(ahead: int, files: int, rows: int, chunk: int, window: int, max_turns: int) -> list[int] | None:
+    """Two workers read ``files`` files of ``rows`` records through a coordinator and a stream's sequencer
+    wired as the daemon wires them (``Stage.may_lease``, ``Stage.lease_start``): per turn, leases granted
+    (leases ahead only in the first turn, then queued ones taken back: the files run long), and each
+    worker sends one ``chunk`` of the file it reads; a chunk beyond the reorder window cuts its file and
+    queues it again. Records numbered across files (``file * rows + record``; the order is the files'
+    own) in the order they came out, or None if the epoch did not complete in ``max_turns`` turns."""
+    seq = Sequencer(list(range(files)), 0, 0, reorder_rows=window)
+    coord = _coordinator(
+        files, ahead=ahead, may_lease=lambda s, f: seq.may_read(f), lease_start=lambda s, f: seq.lease_start(f)
+    )
+    coord.enqueue(1, 0, list(range(files)))
+    workers = [coord.hello("a", b"p", 1), coord.hello("b", b"q", 2)]
+    at: dict[int, int] = {}  # lease id -> the next record its worker reads
+    out: list[int] = []
+    for turn in range(max_turns):
+        if seq.complete:
+            return out
+        now = time.monotonic() + (0.0 if turn == 0 else 10 * AHEAD_HOLD_S)
+        coord.take_back(now)
+        for worker in sorted(workers, key=lambda w: bool(w.leases)):  # idle workers first, as dispatch
+            worker.asked = 1 + ahead - len(worker.leases)
+            while coord.wants_lease(worker, now) and (job := coord.next_job(worker)) is not None:
+                at[job.lease_id] = job.start
+        for worker in workers:
+            if not worker.leases:
+                continue
+            job = next(iter(worker.leases.values()))
+            first = at[job.lease_id]
+            records = np.arange(first, min(first + chunk, rows))
+            if len(records) == 0:  # the lease read its file: FILE_DONE
+                out += [f * rows + int(r) for _, f, records in seq.finish(job.file_index) for r in records]
+                coord.job_finished(1, job.file_index)
+                continue
+            coord.progressed(worker.worker_id, job.lease_id)
+            tagged, _, cut = seq.add(job.file_index, {"r": records}, records)
+            out += [f * rows + int(r) for _, f, records in tagged for r in records]
+            at[job.lease_id] = int(records[-1]) + 1
+            if cut is not None:
+                coord.requeue(1, cut.file_index)
+    return out if seq.complete else None
+
+
+def test_files_larger_than_the_reorder_window_complete_with_leases_ahead():
+    """The livelock of leases ahead: taken back, the head file stood in the queue behind later files, and
+    those, cut as the window filled, were leased again at once (room for one row), cut again, queued first
+    again, in turn for both workers, while the head waited for good."""
+    files, rows = 6, 40
+    got = _read_with_cuts(ahead=2, files=files, rows=rows, chunk=8, window=20, max_turns=500)
+    assert got is not None, "the epoch stalled"
+    assert got == list(range(files * rows)), "every record once, in the epoch's order"

@@ -45,8 +45,9 @@ def test_a_chunk_beyond_the_window_cuts_its_file_at_the_record_it_stands():
 def test_small_rows_are_held_up_to_the_byte_budget_and_not_beyond():
     # 1000 rows of 8 bytes fit 8 KiB, far more rows than the row bound of 10.
     seq = Sequencer([0, 1], 0, 0, reorder_rows=10, reorder_bytes=8192)
-    assert seq.add(1, *_rows(0, 1000))[2] is None and seq.held_bytes == 8000
-    assert seq.may_read(1)
+    assert seq.add(1, *_rows(0, 500))[2] is None and seq.held_bytes == 4000
+    assert seq.may_read(1), "room for another chunk of 500 rows"
+    assert seq.add(1, *_rows(500, 500))[2] is None and seq.held_bytes == 8000
     assert seq.add(1, *_rows(1000, 100))[2] == Cut(1, 1000)
     big = Sequencer([0, 1], 0, 0, reorder_rows=10, reorder_bytes=8192)
     assert big.add(1, *_rows(0, 20, width=128))[2] == Cut(1, 0), "1 KiB rows: only the row bound applies"
@@ -98,6 +99,21 @@ def test_the_head_file_is_always_readable(window):
     seq = Sequencer([0, 1], 0, 0, reorder_rows=window)
     seq.add(1, *_rows(0, 5))
     assert seq.may_read(0)
+
+
+def test_after_a_cut_only_the_head_may_be_leased_until_the_window_empties():
+    """Room for one row is not room for a chunk: a cut file leased again at once would be cut again at
+    once, in a loop that kept workers from the head file while the window stayed full."""
+    seq = Sequencer([0, 1, 2], 0, 0, reorder_rows=10)
+    seq.add(1, *_rows(0, 4))
+    assert seq.may_read(2), "room for another chunk of 4 rows"
+    seq.add(1, *_rows(4, 4))
+    assert not seq.may_read(2), "8 rows held of 10: no room for a chunk of 4"
+    assert seq.add(1, *_rows(8, 4))[2] == Cut(1, 8)
+    assert not seq.may_read(1) and not seq.may_read(2), "the cut file is not leased just to be cut again"
+    assert seq.may_read(0), "the head is"
+    seq.finish(0)
+    assert seq.may_read(1) and seq.may_read(2), "the window emptied into the stream: room again"
 
 
 def test_records_a_cut_lease_skipped_are_kept_for_the_file_and_misfits_advance_it():
