@@ -7,7 +7,8 @@ the table's first row (or the ideal), so a ratio reads as "how much worse than t
 * **files**: the same samples (64 float32 + an int64 label, ``.npz``) split into 10, 1,000 and
   10,000 files (quick: 10, 100, 1,000); 2 workers, batch 256, no shuffling. Every file is one lease
   (a round trip to the coordinator) and one open, so the extra time per epoch over the 10-file case,
-  divided by the extra files, is the service's cost per file on this machine.
+  divided by the extra files, is the service's cost per file on this machine. The most files are
+  read once more with ``source.files_per_lease = 64`` (lease groups: a lease per 64 files).
 * **clients**: 1, 4 and 16 clients of one daemon, each in its own process, all starting together
   after a warm-up epoch; twice: as the ranks of one job (``world_size`` = N: each epoch is cut into
   global steps of N batches, one per rank), and as N jobs of one rank each (every client reads every
@@ -58,6 +59,7 @@ CLIENT_TIMEOUT_S = 120.0
 CLIENTS_TIMEOUT_S = 300.0
 MIB = 1024 * 1024
 COLD_READ_BYTES = 256 * MIB
+GROUPED_PER_LEASE = 64  # the files table's last run again, small files leased this many at a time
 
 
 @dataclass(frozen=True)
@@ -146,27 +148,43 @@ def bench_files(work: str, size: Sizes) -> tuple[list[dict[str, Any]], dict[int,
         runs[count] = in_child("bench_growth", "read_here", work=work, files=files, epochs=size.epochs)
     base_count = size.file_counts[0]
     base = runs[base_count]
-    rows = []
-    for count, got in runs.items():
-        extra_ms = (got["epoch_s"] - base["epoch_s"]) / (count - base_count) * 1000 if count != base_count else 0.0
-        rows.append(
-            row(
-                f"files_{count}",
-                got["rate"],
-                base["rate"],
-                "samples/s",
-                "none (cost per file)",
-                None,
-                f"{size.total_samples:,} samples (64 float32 + label) in {count:,} .npz files of "
-                f"{size.total_samples // count:,}, {WORKERS} workers, batch {BATCH}; epoch {got['epoch_s']:.2f}s; "
-                + (
-                    f"{extra_ms:.3f} ms per extra file over the {base_count}-file epoch"
-                    if count != base_count
-                    else "peer = the first row"
-                ),
-            )
-        )
+    rows = [files_row(size, count, got, base, base_count) for count, got in runs.items()]
+    # The most files again, leased GROUPED_PER_LEASE at a time (``source.files_per_lease``).
+    most = size.file_counts[-1]
+    grouped = in_child(
+        "bench_growth",
+        "read_here",
+        work=work,
+        files=split_files(work, size.total_samples, most),
+        epochs=size.epochs,
+        per_lease=GROUPED_PER_LEASE,
+    )
+    rows.append(files_row(size, most, grouped, base, base_count, per_lease=GROUPED_PER_LEASE))
     return rows, runs
+
+
+def files_row(
+    size: Sizes, count: int, got: dict[str, Any], base: dict[str, Any], base_count: int, per_lease: int = 1
+) -> dict[str, Any]:
+    extra_ms = (got["epoch_s"] - base["epoch_s"]) / (count - base_count) * 1000 if count != base_count else 0.0
+    grouped = per_lease > 1
+    return row(
+        f"files_{count}" + ("_grouped" if grouped else ""),
+        got["rate"],
+        base["rate"],
+        "samples/s",
+        "none (cost per file)",
+        None,
+        f"{size.total_samples:,} samples (64 float32 + label) in {count:,} .npz files of "
+        f"{size.total_samples // count:,}"
+        + (f", source.files_per_lease = {per_lease}" if grouped else "")
+        + f", {WORKERS} workers, batch {BATCH}; epoch {got['epoch_s']:.2f}s; "
+        + (
+            f"{extra_ms:.3f} ms per extra file over the {base_count}-file epoch"
+            if count != base_count
+            else "peer = the first row"
+        ),
+    )
 
 
 # -- clients ----------------------------------------------------------------------------------
