@@ -139,6 +139,7 @@ def gather(refs: np.ndarray, specs: Mapping[int, Spec], arena_of: ArenaOf, *, fr
     if len(spec_ids) == 1:
         dtype, shape = specs[int(spec_ids[0])]
         nbytes = row_nbytes((dtype, shape))
+        _check_rows_fit(refs, nbytes, arena_of)  # before allocating what the references claim
         raw = np.empty((n, nbytes), dtype=np.uint8)
         _copy_rows(refs, raw, nbytes, arena_of)
         out = raw.view(np.dtype(dtype)).reshape((n, *shape))
@@ -146,12 +147,42 @@ def gather(refs: np.ndarray, specs: Mapping[int, Spec], arena_of: ArenaOf, *, fr
         out = np.empty(n, dtype=object)
         for i, spec_id in enumerate(refs[:, 2].tolist()):
             dtype, shape = specs[spec_id]
+            _check_rows_fit(refs[i : i + 1], row_nbytes((dtype, shape)), arena_of)
             one = np.empty((1, row_nbytes((dtype, shape))), dtype=np.uint8)
             _copy_rows(refs[i : i + 1], one, one.shape[1], arena_of)
             out[i] = one[0].view(dtype).reshape(shape)
     if free:
         free_refs(refs, specs, arena_of)
     return out
+
+
+def _check_rows_fit(refs: np.ndarray, nbytes: int, arena_of: ArenaOf) -> None:
+    """Refuse references whose rows of ``nbytes`` lie outside their arena or file, before any allocation:
+    the references come from a peer, and a claimed row size is only a number until checked."""
+    for ref_id in np.unique(refs[:, 0]).tolist():
+        starts = refs[refs[:, 0] == ref_id, 1]
+        first, last = int(starts.min()), int(starts.max())
+        if is_file_id(ref_id):
+            source = arena_of(ref_id)
+            layout = getattr(source, "layout", None)
+            if layout is None:
+                continue  # read_rows names a source that is not open
+            if nbytes != layout.row_bytes:
+                raise FileRowsError(
+                    f"{layout.file}: a reference claims rows of {nbytes} bytes, the header says otherwise"
+                )
+            if first < 0 or last >= layout.rows:
+                raise FileRowsError(
+                    f"{layout.file}: row {first if first < 0 else last} is outside its {layout.rows} rows"
+                )
+            continue
+        arena = _arena(arena_of, ref_id)
+        size = len(arena.data)
+        if first < 0 or last * arena.block_bytes + nbytes > size:
+            raise ArenaError(
+                f"a reference claims a row of {nbytes} bytes at block {first if first < 0 else last} of arena "
+                f"{ref_id}, which holds {size} bytes"
+            )
 
 
 def _copy_rows(refs: np.ndarray, raw: np.ndarray, nbytes: int, arena_of: ArenaOf) -> None:

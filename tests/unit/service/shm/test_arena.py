@@ -125,6 +125,20 @@ def test_gather_of_a_row_spec_its_message_does_not_describe_is_one_arena_error(p
             R.gather(mixed, _spec(values), pool.get, free=False)
 
 
+def test_references_claiming_rows_beyond_their_arena_are_refused_before_any_allocation(pool):
+    arena = pool.create()
+    values = np.ones((2, 20000), np.float32)
+    refs = R.write_column(arena, values)
+    huge = {0: ("<f8", (1 << 20, 1 << 20))}  # 8 TiB a row: np.empty would raise MemoryError
+    with pytest.raises(ArenaError, match="which holds"):
+        R.gather(refs, huge, pool.get, free=False)
+    beyond = refs.copy()
+    beyond[1, 1] = len(arena.data) // arena.block_bytes  # a block past the arena's end
+    with pytest.raises(ArenaError, match="which holds"):
+        R.gather(beyond, _spec(values), pool.get, free=False)
+    assert np.array_equal(R.gather(refs, _spec(values), pool.get), values)
+
+
 def test_gather_in_shuffled_order_and_mixed_specs(pool):
     arena = pool.create()
     specs = R.Specs()
