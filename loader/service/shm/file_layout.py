@@ -98,13 +98,14 @@ def read_layout(path: str, member: str) -> tuple[Layout, int]:
         if not stat.S_ISREG(st.st_mode):
             raise FileRowsError(f"{target} is not a regular file")
         try:
+            end = st.st_size  # where the array's bytes must end: the file's end, or its member's
             if target.lower().endswith(".npz"):
-                offset, shape, fortran, dtype = _npz_member(fh, member)
+                offset, shape, fortran, dtype, end = _npz_member(fh, member)
             else:
                 offset, shape, fortran, dtype = _npy_header(fh, target)
         except (ValueError, EOFError, KeyError, zipfile.BadZipFile, OSError) as exc:
             raise FileRowsError(f"{target}: no readable array {member[:40]!r} ({exc})") from exc
-        layout = _checked(path, member, target, offset, shape, fortran, dtype, st)
+        layout = _checked(path, member, target, offset, shape, fortran, dtype, st, min(end, st.st_size))
         return layout, os.dup(fh.fileno())
 
 
@@ -120,7 +121,9 @@ def _npy_header(fh: BinaryIO, target: str) -> tuple[int, tuple[int, ...], bool, 
     return fh.tell(), shape, fortran, dtype
 
 
-def _npz_member(fh: BinaryIO, member: str) -> tuple[int, tuple[int, ...], bool, np.dtype]:
+def _npz_member(fh: BinaryIO, member: str) -> tuple[int, tuple[int, ...], bool, np.dtype, int]:
+    """(offset, shape, fortran, dtype, end) of a stored member: ``end`` is where its bytes stop, so a header
+    claiming more rows than the member holds cannot name the next member's bytes as rows."""
     with zipfile.ZipFile(fh) as archive:
         info = archive.getinfo(member + ".npy")
         if info.compress_type != zipfile.ZIP_STORED:
@@ -133,7 +136,8 @@ def _npz_member(fh: BinaryIO, member: str) -> tuple[int, tuple[int, ...], bool, 
     if len(local) != _LOCAL_HEADER_BYTES or local[:4] != b"PK\x03\x04":
         raise ValueError("bad local header")
     name_len, extra_len = int.from_bytes(local[26:28], "little"), int.from_bytes(local[28:30], "little")
-    return info.header_offset + _LOCAL_HEADER_BYTES + name_len + extra_len + header_len, shape, fortran, dtype
+    payload = info.header_offset + _LOCAL_HEADER_BYTES + name_len + extra_len
+    return payload + header_len, shape, fortran, dtype, payload + info.compress_size
 
 
 def _checked(
@@ -145,6 +149,7 @@ def _checked(
     fortran: bool,
     dtype: np.dtype,
     st: os.stat_result,
+    end: int,
 ) -> Layout:
     if dtype.hasobject or dtype.itemsize == 0:
         raise FileRowsError(f"{target}: array {member[:40]!r} has dtype {dtype}, which is never read by reference")
@@ -152,8 +157,9 @@ def _checked(
         raise FileRowsError(f"{target}: array {member[:40]!r} has no C-order rows")
     rows = int(shape[0])
     layout = Layout(path, member, target, int(offset), dtype.str, tuple(int(d) for d in shape[1:]), rows, identity(st))
-    if layout.offset + rows * layout.row_bytes > st.st_size:
-        raise FileRowsError(f"{target} is shorter than its header says")
+    if layout.offset + rows * layout.row_bytes > end:
+        what = target if end == st.st_size else f"{target} member {member[:40]!r}"
+        raise FileRowsError(f"{what} is shorter than its header says")
     return layout
 
 

@@ -83,6 +83,18 @@ def test_a_short_file_is_refused_before_any_read(tmp_path):
         F.FileTable().resolve(str(path), "data")
 
 
+def test_an_npz_member_claiming_more_rows_than_it_holds_is_refused(tmp_path):
+    # Its rows would run into the next member's bytes: the bound is the member's end, not the file's.
+    path = tmp_path / "a.npz"
+    np.savez(path, data=np.ones((4, WIDTH), np.float32), other=np.zeros((64, WIDTH), np.float32))
+    raw = path.read_bytes()
+    claim = f"'shape': (4, {WIDTH})".encode()
+    assert raw.count(claim) == 1
+    path.write_bytes(raw.replace(claim, f"'shape': (8, {WIDTH})".encode()))
+    with pytest.raises(F.FileRowsError, match="member 'data' is shorter than its header says"):
+        F.FileTable().resolve(str(path), "data")
+
+
 def test_a_fifo_in_place_of_a_file_is_refused_without_waiting_for_a_writer(tmp_path):
     # A data file replaced by a FIFO (or a companion name that is one): opening it for reading would
     # wait for a writer forever, and the stage resolves file rows on the daemon's loop thread.
