@@ -1,0 +1,96 @@
+"""A worker's ``FileJob`` on a lease of several small files (``source.files_per_lease``): records numbered
+the same on every read of the group, failures named by their own file and record, columns named by each
+file's own fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from loader.config import LoaderConfig
+from loader.service import protocol as P
+from workers.file_job import FileJob
+
+HERE = "tests.unit.workers.test_group_file_job"
+
+
+def parse(line: str) -> tuple[np.int64]:
+    """A text line of one int; ``bad`` raises."""
+    if line == "bad":
+        raise ValueError("bad line")
+    return (np.int64(int(line)),)
+
+
+def same(sample: Any) -> Any:
+    return sample
+
+
+def run_group(
+    paths: list[str], source: dict[str, Any], *, start: int = 0, on_error: str = "skip", mappers: tuple[str, ...] = ()
+) -> tuple[list[tuple[int, dict[str, np.ndarray]]], P.Message]:
+    """One lease of the group ``paths``: ([(record, columns) of each chunk], the closing FILE_DONE or FILE_ERROR)."""
+    config = LoaderConfig.from_dict(
+        {
+            "source": {"files": paths, "files_per_lease": 8, **source},
+            "pipeline": {"batch_size": 4, "on_error": on_error, "mappers": list(mappers)},
+            "workers": {"samples_per_message": 16, "shm_arena_mib": 0},
+        }
+    )
+    lease = P.Lease(lease=1, stream=1, epoch=0, file=0, path=paths[0], more=paths[1:], start=start)
+    sent: list[list[Any]] = []
+    job = FileJob(
+        lease,
+        config=config,
+        worker_id="w",
+        mappers=lambda: config.pipeline.resolve_mappers("mappers"),
+        batch_mappers=lambda: [],
+        arena=lambda: None,
+        send_data=sent.append,
+        check=lambda: None,
+    )
+    job.run()
+    messages = [P.decode(frames) for frames in sent]
+    chunks = [(m.record, {k: np.asarray(v) for k, v in c.items()}) for m, c in messages[:-1]]
+    return chunks, messages[-1][0]
+
+
+def records_and_values(chunks: list[tuple[int, dict[str, np.ndarray]]]) -> list[tuple[int, int]]:
+    out = []
+    for record, columns in chunks:
+        (values,) = [v for k, v in columns.items() if k != P.INDEX_COLUMN]
+        records = columns.get(P.INDEX_COLUMN, np.arange(record, record + len(values)))
+        out.extend((int(r), int(v)) for r, v in zip(records, values.reshape(-1)))
+    return out
+
+
+@pytest.fixture
+def text_group(tmp_path: Any) -> list[str]:
+    """a.txt fails at its record 3 (the reader cannot go on); b.txt follows with ten good records."""
+    (tmp_path / "a.txt").write_text("1\n2\n3\nbad\n5\n6\n")
+    (tmp_path / "b.txt").write_text("".join(f"{i}\n" for i in range(10, 20)))
+    return [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]
+
+
+TEXT = {"format": "text", "format_options": {"parser": f"{HERE}:parse"}}
+
+
+@pytest.mark.parametrize("mappers", [(), (f"{HERE}:same",)], ids=["blocks", "samples"])
+def test_a_lease_from_inside_a_group_reads_what_the_first_lease_numbered(text_group: list[str], mappers: Any) -> None:
+    chunks, done = run_group(text_group, TEXT, mappers=mappers)
+    whole = records_and_values(chunks)
+    # a's rows 0..2, its failure is record 3 (the rest of a is lost), b's rows from record 4 on.
+    assert whole == [(0, 1), (1, 2), (2, 3)] + [(4 + i, 10 + i) for i in range(10)]
+    assert (done.sent, done.skipped) == (13, 1)
+    for start in (3, 4, 6, 13):  # a cut or re-lease of the group: the records from ``start`` on, once each
+        chunks, done = run_group(text_group, TEXT, start=start, mappers=mappers)
+        assert records_and_values(chunks) == [(r, v) for r, v in whole if r >= start], start
+        assert (done.sent, done.skipped) == (len([r for r, _ in whole if r >= start]), 1 if start <= 3 else 0)
+
+
+@pytest.mark.parametrize("mappers", [(), (f"{HERE}:same",)], ids=["blocks", "samples"])
+def test_a_failure_inside_a_group_names_its_file_and_its_record_there(text_group: list[str], mappers: Any) -> None:
+    _, failure = run_group(list(reversed(text_group)), TEXT, on_error="raise", mappers=mappers)
+    assert isinstance(failure, P.FileError)
+    assert (failure.error["file"], failure.error["record"]) == (text_group[0], 3)
