@@ -221,6 +221,7 @@ class FileJob:
 
     def _send_samples(self, source: FileSource | GroupSource, mappers: SampleMappers) -> tuple[int, int] | None:
         builder = ChunkBuilder(source.fields, self.config.workers.samples_per_message)
+        named_by = source.fields  # what the builder names samples by (a group's fields are each file's own)
         samples = source.samples()
         record, done = 0, _Progress(record=0)  # ``record``: the reader's position; ``done``: sent and skipped
         start = self.lease.start  # records before it were taken from an earlier lease: read, not mapped or sent
@@ -244,8 +245,11 @@ class FileJob:
             if record < start:
                 record += 1
                 continue
-            if builder.fields is None and source.fields:  # a group learns them from the first file it opens
-                builder.fields = list(source.fields)
+            if source.fields is not named_by:  # a group's next file: samples of other fields go in chunks of their own
+                if source.fields != named_by and len(builder) and not self._flush(builder, done):
+                    return None
+                named_by = source.fields
+                builder.fields = list(named_by) if named_by else None
             try:
                 builder.add(record, mappers(sample, record))
             except Exception as exc:

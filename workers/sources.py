@@ -127,6 +127,7 @@ class GroupSource:
 
     def __init__(self, config: Any, paths: list[str]) -> None:
         self.config, self.paths = config, list(paths)
+        # The fields of the file being read (``source.fields``, or its reader's): a new list at each file.
         self.fields: list[str] | None = list(config.source.fields) if config.source.fields else None
         # Blocks need the built-in file readers (``FileSource.can_read_blocks``) for every file.
         self.can_read_blocks = config.source.provider is None and config.source.reader is None
@@ -243,7 +244,8 @@ class GroupSource:
             self.record += 1
             exc.records_skipped = 1  # type: ignore[attr-defined]
             raise
-        self.fields = self.fields or self._current.fields
+        # The file's own fields, as one file per lease names them (archives may list their members in another order).
+        self.fields = self._current.fields
         return True
 
     def close(self) -> None:

@@ -94,3 +94,20 @@ def test_a_failure_inside_a_group_names_its_file_and_its_record_there(text_group
     _, failure = run_group(list(reversed(text_group)), TEXT, on_error="raise", mappers=mappers)
     assert isinstance(failure, P.FileError)
     assert (failure.error["file"], failure.error["record"]) == (text_group[0], 3)
+
+
+def test_samples_of_each_file_are_named_by_that_files_fields(tmp_path: Any) -> None:
+    # Archives of one dataset may list their members in another order: each file's samples are named by
+    # its own members, as one file per lease names them (not by the group's first file's).
+    np.savez(tmp_path / "a.npz", image=np.zeros((2, 3)), label=np.arange(2))
+    np.savez(tmp_path / "b.npz", label=np.arange(10, 13), image=np.ones((3, 3)))
+    paths = [str(tmp_path / "a.npz"), str(tmp_path / "b.npz")]
+    chunks, done = run_group(paths, {}, mappers=(f"{HERE}:same",))
+    assert isinstance(done, P.FileDone) and done.sent == 5
+    labels = [int(v) for _, columns in chunks for v in columns["label"]]
+    images = np.concatenate([columns["image"] for _, columns in chunks])
+    assert labels == [0, 1, 10, 11, 12]
+    assert images.shape == (5, 3) and images[:2].sum() == 0 and images[2:].min() == 1
+    np.savez(tmp_path / "c.npz", image=np.ones((2, 3)), label=np.arange(20, 22))
+    chunks, _ = run_group([paths[0], str(tmp_path / "c.npz")], {}, mappers=(f"{HERE}:same",))
+    assert len(chunks) == 1, "files of the same fields share chunks"
