@@ -118,3 +118,28 @@ def test_a_mappers_generator_is_seeded_by_the_group_and_its_record(data: Any) ->
     for value, drawn in (row for batch in rows[1] for row in batch):
         expected = np.random.default_rng((3, 1, *where[value]))
         assert drawn == int(expected.integers(2**62))
+
+
+def test_a_worker_death_in_a_group_names_every_file_of_its_lease(tmp_path: Any) -> None:
+    # Only the worker knows which file of its lease it was reading: the daemon names them all.
+    write_id_files(tmp_path, 12, 5)
+    np.save(tmp_path / "f006.npy", np.array([1, 2, 123456789, 4], dtype=np.int64))  # kills its worker
+    cfg = config(tmp_path, per_lease=4, workers=2, mappers=["tests.helpers:exit_on_123456789"])
+    with running_daemon(cfg) as daemon:
+        with Client(daemon.endpoint, timeout_s=30) as client, pytest.raises(WorkerError) as info:
+            for _ in client.epoch(0):
+                pass
+    assert info.value.type_name == "WorkerDiedError" and info.value.file == str(tmp_path / "f004.npy")
+    assert "first of 4 small files leased together" in info.value.message
+    assert all(str(tmp_path / f"f{i:03d}.npy") in info.value.message for i in range(4, 8)), info.value.message
+
+
+def test_a_sample_that_does_not_fit_its_batch_in_a_group_says_which_lease(tmp_path: Any) -> None:
+    write_id_files(tmp_path, 8, 5)
+    np.save(tmp_path / "f005.npy", np.zeros((5, 2), dtype=np.int64))  # rows of another shape
+    with running_daemon(config(tmp_path, per_lease=4, workers=1)) as daemon:
+        with Client(daemon.endpoint, timeout_s=20) as client, pytest.raises(WorkerError) as info:
+            for _ in client.epoch(0):
+                pass
+    assert "does not fit its batch" in info.value.message and info.value.file == str(tmp_path / "f004.npy")
+    assert str(tmp_path / "f005.npy") in info.value.message, info.value.message

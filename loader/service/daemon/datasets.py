@@ -32,6 +32,7 @@ log = logging.getLogger("loader.daemon")
 HINT_FILES = 512
 HINT_FILE_BYTES = 256 << 10
 HINT_SAMPLE = 32  # files whose size the hint looks at (evenly spaced: start-up stays cheap)
+NOTE_FILES = 4  # files of a lease an error names (``Dataset.lease_note``)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,21 @@ class Dataset:
         key = file_index - self.offset
         more = self.leases[key][1:]
         return {"dataset": self.name, "seed": self.seed, "file_key": key, **({"more": more} if more else {})}
+
+    def lease_note(self, file_index: int) -> str:
+        """For an error the daemon itself finds in a lease of several files (a worker that died, a chunk that
+        does not fit), which it names by the lease's first file and the lease's record: what that lease is.
+        Only a worker knows where one file of the lease ends, and its own errors name the file."""
+        files = self.leases[file_index - self.offset]
+        if len(files) == 1:
+            return ""
+        shown = (
+            ", ".join(files) if len(files) <= NOTE_FILES else f"{', '.join(files[: NOTE_FILES - 1])}, ..., {files[-1]}"
+        )
+        return (
+            f"; {os.path.basename(files[0])} is the first of {len(files)} small files leased together "
+            f"(source.files_per_lease), whose records are numbered on as one file's: {shown}"
+        )
 
     def fingerprint(self) -> dict[str, Any]:
         """What a checkpoint of this dataset must match (``order.fingerprint``)."""
@@ -110,6 +126,10 @@ class DatasetTable:
     def owner(self, file_index: int) -> Dataset:
         """The dataset that file ``file_index`` of the daemon's list belongs to."""
         return self.by_name[self._names[bisect.bisect_right(self._offsets, file_index) - 1]]
+
+    def lease_note(self, file_index: int) -> str:
+        """``Dataset.lease_note`` of the dataset ``file_index`` belongs to ("" for an index of no dataset)."""
+        return self.owner(file_index).lease_note(file_index) if 0 <= file_index < len(self.files) else ""
 
 
 def _leases(name: str, files: list[str], config: LoaderConfig, seed: int) -> list[list[str]]:
