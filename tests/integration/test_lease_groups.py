@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import loader
-from loader.errors import WorkerError
+from loader.errors import ConfigError, WorkerError
 from loader.service.client.client import Client, query_status
 from tests.integration.conftest import make_config, running_daemon, write_id_files
 
@@ -143,3 +143,37 @@ def test_a_sample_that_does_not_fit_its_batch_in_a_group_says_which_lease(tmp_pa
                 pass
     assert "does not fit its batch" in info.value.message and info.value.file == str(tmp_path / "f004.npy")
     assert str(tmp_path / "f005.npy") in info.value.message, info.value.message
+
+
+def id_line(line: str) -> Any:
+    """A text line of one id; lines of ``#`` are comments."""
+    return None if line.startswith("#") else {"data": np.int64(int(line))}
+
+
+def test_a_resume_after_the_small_files_were_grouped_otherwise_is_refused(tmp_path: Any) -> None:
+    # Groups follow the files' sizes: an anchor's order index would name another group, and the resumed
+    # epoch would repeat some samples and miss others without a word.
+    for i in range(12):
+        (tmp_path / f"f{i:03d}.txt").write_text("".join(f"{i * 100 + r}\n" for r in range(5)))
+    cfg = make_config(
+        tmp_path,
+        source={
+            "files": [str(tmp_path / "*.txt")],
+            "format": "text",
+            "format_options": {"parser": "tests.integration.test_lease_groups:id_line"},
+            "files_per_lease": 3,
+        },
+        pipeline={"batch_size": 4, "shuffle_buffer": 2, "seed": 1},
+        workers={"count": 1},
+    )
+    with loader.Loader(cfg) as first:
+        batches = iter(first.epoch(0))
+        for _ in range(9):
+            next(batches)
+        state = first.state_dict()
+    assert state["anchor"][1] > 0, "the anchor names a group past the first"
+    grown = tmp_path / "f001.txt"  # the same records, past 1 MiB: it now goes alone
+    grown.write_text("#" + "x" * (1 << 20) + "\n" + grown.read_text())
+    with loader.Loader(cfg) as resumed:
+        with pytest.raises(ConfigError, match="lease_groups .* a file changed"):
+            resumed.load_state_dict(state)

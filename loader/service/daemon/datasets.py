@@ -79,7 +79,10 @@ class Dataset:
 
     def fingerprint(self) -> dict[str, Any]:
         """What a checkpoint of this dataset must match (``order.fingerprint``)."""
-        return fingerprint(self.config, self.files, self.seed)
+        position = {path: i for i, path in enumerate(self.files)}
+        return fingerprint(
+            self.config, self.files, self.seed, [[position[path] for path in lease] for lease in self.leases]
+        )
 
     def describe(self) -> dict[str, Any]:
         """This dataset's part of ``status()``."""
