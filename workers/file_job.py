@@ -221,7 +221,8 @@ class FileJob:
 
     def _send_samples(self, source: FileSource | GroupSource, mappers: SampleMappers) -> tuple[int, int] | None:
         builder = ChunkBuilder(source.fields, self.config.workers.samples_per_message)
-        named_by = source.fields  # what the builder names samples by (a group's fields are each file's own)
+        group = source if isinstance(source, GroupSource) else None
+        checked = 0  # the group's files begun when a sample was last checked against the chunk (below)
         samples = source.samples()
         record, done = 0, _Progress(record=0)  # ``record``: the reader's position; ``done``: sent and skipped
         start = self.lease.start  # records before it were taken from an earlier lease: read, not mapped or sent
@@ -245,15 +246,27 @@ class FileJob:
             if record < start:
                 record += 1
                 continue
-            if source.fields is not named_by:  # a group's next file: samples of other fields go in chunks of their own
-                if source.fields != named_by and len(builder) and not self._flush(builder, done):
-                    return None
-                named_by = source.fields
-                builder.fields = list(named_by) if named_by else None
+            failure: Exception | None = None
             try:
-                builder.add(record, mappers(sample, record))
+                mapped = mappers(sample, record)
             except Exception as exc:
-                if not self._failed(exc, record):
+                failure = exc
+            else:
+                if group is not None and group.files_begun != checked:
+                    # A group's next file: its samples are named by its own fields, and share the chunk only if
+                    # they stack with its samples (as blocks do, ``GroupSource.read_block``). So the stage sees
+                    # what one lease per file sends, and fits or refuses it, never ragged rows across files
+                    # stacked as objects (or an upcast dtype) without a word.
+                    checked = group.files_begun
+                    builder.fields = list(group.fields) if group.fields else None
+                    if not builder.fits(mapped) and not self._flush(builder, done):
+                        return None
+                try:
+                    builder.add(record, mapped)
+                except Exception as exc:
+                    failure = exc
+            if failure is not None:
+                if not self._failed(failure, record):
                     return None
                 done.skipped += 1
             record += 1

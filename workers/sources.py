@@ -142,6 +142,11 @@ class GroupSource:
     def path(self) -> str:
         return self.paths[max(0, len(self._firsts) - 1)]
 
+    @property
+    def files_begun(self) -> int:
+        """Files of the group begun so far, opened or not: it changes as a sample of the next file is read."""
+        return len(self._firsts)
+
     def locate(self, record: int) -> tuple[str, int | None]:
         """The file a record of the group came from, and its record number in that file (None: the file
         could not be opened)."""

@@ -111,3 +111,17 @@ def test_samples_of_each_file_are_named_by_that_files_fields(tmp_path: Any) -> N
     np.savez(tmp_path / "c.npz", image=np.ones((2, 3)), label=np.arange(20, 22))
     chunks, _ = run_group([paths[0], str(tmp_path / "c.npz")], {}, mappers=(f"{HERE}:same",))
     assert len(chunks) == 1, "files of the same fields share chunks"
+
+
+def test_samples_of_files_that_do_not_stack_together_go_in_chunks_of_their_own(tmp_path: Any) -> None:
+    # One file per lease sends each file's rows stacked, and the stage refuses (or, for list batches, keeps)
+    # rows of another shape or dtype: a group must not stack them into one chunk of objects or upcast them.
+    np.save(tmp_path / "a.npy", np.zeros((2, 3), dtype=np.float32))
+    np.save(tmp_path / "b.npy", np.ones((2, 4), dtype=np.float32))  # another row shape
+    np.save(tmp_path / "c.npy", np.ones((2, 4), dtype=np.int64))  # another dtype
+    np.save(tmp_path / "d.npy", np.full((2, 4), 2, dtype=np.int64))  # stacks with c
+    paths = [str(tmp_path / f"{name}.npy") for name in "abcd"]
+    chunks, done = run_group(paths, {}, mappers=(f"{HERE}:same",))
+    assert isinstance(done, P.FileDone) and done.sent == 8
+    layouts = [(record, columns["data"].dtype, columns["data"].shape) for record, columns in chunks]
+    assert layouts == [(0, np.float32, (2, 3)), (2, np.float32, (2, 4)), (4, np.int64, (4, 4))]
