@@ -119,7 +119,7 @@ class GroupSource:
     which a lease that starts past record 0 (a cut or re-leased group) relies on.
 
     Read either sample by sample (``samples``) or in blocks (``read_block``, when every file has a
-    built-in reader): a block never spans two files.
+    built-in reader): a block spans files only while their columns match.
     """
 
     row_bytes = None
