@@ -119,6 +119,9 @@ class FileJob:
             path, record = self._group.locate(record)
         error = WorkerError.from_exception(exc, worker=self.worker_id, file=path, record=record)
         if self.config.pipeline.on_error == "skip":
+            if record is None:  # the file could not be opened (it counts as one record)
+                log.warning("skipping %s, which could not be opened: %s: %s", path, type(exc).__name__, exc)
+                return True
             what = f"record {record}" if count == 1 else f"{count} records from record {record}"
             log.warning("skipping %s of %s: %s: %s", what, path, type(exc).__name__, exc)
             return True

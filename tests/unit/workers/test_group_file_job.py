@@ -125,3 +125,14 @@ def test_samples_of_files_that_do_not_stack_together_go_in_chunks_of_their_own(t
     assert isinstance(done, P.FileDone) and done.sent == 8
     layouts = [(record, columns["data"].dtype, columns["data"].shape) for record, columns in chunks]
     assert layouts == [(0, np.float32, (2, 3)), (2, np.float32, (2, 4)), (4, np.int64, (4, 4))]
+
+
+def test_a_file_of_a_group_that_cannot_be_opened_is_skipped_in_words(tmp_path: Any, caplog: Any) -> None:
+    np.save(tmp_path / "a.npy", np.arange(3))
+    (tmp_path / "b.npy").write_bytes(b"not an npy file")
+    paths = [str(tmp_path / "a.npy"), str(tmp_path / "b.npy")]
+    with caplog.at_level("WARNING", logger="loader.worker"):
+        _, done = run_group(paths, {})
+    assert isinstance(done, P.FileDone) and (done.sent, done.skipped) == (3, 1)
+    assert f"skipping {paths[1]}, which could not be opened: DataError" in caplog.text
+    assert "record None" not in caplog.text
