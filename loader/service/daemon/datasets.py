@@ -154,12 +154,13 @@ def _hint_small_files(name: str, files: list[str]) -> None:
     sizes = sorted(size for size in (_size(files[i * step]) for i in range(HINT_SAMPLE)) if size is not None)
     if len(sizes) < HINT_SAMPLE // 2 or sizes[len(sizes) // 2] >= HINT_FILE_BYTES:
         return
+    median = sizes[len(sizes) // 2]
     log.info(
-        "dataset %r: %d files of about %d KiB, one lease each: source.files_per_lease = 64 would read "
+        "dataset %r: %d files of about %s, one lease each: source.files_per_lease = 64 would read "
         "them several to a lease, a round trip per 64 files instead of one per file",
         name,
         len(files),
-        sizes[len(sizes) // 2] >> 10,
+        f"{median >> 10} KiB" if median >= 1 << 10 else f"{median} bytes",  # not "about 0 KiB"
     )
 
 

@@ -65,6 +65,7 @@ def test_a_daemon_groups_its_files_and_hints_when_many_small_files_go_one_per_le
     single = table()
     assert len(single.files) == HINT_FILES + 1
     assert "source.files_per_lease = 64 would read" in caplog.text
+    assert f"{HINT_FILES + 1} files of about 100 bytes, one lease each" in caplog.text
     caplog.clear()
     grouped = table(files_per_lease=64)
     assert "files_per_lease" not in caplog.text
