@@ -102,16 +102,18 @@ class ChunkBuilder:
         self._bytes += sum(getattr(v, "nbytes", 8) for v in values)
 
     def fits(self, sample: Any) -> bool:
-        """Whether ``sample`` stacks with the samples collected (any does with none): of the same kind and
-        fields, each part of the first sample's shape and dtype."""
+        """Whether ``sample`` goes with the samples collected (any does with none): of the same kind and
+        fields, each part of the first sample's shape and dtype, or of a field already ragged (objects)."""
         if not self._records:
             return True
         kind, names, values = sample_parts(sample, self.fields)
-        return (
-            kind == self.kind
-            and names == self._names
-            and all(_layout(value) == _layout(column[0]) for value, column in zip(values, self._values))
-        )
+        if kind != self.kind or names != self._names:
+            return False
+        for value, column in zip(values, self._values):
+            first = _layout(column[0])
+            if _layout(value) != first and all(_layout(v) == first for v in column[1:]):
+                return False
+        return True
 
     @property
     def due(self) -> bool:

@@ -23,6 +23,11 @@ def parse(line: str) -> tuple[np.int64]:
     return (np.int64(int(line)),)
 
 
+def words(line: str) -> tuple[np.ndarray]:
+    """A text line of ints: rows of another length on each line."""
+    return (np.array([int(w) for w in line.split()]),)
+
+
 def same(sample: Any) -> Any:
     return sample
 
@@ -136,3 +141,14 @@ def test_a_file_of_a_group_that_cannot_be_opened_is_skipped_in_words(tmp_path: A
     assert isinstance(done, P.FileDone) and (done.sent, done.skipped) == (3, 1)
     assert f"skipping {paths[1]}, which could not be opened: DataError" in caplog.text
     assert "record None" not in caplog.text
+
+
+def test_ragged_samples_share_a_chunk_across_files_as_they_do_inside_one(tmp_path: Any) -> None:
+    (tmp_path / "a.txt").write_text("1\n1 2\n")
+    (tmp_path / "b.txt").write_text("1 2 3\n")
+    paths = [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]
+    chunks, _ = run_group(
+        paths, {"format": "text", "format_options": {"parser": f"{HERE}:words"}}, mappers=(f"{HERE}:same",)
+    )
+    (column,) = chunks[0][1].values()
+    assert len(chunks) == 1 and [len(v) for v in column] == [1, 2, 3]
