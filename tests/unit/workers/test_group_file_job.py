@@ -32,6 +32,12 @@ def same(sample: Any) -> Any:
     return sample
 
 
+def fail_on_12(sample: Any) -> Any:
+    if int(sample[0]) == 12:
+        raise ValueError("twelve")
+    return sample
+
+
 def run_group(
     paths: list[str], source: dict[str, Any], *, start: int = 0, on_error: str = "skip", mappers: tuple[str, ...] = ()
 ) -> tuple[list[tuple[int, dict[str, np.ndarray]]], P.Message]:
@@ -152,3 +158,12 @@ def test_ragged_samples_share_a_chunk_across_files_as_they_do_inside_one(tmp_pat
     )
     (column,) = chunks[0][1].values()
     assert len(chunks) == 1 and [len(v) for v in column] == [1, 2, 3]
+
+
+def test_a_mapper_failing_inside_a_group_names_its_file_and_record_there(text_group: list[str]) -> None:
+    _, failure = run_group(text_group[1:] * 2, TEXT, on_error="raise", mappers=(f"{HERE}:fail_on_12",))
+    assert isinstance(failure, P.FileError) and failure.error["type"] == "ValueError"
+    assert (failure.error["file"], failure.error["record"]) == (text_group[1], 2)
+    chunks, done = run_group(text_group, TEXT, mappers=(f"{HERE}:fail_on_12",))
+    assert [v for _, v in records_and_values(chunks)] == [1, 2, 3, 10, 11] + list(range(13, 20))
+    assert (done.sent, done.skipped) == (12, 2)
