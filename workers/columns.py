@@ -55,6 +55,11 @@ def stack_column(values: list[Any]) -> np.ndarray:
     return array
 
 
+def _layout(value: Any) -> tuple[tuple[int, ...], np.dtype]:
+    array = np.asarray(value)
+    return array.shape, array.dtype
+
+
 def rows_for_bytes(row_bytes: int, wanted: int, batch_size: int) -> int:
     """How many rows of ``row_bytes`` make a block's chunk: about ``BLOCK_CHUNK_BYTES``, at most ``wanted``
     (``samples_per_message``); a multiple of batch_size when that is possible, so the stage can cut
@@ -95,6 +100,20 @@ class ChunkBuilder:
             column.append(value)
         self._records.append(record)
         self._bytes += sum(getattr(v, "nbytes", 8) for v in values)
+
+    def fits(self, sample: Any) -> bool:
+        """Whether ``sample`` goes with the samples collected (any does with none): of the same kind and
+        fields, each part of the first sample's shape and dtype, or of a field already ragged (objects)."""
+        if not self._records:
+            return True
+        kind, names, values = sample_parts(sample, self.fields)
+        if kind != self.kind or names != self._names:
+            return False
+        for value, column in zip(values, self._values):
+            first = _layout(column[0])
+            if _layout(value) != first and all(_layout(v) == first for v in column[1:]):
+                return False
+        return True
 
     @property
     def due(self) -> bool:

@@ -119,6 +119,9 @@ class FileJob:
             path, record = self._group.locate(record)
         error = WorkerError.from_exception(exc, worker=self.worker_id, file=path, record=record)
         if self.config.pipeline.on_error == "skip":
+            if record is None:  # the file could not be opened (it counts as one record)
+                log.warning("skipping %s, which could not be opened: %s: %s", path, type(exc).__name__, exc)
+                return True
             what = f"record {record}" if count == 1 else f"{count} records from record {record}"
             log.warning("skipping %s of %s: %s: %s", what, path, type(exc).__name__, exc)
             return True
@@ -221,6 +224,8 @@ class FileJob:
 
     def _send_samples(self, source: FileSource | GroupSource, mappers: SampleMappers) -> tuple[int, int] | None:
         builder = ChunkBuilder(source.fields, self.config.workers.samples_per_message)
+        group = source if isinstance(source, GroupSource) else None
+        checked = 0  # the group's files begun when a sample was last checked against the chunk (below)
         samples = source.samples()
         record, done = 0, _Progress(record=0)  # ``record``: the reader's position; ``done``: sent and skipped
         start = self.lease.start  # records before it were taken from an earlier lease: read, not mapped or sent
@@ -244,12 +249,27 @@ class FileJob:
             if record < start:
                 record += 1
                 continue
-            if builder.fields is None and source.fields:  # a group learns them from the first file it opens
-                builder.fields = list(source.fields)
+            failure: Exception | None = None
             try:
-                builder.add(record, mappers(sample, record))
+                mapped = mappers(sample, record)
             except Exception as exc:
-                if not self._failed(exc, record):
+                failure = exc
+            else:
+                if group is not None and group.files_begun != checked:
+                    # A group's next file: its samples are named by its own fields, and share the chunk only if
+                    # they stack with its samples (as blocks do, ``GroupSource.read_block``). So the stage sees
+                    # what one lease per file sends, and fits or refuses it, never ragged rows across files
+                    # stacked as objects (or an upcast dtype) without a word.
+                    checked = group.files_begun
+                    builder.fields = list(group.fields) if group.fields else None
+                    if not builder.fits(mapped) and not self._flush(builder, done):
+                        return None
+                try:
+                    builder.add(record, mapped)
+                except Exception as exc:
+                    failure = exc
+            if failure is not None:
+                if not self._failed(failure, record):
                     return None
                 done.skipped += 1
             record += 1

@@ -119,7 +119,7 @@ class GroupSource:
     which a lease that starts past record 0 (a cut or re-leased group) relies on.
 
     Read either sample by sample (``samples``) or in blocks (``read_block``, when every file has a
-    built-in reader): a block never spans two files.
+    built-in reader): a block spans files only while their columns match.
     """
 
     row_bytes = None
@@ -127,6 +127,7 @@ class GroupSource:
 
     def __init__(self, config: Any, paths: list[str]) -> None:
         self.config, self.paths = config, list(paths)
+        # The fields of the file being read (``source.fields``, or its reader's): a new list at each file.
         self.fields: list[str] | None = list(config.source.fields) if config.source.fields else None
         # Blocks need the built-in file readers (``FileSource.can_read_blocks``) for every file.
         self.can_read_blocks = config.source.provider is None and config.source.reader is None
@@ -140,6 +141,11 @@ class GroupSource:
     @property
     def path(self) -> str:
         return self.paths[max(0, len(self._firsts) - 1)]
+
+    @property
+    def files_begun(self) -> int:
+        """Files of the group begun so far, opened or not: it changes as a sample of the next file is read."""
+        return len(self._firsts)
 
     def locate(self, record: int) -> tuple[str, int | None]:
         """The file a record of the group came from, and its record number in that file (None: the file
@@ -243,7 +249,8 @@ class GroupSource:
             self.record += 1
             exc.records_skipped = 1  # type: ignore[attr-defined]
             raise
-        self.fields = self.fields or self._current.fields
+        # The file's own fields, as one file per lease names them (archives may list their members in another order).
+        self.fields = self._current.fields
         return True
 
     def close(self) -> None:

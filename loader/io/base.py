@@ -30,6 +30,9 @@ class ReaderBase:
     dtypes: list[np.dtype] | None = None
     lod_levels: list[int] | None = None
 
+    # A failure met while looking ahead past the items of a block (``read_block``): raised by the next read.
+    _failed_ahead: Exception | None = None
+
     def __init__(self) -> None:
         self._peeked: list[np.ndarray] | None = None
         self._closed = False
@@ -56,19 +59,21 @@ class ReaderBase:
             self._peeked = None
             return peeked
         self._check_open()
+        self._raise_failed_ahead()
         return self._read_next_impl()
 
     def has_next(self) -> bool:
         """Whether ``read_next`` would return data; reads ahead one item at most."""
         if self._peeked is None:
             self._check_open()
+            self._raise_failed_ahead()
             self._peeked = self._read_next_impl()
         return bool(self._peeked)
 
     def reinit(self) -> None:
         """Start again from the beginning of the data (a clean pass, even mid-pass)."""
         self._check_open()
-        self._peeked = None
+        self._peeked = self._failed_ahead = None
         self._reinit_impl()
 
     def close(self) -> None:
@@ -76,7 +81,7 @@ class ReaderBase:
         if self._closed:
             return
         self._closed = True
-        self._peeked = None
+        self._peeked = self._failed_ahead = None
         self._close_impl()
 
     @property
@@ -87,6 +92,11 @@ class ReaderBase:
         if self._closed:
             raise ClosedError(f"{type(self).__name__} is closed")
 
+    def _raise_failed_ahead(self) -> None:
+        failure, self._failed_ahead = self._failed_ahead, None
+        if failure is not None:
+            raise failure
+
     def read_block(self, max_instances: int) -> list[np.ndarray]:
         """Up to ``max_instances`` items at once: one array per slot with a leading axis of
         ``n`` items (``1 <= n <= max_instances``), or ``[]`` at the end.
@@ -95,13 +105,26 @@ class ReaderBase:
         item whose shapes or dtypes differ from the block's first (variable-length
         data then comes in short blocks, never as an error). Readers that hold
         their data as arrays (``.npy``, ``.npz``) return slices without copying.
+
+        A failure after the first item also ends the block: the items before it
+        are returned and the next read raises it. So a failure is met at its own
+        record whatever the block size, and a caller that reads on past it (a
+        lease group, a re-read that skips records) numbers the records after it
+        the same way every time.
         """
         _check_block_size(max_instances)
         first = self.read_next()
         if not first:
             return []
         items = [first]
-        while len(items) < max_instances and self.has_next():
+        while len(items) < max_instances:
+            try:
+                more = self.has_next()
+            except Exception as exc:
+                self._failed_ahead = exc
+                break
+            if not more:
+                break
             following = self._peeked
             assert following is not None
             if not _same_layout(first, following):

@@ -97,10 +97,11 @@ def start_anchor() -> Anchor:
     return (0, 0, 0)
 
 
-def fingerprint(config: Any, files: list[str], seed: int) -> dict[str, Any]:
+def fingerprint(config: Any, files: list[str], seed: int, groups: list[list[int]] | None = None) -> dict[str, Any]:
     """What a checkpoint of this dataset must match, one entry per setting (small, JSON-able).
 
-    ``config`` is the dataset's view of the daemon's config (its ``source`` and ``pipeline``).
+    ``config`` is the dataset's view of the daemon's config (its ``source`` and ``pipeline``); ``groups``
+    the files (by position) of each lease when leases may hold several (``lease_groups``).
     """
     pipeline = config.pipeline
     source = _plain(config.source)
@@ -109,6 +110,9 @@ def fingerprint(config: Any, files: list[str], seed: int) -> dict[str, Any]:
         del source["files_per_lease"]  # the default: checkpoints from before the setting existed still match
     # Only when set, so checkpoints from before batch mappers existed still match a config without them.
     batch = {"batch_mappers": _digest(list(pipeline.batch_mappers))} if pipeline.batch_mappers else {}
+    # Groups follow the files' sizes, read at start-up: a file grown past SMALL_FILE_BYTES, or one whose new size
+    # moves a GROUP_BYTES boundary, regroups its neighbours, and an anchor's order index then names another group.
+    grouped = {"lease_groups": _digest(groups)} if groups is not None and any(len(g) > 1 for g in groups) else {}
     return {
         "files": _digest(_relative(files)),
         "file_count": len(files),
@@ -120,6 +124,7 @@ def fingerprint(config: Any, files: list[str], seed: int) -> dict[str, Any]:
         "mappers": _digest(list(pipeline.mappers)),
         "source": _digest(source),
         **batch,
+        **grouped,
     }
 
 
@@ -144,8 +149,12 @@ def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     out = []
     for key in sorted(set(saved) | set(current)):
         if saved.get(key) != current.get(key):
-            out.append(f"{key} ({saved.get(key)!r} in the state, {current.get(key)!r} now)")
+            out.append(f"{key} ({saved.get(key)!r} in the state, {current.get(key)!r} now{_WHY.get(key, '')})")
     return out
+
+
+# What a difference means where its values (digests) do not say.
+_WHY = {"lease_groups": ": the files' sizes group the small files otherwise, so a file changed or was replaced"}
 
 
 def _plain(section: Any) -> Any:

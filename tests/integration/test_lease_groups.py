@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import loader
-from loader.errors import WorkerError
+from loader.errors import ConfigError, WorkerError
 from loader.service.client.client import Client, query_status
 from tests.integration.conftest import make_config, running_daemon, write_id_files
 
@@ -118,3 +118,62 @@ def test_a_mappers_generator_is_seeded_by_the_group_and_its_record(data: Any) ->
     for value, drawn in (row for batch in rows[1] for row in batch):
         expected = np.random.default_rng((3, 1, *where[value]))
         assert drawn == int(expected.integers(2**62))
+
+
+def test_a_worker_death_in_a_group_names_every_file_of_its_lease(tmp_path: Any) -> None:
+    # Only the worker knows which file of its lease it was reading: the daemon names them all.
+    write_id_files(tmp_path, 12, 5)
+    np.save(tmp_path / "f006.npy", np.array([1, 2, 123456789, 4], dtype=np.int64))  # kills its worker
+    cfg = config(tmp_path, per_lease=4, workers=2, mappers=["tests.helpers:exit_on_123456789"])
+    with running_daemon(cfg) as daemon:
+        with Client(daemon.endpoint, timeout_s=30) as client, pytest.raises(WorkerError) as info:
+            for _ in client.epoch(0):
+                pass
+    assert info.value.type_name == "WorkerDiedError" and info.value.file == str(tmp_path / "f004.npy")
+    assert "first of 4 small files leased together" in info.value.message
+    assert all(str(tmp_path / f"f{i:03d}.npy") in info.value.message for i in range(4, 8)), info.value.message
+
+
+def test_a_sample_that_does_not_fit_its_batch_in_a_group_says_which_lease(tmp_path: Any) -> None:
+    write_id_files(tmp_path, 8, 5)
+    np.save(tmp_path / "f005.npy", np.zeros((5, 2), dtype=np.int64))  # rows of another shape
+    with running_daemon(config(tmp_path, per_lease=4, workers=1)) as daemon:
+        with Client(daemon.endpoint, timeout_s=20) as client, pytest.raises(WorkerError) as info:
+            for _ in client.epoch(0):
+                pass
+    assert "does not fit its batch" in info.value.message and info.value.file == str(tmp_path / "f004.npy")
+    assert str(tmp_path / "f005.npy") in info.value.message, info.value.message
+
+
+def id_line(line: str) -> Any:
+    """A text line of one id; lines of ``#`` are comments."""
+    return None if line.startswith("#") else {"data": np.int64(int(line))}
+
+
+def test_a_resume_after_the_small_files_were_grouped_otherwise_is_refused(tmp_path: Any) -> None:
+    # Groups follow the files' sizes: an anchor's order index would name another group, and the resumed
+    # epoch would repeat some samples and miss others without a word.
+    for i in range(12):
+        (tmp_path / f"f{i:03d}.txt").write_text("".join(f"{i * 100 + r}\n" for r in range(5)))
+    cfg = make_config(
+        tmp_path,
+        source={
+            "files": [str(tmp_path / "*.txt")],
+            "format": "text",
+            "format_options": {"parser": "tests.integration.test_lease_groups:id_line"},
+            "files_per_lease": 3,
+        },
+        pipeline={"batch_size": 4, "shuffle_buffer": 2, "seed": 1},
+        workers={"count": 1},
+    )
+    with loader.Loader(cfg) as first:
+        batches = iter(first.epoch(0))
+        for _ in range(9):
+            next(batches)
+        state = first.state_dict()
+    assert state["anchor"][1] > 0, "the anchor names a group past the first"
+    grown = tmp_path / "f001.txt"  # the same records, past 1 MiB: it now goes alone
+    grown.write_text("#" + "x" * (1 << 20) + "\n" + grown.read_text())
+    with loader.Loader(cfg) as resumed:
+        with pytest.raises(ConfigError, match="lease_groups .* a file changed"):
+            resumed.load_state_dict(state)

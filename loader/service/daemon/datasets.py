@@ -32,6 +32,7 @@ log = logging.getLogger("loader.daemon")
 HINT_FILES = 512
 HINT_FILE_BYTES = 256 << 10
 HINT_SAMPLE = 32  # files whose size the hint looks at (evenly spaced: start-up stays cheap)
+NOTE_FILES = 4  # files of a lease an error names (``Dataset.lease_note``)
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,27 @@ class Dataset:
         more = self.leases[key][1:]
         return {"dataset": self.name, "seed": self.seed, "file_key": key, **({"more": more} if more else {})}
 
+    def lease_note(self, file_index: int) -> str:
+        """For an error the daemon itself finds in a lease of several files (a worker that died, a chunk that
+        does not fit), which it names by the lease's first file and the lease's record: what that lease is.
+        Only a worker knows where one file of the lease ends, and its own errors name the file."""
+        files = self.leases[file_index - self.offset]
+        if len(files) == 1:
+            return ""
+        shown = (
+            ", ".join(files) if len(files) <= NOTE_FILES else f"{', '.join(files[: NOTE_FILES - 1])}, ..., {files[-1]}"
+        )
+        return (
+            f"; {os.path.basename(files[0])} is the first of {len(files)} small files leased together "
+            f"(source.files_per_lease), whose records are numbered on as one file's: {shown}"
+        )
+
     def fingerprint(self) -> dict[str, Any]:
         """What a checkpoint of this dataset must match (``order.fingerprint``)."""
-        return fingerprint(self.config, self.files, self.seed)
+        position = {path: i for i, path in enumerate(self.files)}
+        return fingerprint(
+            self.config, self.files, self.seed, [[position[path] for path in lease] for lease in self.leases]
+        )
 
     def describe(self) -> dict[str, Any]:
         """This dataset's part of ``status()``."""
@@ -111,6 +130,10 @@ class DatasetTable:
         """The dataset that file ``file_index`` of the daemon's list belongs to."""
         return self.by_name[self._names[bisect.bisect_right(self._offsets, file_index) - 1]]
 
+    def lease_note(self, file_index: int) -> str:
+        """``Dataset.lease_note`` of the dataset ``file_index`` belongs to ("" for an index of no dataset)."""
+        return self.owner(file_index).lease_note(file_index) if 0 <= file_index < len(self.files) else ""
+
 
 def _leases(name: str, files: list[str], config: LoaderConfig, seed: int) -> list[list[str]]:
     """``files`` grouped into leases as ``source.files_per_lease`` says (sizes read here, once)."""
@@ -131,12 +154,13 @@ def _hint_small_files(name: str, files: list[str]) -> None:
     sizes = sorted(size for size in (_size(files[i * step]) for i in range(HINT_SAMPLE)) if size is not None)
     if len(sizes) < HINT_SAMPLE // 2 or sizes[len(sizes) // 2] >= HINT_FILE_BYTES:
         return
+    median = sizes[len(sizes) // 2]
     log.info(
-        "dataset %r: %d files of about %d KiB, one lease each: source.files_per_lease = 64 would read "
+        "dataset %r: %d files of about %s, one lease each: source.files_per_lease = 64 would read "
         "them several to a lease, a round trip per 64 files instead of one per file",
         name,
         len(files),
-        sizes[len(sizes) // 2] >> 10,
+        f"{median >> 10} KiB" if median >= 1 << 10 else f"{median} bytes",  # not "about 0 KiB"
     )
 
 

@@ -158,6 +158,7 @@ class Daemon:
             files=self.files,
             stall_timeout_s=2 * workers.progress_timeout_s,
             reorder_bytes=config.service.reorder_window_mib * 1024 * 1024,
+            lease_note=self.datasets.lease_note,
         )
         self.stage.refs.allow_files = workers.file_rows
         self.coordinator = Coordinator(
@@ -180,6 +181,7 @@ class Daemon:
             on_file_failed=self.stage.fail_file,
             arenas=self.arenas,
             lease_fields=lambda file_index: self.datasets.owner(file_index).lease_fields(file_index),
+            lease_note=self.datasets.lease_note,
             max_workers=config.service.max_workers,
             max_arenas=2 * (config.service.max_workers + workers.count),
             own_keys=own_keys,

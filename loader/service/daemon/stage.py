@@ -199,10 +199,13 @@ class Stage:
         files: Sequence[str] = (),
         stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
         reorder_bytes: int = DEFAULT_REORDER_BYTES,
+        lease_note: Callable[[int], str] = lambda file_index: "",
     ) -> None:
-        """``files`` are the daemon's file paths by index (errors name them); ``on_error`` and
-        ``batch_format`` are the pipeline's (a sample that does not fit its batch fails or is skipped)."""
+        """``files`` are the daemon's file paths by index (errors name them; ``lease_note`` says more of a lease
+        of several files); ``on_error`` and ``batch_format`` are the pipeline's (a sample that does not fit its
+        batch fails or is skipped)."""
         self.on_error, self.batch_format, self.files = on_error, batch_format, list(files)
+        self.lease_note = lease_note
         self.stall_timeout_s = max(MIN_STALL_TIMEOUT_S, stall_timeout_s)
         self.reorder_bytes = reorder_bytes
         self.settings = StreamSettings(batch_size, drop_last, shuffle_buffer, seed)
@@ -526,7 +529,7 @@ class Stage:
             return {n: fit.as_objects(v) if n in ragged else v for n, v in columns.items()} if ragged else columns
         if reason is None:
             reason = "; ".join(misfits.values()) + f" ({fit.RAGGED_HINT})"
-        self._misfit(stream, chunk, records, f"a sample does not fit its batch: {reason}")
+        self._misfit(stream, chunk, records, f"a sample does not fit its batch: {reason}{self.lease_note(chunk.file)}")
         return None
 
     def _misfit(self, stream: Stream, chunk: P.Chunk, records: np.ndarray, message: str) -> None:
@@ -555,7 +558,7 @@ class Stage:
             state = stream.sequencer.files.get(done.file)
             message = (
                 f"the worker sent {done.sent} record(s) of this file in chunks but {arrived} arrived "
-                "(a chunk was lost on the way; the daemon's log says why)"
+                f"(a chunk was lost on the way; the daemon's log says why){self.lease_note(done.file)}"
             )
             record = state.next_record if state is not None else None
             error = WorkerError("LostDataError", message, worker=done.worker, file=self._path(done.file), record=record)

@@ -83,6 +83,7 @@ class WorkerPool:
         on_file_failed: FileFailedFn,
         arenas: ArenaPool | None = None,
         lease_fields: Callable[[int], dict[str, Any]] = lambda file_index: {},
+        lease_note: Callable[[int], str] = lambda file_index: "",
         max_workers: int = 64,
         max_arenas: int = 256,
         own_keys: CurveClient | None = None,
@@ -107,6 +108,7 @@ class WorkerPool:
         self._arenas = arenas
         # file index -> the Lease fields of its dataset: name (whose source and pipeline read it), seed, file key
         self._lease_fields = lease_fields
+        self._lease_note = lease_note  # file index -> what its errors say of a lease of several files
         self._arena_of: dict[str, int] = {}  # worker id -> its arena id
         self._seq = 0
         self._issued = itertools.count(1)
@@ -175,7 +177,9 @@ class WorkerPool:
             self._attempts[key] = self._attempts.get(key, 0) + 1
             if self._attempts[key] >= self._max_attempts:
                 died = WorkerDiedError(f"worker {record.worker_id}", exitcode, worker=record.worker_id, file=job.path)
-                self._on_file_failed(job.stream_id, job.file_index, died.to_dict())
+                error = died.to_dict()
+                error["message"] += self._lease_note(job.file_index)  # which of a lease's files: any of them
+                self._on_file_failed(job.stream_id, job.file_index, error)
         if record.process is not None and not self.closing and why != "said goodbye" and replace:
             self.coordinator.restarts += 1
             delay = 0.0

@@ -286,6 +286,38 @@ def test_has_next_reinit_close_and_read_block(tmp_path):
         reader.has_next()
 
 
+def test_read_block_ends_before_a_failure_and_the_next_read_raises_it(tmp_path):
+    # Where a failure is met must not depend on the block size: a caller that reads on past it (a lease
+    # group, a re-read skipping records already sent) numbers the records after it the same every time.
+    path = tmp_path / "t.txt"
+    path.write_text("1\n2\n3\nx\n5\n")
+    reader = lio.create_file_reader(path, parser=lambda line: int(line))
+    assert reader.read_block(16)[0].tolist() == [1, 2, 3]
+    with pytest.raises(ValueError) as info:
+        reader.read_block(16)
+    assert any("line 4" in note for note in info.value.__notes__)
+    assert reader.read_block(16)[0].tolist() == [5]  # the text reader steps past a bad line
+    reader.reinit()
+    assert reader.read_block(2)[0].tolist() == [1, 2]
+    assert reader.read_block(16)[0].tolist() == [3]
+    reader.close()
+    with pytest.raises(ClosedError):
+        reader.read_block(16)
+
+
+def test_read_block_ends_before_damage_a_recordio_reader_steps_past(tmp_path):
+    path = _recordio(tmp_path / "d.recordio", [[np.array([i])] for i in range(9)])  # 3 chunks of 3 records
+    data = bytearray(open(path, "rb").read())
+    data[-3] ^= 0xFF  # the last chunk's payload: its checksum fails, the framing holds
+    open(path, "wb").write(bytes(data))
+    reader = lio.create_file_reader(path)
+    assert reader.read_block(16)[0].tolist() == [[i] for i in range(6)], "the rows before the damage"
+    with pytest.raises(CorruptFileError) as info:
+        reader.read_block(16)
+    assert info.value.records_skipped == 3
+    assert reader.read_block(16) == []
+
+
 def test_npy_read_block_after_has_next_gives_the_row_back(tmp_path):
     np.save(tmp_path / "a.npy", np.arange(6))
     reader = lio.create_file_reader(tmp_path / "a.npy")

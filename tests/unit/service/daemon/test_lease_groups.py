@@ -65,6 +65,7 @@ def test_a_daemon_groups_its_files_and_hints_when_many_small_files_go_one_per_le
     single = table()
     assert len(single.files) == HINT_FILES + 1
     assert "source.files_per_lease = 64 would read" in caplog.text
+    assert f"{HINT_FILES + 1} files of about 100 bytes, one lease each" in caplog.text
     caplog.clear()
     grouped = table(files_per_lease=64)
     assert "files_per_lease" not in caplog.text
@@ -75,3 +76,15 @@ def test_a_daemon_groups_its_files_and_hints_when_many_small_files_go_one_per_le
     fields = grouped.default.lease_fields(1)
     assert fields["file_key"] == 1 and fields["more"] == leases[1][1:]
     assert "more" not in grouped.default.lease_fields(len(leases) - 1)
+
+
+def test_the_grouping_is_in_the_checkpoint_fingerprint_only_when_files_share_leases() -> None:
+    from loader.config import LoaderConfig
+    from loader.service.order import fingerprint
+
+    config = LoaderConfig.from_dict({"source": {"files": ["x"]}})
+    files = ["a", "b", "c"]
+    alone = fingerprint(config, files, 1)
+    assert fingerprint(config, files, 1, [[0], [1], [2]]) == alone, "checkpoints of one file per lease still match"
+    paired = fingerprint(config, files, 1, [[0, 1], [2]])
+    assert "lease_groups" in paired and paired != fingerprint(config, files, 1, [[0], [1, 2]])
