@@ -136,5 +136,6 @@ def test_files_larger_than_the_reorder_window_read_every_epoch_exactly_once(big_
             for epoch in range(8):  # each epoch's timing differs: the stall came within a few of them
                 got = [i for batch in client.epoch(epoch) for i in np.asarray(batch["data"])[:, 0].tolist()]
                 assert got == ids, f"epoch {epoch}: every row once, in the files' order"
-        status = query_status(daemon.endpoint)
-    assert status["files"]["taken_back"] >= 1, "leases ahead were taken back from behind the files being read"
+    # Whether leases are taken back in a given run depends on timing (a loaded machine may not), so this
+    # test only says no epoch stalls or repeats; the take-back and cut sequence that livelocked is replayed
+    # turn by turn in tests/unit/service/daemon/test_leases_ahead.py.
