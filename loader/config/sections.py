@@ -131,8 +131,9 @@ class WorkersConfig:
     # A worker that holds a lease and sends nothing for this long is taken for hung and replaced.
     progress_timeout_s: float = 120.0
     # Leases a worker holds queued behind the file it reads, so the next file starts without a round
-    # trip to the coordinator (0: one file at a time; 2 hides it for small files: docs/performance.md).
-    leases_ahead: int = 2
+    # trip to the coordinator (0: one file at a time). Off by default: it cost 10% on files of ~25 ms
+    # (docs/performance.md); for many small files, source.files_per_lease saves more.
+    leases_ahead: int = 0
     # Shared memory per worker for large arrays (MiB, reserved as used); 0 turns the fast path off.
     shm_arena_mib: int = 256
     # With an arena, large rows read straight from a local .npy/.npz go as references into the file itself
