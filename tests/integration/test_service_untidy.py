@@ -210,9 +210,12 @@ def test_workers_that_die_at_start_back_off_and_fail_the_epoch_with_the_cause(tm
 
 
 @pytest.mark.slow  # the daemon's stall timeout is at least stage.MIN_STALL_TIMEOUT_S (30 s)
-def test_an_epoch_with_no_worker_at_all_fails_on_both_sides(tmp_path):
+def test_an_epoch_with_no_worker_at_all_fails_on_both_sides(tmp_path, monkeypatch):
     from loader.service.client.client import EpochStalledError
+    from loader.service.daemon import stage
 
+    # The floor keeps a worker's replacement from being taken for a stall (30 s); nothing is replaced here.
+    monkeypatch.setattr(stage, "MIN_STALL_TIMEOUT_S", 1.0)
     write_id_files(tmp_path, 2, 50)
     quick = make_config(tmp_path, workers={"progress_timeout_s": 0.5})
     with running_daemon(quick, start_workers=False) as daemon:  # nobody to read the files
