@@ -84,6 +84,10 @@ class ChunkBuilder:
         self._records: list[int] = []
         self._bytes = 0
         self._started = 0.0
+        # For ``fits``: per column, whether its values differ in shape or dtype, from those looked at so far
+        # (each value is looked at once: ``fits`` may be asked at every sample of a group of one-sample files).
+        self._ragged: list[bool] = []
+        self._scanned = 0
 
     def __len__(self) -> int:
         return len(self._records)
@@ -93,6 +97,7 @@ class ChunkBuilder:
         if self._names is None or not self._records:
             self._names, self.kind = names, kind
             self._values = [[] for _ in names]
+            self._ragged, self._scanned = [False] * len(names), 0
             self._started = time.monotonic()
         elif names != self._names:
             raise ValueError(f"sample fields {names} differ from the chunk's fields {self._names}")
@@ -109,11 +114,15 @@ class ChunkBuilder:
         kind, names, values = sample_parts(sample, self.fields)
         if kind != self.kind or names != self._names:
             return False
-        for value, column in zip(values, self._values):
-            first = _layout(column[0])
-            if _layout(value) != first and all(_layout(v) == first for v in column[1:]):
-                return False
-        return True
+        for i, column in enumerate(self._values):
+            if not self._ragged[i]:
+                first = _layout(column[0])
+                self._ragged[i] = any(_layout(v) != first for v in column[max(1, self._scanned) :])
+        self._scanned = len(self._records)
+        return all(
+            ragged or _layout(value) == _layout(column[0])
+            for value, column, ragged in zip(values, self._values, self._ragged)
+        )
 
     @property
     def due(self) -> bool:
