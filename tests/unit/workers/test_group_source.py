@@ -83,13 +83,19 @@ def test_a_failing_file_is_one_record_named_by_its_own_path_and_the_next_file_go
     assert failures == [(2, a, 2), (3, missing, 0)]
 
 
-def test_a_file_that_cannot_be_opened_names_no_record(tmp_path: Any) -> None:
-    np.save(tmp_path / "a.npy", np.arange(3))
+def npy_group(tmp_path: Any, a: np.ndarray, c: np.ndarray) -> GroupSource:
+    """A group of a.npy, b.npy (not an .npy file) and c.npy."""
+    np.save(tmp_path / "a.npy", a)
     (tmp_path / "b.npy").write_bytes(b"not an npy file")
-    np.save(tmp_path / "c.npy", np.arange(10, 12))
+    np.save(tmp_path / "c.npy", c)
     cfg = LoaderConfig.from_dict({"source": {"files": [str(tmp_path / "*.npy")], "files_per_lease": 4}})
-    paths = [str(tmp_path / f"{name}.npy") for name in "abc"]
-    values, failures = read_all(GroupSource(cfg, paths))
+    return GroupSource(cfg, [str(tmp_path / f"{name}.npy") for name in "abc"])
+
+
+def test_a_file_that_cannot_be_opened_names_no_record(tmp_path: Any) -> None:
+    group = npy_group(tmp_path, np.arange(3), np.arange(10, 12))
+    paths = group.paths
+    values, failures = read_all(group)
     assert values == [0, 1, 2, 10, 11]
     assert failures == [(3, paths[1], None)]
 
@@ -111,13 +117,9 @@ def test_files_per_lease_is_checked(tmp_path: Any) -> None:
             LoaderConfig.from_dict({"source": {"files": ["x"], "files_per_lease": bad}})
 
 
-def test_blocks_never_span_files_and_a_bad_file_is_one_record(tmp_path: Any) -> None:
-    np.save(tmp_path / "a.npy", np.arange(5))
-    (tmp_path / "b.npy").write_bytes(b"not an npy file")
-    np.save(tmp_path / "c.npy", np.arange(10, 13))
-    cfg = LoaderConfig.from_dict({"source": {"files": [str(tmp_path / "*.npy")], "files_per_lease": 4}})
-    paths = [str(tmp_path / f"{name}.npy") for name in "abc"]
-    group = GroupSource(cfg, paths)
+def test_a_block_ends_before_a_bad_file_which_is_one_record(tmp_path: Any) -> None:
+    group = npy_group(tmp_path, np.arange(5), np.arange(10, 13))
+    paths = group.paths
     assert group.can_read_blocks
     got, failures = [], []
     while True:
@@ -132,3 +134,14 @@ def test_blocks_never_span_files_and_a_bad_file_is_one_record(tmp_path: Any) -> 
     assert got == [[0, 1, 2, 3], [4], [10, 11, 12]]
     assert failures == [(5, paths[1], None)]
     assert group.record == 9
+
+
+def test_a_block_spans_files_of_the_same_columns_and_stops_at_one_of_others(tmp_path: Any) -> None:
+    for name, values in (("a", np.arange(2)), ("b", np.arange(10, 13)), ("c", np.arange(20.0, 22.0))):
+        np.save(tmp_path / f"{name}.npy", values)
+    cfg = LoaderConfig.from_dict({"source": {"files": [str(tmp_path / "*.npy")], "files_per_lease": 4}})
+    group = GroupSource(cfg, [str(tmp_path / f"{name}.npy") for name in "abc"])
+    blocks = []
+    while (block := group.read_block(8)) is not None:
+        blocks.append(next(iter(block.values())).tolist())
+    assert blocks == [[0, 1, 10, 11, 12], [20.0, 21.0]], "a and b in one block; c (float) in its own"
