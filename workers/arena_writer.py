@@ -48,12 +48,32 @@ class ArenaWriter:
             log.info("no shared-memory arena, sending rows inline: %s", exc)
             return None
 
-    def put(self, columns: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[np.ndarray, R.Spec]]]:
-        """Move the eligible columns into the arena (in place in ``columns``): (``Chunk.refs``, what was written)."""
+    def put_rows(self, rows: list[Any]) -> tuple[np.ndarray, R.Spec] | None:
+        """A column still held as one array per sample, written straight into the arena (no stacked copy
+        first): (references, row spec); None when its rows are not arrays of one dtype and shape of at least
+        ``refs.MIN_REF_ROW_BYTES``, or do not fit (the caller stacks them then)."""
+        first = rows[0] if rows else None
+        if not isinstance(first, np.ndarray) or not R.eligible(first[np.newaxis]):
+            return None
+        shape, dtype = first.shape, first.dtype
+        if any(not isinstance(row, np.ndarray) or row.shape != shape or row.dtype != dtype for row in rows):
+            return None
+        refs = R.write_column(self.arena, rows)
+        return None if refs is None else (refs, (dtype.str, shape))
+
+    def put(
+        self, columns: dict[str, Any], placed: dict[str, R.Spec] | None = None
+    ) -> tuple[dict[str, Any], list[tuple[np.ndarray, R.Spec]]]:
+        """Move the eligible columns into the arena (in place in ``columns``): (``Chunk.refs``, what was written).
+
+        ``placed``: the columns ``put_rows`` already wrote (they hold references), with their row specs."""
         described: dict[str, Any] = {}
         written: list[tuple[np.ndarray, R.Spec]] = []
+        for name, spec in (placed or {}).items():
+            described[name] = {0: [spec[0], list(spec[1])]}
+            written.append((columns[name], spec))
         for name, values in list(columns.items()):
-            if name == P.INDEX_COLUMN or not R.eligible(values):
+            if name == P.INDEX_COLUMN or name in described or not R.eligible(values):
                 continue
             refs = R.write_column(self.arena, values)
             if refs is None:

@@ -10,7 +10,7 @@ which the protocol sends through ``loader.runtime.codec``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -134,13 +134,29 @@ class ChunkBuilder:
 
     def take(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """(columns, record indexes) of the collected samples; the builder starts empty again."""
+        columns, records, _ = self.take_placed(None)
+        return columns, records
+
+    def take_placed(
+        self, place: Callable[[list[Any]], tuple[np.ndarray, Any] | None] | None
+    ) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, Any]]:
+        """``take``, where ``place`` may first take a column's values as they are (one per sample) and give
+        what stands for them (an arena's references, ``ArenaWriter.put_rows``) and their row spec:
+        (columns, record indexes, the spec of each column placed)."""
         assert self._names is not None
-        columns = {name: stack_column(values) for name, values in zip(self._names, self._values)}
+        columns: dict[str, np.ndarray] = {}
+        placed: dict[str, Any] = {}
+        for name, values in zip(self._names, self._values):
+            put = place(values) if place is not None else None
+            if put is None:
+                columns[name] = stack_column(values)
+            else:
+                columns[name], placed[name] = put
         records = np.asarray(self._records, dtype=np.int64)
         self._values = [[] for _ in self._names]
         self._records = []
         self._bytes = 0
-        return columns, records
+        return columns, records, placed
 
 
 __all__ = ["ChunkBuilder", "sample_parts", "stack_column", "rows_for_bytes", "MAX_CHUNK_BYTES"]

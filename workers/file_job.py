@@ -281,16 +281,24 @@ class FileJob:
 
     def _flush(self, builder: ChunkBuilder, done: _Progress) -> bool:
         """Send the builder's samples as one chunk; False when a failure ended the file (FILE_ERROR sent)."""
-        columns, records = builder.take()
+        # Big mapped rows (decoded images) go straight from each sample into the arena, sparing a stacked copy
+        # (about 8% of a worker's time with float32 224x224 images); not when batch mappers want the block.
+        arena = None if self._batch else self._arena()
+        columns, records, placed = builder.take_placed(arena.put_rows if arena is not None else None)
         n = int(records.size)
         skipped_inside = int(records[-1]) - int(records[0]) + 1 != n  # the rows then say which records they are
-        return (
-            self._send_mapped(int(records[0]), n, builder.kind, columns, done, records if skipped_inside else None)
-            is not None
-        )
+        index = records if skipped_inside else None
+        return self._send_mapped(int(records[0]), n, builder.kind, columns, done, index, placed) is not None
 
     def _send_mapped(
-        self, record: int, n: int, kind: str, columns: dict[str, Any], done: _Progress, index: Any = None
+        self,
+        record: int,
+        n: int,
+        kind: str,
+        columns: dict[str, Any],
+        done: _Progress,
+        index: Any = None,
+        placed: dict[str, Any] | None = None,
     ) -> int | None:
         """Send ``n`` records from ``record`` on through the batch mappers, counted in ``done``.
 
@@ -307,17 +315,20 @@ class FileJob:
                 return 0
         if index is not None:
             columns[P.INDEX_COLUMN] = index
-        self._send_chunk(record, n, kind, columns)
+        self._send_chunk(record, n, kind, columns, placed)
         done.sent += n
         return block_nbytes(columns)
 
-    def _send_chunk(self, record: int, count: int, sample_kind: str, columns: dict[str, Any]) -> None:
-        """Send records ``record``.. as a chunk, its large columns as arena references when they fit."""
+    def _send_chunk(
+        self, record: int, count: int, sample_kind: str, columns: dict[str, Any], placed: dict[str, Any] | None = None
+    ) -> None:
+        """Send records ``record``.. as a chunk, its large columns as arena references when they fit (``placed``:
+        those already written there)."""
         arena = self._arena()
         refs: dict[str, Any] = {}
         if arena is not None and self._file_rows and P.INDEX_COLUMN not in columns:
             refs = arena.put_file_rows(columns, record)
-        in_arena, written = arena.put(columns) if arena is not None else ({}, [])
+        in_arena, written = arena.put(columns, placed) if arena is not None else ({}, [])
         refs.update(in_arena)
         chunk = P.Chunk(**self._tag(), record=record, count=count, sample_kind=sample_kind, refs=refs or None)
         try:

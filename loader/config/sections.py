@@ -254,7 +254,7 @@ class ServiceConfig:
 class ClientConfig:
     """What the in-process ``loader.Loader`` passes to its ``Client`` (a ``Client`` made by hand takes its own arguments)."""
 
-    prefetch: int = 4
+    prefetch: int | str = "auto"  # or 1..MAX_PREFETCH messages (Client's ``prefetch``)
     device: str = "cpu"
     timeout_s: float = 30.0
     # The longest an epoch waits for its next batch from a daemon that answers but sends nothing.
@@ -264,7 +264,8 @@ class ClientConfig:
     def __post_init__(self) -> None:
         check = Check(self, "client")
         check.number("progress_timeout_s", maximum=MAX_TIMEOUT_S)
-        check.integer("prefetch", minimum=1, maximum=MAX_PREFETCH)
+        if self.prefetch != "auto":
+            check.integer("prefetch", minimum=1, maximum=MAX_PREFETCH)
         check.text("device")
         if not _DEVICE.match(self.device):
             check.fail("device", f"must be 'cpu', 'torch', 'torch:cpu', 'cuda' or 'cuda:N', got {self.device!r}")

@@ -322,3 +322,28 @@ def test_stored_npz_members_go_as_file_rows_and_compressed_ones_through_the_aren
             "f2.npz",
         }
     assert collections.Counter(got) == collections.Counter(ids)
+
+
+def test_auto_prefetch_reads_more_big_batches_ahead_after_the_first_epoch(tmp_path, monkeypatch):
+    # 80 KiB rows, batch 8: 640 KiB messages. With a 4 MiB budget "auto" reads 6 ahead from epoch 1 on
+    # (the first epoch, sizes unknown, reads DEFAULT_PREFETCH); the stage's buffer follows the credit.
+    monkeypatch.setattr(client_mod, "AUTO_PREFETCH_BYTES", 4 * 1024 * 1024)
+    ids = write_large_files(tmp_path, 2, 24)
+    config = make_config(tmp_path, pipeline={"batch_size": 8}, workers={"count": 1, "samples_per_message": 8})
+    with running_daemon(config) as daemon:
+        with (
+            Client(daemon.endpoint, timeout_s=10) as auto,
+            Client(daemon.endpoint, timeout_s=10, prefetch=2, job="b") as fixed,
+        ):
+            assert auto.epoch_prefetch() == client_mod.DEFAULT_PREFETCH
+            first = [batch_ids(b) for b in auto.epoch()]
+            assert auto.epoch_prefetch() == 6  # 4 MiB // 625 KiB
+            second = auto.epoch()
+            seen = [batch_ids(next(second))]
+            stream = daemon.stage.sessions[next(iter(daemon.stage.sessions))].current
+            assert stream is not None and stream.prefetch == auto.epoch_prefetch()
+            seen += [batch_ids(b) for b in second]
+            for _ in range(2):
+                assert sorted(sum((batch_ids(b) for b in fixed.epoch()), [])) == sorted(ids)
+            assert fixed.epoch_prefetch() == 2
+    assert sorted(sum(first, [])) == sorted(ids) == sorted(sum(seen, []))

@@ -350,7 +350,8 @@ class Stage:
         stream.gens[rank] = gen
         stream.cursors.setdefault(rank, 0)
         stream.attached_ever.add(rank)
-        stream.prefetch = max(stream.prefetch, session.prefetch)
+        # The epoch's credit may exceed the hello's prefetch (a client's "auto" prefetch): the buffer follows it.
+        stream.prefetch = max(stream.prefetch, session.prefetch, min(credits, MAX_PREFETCH))
         session.current = stream
         session.credits = credits
 

@@ -21,7 +21,7 @@ will read (duplicates, cancelled streams, batches of a client that left).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -110,26 +110,36 @@ def eligible(values: Any, min_row_bytes: int = MIN_REF_ROW_BYTES) -> bool:
     )
 
 
-def write_column(arena: Arena, values: np.ndarray, spec_id: int = 0) -> np.ndarray | None:
-    """Copy each row of ``values`` into ``arena``; the ``(n, 3)`` references, or None when it is full."""
-    n = len(values)
-    row_bytes = values.nbytes // n
+def write_column(arena: Arena, rows: np.ndarray | Sequence[np.ndarray], spec_id: int = 0) -> np.ndarray | None:
+    """Copy each row into ``arena``; the ``(n, 3)`` references, or None when it is full (nothing taken).
+
+    ``rows`` is a column (an array with a leading axis of rows) or its rows as separate arrays of one dtype
+    and shape: a chunk's samples written straight into the arena, with no stacked copy first."""
+    n = len(rows)
+    dtype, shape, row_bytes = rows[0].dtype, rows[0].shape, rows[0].nbytes
     starts = arena.alloc(n, arena.blocks_for(row_bytes))
     if starts is None:
         return None
-    rows = np.ascontiguousarray(values).reshape(n, -1).view(np.uint8)
     block = arena.block_bytes
-    for i, start in enumerate(starts.tolist()):
-        arena.data[start * block : start * block + row_bytes] = rows[i]
+    for row, start in zip(rows, starts.tolist()):
+        arena.data[start * block : start * block + row_bytes].view(dtype).reshape(shape)[...] = row
     refs = np.empty((n, REF_WIDTH), dtype=np.int64)
     refs[:, 0], refs[:, 1], refs[:, 2] = arena.arena_id, starts, spec_id
     return refs
 
 
-def gather(refs: np.ndarray, specs: Mapping[int, Spec], arena_of: ArenaOf, *, free: bool = True) -> np.ndarray:
+def gather(
+    refs: np.ndarray,
+    specs: Mapping[int, Spec],
+    arena_of: ArenaOf,
+    *,
+    free: bool = True,
+    empty: Callable[[int], np.ndarray] | None = None,
+) -> np.ndarray:
     """The rows of ``refs`` as one fresh array (an object array of rows when their specs differ); frees them.
 
-    ``arena_of`` gives an ``Arena`` for an arena id and a ``file_rows.RowFile`` for a file id."""
+    ``arena_of`` gives an ``Arena`` for an arena id and a ``file_rows.RowFile`` for a file id; ``empty``
+    gives the memory of the array, uninitialised ``uint8`` of a size (``np.empty`` when not given)."""
     n = len(refs)
     spec_ids = np.unique(refs[:, 2]) if n else np.zeros(0, np.int64)
     missing = set(spec_ids.tolist()) - set(specs)
@@ -140,7 +150,7 @@ def gather(refs: np.ndarray, specs: Mapping[int, Spec], arena_of: ArenaOf, *, fr
         dtype, shape = specs[int(spec_ids[0])]
         nbytes = row_nbytes((dtype, shape))
         _check_rows_fit(refs, nbytes, arena_of)  # before allocating what the references claim
-        raw = np.empty((n, nbytes), dtype=np.uint8)
+        raw = (np.empty(n * nbytes, dtype=np.uint8) if empty is None else empty(n * nbytes)).reshape(n, nbytes)
         _copy_rows(refs, raw, nbytes, arena_of)
         out = raw.view(np.dtype(dtype)).reshape((n, *shape))
     else:

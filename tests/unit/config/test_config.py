@@ -145,7 +145,7 @@ def test_defaults() -> None:
     assert config.workers.samples_per_message == 4096
     assert config.workers.heartbeat_interval_s == 0.5 and config.workers.heartbeat_timeout_s == 5.0
     assert config.service.bind == DEFAULT_BIND == "tcp://127.0.0.1:5555" and config.service.is_loopback
-    assert (config.client.prefetch, config.client.device, config.client.timeout_s) == (4, "cpu", 30.0)
+    assert (config.client.prefetch, config.client.device, config.client.timeout_s) == ("auto", "cpu", 30.0)
 
 
 def test_values_are_normalized_and_frozen() -> None:

@@ -72,7 +72,7 @@ def test_epoch_numbers_that_are_not_are_refused_at_once(epoch):
         assert len(list(client.epoch())) == 5  # still usable, from epoch 0
 
 
-@pytest.mark.parametrize("prefetch", [0, MAX_PREFETCH + 1, 10**6, 2.5])
+@pytest.mark.parametrize("prefetch", [0, MAX_PREFETCH + 1, 10**6, 2.5, "Auto", "4"])
 def test_prefetch_the_daemon_could_not_honour_is_refused(prefetch):
-    with pytest.raises(ValueError, match=f"prefetch must be an integer in \\[1, {MAX_PREFETCH}\\]"):
+    with pytest.raises(ValueError, match=f'prefetch must be "auto" or an integer in \\[1, {MAX_PREFETCH}\\]'):
         Client("fake://daemon", channel=FakeChannel.pair()[0], prefetch=prefetch, timeout_s=1.0)
