@@ -122,7 +122,9 @@ class Client:
     ``dataset`` names which of the daemon's datasets to read (``"default"``: the config's
     ``[source]``/``[pipeline]``; others are its ``[datasets.NAME]`` tables). ``device``: ``"cpu"``
     numpy arrays, ``"torch"``/``"torch:cpu"`` CPU tensors, ``"cuda"``/``"cuda:N"``/a ``torch.device``
-    GPU tensors (see ``loader.device``).
+    GPU tensors (see ``loader.device``). ``prefetch``: messages read ahead of the training loop,
+    1..32, or ``"auto"`` (the default, also as None): 4 in the first epoch, then as many as fit in
+    128 MiB at the largest message seen, up to 16.
     """
 
     def __init__(
