@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import multiprocessing.process
 import os
@@ -15,6 +17,40 @@ import pytest
 from tests.helpers import child_pids, free_port
 
 LEAK_GRACE_S = 5.0
+
+
+@contextlib.contextmanager
+def _run_alone_or_beside(item: pytest.Item) -> Any:
+    """Under pytest-xdist, a test marked ``alone`` runs while no test runs on another xdist worker.
+
+    Every daemon that starts sweeps ``/dev/shm`` of the arena files of dead daemons (``shm.stale``), so a
+    test that checks what happens to a dead process's files (kept until the next daemon sweeps them, or
+    none left behind) must not have daemons of other tests starting beside it. A readers-writer lock
+    shared by the run's workers (a file beside their temporary directories): every test holds it shared,
+    an ``alone`` test exclusively; the turnstile keeps tests that start meanwhile from overtaking it.
+    """
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    shared = item.config._tmp_path_factory.getbasetemp().parent  # type: ignore[attr-defined]
+    alone = item.get_closest_marker("alone") is not None
+    with open(shared / "loader-alone.lock", "a") as lock, open(shared / "loader-turnstile.lock", "a") as turnstile:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)  # alone: until the others' tests end
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Setup (module fixtures' daemons too), call and teardown of each test under ``_run_alone_or_beside``."""
+    with _run_alone_or_beside(item):
+        yield
 
 
 @pytest.fixture

@@ -294,3 +294,9 @@ exit_on_123456789 = exit_on_value(123456789)
 def die_at_start(connect: Any, *, worker_id: str, stop_event: Any) -> int:
     """A worker entry point that exits at once with code 7, before saying hello (a broken environment)."""
     return 7
+
+
+def never_says_hello(connect: Any, *, worker_id: str, stop_event: Any) -> int:
+    """A worker entry point that never connects (a worker still starting, or waiting for a CPU), bounded by 60 s."""
+    stop_event.wait(60.0)
+    return 0

@@ -155,6 +155,7 @@ def test_an_unclosed_loader_releases_its_workers_and_shared_memory_when_collecte
     assert not _arena_files(os.getpid())
 
 
+@pytest.mark.alone  # another test's daemon starting meanwhile could sweep the files the script left
 def test_an_unclosed_loader_leaves_nothing_when_the_script_exits(tmp_path):
     config = _project(tmp_path)
     script = tmp_path / "scripts" / "train.py"

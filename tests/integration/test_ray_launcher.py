@@ -26,6 +26,7 @@ from tests.integration.conftest import (
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'loader-service[ray]'")
 
+from loader.service.daemon import autoscale  # noqa: E402
 from loader.service.daemon.ray_launcher import RayWorker  # noqa: E402  (imports Ray's types only after the skip)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -174,7 +175,11 @@ def test_authenticated_wildcard_bind_is_dialled_at_the_nodes_address(
     assert_all_dead(handles)
 
 
-def test_autoscaling_grows_and_retires_actors(local_ray: Any, tmp_path: Any) -> None:
+def test_autoscaling_grows_and_retires_actors(local_ray: Any, tmp_path: Any, monkeypatch: Any) -> None:
+    # Shorter delays than the defaults (1 s, 3 s): their hysteresis is tested on a fake clock in
+    # tests/unit/service/daemon/test_autoscale.py; here the actors' real growth and retirement are.
+    monkeypatch.setattr(autoscale, "GROW_AFTER_S", 0.5)
+    monkeypatch.setattr(autoscale, "SHRINK_AFTER_S", 1.5)
     ids = write_id_files(tmp_path, 12, 150)
     scaled = config(
         tmp_path,

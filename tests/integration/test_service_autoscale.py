@@ -11,6 +11,7 @@ from loader import Client
 from loader.config import LoaderConfig
 from loader.errors import ConfigError
 from loader.service.client.client import query_status
+from loader.service.daemon import autoscale
 from tests.helpers import wait_until
 from tests.integration.conftest import collect_ids, make_config, read_while_growing, running_daemon, write_id_files
 
@@ -21,7 +22,11 @@ def alive_workers(endpoint: str) -> int:
     return sum(1 for w in query_status(endpoint)["workers"] if w["alive"])
 
 
-def test_pool_grows_to_max_while_the_client_waits_and_shrinks_when_it_stops(tmp_path):
+def test_pool_grows_to_max_while_the_client_waits_and_shrinks_when_it_stops(tmp_path, monkeypatch):
+    # Shorter delays than the defaults (1 s, 3 s): their hysteresis is tested on a fake clock in
+    # tests/unit/service/daemon/test_autoscale.py; here the pool's real growth and shrinking are.
+    monkeypatch.setattr(autoscale, "GROW_AFTER_S", 0.5)
+    monkeypatch.setattr(autoscale, "SHRINK_AFTER_S", 1.5)
     ids = write_id_files(tmp_path, 12, 150)
     config = make_config(
         tmp_path,

@@ -206,3 +206,22 @@ def test_client_places_batches_with_its_device(served):
         batches = list(client.epoch())
     assert all(isinstance(b["data"], torch.Tensor) for b in batches)
     assert sorted(int(i) for b in batches for i in b["data"]) == sorted(ids)
+
+
+def test_close_stops_workers_that_never_connected_at_once(tmp_path):
+    # A worker started and not yet connected gets no BYE and, the loop stopped, no WELCOME: close must
+    # stop it rather than wait out the whole join timeout for it to end by itself.
+    import os
+
+    from loader.service.daemon.loop import WORKER_JOIN_TIMEOUT_S, Daemon
+
+    write_id_files(tmp_path, 1, 10)
+    daemon = Daemon(make_config(tmp_path), worker_entry="tests.helpers:never_says_hello")
+    pids = [record.process.pid for record in daemon.coordinator.workers.values()]
+    assert len(pids) == 2
+    started = time.monotonic()
+    daemon.close()
+    assert time.monotonic() - started < WORKER_JOIN_TIMEOUT_S / 2
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):  # ended and reaped
+            os.kill(pid, 0)

@@ -54,6 +54,9 @@ def epoch_samples(metrics: dict) -> float:
     return found[0] if found else 0.0
 
 
+# Alone: settled() below needs the client's wait for the end of its epoch (after its last credit, so never
+# reported to the daemon) to stay under 1 ms, which a test on the other xdist worker can make it exceed.
+@pytest.mark.alone
 def test_every_documented_metric_is_scraped_during_an_epoch_with_plausible_values(tmp_path):
     ids = write_id_files(tmp_path, 4, 120)
     config = make_config(

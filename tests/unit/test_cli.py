@@ -231,6 +231,7 @@ def test_serve_status_and_sigterm(tmp_path) -> None:
 
 @pytest.mark.integration
 @pytest.mark.slow
+@pytest.mark.alone  # another test's daemon starting meanwhile would sweep the killed daemon's files
 def test_files_of_a_daemon_killed_with_sigkill_are_removed_by_the_next(tmp_path) -> None:
     from loader.service.shm.arena import shm_directory
     from tests.helpers import is_alive

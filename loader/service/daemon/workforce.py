@@ -203,6 +203,11 @@ class WorkerPool:
         for record in self.coordinator.workers.values():
             if record.peer is not None:
                 self._send(record.peer, bye)
+            elif record.process is not None:
+                # Started and not connected yet (starting, or waiting for a CPU): no BYE can reach it and
+                # no WELCOME will (the loop has stopped), so waiting for it to end by itself waits out the
+                # whole join timeout. It holds no lease and no arena yet: stop it now.
+                self._launcher.stop(record.process, join_timeout_s=0.0)
         # What the launcher started and has not stopped are exactly the workers of our records.
         self._launcher.close(join_timeout_s)
 
