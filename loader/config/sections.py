@@ -264,6 +264,8 @@ class ClientConfig:
     def __post_init__(self) -> None:
         check = Check(self, "client")
         check.number("progress_timeout_s", maximum=MAX_TIMEOUT_S)
+        if isinstance(self.prefetch, str) and self.prefetch != "auto":
+            check.fail("prefetch", f'must be "auto" or an integer from 1 to {MAX_PREFETCH}, got {self.prefetch!r}')
         if self.prefetch != "auto":
             check.integer("prefetch", minimum=1, maximum=MAX_PREFETCH)
         check.text("device")

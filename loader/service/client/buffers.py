@@ -49,7 +49,9 @@ class BatchBuffers:
                 self._idle_bytes -= nbytes
                 self.reused += 1
         if memory is None:
-            memory = mmap.mmap(-1, nbytes)
+            # Private, as malloc's memory is: a child forked from the training process keeps its own
+            # copy of a batch, never the next batch that reuses this mapping.
+            memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         array = np.frombuffer(memory, dtype=np.uint8)
         done = weakref.finalize(array, self._put_back, memory)
         done.atexit = False

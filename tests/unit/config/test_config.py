@@ -260,6 +260,7 @@ def test_the_documented_message_shape() -> None:
         ("service", {"bind": "tcp://127.0.0.1:70000"}, "service.bind has a port outside"),
         ("service", {"bind": ""}, "service.bind must be a non-empty string"),
         ("client", {"prefetch": 0}, "client.prefetch must be >= 1"),
+        ("client", {"prefetch": "fast"}, 'client.prefetch must be "auto" or an integer from 1 to 32'),
         ("client", {"device": "tpu"}, "client.device must be 'cpu', 'torch', 'torch:cpu', 'cuda' or 'cuda:N'"),
         ("client", {"timeout_s": -1}, "client.timeout_s must be > 0"),
     ],

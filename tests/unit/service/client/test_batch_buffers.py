@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import threading
 
 import numpy as np
@@ -78,3 +79,27 @@ def test_batches_dropped_on_other_threads_come_back_once_each():
     assert buffers.idle_bytes == 64 * MIB
     again = [buffers.empty(MIB) for _ in range(64)]
     assert buffers.reused == 64 and len({a.ctypes.data for a in again}) == 64
+
+
+def test_a_forked_child_keeps_its_copy_of_a_batch_when_the_parent_reuses_the_memory():
+    buffers = BatchBuffers(max_bytes=64 * MIB, min_bytes=MIB)
+    batch = buffers.empty(MIB)
+    batch[:] = 1
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: wait for the parent to reuse the memory, then report what it sees
+        try:
+            os.close(write)
+            os.read(read, 1)
+            os._exit(0 if int(batch.min()) == 1 == int(batch.max()) else 1)
+        finally:
+            os._exit(2)
+    os.close(read)
+    del batch
+    reused = buffers.empty(MIB)
+    reused[:] = 9
+    assert buffers.reused == 1
+    os.write(write, b"x")
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
