@@ -67,8 +67,8 @@ from loader.service.transport import Channel
 DEFAULT_PREFETCH = 4
 # prefetch="auto" (the default): each epoch after the first reads ahead as many messages as fit in
 # AUTO_PREFETCH_BYTES at the size of the largest message so far, between DEFAULT_PREFETCH and AUTO_PREFETCH_MAX.
-# Big batches then wait fewer round trips (1 MiB rows, batch 8: 5.2 GB/s with 4 ahead, 7-8 with 8; docs/performance.md)
-# while a client of 38 MiB image batches still holds 4.
+# Big batches then wait fewer round trips (1 MiB rows, batch 8: 5.5-6.0 GB/s with 4 ahead, 7.0-7.2 with the 15 of
+# "auto"; docs/performance.md) while a client of 38 MiB image batches still holds 4.
 AUTO_PREFETCH_BYTES = 128 * 1024 * 1024
 AUTO_PREFETCH_MAX = 16
 DEFAULT_TIMEOUT_S = 30.0
