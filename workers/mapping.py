@@ -28,6 +28,7 @@ from loader.errors import BatchMapperError
 from loader.runtime.imports import rng_parameter, rng_passing
 from loader.service.blocks import block_rows
 from loader.service.protocol import INDEX_COLUMN
+from workers.sample_rng import RecordGenerators
 
 
 class SampleMappers:
@@ -42,14 +43,15 @@ class SampleMappers:
                 raise TypeError(f"mapper {getattr(mapper, '__name__', mapper)!r}: {exc}") from None
             self._steps.append((mapper, how))
         self.wants_rng = any(how != "plain" for _, how in self._steps)
-        self._key = (int(seed), int(epoch), int(file_key))
+        self._generators = RecordGenerators((int(seed), int(epoch), int(file_key)))
 
     def __bool__(self) -> bool:
         return bool(self._steps)
 
     def generator(self, record: int) -> np.random.Generator:
-        """The generator of record ``record`` of this file (one per sample, shared by its mappers in order)."""
-        return np.random.default_rng((*self._key, int(record)))
+        """The generator of record ``record`` of this file (one per sample, shared by its mappers in order):
+        ``default_rng((seed, epoch, file_key, record))``, made cheaper (``workers/sample_rng.py``)."""
+        return self._generators.generator(record)
 
     def __call__(self, sample: Any, record: int) -> Any:
         rng = self.generator(record) if self.wants_rng else None
