@@ -48,6 +48,10 @@ class ArenaWriter:
             log.info("no shared-memory arena, sending rows inline: %s", exc)
             return None
 
+    @property
+    def capacity_bytes(self) -> int:
+        return self.arena.n_blocks * self.arena.block_bytes
+
     def put_rows(self, rows: list[Any]) -> tuple[np.ndarray, R.Spec] | None:
         """A column still held as one array per sample, written straight into the arena (no stacked copy
         first): (references, row spec); None when its rows are not arrays of one dtype and shape of at least

@@ -29,7 +29,7 @@ from loader.errors import WorkerError
 from loader.service import protocol as P
 from loader.service.blocks import block_nbytes, block_rows
 from workers.arena_writer import ArenaWriter
-from workers.columns import ChunkBuilder, rows_for_bytes
+from workers.columns import MAX_BATCH_CHUNK_BYTES, ChunkBuilder, rows_for_bytes
 from workers.mapping import BatchMappers, SampleMappers
 from workers.sources import FileSource, GroupSource
 
@@ -223,7 +223,15 @@ class FileJob:
             raise
 
     def _send_samples(self, source: FileSource | GroupSource, mappers: SampleMappers) -> tuple[int, int] | None:
-        builder = ChunkBuilder(source.fields, self.config.workers.samples_per_message)
+        # Rows that go through the arena need no room in the message: a chunk of them may hold a batch of
+        # decoded images. At most a quarter of the arena, so a few chunks are in flight at once, and half the
+        # daemon's largest message, so the chunk still fits one when the arena is full and it travels inline.
+        arena = None if self._batch else self._arena()
+        max_ref_bytes = 0
+        if arena is not None:
+            largest_message = self.config.service.max_message_mib * 1024 * 1024
+            max_ref_bytes = min(MAX_BATCH_CHUNK_BYTES, arena.capacity_bytes // 4, largest_message // 2)
+        builder = ChunkBuilder(source.fields, self.config.workers.samples_per_message, max_ref_bytes)
         group = source if isinstance(source, GroupSource) else None
         checked = 0  # the group's files begun when a sample was last checked against the chunk (below)
         samples = source.samples()

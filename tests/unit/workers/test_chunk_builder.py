@@ -1,10 +1,13 @@
-"""``ChunkBuilder.fits``: whether a sample of a lease group's next file may share the chunk."""
+"""``ChunkBuilder``: whether a sample of a lease group's next file may share the chunk (``fits``), and when a
+chunk is due by its size."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from workers.columns import ChunkBuilder
+import workers.columns as columns
+from workers.columns import MAX_CHUNK_BYTES, ChunkBuilder
 
 
 def test_a_sample_fits_a_chunk_of_its_layout_and_not_one_of_another() -> None:
@@ -29,3 +32,57 @@ def test_a_field_already_ragged_takes_any_layout_and_the_builder_forgets_it_afte
     builder.take()
     builder.add(3, (np.zeros(3),))
     assert not builder.fits((np.zeros(7),)), "a new chunk is uniform again"
+
+
+MIB = 1024 * 1024
+IMAGE = np.zeros((3, 224, 224), np.float32)  # 588 KiB: a row that travels through the arena
+
+
+@pytest.fixture(autouse=True)
+def no_chunk_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(columns, "MAX_CHUNK_DELAY_S", 3600.0)  # only sizes end these chunks, however slow the run
+
+
+def _rows_until_due(builder: ChunkBuilder, make: object, limit: int = 5000) -> int:
+    for record in range(limit):
+        builder.add(record, make(record))  # type: ignore[operator]
+        if builder.due:
+            return record + 1
+    raise AssertionError("never due")
+
+
+def test_without_an_arena_a_chunk_of_big_rows_is_due_at_the_message_bound() -> None:
+    builder = ChunkBuilder(["image", "label"], 4096)
+    assert _rows_until_due(builder, lambda r: (IMAGE, r)) == -(-MAX_CHUNK_BYTES // IMAGE.nbytes)
+
+
+def test_rows_that_go_by_reference_fill_a_chunk_up_to_the_arena_bound_and_small_fields_still_count() -> None:
+    builder = ChunkBuilder(["image", "label"], 4096, max_ref_bytes=32 * MIB)
+    assert _rows_until_due(builder, lambda r: (IMAGE, r)) == -(-32 * MIB // IMAGE.nbytes)
+    columns, records = builder.take()
+    assert columns["image"].shape == (len(records), *IMAGE.shape)
+    # Small rows travel inline whatever the arena: the message bound holds for them.
+    small = np.zeros(1024, np.float32)
+    assert _rows_until_due(builder, lambda r: (small, r)) == -(-MAX_CHUNK_BYTES // (small.nbytes + 8))
+    builder.take()
+    # A big field beside the image that travels inline (bytes of its own) still ends the chunk at the bound.
+    text = np.zeros(60 * 1024, np.uint8)  # under the arena's smallest row
+    roomy = ChunkBuilder(["image", "text"], 4096, max_ref_bytes=64 * MIB)
+    assert _rows_until_due(roomy, lambda r: (IMAGE, text)) == -(-MAX_CHUNK_BYTES // text.nbytes)
+    roomy.take()
+    raw = bytes(100 * 1024)  # bytes count by their length too
+    assert _rows_until_due(roomy, lambda r: (IMAGE, raw)) == -(-MAX_CHUNK_BYTES // len(raw))
+
+
+def test_big_rows_that_turn_ragged_count_as_inline_from_then_on() -> None:
+    builder = ChunkBuilder(["image"], 4096, max_ref_bytes=64 * MIB)
+    for record in range(7):  # 4.0 MiB, by reference: not due
+        builder.add(record, (IMAGE,))
+    assert not builder.due
+    builder.add(7, (np.zeros((3, 200, 200), np.float32),))  # ragged: the column is objects, sent inline
+    assert builder.due, "the 4.5 MiB now travel inline: past the message bound"
+    columns, _ = builder.take()
+    assert columns["image"].dtype == object
+    # A sample limit still ends a chunk of references.
+    capped = ChunkBuilder(["image"], 8, max_ref_bytes=64 * MIB)
+    assert _rows_until_due(capped, lambda r: (IMAGE,)) == 8
