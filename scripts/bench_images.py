@@ -18,8 +18,8 @@ Both sides map every sample with the same function, ``loader.examples.images:dec
 channels first: 588 KiB per sample), batch 64, the same worker count, no shuffling:
 
 * ours: ``loader serve`` in a child process (``bench_tools.Serve``) and a ``Client`` in another
-  fresh process, ``workers.samples_per_message = 64`` (one batch per message: the rows go through
-  shared memory, and the default 256 rows of 588 KiB would crowd a worker's arena);
+  fresh process, default ``[workers]`` settings (the decoded rows go through shared memory, in
+  chunks of up to 64 MiB: ``docs/internals.md``, chunk sizes);
 * the peer: ``torch.utils.data.DataLoader``, ``persistent_workers=True``, default collate, over a
   map-style dataset: for the RecordIO case the same records read once into RAM (the peer gets its
   bytes from memory, if anything faster than our reading), for the folders case the same files,
@@ -195,7 +195,7 @@ def ours_tables(source: dict[str, Any], workers: int) -> dict[str, dict[str, Any
     return {
         "source": source,
         "pipeline": {"batch_size": BATCH, "mappers": [MAPPER], "shuffle_buffer": 0, "seed": 0, "epochs": 0},
-        "workers": {"count": workers, "samples_per_message": BATCH},
+        "workers": {"count": workers},
     }
 
 
