@@ -29,7 +29,7 @@ from loader.errors import WorkerError
 from loader.service import protocol as P
 from loader.service.blocks import block_nbytes, block_rows
 from workers.arena_writer import ArenaWriter
-from workers.columns import MAX_BATCH_CHUNK_BYTES, ChunkBuilder, rows_for_bytes
+from workers.columns import MAX_BATCH_CHUNK_BYTES, MAX_CHUNK_BYTES, ChunkBuilder, rows_for_bytes
 from workers.mapping import BatchMappers, SampleMappers
 from workers.sources import FileSource, GroupSource
 
@@ -293,10 +293,15 @@ class FileJob:
         # (float32 224x224 images: 1.02-1.08 -> 0.82-0.90 worker CPU ms each); not when batch mappers want the block.
         arena = None if self._batch else self._arena()
         columns, records, placed = builder.take_placed(arena.put_rows if arena is not None else None)
-        n = int(records.size)
-        skipped_inside = int(records[-1]) - int(records[0]) + 1 != n  # the rows then say which records they are
-        index = records if skipped_inside else None
-        return self._send_mapped(int(records[0]), n, builder.kind, columns, done, index, placed) is not None
+        for rows in inline_parts(columns, placed, int(records.size)):
+            part = columns if rows == slice(None) else {name: values[rows] for name, values in columns.items()}
+            taken = records[rows]
+            n = int(taken.size)
+            skipped_inside = int(taken[-1]) - int(taken[0]) + 1 != n  # the rows then say which records they are
+            index = taken if skipped_inside else None
+            if self._send_mapped(int(taken[0]), n, builder.kind, part, done, index, placed) is None:
+                return False
+        return True
 
     def _send_mapped(
         self,
@@ -346,6 +351,18 @@ class FileJob:
             if written and current is not None:
                 current.free(written)  # cancelled or stopping while the stage was busy: never sent
             raise
+
+
+def inline_parts(columns: dict[str, Any], placed: dict[str, Any], n: int) -> list[slice]:
+    """The row ranges to send a chunk of ``n`` rows in: all of it, unless what travels inline (columns not
+    placed in the arena) exceeds ``MAX_CHUNK_BYTES``. A chunk grown large for the arena (decoded images) whose
+    rows found it full then goes in parts of that size, so the daemon's queue of worker messages stays
+    bounded by the message bound, not by the arena's chunk size."""
+    inline = sum(block_nbytes({name: values}) for name, values in columns.items() if name not in placed)
+    if inline <= MAX_CHUNK_BYTES or n <= 1:
+        return [slice(None)]
+    rows = max(1, MAX_CHUNK_BYTES * n // inline)
+    return [slice(start, min(n, start + rows)) for start in range(0, n, rows)]
 
 
 class _Progress:

@@ -1,0 +1,119 @@
+"""A worker's chunks of big mapped rows: they grow to the arena's chunk bound when the rows go by reference,
+and go in parts no larger than the message bound when the arena cannot take them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import workers.columns as columns
+from loader.config import LoaderConfig
+from loader.service import protocol as P
+from loader.service.shm import refs as R
+from loader.service.shm.pool import ArenaPool
+from workers.arena_writer import ArenaWriter
+from workers.columns import MAX_CHUNK_BYTES
+from workers.file_job import FileJob, inline_parts
+
+HERE = "tests.unit.workers.test_arena_chunks"
+MIB = 1024 * 1024
+ROW_FLOATS = 25_600  # 100 KiB of float32: a row that travels by reference
+RECORDS = 200
+
+
+def widen(sample: Any) -> Any:
+    """A record's value as a 100 KiB row, with its label."""
+    (value,) = sample
+    return (np.full(ROW_FLOATS, float(value), np.float32), np.int64(value))
+
+
+@pytest.fixture(autouse=True)
+def no_chunk_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(columns, "MAX_CHUNK_DELAY_S", 3600.0)  # only sizes end chunks, however slow the run
+
+
+@pytest.fixture
+def data_file(tmp_path: Any) -> str:
+    path = str(tmp_path / "values.npy")
+    np.save(path, np.arange(RECORDS, dtype=np.int64) * 3)
+    return path
+
+
+def run_job(path: str, writer: ArenaWriter) -> tuple[list[tuple[P.Message, dict[str, Any], int]], P.Message]:
+    """One lease of ``path`` mapped by ``widen``: ([(chunk, columns, inline bytes)], the closing message)."""
+    config = LoaderConfig.from_dict(
+        {
+            "source": {"files": [path]},
+            "pipeline": {"batch_size": 4, "mappers": [f"{HERE}:widen"]},
+            "workers": {"shm_arena_mib": 32},
+        }
+    )
+    sent: list[list[Any]] = []
+    job = FileJob(
+        P.Lease(lease=1, stream=1, epoch=0, file=0, path=path),
+        config=config,
+        worker_id="w",
+        mappers=lambda: config.pipeline.resolve_mappers("mappers"),
+        batch_mappers=lambda: [],
+        arena=lambda: writer,
+        send_data=sent.append,
+        check=lambda: None,
+    )
+    job.run()
+    out = []
+    for frames in sent[:-1]:
+        message, cols = P.decode(frames)
+        out.append((message, cols, sum(len(memoryview(f)) for f in frames[1:])))
+    return out, P.decode(sent[-1])[0]
+
+
+def rows_of(chunks: list[tuple[P.Message, dict[str, Any], int]], pool: ArenaPool) -> list[tuple[int, float, int]]:
+    """(record, the row's value, the label) of every row sent, in order."""
+    rows = []
+    for message, cols, _ in chunks:
+        assert isinstance(message, P.Chunk)
+        data = cols["0"]
+        if message.refs and "0" in message.refs:
+            dtype, shape = message.refs["0"]["0"] if "0" in message.refs["0"] else message.refs["0"][0]
+            data = R.gather(np.asarray(data), {0: (dtype, tuple(shape))}, pool.get)
+        data = np.asarray(data)
+        assert (data == data[:, :1]).all(), "every row holds one value"
+        rows.extend(
+            (message.record + i, float(data[i, 0]), int(label)) for i, label in enumerate(np.asarray(cols["1"]))
+        )
+    return rows
+
+
+def test_rows_by_reference_fill_a_chunk_to_a_quarter_of_the_arena(data_file: str, tmp_path: Any) -> None:
+    with ArenaPool(32 * MIB, directory=str(tmp_path)) as pool:
+        writer = ArenaWriter(pool.create())
+        chunks, done = run_job(data_file, writer)
+        assert isinstance(done, P.FileDone) and done.sent == RECORDS
+        sizes = [message.count for message, _, _ in chunks]
+        assert max(sizes) == 8 * MIB // (ROW_FLOATS * 4) + 1, "a chunk holds 8 MiB of rows (a quarter of 32)"
+        assert all(inline < 64 * 1024 for _, _, inline in chunks), "only references travel"
+        assert rows_of(chunks, pool) == [(r, 3.0 * r, 3 * r) for r in range(RECORDS)]
+
+
+def test_rows_the_full_arena_cannot_take_go_in_parts_within_the_message_bound(data_file: str, tmp_path: Any) -> None:
+    with ArenaPool(32 * MIB, directory=str(tmp_path)) as pool:
+        arena = pool.create()
+        writer = ArenaWriter(arena)
+        assert arena.alloc(arena.n_blocks, 1) is not None  # full: every row must travel inline
+        chunks, done = run_job(data_file, writer)
+        assert isinstance(done, P.FileDone) and done.sent == RECORDS
+        row_bytes = ROW_FLOATS * 4 + 8
+        assert all(inline <= MAX_CHUNK_BYTES + row_bytes for _, _, inline in chunks)
+        assert len(chunks) > RECORDS * row_bytes // (8 * MIB), "the 8 MiB chunks were sent in parts"
+        assert rows_of(chunks, pool) == [(r, 3.0 * r, 3 * r) for r in range(RECORDS)]
+
+
+def test_inline_parts_split_only_what_travels_inline() -> None:
+    big = np.zeros((80, ROW_FLOATS), np.float32)  # 8 MiB
+    refs = np.zeros((80, R.REF_WIDTH), np.int64)
+    assert inline_parts({"x": refs, "y": np.zeros(80)}, {"x": ("<f4", (ROW_FLOATS,))}, 80) == [slice(None)]
+    parts = inline_parts({"x": big, "y": np.zeros(80)}, {}, 80)
+    assert [(p.start, p.stop) for p in parts] == [(0, 40), (40, 80)]
+    assert inline_parts({"x": big[:1]}, {}, 1) == [slice(None)], "one row goes whole, whatever its size"
