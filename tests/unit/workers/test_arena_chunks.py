@@ -13,9 +13,10 @@ from loader.config import LoaderConfig
 from loader.service import protocol as P
 from loader.service.shm import refs as R
 from loader.service.shm.pool import ArenaPool
+from tests.unit.workers.file_jobs import run_file_job
 from workers.arena_writer import ArenaWriter
 from workers.columns import MAX_CHUNK_BYTES
-from workers.file_job import FileJob, inline_parts
+from workers.file_job import inline_parts
 
 HERE = "tests.unit.workers.test_arena_chunks"
 MIB = 1024 * 1024
@@ -50,18 +51,7 @@ def run_job(path: str, writer: ArenaWriter) -> tuple[list[tuple[P.Message, dict[
             "workers": {"shm_arena_mib": 32},
         }
     )
-    sent: list[list[Any]] = []
-    job = FileJob(
-        P.Lease(lease=1, stream=1, epoch=0, file=0, path=path),
-        config=config,
-        worker_id="w",
-        mappers=lambda: config.pipeline.resolve_mappers("mappers"),
-        batch_mappers=lambda: [],
-        arena=lambda: writer,
-        send_data=sent.append,
-        check=lambda: None,
-    )
-    job.run()
+    sent = run_file_job(P.Lease(lease=1, stream=1, epoch=0, file=0, path=path), config, writer)
     out = []
     for frames in sent[:-1]:
         message, cols = P.decode(frames)

@@ -11,7 +11,7 @@ import pytest
 
 from loader.config import LoaderConfig
 from loader.service import protocol as P
-from workers.file_job import FileJob
+from tests.unit.workers.file_jobs import run_file_job
 
 HERE = "tests.unit.workers.test_group_file_job"
 
@@ -50,19 +50,7 @@ def run_group(
         }
     )
     lease = P.Lease(lease=1, stream=1, epoch=0, file=0, path=paths[0], more=paths[1:], start=start)
-    sent: list[list[Any]] = []
-    job = FileJob(
-        lease,
-        config=config,
-        worker_id="w",
-        mappers=lambda: config.pipeline.resolve_mappers("mappers"),
-        batch_mappers=lambda: [],
-        arena=lambda: None,
-        send_data=sent.append,
-        check=lambda: None,
-    )
-    job.run()
-    messages = [P.decode(frames) for frames in sent]
+    messages = [P.decode(frames) for frames in run_file_job(lease, config)]
     chunks = [(m.record, {k: np.asarray(v) for k, v in c.items()}) for m, c in messages[:-1]]
     return chunks, messages[-1][0]
 
