@@ -60,6 +60,11 @@ class UnknownFormatError(DataError):
     """No file reader is registered for a file's format."""
 
 
+class MessageTooLargeError(DataError):
+    """A worker's message for a sample (or a chunk of samples) exceeds what the daemon accepts
+    (``service.max_message_mib``)."""
+
+
 class BatchMapperError(DataError):
     """A batch mapper raised, or returned something other than a block of the rows it was given."""
 
@@ -229,6 +234,7 @@ __all__ = [
     "ShapeMismatchError",
     "UnknownFormatError",
     "BatchMapperError",
+    "MessageTooLargeError",
     "ComposeNotAligned",
     "MissingDependencyError",
     "WorkerError",

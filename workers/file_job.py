@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from loader.config import LoaderConfig
-from loader.errors import WorkerError
+from loader.errors import MessageTooLargeError, WorkerError
 from loader.service import protocol as P
 from loader.service.blocks import block_nbytes, block_rows
 from workers.arena_writer import ArenaWriter
@@ -328,7 +328,13 @@ class FileJob:
                 return 0
         if index is not None:
             columns[P.INDEX_COLUMN] = index
-        self._send_chunk(record, n, kind, columns, placed)
+        try:
+            self._send_chunk(record, n, kind, columns, placed)
+        except MessageTooLargeError as exc:
+            if not self._failed(exc, record, n):
+                return None
+            done.skipped += n
+            return 0
         done.sent += n
         return block_nbytes(columns)
 
@@ -345,7 +351,17 @@ class FileJob:
         refs.update(in_arena)
         chunk = P.Chunk(**self._tag(), record=record, count=count, sample_kind=sample_kind, refs=refs or None)
         try:
-            self._send_data(P.encode(chunk, columns))
+            frames = P.encode(chunk, columns)
+            limit_mib = self.config.service.max_message_mib
+            size = sum(memoryview(frame).nbytes for frame in frames)
+            if size > limit_mib * 1024 * 1024:
+                # The daemon's socket would drop it and the file would end in "a chunk was lost": say why here.
+                what = "the sample" if count == 1 else f"a chunk of {count} records from this one"
+                raise MessageTooLargeError(
+                    f"{what} takes a message of {size / 1024**2:.1f} MiB, over service.max_message_mib = {limit_mib} "
+                    "(the largest message the daemon accepts from a worker): raise it, or make samples smaller"
+                )
+            self._send_data(frames)
         except BaseException:
             current = self._arena()  # after a re-WELCOME, refs into the old arena are not its to free
             if written and current is not None:
@@ -359,7 +375,8 @@ def inline_parts(columns: dict[str, Any], placed: dict[str, Any], n: int) -> lis
     rows found it full then goes in parts of that size, so the daemon's queue of worker messages stays
     bounded by the message bound, not by the arena's chunk size."""
     inline = sum(block_nbytes({name: values}) for name, values in columns.items() if name not in placed)
-    if inline <= MAX_CHUNK_BYTES or n <= 1:
+    # A chunk of inline rows is due once past the bound, so it may exceed it by a row: never split for that.
+    if n <= 1 or inline <= MAX_CHUNK_BYTES + inline // n:
         return [slice(None)]
     rows = max(1, MAX_CHUNK_BYTES * n // inline)
     return [slice(start, min(n, start + rows)) for start in range(0, n, rows)]

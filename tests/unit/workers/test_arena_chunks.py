@@ -24,6 +24,12 @@ ROW_FLOATS = 25_600  # 100 KiB of float32: a row that travels by reference
 RECORDS = 200
 
 
+def huge_at_7(sample: Any) -> Any:
+    """Small rows, but record 7's is 2 MiB."""
+    (value,) = sample
+    return (np.zeros(512 * 1024 if value == 7 else 4, np.float32),)
+
+
 def widen(sample: Any) -> Any:
     """A record's value as a 100 KiB row, with its label."""
     (value,) = sample
@@ -107,3 +113,34 @@ def test_inline_parts_split_only_what_travels_inline() -> None:
     parts = inline_parts({"x": big, "y": np.zeros(80)}, {}, 80)
     assert [(p.start, p.stop) for p in parts] == [(0, 40), (40, 80)]
     assert inline_parts({"x": big[:1]}, {}, 1) == [slice(None)], "one row goes whole, whatever its size"
+    due = np.zeros((MAX_CHUNK_BYTES // 10_000 + 1, 2_500), np.float32)  # a chunk due just past the bound
+    assert inline_parts({"x": due}, {}, len(due)) == [slice(None)], "never split for the row it went past"
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_sample_over_the_daemons_message_bound_fails_with_one_clear_line(
+    tmp_path: Any, on_error: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(columns, "MAX_CHUNK_BYTES", 16)  # a chunk per sample
+    path = str(tmp_path / "values.npy")
+    np.save(path, np.arange(10, dtype=np.int64))
+    config = LoaderConfig.from_dict(
+        {
+            "source": {"files": [path]},
+            "pipeline": {"batch_size": 2, "mappers": [f"{HERE}:huge_at_7"], "on_error": on_error},
+            "workers": {"shm_arena_mib": 0},
+            "service": {"max_message_mib": 1},
+        }
+    )
+    sent = [
+        P.decode(frames)[0] for frames in run_file_job(P.Lease(lease=1, stream=1, epoch=0, file=0, path=path), config)
+    ]
+    chunks, last = sent[:-1], sent[-1]
+    assert [c.record for c in chunks] == [r for r in range(10) if r != 7 and (on_error == "skip" or r < 7)]
+    if on_error == "raise":
+        assert isinstance(last, P.FileError)
+        error = last.error
+        assert error["type"] == "MessageTooLargeError" and error["record"] == 7
+        assert "the sample takes a message of 2.0 MiB, over service.max_message_mib = 1" in error["message"]
+    else:
+        assert isinstance(last, P.FileDone) and (last.sent, last.skipped) == (9, 1)
