@@ -72,11 +72,11 @@ def _same_array_layout(value: Any, first: Any) -> bool:
     )
 
 
-def rows_for_bytes(row_bytes: int, wanted: int, batch_size: int) -> int:
-    """How many rows of ``row_bytes`` make a block's chunk: about ``BLOCK_CHUNK_BYTES``, at most ``wanted``
-    (``samples_per_message``); a multiple of batch_size when that is possible, so the stage can cut
-    batches out of one chunk without copying."""
-    rows = max(1, min(wanted, BLOCK_CHUNK_BYTES // max(1, row_bytes)))
+def rows_for_bytes(row_bytes: int, wanted: int, batch_size: int, target: int = BLOCK_CHUNK_BYTES) -> int:
+    """How many rows of ``row_bytes`` make a block's chunk: about ``target`` bytes (``BLOCK_CHUNK_BYTES``), at
+    most ``wanted`` (``samples_per_message``); a multiple of batch_size when that is possible, so the stage can
+    cut batches out of one chunk without copying."""
+    rows = max(1, min(wanted, target // max(1, row_bytes)))
     if batch_size > 1 and rows >= batch_size:
         rows -= rows % batch_size
     elif rows < batch_size <= wanted and batch_size * row_bytes <= MAX_BATCH_CHUNK_BYTES:
@@ -87,9 +87,12 @@ def rows_for_bytes(row_bytes: int, wanted: int, batch_size: int) -> int:
 class ChunkBuilder:
     """Collects samples with their record indexes and decides when a chunk is due."""
 
-    def __init__(self, fields: Sequence[str] | None, max_samples: int, max_ref_bytes: int = 0) -> None:
+    def __init__(
+        self, fields: Sequence[str] | None, max_samples: int, max_ref_bytes: int = 0, max_bytes: int = MAX_CHUNK_BYTES
+    ) -> None:
         self.fields = list(fields) if fields else None
         self.max_samples = max(1, max_samples)
+        self.max_bytes = max_bytes  # bytes that travel in the message (less when the daemon's bound is small)
         # With an arena, big array rows (decoded images) travel by reference: a chunk of them may grow to
         # ``max_ref_bytes`` (one batch of 64 images, 37 MiB, is one message, not nine: the daemon's CPU a
         # decoded image 0.10 -> 0.03 ms). 0: every byte counts against ``MAX_CHUNK_BYTES``.
@@ -158,8 +161,8 @@ class ChunkBuilder:
     def due(self) -> bool:
         return bool(self._records) and (
             len(self._records) >= self.max_samples
-            or self._bytes >= MAX_CHUNK_BYTES
-            or self._ref_bytes >= max(self.max_ref_bytes, MAX_CHUNK_BYTES)
+            or self._bytes >= self.max_bytes
+            or self._ref_bytes >= max(self.max_ref_bytes, self.max_bytes)
             or time.monotonic() - self._started >= MAX_CHUNK_DELAY_S
         )
 

@@ -24,12 +24,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from loader.config import LoaderConfig
 from loader.errors import MessageTooLargeError, WorkerError
 from loader.service import protocol as P
 from loader.service.blocks import block_nbytes, block_rows
 from workers.arena_writer import ArenaWriter
-from workers.columns import MAX_BATCH_CHUNK_BYTES, MAX_CHUNK_BYTES, ChunkBuilder, rows_for_bytes
+from workers.columns import BLOCK_CHUNK_BYTES, MAX_BATCH_CHUNK_BYTES, MAX_CHUNK_BYTES, ChunkBuilder, rows_for_bytes
 from workers.mapping import BatchMappers, SampleMappers
 from workers.sources import FileSource, GroupSource
 
@@ -61,6 +63,11 @@ class FileJob:
         self._batch = BatchMappers((), ())  # bound in run()
         self._file_rows = False  # large rows go as references into the leased file (decided in run())
         self._group: GroupSource | None = None  # a lease of several files: where a record came from
+        # What a message may carry inline: the usual bounds, or half the daemon's largest message when that is
+        # smaller (``service.max_message_mib``), so a chunk never outgrows what the daemon accepts.
+        self._largest_message = config.service.max_message_mib * 1024 * 1024
+        self._chunk_bytes = min(MAX_CHUNK_BYTES, self._largest_message // 2)
+        self._block_bytes = min(BLOCK_CHUNK_BYTES, self._largest_message // 2)
 
     def run(self) -> None:
         try:
@@ -135,7 +142,9 @@ class FileJob:
         # that knows it from the file's headers spares that message (one of three for a small file), unless
         # batch mappers may change what a row weighs.
         known = source.row_bytes
-        rows = rows_for_bytes(known, wanted, batch_size) if known is not None and not self._batch else 1
+        rows = 1
+        if known is not None and not self._batch:
+            rows = rows_for_bytes(known, wanted, batch_size, self._block_bytes)
         done = _Progress(record=0)
         fresh: FileSource | GroupSource | None = None  # a reader reopened to salvage a failed block (closed here)
         if self.lease.start:
@@ -172,7 +181,8 @@ class FileJob:
                     return None
                 done.record += n
                 # Sized by what is sent too: a batch mapper may make rows bigger than the file's.
-                rows = rows_for_bytes(max(block_nbytes(block), nbytes) // max(1, n), wanted, batch_size)
+                row_bytes = max(block_nbytes(block), nbytes) // max(1, n)
+                rows = rows_for_bytes(row_bytes, wanted, batch_size, self._block_bytes)
         finally:
             if fresh is not None:
                 fresh.close()
@@ -229,9 +239,9 @@ class FileJob:
         arena = None if self._batch else self._arena()
         max_ref_bytes = 0
         if arena is not None:
-            largest_message = self.config.service.max_message_mib * 1024 * 1024
-            max_ref_bytes = min(MAX_BATCH_CHUNK_BYTES, arena.capacity_bytes // 4, largest_message // 2)
-        builder = ChunkBuilder(source.fields, self.config.workers.samples_per_message, max_ref_bytes)
+            max_ref_bytes = min(MAX_BATCH_CHUNK_BYTES, arena.capacity_bytes // 4, self._largest_message // 2)
+        wanted = self.config.workers.samples_per_message
+        builder = ChunkBuilder(source.fields, wanted, max_ref_bytes, self._chunk_bytes)
         group = source if isinstance(source, GroupSource) else None
         checked = 0  # the group's files begun when a sample was last checked against the chunk (below)
         samples = source.samples()
@@ -293,7 +303,7 @@ class FileJob:
         # (float32 224x224 images: 1.02-1.08 -> 0.82-0.90 worker CPU ms each); not when batch mappers want the block.
         arena = None if self._batch else self._arena()
         columns, records, placed = builder.take_placed(arena.put_rows if arena is not None else None)
-        for rows in inline_parts(columns, placed, int(records.size)):
+        for rows in inline_parts(columns, placed, int(records.size), self._chunk_bytes):
             part = columns if rows == slice(None) else {name: values[rows] for name, values in columns.items()}
             taken = records[rows]
             n = int(taken.size)
@@ -369,17 +379,39 @@ class FileJob:
             raise
 
 
-def inline_parts(columns: dict[str, Any], placed: dict[str, Any], n: int) -> list[slice]:
-    """The row ranges to send a chunk of ``n`` rows in: all of it, unless what travels inline (columns not
-    placed in the arena) exceeds ``MAX_CHUNK_BYTES``. A chunk grown large for the arena (decoded images) whose
-    rows found it full then goes in parts of that size, so the daemon's queue of worker messages stays
-    bounded by the message bound, not by the arena's chunk size."""
-    inline = sum(block_nbytes({name: values}) for name, values in columns.items() if name not in placed)
-    # A chunk of inline rows is due once past the bound, so it may exceed it by a row: never split for that.
-    if n <= 1 or inline <= MAX_CHUNK_BYTES + inline // n:
+def inline_parts(columns: dict[str, Any], placed: dict[str, Any], n: int, bound: int = MAX_CHUNK_BYTES) -> list[slice]:
+    """The row ranges to send a chunk of ``n`` rows in, by what each row carries inline (its columns not
+    placed in the arena): all of it when that is within ``bound`` (``MAX_CHUNK_BYTES``), or past it by the
+    last row only (a chunk is due once past the bound); else parts of at most ``bound``, a row larger than
+    that alone. So a chunk grown large for the arena that found it full goes in parts of the usual size, and
+    a sample too big for any message is sent (and refused, ``MessageTooLargeError``) on its own."""
+    if n <= 1:
         return [slice(None)]
-    rows = max(1, MAX_CHUNK_BYTES * n // inline)
-    return [slice(start, min(n, start + rows)) for start in range(0, n, rows)]
+    sizes = np.zeros(n, dtype=np.int64)
+    for name, values in columns.items():
+        if name in placed:
+            continue
+        if values.dtype.hasobject:
+            sizes += np.fromiter((_inline_nbytes(v) for v in values), dtype=np.int64, count=n)
+        else:
+            sizes += values.nbytes // n
+    if int(sizes.max()) <= bound and int(sizes.sum()) <= bound + int(sizes[-1]):
+        return [slice(None)]
+    parts, first, held = [], 0, 0
+    for row, size in enumerate(sizes.tolist()):
+        if row > first and held + size > bound:
+            parts.append(slice(first, row))
+            first, held = row, 0
+        held += size
+    parts.append(slice(first, n))
+    return parts
+
+
+def _inline_nbytes(value: Any) -> int:
+    """About what one value of an object column takes in a message."""
+    if isinstance(value, (bytes, bytearray, str)):
+        return len(value)
+    return int(getattr(value, "nbytes", 8))
 
 
 class _Progress:

@@ -111,17 +111,17 @@ def test_inline_parts_split_only_what_travels_inline() -> None:
     refs = np.zeros((80, R.REF_WIDTH), np.int64)
     assert inline_parts({"x": refs, "y": np.zeros(80)}, {"x": ("<f4", (ROW_FLOATS,))}, 80) == [slice(None)]
     parts = inline_parts({"x": big, "y": np.zeros(80)}, {}, 80)
-    assert [(p.start, p.stop) for p in parts] == [(0, 40), (40, 80)]
+    assert [(p.start, p.stop) for p in parts] == [(0, 40), (40, 80)], "40 rows of 100 KiB fit 4 MiB"
+    ragged = np.empty(5, dtype=object)
+    ragged[:] = [np.zeros(4), np.zeros(4), np.zeros(1_000_000), np.zeros(4), np.zeros(4)]
+    assert [(p.start, p.stop) for p in inline_parts({"x": ragged}, {}, 5)] == [(0, 2), (2, 3), (3, 5)]
     assert inline_parts({"x": big[:1]}, {}, 1) == [slice(None)], "one row goes whole, whatever its size"
     due = np.zeros((MAX_CHUNK_BYTES // 10_000 + 1, 2_500), np.float32)  # a chunk due just past the bound
     assert inline_parts({"x": due}, {}, len(due)) == [slice(None)], "never split for the row it went past"
 
 
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
-def test_a_sample_over_the_daemons_message_bound_fails_with_one_clear_line(
-    tmp_path: Any, on_error: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(columns, "MAX_CHUNK_BYTES", 16)  # a chunk per sample
+def test_a_sample_over_the_daemons_message_bound_fails_with_one_clear_line(tmp_path: Any, on_error: str) -> None:
     path = str(tmp_path / "values.npy")
     np.save(path, np.arange(10, dtype=np.int64))
     config = LoaderConfig.from_dict(
@@ -136,7 +136,8 @@ def test_a_sample_over_the_daemons_message_bound_fails_with_one_clear_line(
         P.decode(frames)[0] for frames in run_file_job(P.Lease(lease=1, stream=1, epoch=0, file=0, path=path), config)
     ]
     chunks, last = sent[:-1], sent[-1]
-    assert [c.record for c in chunks] == [r for r in range(10) if r != 7 and (on_error == "skip" or r < 7)]
+    sent_records = [c.record + i for c in chunks for i in range(c.count)]
+    assert sent_records == [r for r in range(10) if r != 7 and (on_error == "skip" or r < 7)]
     if on_error == "raise":
         assert isinstance(last, P.FileError)
         error = last.error
@@ -144,3 +145,21 @@ def test_a_sample_over_the_daemons_message_bound_fails_with_one_clear_line(
         assert "the sample takes a message of 2.0 MiB, over service.max_message_mib = 1" in error["message"]
     else:
         assert isinstance(last, P.FileDone) and (last.sent, last.skipped) == (9, 1)
+
+
+def test_chunks_stay_within_a_small_message_bound(data_file: str) -> None:
+    """With ``service.max_message_mib = 1`` and no arena, 100 KiB rows go in chunks of at most half a MiB."""
+    config = LoaderConfig.from_dict(
+        {
+            "source": {"files": [data_file]},
+            "pipeline": {"batch_size": 4, "mappers": [f"{HERE}:widen"]},
+            "workers": {"shm_arena_mib": 0},
+            "service": {"max_message_mib": 1},
+        }
+    )
+    sent = run_file_job(P.Lease(lease=1, stream=1, epoch=0, file=0, path=data_file), config)
+    decoded = [P.decode(frames) for frames in sent]
+    assert isinstance(decoded[-1][0], P.FileDone) and decoded[-1][0].sent == RECORDS
+    assert all(sum(memoryview(f).nbytes for f in frames) <= MIB for frames in sent)
+    rows = [(m.record + i, float(c["0"][i][0])) for m, c in decoded[:-1] for i in range(m.count)]
+    assert rows == [(r, 3.0 * r) for r in range(RECORDS)]
