@@ -37,9 +37,11 @@ def sample_parts(sample: Any, fields: Sequence[str] | None) -> tuple[str, list[s
         return KIND_DICT, [str(k) for k in sample], list(sample.values())
     if isinstance(sample, (tuple, list)):
         values = list(sample)
-        if fields and len(fields) == len(values):
-            names = list(fields)
-        else:
+        # The reader's names for the positions it names: a mapper that adds a field (or drops the last) keeps
+        # "data" and "label" where they were, the others named by position; all by position if that would
+        # repeat a name.
+        names = [fields[i] if fields and i < len(fields) else str(i) for i in range(len(values))]
+        if len(set(names)) != len(names):
             names = [str(i) for i in range(len(values))]
         return KIND_TUPLE, names, values
     return KIND_VALUE, [fields[0] if fields else "data"], [sample]

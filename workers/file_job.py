@@ -33,6 +33,7 @@ from loader.service.blocks import block_nbytes, block_rows
 from workers.arena_writer import ArenaWriter
 from workers.columns import BLOCK_CHUNK_BYTES, MAX_BATCH_CHUNK_BYTES, MAX_CHUNK_BYTES, ChunkBuilder, rows_for_bytes
 from workers.mapping import BatchMappers, SampleMappers
+from workers.sample_check import SampleCheck
 from workers.sources import FileSource, GroupSource
 
 log = logging.getLogger("loader.worker")
@@ -244,6 +245,7 @@ class FileJob:
         builder = ChunkBuilder(source.fields, wanted, max_ref_bytes, self._chunk_bytes)
         group = source if isinstance(source, GroupSource) else None
         checked = 0  # the group's files begun when a sample was last checked against the chunk (below)
+        check = SampleCheck(source.fields, stacked=self.config.pipeline.batch_format == "stacked")
         samples = source.samples()
         record, done = 0, _Progress(record=0)  # ``record``: the reader's position; ``done``: sent and skipped
         start = self.lease.start  # records before it were taken from an earlier lease: read, not mapped or sent
@@ -280,9 +282,11 @@ class FileJob:
                     # stacked as objects (or an upcast dtype) without a word.
                     checked = group.files_begun
                     builder.fields = list(group.fields) if group.fields else None
+                    check.restart(builder.fields)
                     if not builder.fits(mapped) and not self._flush(builder, done):
                         return None
                 try:
+                    check(mapped)
                     builder.add(record, mapped)
                 except Exception as exc:
                     failure = exc

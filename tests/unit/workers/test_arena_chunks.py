@@ -70,15 +70,13 @@ def rows_of(chunks: list[tuple[P.Message, dict[str, Any], int]], pool: ArenaPool
     rows = []
     for message, cols, _ in chunks:
         assert isinstance(message, P.Chunk)
-        data = cols["0"]
-        if message.refs and "0" in message.refs:
-            dtype, shape = message.refs["0"]["0"] if "0" in message.refs["0"] else message.refs["0"][0]
-            data = R.gather(np.asarray(data), {0: (dtype, tuple(shape))}, pool.get)
+        (name, data), (_, labels) = cols.items()  # the row (named as the reader's field), then the label
+        if message.refs and name in message.refs:
+            (spec,) = message.refs[name].values()
+            data = R.gather(np.asarray(data), {0: (spec[0], tuple(spec[1]))}, pool.get)
         data = np.asarray(data)
         assert (data == data[:, :1]).all(), "every row holds one value"
-        rows.extend(
-            (message.record + i, float(data[i, 0]), int(label)) for i, label in enumerate(np.asarray(cols["1"]))
-        )
+        rows.extend((message.record + i, float(data[i, 0]), int(label)) for i, label in enumerate(np.asarray(labels)))
     return rows
 
 
@@ -127,7 +125,13 @@ def test_a_sample_over_the_daemons_message_bound_fails_with_one_clear_line(tmp_p
     config = LoaderConfig.from_dict(
         {
             "source": {"files": [path]},
-            "pipeline": {"batch_size": 2, "mappers": [f"{HERE}:huge_at_7"], "on_error": on_error},
+            # Rows of two shapes: list batches take them; the message bound is what refuses record 7.
+            "pipeline": {
+                "batch_size": 2,
+                "mappers": [f"{HERE}:huge_at_7"],
+                "on_error": on_error,
+                "batch_format": "list",
+            },
             "workers": {"shm_arena_mib": 0},
             "service": {"max_message_mib": 1},
         }
@@ -161,5 +165,5 @@ def test_chunks_stay_within_a_small_message_bound(data_file: str) -> None:
     decoded = [P.decode(frames) for frames in sent]
     assert isinstance(decoded[-1][0], P.FileDone) and decoded[-1][0].sent == RECORDS
     assert all(sum(memoryview(f).nbytes for f in frames) <= MIB for frames in sent)
-    rows = [(m.record + i, float(c["0"][i][0])) for m, c in decoded[:-1] for i in range(m.count)]
+    rows = [(m.record + i, float(next(iter(c.values()))[i][0])) for m, c in decoded[:-1] for i in range(m.count)]
     assert rows == [(r, 3.0 * r) for r in range(RECORDS)]

@@ -1,0 +1,106 @@
+"""``SampleCheck``: samples that would reach the training loop wrong are refused with their own record."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from loader.config import LoaderConfig
+from loader.errors import DataError, ShapeMismatchError
+from loader.service import protocol as P
+from tests.unit.workers.file_jobs import run_file_job
+from workers.columns import sample_parts
+from workers.sample_check import SampleCheck
+
+HERE = "tests.unit.workers.test_sample_check"
+
+
+def test_a_sample_of_none_is_refused_in_either_batch_format() -> None:
+    for stacked in (True, False):
+        with pytest.raises(DataError, match="the sample is None"):
+            SampleCheck(["data", "label"], stacked)(None)
+
+
+def test_stacked_batches_refuse_a_row_of_another_shape_or_dtype_and_list_batches_take_it() -> None:
+    check = SampleCheck(["data", "label"], stacked=True)
+    check((np.zeros((28, 28), np.float32), 1))
+    check((np.ones((28, 28), np.float32), 2))
+    with pytest.raises(
+        ShapeMismatchError, match=r"field 'data' has shape \(5, 28\) and dtype float32, but .*\(28, 28\)"
+    ):
+        check((np.zeros((5, 28), np.float32), 3))
+    with pytest.raises(ShapeMismatchError, match="dtype float64"):
+        check((np.zeros((28, 28), np.float64), 3))
+    listed = SampleCheck(["data", "label"], stacked=False)
+    for rows in (28, 5, 17):
+        listed((np.zeros((rows, 28), np.float32), 1))
+
+
+def test_what_numpy_stacks_by_its_own_rules_is_left_to_it() -> None:
+    check = SampleCheck(None, stacked=True)
+    for value in (1, 2.5, True, "a", "a longer string", b"x"):
+        check((value, np.int64(1)))  # Python numbers and strings: a column takes what they stack to
+    with pytest.raises(ShapeMismatchError):
+        check((0, np.int32(1)))  # numpy scalars keep their dtype
+
+
+def test_restart_forgets_the_first_sample_for_the_next_file_of_a_group() -> None:
+    check = SampleCheck(["x"], stacked=True)
+    check((np.zeros(3),))
+    check.restart(["x"])
+    check((np.zeros(4),))  # another file: the daemon compares files (daemon/fit.py)
+    with pytest.raises(ShapeMismatchError):
+        check((np.zeros(3),))
+
+
+def test_a_mapper_that_adds_or_drops_a_field_keeps_the_readers_names_where_they_are() -> None:
+    assert sample_parts((1, 2, 3), ["data", "label"])[1] == ["data", "label", "2"]
+    assert sample_parts((1,), ["data", "label"])[1] == ["data"]
+    assert sample_parts((1, 2, 3), ["data", "2"])[1] == ["0", "1", "2"], "never a name twice"
+    assert sample_parts({"a": 1}, ["data"])[1] == ["a"]
+
+
+def ragged_at_3(sample: Any) -> Any:
+    (value,) = sample
+    return (np.zeros(5 if value == 3 else 4, np.float32), np.int64(value))
+
+
+def nothing(sample: Any) -> Any:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("mapper", "kind", "text", "bad"),
+    [
+        ("ragged_at_3", "ShapeMismatchError", "has shape (5,) and dtype float32", 3),
+        ("nothing", "DataError", "the sample is None", 0),
+    ],
+)
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_the_file_job_names_the_record(
+    tmp_path: Any, mapper: str, kind: str, text: str, bad: int, on_error: str
+) -> None:
+    path = str(tmp_path / "values.npy")
+    np.save(path, np.arange(8, dtype=np.int64))
+    config = LoaderConfig.from_dict(
+        {
+            "source": {"files": [path]},
+            "pipeline": {"batch_size": 2, "mappers": [f"{HERE}:{mapper}"], "on_error": on_error},
+            "workers": {"shm_arena_mib": 0},
+        }
+    )
+    messages = [
+        P.decode(frames) for frames in run_file_job(P.Lease(lease=1, stream=1, epoch=0, file=0, path=path), config)
+    ]
+    last = messages[-1][0]
+    if on_error == "raise":
+        assert isinstance(last, P.FileError)
+        assert (last.error["type"], last.error["record"]) == (kind, bad) and text in last.error["message"]
+    else:
+        assert isinstance(last, P.FileDone)
+        expected_skipped = 1 if mapper == "ragged_at_3" else 8
+        assert (last.sent, last.skipped) == (8 - expected_skipped, expected_skipped)
+        for _, columns in messages[:-1]:
+            assert all(not np.asarray(values).dtype.hasobject for values in columns.values()), "nothing ragged sent"
