@@ -91,3 +91,26 @@ def test_serve_writes_the_bound_address_and_removes_it_on_exit(cfg, tmp_path) ->
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait(timeout=STOP_TIMEOUT_S)
+
+
+def test_ctrl_c_of_serve_stops_daemon_and_workers_without_a_traceback(cfg, tmp_path) -> None:
+    """A terminal's Ctrl-C signals the whole process group: workers leave it to the daemon to stop them."""
+    from loader.service.client.client import Client
+
+    path = tmp_path / "address"
+    command = [sys.executable, "-m", "loader.cli", "serve", cfg, "--bind", "tcp://127.0.0.1:*", "--workers", "2"]
+    daemon = subprocess.Popen(
+        [*command, "--address-file", str(path)], stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert wait_until(path.exists, timeout_s=30, interval_s=0.1), "no address file"
+        with Client(read_address_file(str(path)), timeout_s=30) as client:
+            assert len(list(client.epoch())) == 1  # the workers are up and have read
+        os.killpg(daemon.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        _, err = daemon.communicate(timeout=STOP_TIMEOUT_S)
+        assert daemon.returncode == 0, err
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    finally:
+        if daemon.poll() is None:
+            os.killpg(daemon.pid, signal.SIGKILL)
+            daemon.wait(timeout=STOP_TIMEOUT_S)

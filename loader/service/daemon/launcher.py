@@ -20,6 +20,7 @@ replacements and the autoscaler treat every launcher alike.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -92,6 +93,9 @@ def start_worker(connect: Any, worker_id: str, entry: str = DEFAULT_WORKER_ENTRY
 
 
 def _worker_process(entry: str, connect: Any, worker_id: str, daemon_pid: int) -> None:
+    # A terminal's Ctrl-C reaches the whole process group: the daemon (or the Loader) stops its workers in
+    # order, and a worker interrupted on its own only printed a KeyboardInterrupt traceback on the way.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import_shipped_package("workers")  # not a workers.py beside the user's script
     run = import_object(entry, what="worker entry point")
     stop = threading.Event()
