@@ -165,12 +165,25 @@ def _same(array: np.ndarray) -> np.ndarray:
     return array
 
 
+NPY_MAGIC = b"\x93NUMPY"
+
+
 def _load_npy(path: str) -> np.ndarray:
+    with open(path, "rb") as fh:  # a missing or unreadable file raises its OSError, as np.load did
+        start = fh.read(len(NPY_MAGIC))
+    # np.load takes any file without the magic string for a pickle, and its advice (allow_pickle) is not ours.
+    if not start:
+        raise DataError(f"{path}: not a readable .npy array (the file is empty)")
+    if start != NPY_MAGIC:
+        raise DataError(f"{path}: not a readable .npy array (it does not start with the .npy magic string)")
     try:
         with _HEADER_LOCK:
             return np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as exc:  # object arrays, bad headers
-        raise DataError(f"{path}: not a readable .npy array ({exc})") from exc
+    except (ValueError, EOFError) as exc:  # object arrays, bad or cut headers
+        reason = str(exc)
+        if "allow_pickle" in reason:
+            reason = "it holds Python objects (an object array), which loader never unpickles"
+        raise DataError(f"{path}: not a readable .npy array ({reason})") from exc
 
 
 class NpzFileReader(ArrayFileReader):

@@ -176,6 +176,28 @@ def test_object_arrays_are_refused(tmp_path):
         lio.create_file_reader(tmp_path / "o.npz")
 
 
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"", "the file is empty"),
+        (b"\x00" * 8 + b"not an array at all" * 4, "does not start with the .npy magic string"),
+        ("cut", "EOF"),
+    ],
+)
+def test_a_broken_npy_names_the_file_and_says_why_without_pickle_advice(tmp_path, content, reason):
+    path = tmp_path / "bad.npy"
+    if content == "cut":
+        np.save(path, np.arange(100.0))
+        path.write_bytes(path.read_bytes()[:60])  # inside the header
+    else:
+        path.write_bytes(content)
+    with pytest.raises(DataError) as caught:
+        lio.create_file_reader(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: not a readable .npy array") and reason in message
+    assert "allow_pickle" not in message and "pickled" not in message
+
+
 def test_not_a_zip(tmp_path):
     (tmp_path / "x.npz").write_bytes(b"garbage")
     with pytest.raises(DataError, match="x.npz"):
