@@ -261,3 +261,13 @@ def test_a_big_file_and_a_client_that_stops_reading_keep_the_stage_within_its_bo
             # Reading on delivers the whole file exactly once.
             got = [int(v) for batch in batches for v in batch["data"][:, 0]]
         assert len(got) + 3 * batch_size == rows
+
+
+def test_a_client_takes_host_port_as_loader_status_does(tmp_path):
+    ids = write_id_files(tmp_path, 2, 20)
+    with running_daemon(make_config(tmp_path)) as daemon:
+        assert daemon.endpoint.startswith("tcp://")
+        with Client(daemon.endpoint[len("tcp://") :], timeout_s=10) as client:
+            assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
+    with pytest.raises(ConfigError, match="is not a daemon address: give tcp://HOST:PORT, HOST:PORT"):
+        Client("no address at all", timeout_s=1)

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from loader.config.address import daemon_address
 from loader.config.sections import MAX_PREFETCH
 from loader.device import Placer
 from loader.errors import (
@@ -145,6 +146,8 @@ class Client:
     ) -> None:
         # Left out: LOADER_ADDRESS, RANK, WORLD_SIZE (and LOCAL_RANK for a bare "cuda"), as torchrun/Slurm set them.
         address, rank, world_size, device = from_environment(address, rank, world_size, device)
+        if channel is None and "://" not in address:
+            address = daemon_address(address)  # HOST:PORT or a config file, as `loader status` takes them
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.address, self.rank, self.world_size = address, rank, world_size
