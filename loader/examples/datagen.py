@@ -88,8 +88,9 @@ def _records(features: np.ndarray, labels: np.ndarray) -> Iterator[list]:
 
 
 def write_text(path: str, *, samples: int = 100, dim: int = 4, seed: int = 0) -> str:
-    """A text file for the "text" format: ``label<TAB>f1 f2 ...`` per line."""
+    """A text file for the "text" format: ``label<TAB>f1 f2 ...`` per line (its directory made if need be)."""
     features, labels = file_arrays(0, samples, dim, seed)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w", encoding="utf-8") as fh:
         for row, label in zip(features, labels):
             fh.write(f"{label}\t{' '.join(f'{v:.6g}' for v in row)}\n")
