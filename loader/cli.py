@@ -134,10 +134,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     from loader.io.survey import survey
 
     config = _load_checked(args.config, {}, args.set)
-    print(f"{args.config}: ok, {config.workers.count} workers, bind {config.service.bind}")
+    # Every dataset's files are read before "ok" is printed: a bad file is the only line, not one after "ok".
+    surveys = [(name, survey(config.dataset(name).source)) for name in config.dataset_names]
+    workers = config.workers.count
+    print(f"{args.config}: ok, {workers} worker{'s' if workers != 1 else ''}, bind {config.service.bind}")
     empty = []
-    for name in config.dataset_names:
-        found = survey(config.dataset(name).source)
+    for name, found in surveys:
         samples = "samples not counted (a provider)" if found.samples is None else f"{found.samples} samples"
         print(f"dataset {name}: {found.files} files, {samples}")
         if found.fields:

@@ -112,6 +112,15 @@ def test_check_reports_files(tmp_path) -> None:
     assert result.returncode == 0 and "dataset default: 3 files" in result.stdout
 
 
+def test_check_of_a_broken_file_prints_only_the_error_naming_it(tmp_path) -> None:
+    datagen.generate(str(tmp_path), files=2, samples=2)
+    (tmp_path / "part-00001.npy").write_bytes(b"")
+    cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n')
+    result = loader_cmd("check", cfg)
+    assert_one_line_error(result, "part-00001.npy: not a readable .npy array (the file is empty)")
+    assert result.stdout == "", "no 'ok' before the error"
+
+
 def test_gen_data(tmp_path) -> None:
     result = loader_cmd(
         "gen-data", str(tmp_path / "d"), "--format", "npz", "--files", "2", "--samples", "5", "--dim", "3"
