@@ -63,6 +63,13 @@ def _layout(value: Any) -> tuple[tuple[int, ...], np.dtype]:
     return array.shape, array.dtype
 
 
+def value_nbytes(value: Any) -> int:
+    """About what one value of a sample takes in a message (8 for what does not say: a Python number)."""
+    if isinstance(value, (bytes, bytearray, str)):
+        return len(value)
+    return int(getattr(value, "nbytes", 8))
+
+
 def _same_array_layout(value: Any, first: Any) -> bool:
     """Whether ``value`` is an array of fixed dtype with the shape and dtype of its column's first value."""
     return (
@@ -123,11 +130,10 @@ class ChunkBuilder:
             self._started = time.monotonic()
         elif names != self._names:
             raise ValueError(f"sample fields {names} differ from the chunk's fields {self._names}")
-        for column, value in zip(self._values, values):
-            column.append(value)
         self._records.append(record)
         for column, value in zip(self._values, values):
-            nbytes = len(value) if isinstance(value, (bytes, bytearray, str)) else getattr(value, "nbytes", 8)
+            column.append(value)
+            nbytes = value_nbytes(value)
             by_reference = self._by_reference(column[0])
             if by_reference and _same_array_layout(value, column[0]):
                 self._ref_bytes += nbytes  # a row the arena takes (rows of one dtype and shape, no objects)
@@ -195,4 +201,4 @@ class ChunkBuilder:
         return columns, records, placed
 
 
-__all__ = ["ChunkBuilder", "sample_parts", "stack_column", "rows_for_bytes", "MAX_CHUNK_BYTES"]
+__all__ = ["ChunkBuilder", "sample_parts", "stack_column", "rows_for_bytes", "value_nbytes", "MAX_CHUNK_BYTES"]

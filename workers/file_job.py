@@ -31,7 +31,14 @@ from loader.errors import MessageTooLargeError, WorkerError
 from loader.service import protocol as P
 from loader.service.blocks import block_nbytes, block_rows
 from workers.arena_writer import ArenaWriter
-from workers.columns import BLOCK_CHUNK_BYTES, MAX_BATCH_CHUNK_BYTES, MAX_CHUNK_BYTES, ChunkBuilder, rows_for_bytes
+from workers.columns import (
+    BLOCK_CHUNK_BYTES,
+    MAX_BATCH_CHUNK_BYTES,
+    MAX_CHUNK_BYTES,
+    ChunkBuilder,
+    rows_for_bytes,
+    value_nbytes,
+)
 from workers.mapping import BatchMappers, SampleMappers
 from workers.sample_check import SampleCheck
 from workers.sources import FileSource, GroupSource
@@ -378,13 +385,12 @@ class FileJob:
         chunk = P.Chunk(**self._tag(), record=record, count=count, sample_kind=sample_kind, refs=refs or None)
         try:
             frames = P.encode(chunk, columns)
-            limit_mib = self.config.service.max_message_mib
             size = sum(memoryview(frame).nbytes for frame in frames)
-            if size > limit_mib * 1024 * 1024:
+            if size > self._largest_message:
                 # The daemon's socket would drop it and the file would end in "a chunk was lost": say why here.
                 what = "the sample" if count == 1 else f"a chunk of {count} records from this one"
                 raise MessageTooLargeError(
-                    f"{what} takes a message of {size / 1024**2:.1f} MiB, over service.max_message_mib = {limit_mib} "
+                    f"{what} takes a message of {size / 1024**2:.1f} MiB, over service.max_message_mib = {self.config.service.max_message_mib} "
                     "(the largest message the daemon accepts from a worker): raise it, or make samples smaller"
                 )
             self._send_data(frames)
@@ -408,7 +414,7 @@ def inline_parts(columns: dict[str, Any], placed: dict[str, Any], n: int, bound:
         if name in placed:
             continue
         if values.dtype.hasobject:
-            sizes += np.fromiter((_inline_nbytes(v) for v in values), dtype=np.int64, count=n)
+            sizes += np.fromiter((value_nbytes(v) for v in values), dtype=np.int64, count=n)
         else:
             sizes += values.nbytes // n
     if int(sizes.max()) <= bound and int(sizes.sum()) <= bound + int(sizes[-1]):
@@ -421,13 +427,6 @@ def inline_parts(columns: dict[str, Any], placed: dict[str, Any], n: int, bound:
         held += size
     parts.append(slice(first, n))
     return parts
-
-
-def _inline_nbytes(value: Any) -> int:
-    """About what one value of an object column takes in a message."""
-    if isinstance(value, (bytes, bytearray, str)):
-        return len(value)
-    return int(getattr(value, "nbytes", 8))
 
 
 class _Progress:
