@@ -50,20 +50,57 @@ def start_process(
     method: str = "spawn",
     daemon: bool = True,
     import_main: bool = True,
+    ignore_interrupts: bool = False,
 ) -> multiprocessing.process.BaseProcess:
     """Start ``target(*args)`` in a new named process and return it.
 
     With ``method="spawn"`` and ``import_main=False`` the child does not import
     the parent's ``__main__`` (``target`` and ``args`` must then live in
     importable modules, which is what pickling by reference needs anyway).
+
+    With ``ignore_interrupts`` the child ignores SIGINT from its first instruction:
+    a terminal's Ctrl-C reaches the whole process group, and the parent stops its
+    children in order. The child is started with SIGINT blocked (a spawned child
+    spends its first tenth of a second importing, where an interrupt printed a
+    KeyboardInterrupt traceback), ignores it, then unblocks it.
     """
+    if ignore_interrupts:
+        target, args = _ignoring_interrupts, (target, *args)
     proc = _context(method).Process(target=target, args=args, name=name, daemon=daemon)
-    if import_main or method == "fork":
-        proc.start()
-        return proc
-    with _main_hidden():
-        proc.start()
+    with _interrupts_held(ignore_interrupts):
+        if import_main or method == "fork":
+            proc.start()
+            return proc
+        with _main_hidden():
+            proc.start()
     return proc
+
+
+class _interrupts_held:  # used like a function: with _interrupts_held(True): proc.start()
+    """SIGINT blocked in this thread while a child starts: the child inherits the mask.
+
+    Blocked, not ignored, so an interrupt meant for this process while the child
+    starts waits (pending) and arrives once the mask is back; a process-directed
+    signal goes to another thread meanwhile.
+    """
+
+    def __init__(self, hold: bool) -> None:
+        self.hold = hold and hasattr(signal, "pthread_sigmask")
+
+    def __enter__(self) -> None:
+        if self.hold:
+            self.previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.hold:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self.previous)
+
+
+def _ignoring_interrupts(target: Callable[..., Any], *args: Any) -> Any:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # setting SIG_IGN also drops an interrupt already pending
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # what this child starts must not inherit it
+    return target(*args)
 
 
 _MAIN_LOCK = threading.Lock()

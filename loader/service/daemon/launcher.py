@@ -20,7 +20,6 @@ replacements and the autoscaler treat every launcher alike.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 import time
@@ -89,13 +88,13 @@ def start_worker(connect: Any, worker_id: str, entry: str = DEFAULT_WORKER_ENTRY
         name=f"loader-worker-{worker_id.partition(CLAIM_SEP)[0]}",  # the claim secret stays out of names and logs
         method="spawn",
         import_main=False,  # a worker needs the config, never the training script
+        # A terminal's Ctrl-C reaches the whole process group: the daemon (or the Loader) stops its workers in
+        # order, and a worker interrupted on its own only printed a KeyboardInterrupt traceback on the way.
+        ignore_interrupts=True,
     )
 
 
 def _worker_process(entry: str, connect: Any, worker_id: str, daemon_pid: int) -> None:
-    # A terminal's Ctrl-C reaches the whole process group: the daemon (or the Loader) stops its workers in
-    # order, and a worker interrupted on its own only printed a KeyboardInterrupt traceback on the way.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import_shipped_package("workers")  # not a workers.py beside the user's script
     run = import_object(entry, what="worker entry point")
     stop = threading.Event()

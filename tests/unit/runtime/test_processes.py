@@ -45,3 +45,39 @@ def test_a_stopped_process_is_stopped_by_sigterm_without_waiting_for_sigkill():
     code = processes.stop_process(proc, join_timeout_s=0.0)  # always ends it (SIGKILL at worst)
     assert code == -signal.SIGTERM  # SIGTERM acted: SIGKILL was not needed
     assert time.monotonic() - start < processes.PROCESS_KILL_TIMEOUT_S
+
+
+def test_a_child_that_ignores_interrupts_survives_one_sent_while_it_is_still_starting():
+    # Ctrl-C in a terminal reaches every process of the group, also a spawned worker still importing
+    # (the first ~0.1 s), where an interrupt used to end it with a KeyboardInterrupt traceback.
+    import signal
+    import time
+
+    proc = processes.start_process(
+        time.sleep, (0.5,), name="test-ignores-interrupts", import_main=False, ignore_interrupts=True
+    )
+    for _ in range(5):
+        os.kill(proc.pid, signal.SIGINT)
+        time.sleep(0.01)
+    proc.join(WATCH_JOIN_TIMEOUT_S)
+    assert proc.exitcode == 0
+
+
+def test_an_interrupt_for_the_parent_while_a_child_starts_is_delivered_after():
+    import signal
+    import time
+
+    # Sent to this thread: a process-directed signal may go to any thread that does not block it.
+    got: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    try:
+        with processes._interrupts_held(True):
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+            time.sleep(0.05)
+            assert got == []  # held while the child would start
+        deadline = time.monotonic() + WATCH_JOIN_TIMEOUT_S
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, previous)
