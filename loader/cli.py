@@ -6,7 +6,7 @@
                                                       run the daemon until Ctrl-C / SIGTERM
     loader status [ADDRESS|HOST:PORT|CONFIG] [--json] [--watch [S]]   ask a running daemon how it is doing
     loader worker --connect tcp://HOST:PORT           run one worker by hand (any host)
-    loader check CONFIG [--set K=V]                   validate a config; count samples per field; value sources
+    loader check CONFIG [--set K=V] [--no-batch]      validate a config; count samples per field; first batch
     loader gen-data DIR --format npy|npz|recordio --files N --samples M   synthetic data
     loader recordio convert SRC DST [--allow-pickle]  rewrite a PaddlePaddle RecordIO file as ours
 
@@ -134,19 +134,35 @@ def cmd_check(args: argparse.Namespace) -> int:
     from loader.io.survey import survey
 
     config = _load_checked(args.config, {}, args.set)
-    # Every dataset's files are read before "ok" is printed: a bad file is the only line, not one after "ok".
+    # Every dataset's files, and its first batch, are read before "ok" is printed: a bad file or a mapper
+    # that fails on real data is the only line, not one after "ok".
     surveys = [(name, survey(config.dataset(name).source)) for name in config.dataset_names]
+    empty = [name for name, found in surveys if found.samples == 0]
+    batches: dict[str, tuple[int, list[dict[str, str]]] | None] = {}
+    if not empty and not args.no_batch:
+        try:
+            _read_first_batches(config, batches)
+        except LoaderError as exc:
+            name = next((name for name in config.dataset_names if name not in batches), config.dataset_names[0])
+            print(f"loader: error: dataset {name}, first batch: {_error_line(exc)}", file=sys.stderr)
+            return EXIT_ERROR
     workers = config.workers.count
     print(f"{args.config}: ok, {workers} worker{'s' if workers != 1 else ''}, bind {config.service.bind}")
-    empty = []
     for name, found in surveys:
         samples = "samples not counted (a provider)" if found.samples is None else f"{found.samples} samples"
         print(f"dataset {name}: {found.files} files, {samples}")
         if found.fields:
             rows = [{"field": f.name, "shape": f.shape, "dtype": f.dtype} for f in found.fields]
             print("\n".join(_table(rows, "  ")))
-        if found.samples == 0:
-            empty.append(name)
+        if name not in batches:
+            continue
+        described = batches[name]
+        if described is None:
+            print("  first batch: none (epoch 0 is empty after the pipeline)")
+            continue
+        count, rows = described
+        print(f"  first batch, after the pipeline: {count} samples")
+        print("\n".join(_table(rows, "    ")))
     print("settings (value, and where it came from):")
     print("\n".join(format_sources(config)))
     if empty:
@@ -158,6 +174,16 @@ def cmd_check(args: argparse.Namespace) -> int:
         )
         return EXIT_ERROR
     return EXIT_OK
+
+
+def _read_first_batches(config: Any, into: dict[str, Any]) -> None:
+    """Each dataset's first batch of epoch 0 described (or None when empty) into ``into``, in order."""
+    from loader.service.first_batch import describe_batch, first_batch_reader
+
+    with first_batch_reader(config) as first_batch:
+        for name in config.dataset_names:
+            batch = first_batch(name)
+            into[name] = None if batch is None else describe_batch(batch)
 
 
 def cmd_gen_data(args: argparse.Namespace) -> int:
@@ -323,9 +349,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = add(
         "check",
         cmd_check,
-        "validate a config (keys, values, imports, files), count samples per field, say where each value came from",
+        "validate a config (keys, values, imports, files), count samples per field, read each dataset's first batch, "
+        "say where each value came from",
     )
     p.add_argument("config", metavar="CONFIG", help="a TOML config (see configs/example.toml)")
+    p.add_argument(
+        "--no-batch",
+        action="store_true",
+        help="do not read each dataset's first batch (which starts one worker and runs the mappers)",
+    )
     _add_set(p)
 
     p = add("gen-data", cmd_gen_data, "write a synthetic dataset (features + integer labels)")

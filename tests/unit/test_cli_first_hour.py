@@ -77,8 +77,53 @@ def test_check_counts_samples_per_field(tmp_path) -> None:
     assert result.returncode == 0, result.stderr
     assert "dataset default: 2 files, 9 samples" in result.stdout
     lines = result.stdout.splitlines()
-    rows = [line.split() for line in lines[3 : lines.index("settings (value, and where it came from):")]]
+    rows = [line.split() for line in lines[3 : lines.index("  first batch, after the pipeline: 9 samples")]]
     assert rows == [["data", "(2,", "3)", "float16"], ["label", "()", "int32"], ["weight", "()", "float64"]]
+
+
+MAPPERS = """
+import numpy as np
+
+def to_image(sample):
+    data, label, weight = sample
+    return np.full((3, 4, 4), data.sum(), np.float32), label * 2
+
+
+def fails_on_label_3(sample):
+    if sample[1] == 3:
+        raise ValueError("label 3 is not wanted")
+    return sample
+"""
+
+
+def _mapped_dataset(tmp_path, mapper: str) -> str:
+    np.save(tmp_path / "a.npy", np.zeros((5, 2, 3), np.float16))
+    np.save(tmp_path / "a.label.npy", np.arange(5, dtype=np.int32))
+    np.save(tmp_path / "a.weight.npy", np.ones(5, np.float64))
+    (tmp_path / "check_mappers.py").write_text(MAPPERS)
+    body = f'[source]\nfiles = ["a.npy"]\n[pipeline]\nbatch_size = 4\nmappers = ["check_mappers:{mapper}"]\n'
+    return write_config(tmp_path / "c.toml", body)
+
+
+def test_check_shows_the_first_batch_as_the_mappers_leave_it(tmp_path) -> None:
+    result = loader_cmd("check", _mapped_dataset(tmp_path, "to_image"))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    start = lines.index("  first batch, after the pipeline: 4 samples")
+    rows = [line.split() for line in lines[start + 2 : lines.index("settings (value, and where it came from):")]]
+    # The files' fields are data/label/weight; the mapper returns two values, so the batch has the first two names.
+    assert rows == [["data", "(4,", "3,", "4,", "4)", "float32"], ["label", "(4,)", "int32"]]
+    assert "starts" not in result.stderr and "INFO" not in result.stderr, result.stderr  # the daemon kept quiet
+
+
+def test_check_of_a_mapper_that_fails_on_real_data_prints_only_the_error_with_file_and_record(tmp_path) -> None:
+    from tests.unit.test_cli import assert_one_line_error
+
+    result = loader_cmd("check", _mapped_dataset(tmp_path, "fails_on_label_3"))
+    line = assert_one_line_error(result, "dataset default, first batch: ValueError: label 3 is not wanted")
+    assert "a.npy" in line and "record 3" in line, line
+    assert result.stdout == "", "no 'ok' before the error"
+    assert loader_cmd("check", _mapped_dataset(tmp_path, "fails_on_label_3"), "--no-batch").returncode == 0
 
 
 def test_check_fails_on_a_dataset_without_samples(tmp_path) -> None:
