@@ -46,6 +46,7 @@ from workers.sources import FileSource, GroupSource
 log = logging.getLogger("loader.worker")
 
 SKIP_BLOCK_ROWS = 4096  # rows per read while reading past records already sent (salvaging a failed block)
+SKIPS_LOGGED_PER_LEASE = 5  # bad records a worker names one by one in a lease (on_error = "skip"); then one line
 
 
 class FileJob:
@@ -76,6 +77,7 @@ class FileJob:
         self._largest_message = config.service.max_message_mib * 1024 * 1024
         self._chunk_bytes = min(MAX_CHUNK_BYTES, self._largest_message // 2)
         self._block_bytes = min(BLOCK_CHUNK_BYTES, self._largest_message // 2)
+        self._skips_logged = 0
 
     def run(self) -> None:
         try:
@@ -137,8 +139,14 @@ class FileJob:
             if record is None:  # the file could not be opened (it counts as one record)
                 log.warning("skipping %s, which could not be opened: %s: %s", path, type(exc).__name__, exc)
                 return True
-            what = f"record {record}" if count == 1 else f"{count} records from record {record}"
-            log.warning("skipping %s of %s: %s: %s", what, path, type(exc).__name__, exc)
+            # A file of bad records would be a line each: the first few name their record and error, the
+            # daemon's summary at the end of the file gives the count.
+            self._skips_logged += 1
+            if self._skips_logged <= SKIPS_LOGGED_PER_LEASE:
+                what = f"record {record}" if count == 1 else f"{count} records from record {record}"
+                log.warning("skipping %s of %s: %s: %s", what, path, type(exc).__name__, exc)
+            elif self._skips_logged == SKIPS_LOGGED_PER_LEASE + 1:
+                log.warning("skipping more records of %s (the daemon logs how many when the file is done)", path)
             return True
         self._send_data(P.encode(P.FileError(**self._tag(), error=error.to_dict())))
         return False

@@ -577,7 +577,10 @@ class Stage:
         if skipped:
             # The worker's own count: the total stays one the protocol (``status()``) can carry.
             self.skipped_records = min(P.MAX_INT, self.skipped_records + skipped)
-            log.warning("skipped %d bad record(s) in file index %d (epoch %d)", skipped, file_index, stream.epoch)
+            path = self._path(file_index)
+            log.warning(
+                "skipped %d bad record(s) of %s (file index %d, epoch %d)", skipped, path, file_index, stream.epoch
+            )
         self.events.append(FileComplete(stream.stream_id, file_index))
         self._feed(stream, stream.sequencer.finish(file_index))
         if stream.sequencer.complete and not stream.input_done:

@@ -164,3 +164,23 @@ def test_a_mapper_failing_inside_a_group_names_its_file_and_record_there(text_gr
     chunks, done = run_group(text_group, TEXT, mappers=(f"{HERE}:fail_on_12",))
     assert [v for _, v in records_and_values(chunks)] == [1, 2, 3, 10, 11] + list(range(13, 20))
     assert (done.sent, done.skipped) == (12, 2)
+
+
+def fail_on_odd(sample: Any) -> Any:
+    if int(sample[0]) % 2:
+        raise ValueError("odd")
+    return sample
+
+
+def test_a_lease_of_many_bad_records_names_the_first_few_then_says_there_are_more(tmp_path: Any, caplog: Any) -> None:
+    from workers.file_job import SKIPS_LOGGED_PER_LEASE
+
+    (tmp_path / "a.txt").write_text("".join(f"{i}\n" for i in range(40)))
+    with caplog.at_level("WARNING", logger="workers"):
+        chunks, done = run_group([str(tmp_path / "a.txt")], TEXT, mappers=(f"{HERE}:fail_on_odd",))
+    assert [value for _, value in records_and_values(chunks)] == list(range(0, 40, 2))
+    assert isinstance(done, P.FileDone) and done.skipped == 20  # every skip is counted, for the daemon's summary
+    named = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipping record")]
+    assert named == [f"skipping record {r} of {tmp_path / 'a.txt'}: ValueError: odd" for r in (1, 3, 5, 7, 9)]
+    assert len(named) == SKIPS_LOGGED_PER_LEASE
+    assert sum("skipping more records of" in r.getMessage() for r in caplog.records) == 1
