@@ -52,7 +52,8 @@ def test_killed_worker_is_replaced_and_epoch_is_exactly_once(tmp_path):
             assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
 
 
-def test_mapper_error_names_file_record_and_cause(tmp_path):
+def test_mapper_error_names_file_record_and_cause(tmp_path, caplog):
+    caplog.set_level(logging.ERROR, logger="loader.stage")
     write_id_files(tmp_path, 3, 1300)  # id 1234 is record 1234 of file f000
     config = make_config(tmp_path, pipeline={"mappers": ["tests.helpers:fail_on_1234"]})
     with running_daemon(config) as daemon, Client(daemon.endpoint) as client:
@@ -65,6 +66,10 @@ def test_mapper_error_names_file_record_and_cause(tmp_path):
         # The client stays usable: a later epoch raises the same way rather than hanging.
         with pytest.raises(WorkerError):
             collect_ids(client.epoch())
+    # The operator reading the daemon's log sees the failure too, on one line.
+    failed = [r.getMessage() for r in caplog.records if "failed:" in r.getMessage()]
+    assert failed and failed[0].startswith("epoch 0 of client 1 failed: Boom: bad value 1234"), failed
+    assert "f000.npy, record 1234" in failed[0] and all("\n" not in line for line in failed)
 
 
 def test_skip_mode_skips_counts_and_reports(tmp_path, caplog):

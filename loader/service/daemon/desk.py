@@ -144,7 +144,7 @@ class ClientDesk:
         session.dataset, session.settings = dataset.name, dataset.settings
         self._join_job(session, dataset, hello.job)
         log.info(
-            "client %d attached (dataset %s, rank %d of %d, job %s)",
+            "client %d attached (dataset %s, rank %d of %d, job %r)",  # %r: a client names its job, newlines too
             session.session_id,
             dataset.name,
             rank,

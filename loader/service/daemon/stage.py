@@ -608,6 +608,13 @@ class Stage:
             )
             self._complete_file(stream, file_index, lost + stream.rejected.pop(file_index, 0))
             return
+        # The clients get the error with its traceback; the operator reading the daemon's log gets one line.
+        log.error(
+            "epoch %d of %s failed: %s",
+            stream.epoch,
+            stream.job if stream.world_size == 1 else f"job {stream.job!r}",  # "client N", or a name a client chose
+            _first_line(str(WorkerError.from_dict(error)), MAX_LOGGED_ERROR_CHARS),  # a peer wrote it
+        )
         self.fail_stream(stream, error)
 
     def fail_stream(self, stream: Stream, error: dict[str, Any]) -> None:
