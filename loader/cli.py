@@ -104,6 +104,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     stop = threading.Event()
     with _stop_on_signals(stop):
         code = run_worker(connect, worker_id=args.id, stop_event=stop, connect_timeout_s=args.connect_timeout)
+    if code == EXIT_NO_DAEMON and stop.is_set():
+        log.info("stopped before a loader daemon answered at %s", args.connect)  # by a signal, not a timeout
+        return EXIT_OK
     if code == EXIT_NO_DAEMON:
         raise ServiceUnavailableError(f"no loader daemon answered at {args.connect} within {args.connect_timeout:g} s")
     return code

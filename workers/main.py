@@ -145,6 +145,7 @@ class Worker:
                 raise ProtocolVersionError(mismatch)
 
     def _handshake(self) -> bool:
+        log.debug("worker %s connecting to %s", self.worker_id, self.connect)
         deadline = time.monotonic() + self.connect_timeout_s
         while time.monotonic() < deadline and not self.stop_event.is_set():
             tried_at = time.monotonic()

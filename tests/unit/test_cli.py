@@ -342,3 +342,22 @@ def test_hand_started_worker_joins_and_stops_on_sigterm(tmp_path) -> None:
 def test_worker_without_a_daemon_is_one_line(port) -> None:
     result = loader_cmd("worker", "--connect", f"tcp://127.0.0.1:{port}", "--connect-timeout", "1")
     assert_one_line_error(result, "no loader daemon answered")
+
+
+def test_a_worker_stopped_while_no_daemon_answers_says_so_and_exits_cleanly(port) -> None:
+    # Before: Ctrl-C while it waited for a daemon ended with "no loader daemon answered ... within 30 s".
+    command = ["worker", "--connect", f"tcp://127.0.0.1:{port}", "--connect-timeout", "60", "--log-level", "debug"]
+    worker = subprocess.Popen([sys.executable, "-m", "loader.cli", *command], stderr=subprocess.PIPE, text=True)
+    try:
+        assert worker.stderr is not None
+        for line in worker.stderr:  # the signal handlers are in place before it starts connecting
+            if "connecting to" in line:
+                break
+        worker.send_signal(signal.SIGINT)
+        _, err = worker.communicate(timeout=STOP_TIMEOUT_S)
+        assert worker.returncode == 0, err
+        assert "stopped before a loader daemon answered" in err and "loader: error" not in err, err
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(timeout=STOP_TIMEOUT_S)
