@@ -5,6 +5,7 @@ from __future__ import annotations
 import copyreg
 import os
 import pickle
+import pickletools
 import subprocess
 
 import numpy as np
@@ -147,6 +148,50 @@ def test_plain_data_round_trips_at_every_protocol(protocol):
             assert got == value and type(got) is type(value)
 
 
+def _text(value: str) -> bytes:  # protocol 2's BINUNICODE
+    raw = value.encode()
+    return b"X" + len(raw).to_bytes(4, "little") + raw
+
+
+def _dtype_with_state(state: tuple) -> bytes:
+    # numpy.dtype('f8', False, True), then BUILD with ``state``: how numpy pickles a dtype, with the state swapped.
+    return (
+        b"\x80\x02" + _global("numpy", "dtype") + _text("f8") + b"\x89\x88\x87R" + pickle.dumps(state, 2)[2:-1] + b"b."
+    )
+
+
+def test_a_dtype_whose_state_claims_object_flags_is_refused_before_numpy_takes_it():
+    # Flag 1 (holds references) on float64: numpy would free the array's floats as object pointers.
+    with pytest.raises(UnsafePickleError, match="flags of an object dtype"):
+        safe_pickle.loads(_dtype_with_state((3, "<", None, None, None, -1, -1, 1)))
+    with pytest.raises(UnsafePickleError, match="not numpy's"):
+        safe_pickle.loads(_dtype_with_state(()))
+    assert safe_pickle.loads(_dtype_with_state((3, ">", None, None, None, -1, -1, 0))) == np.dtype(">f8")
+    assert np.dtype("f8").byteorder == "="  # numpy's own float64 was never the one built
+
+
+def test_a_dtype_is_built_once_so_an_array_that_took_it_keeps_its_meaning():
+    array = pickle.dumps(np.arange(3.0), 2)
+    # The memo slot numpy's pickle puts the array's dtype in: the BINPUT after the REDUCE of numpy.dtype.
+    ops = [(op.name, arg) for op, arg, _ in pickletools.genops(array)]
+    after_dtype = ops[[i for i, (name, arg) in enumerate(ops) if arg == "numpy dtype"][0] :]
+    slot = next(arg for (name, arg), (before, _) in zip(after_dtype[1:], after_dtype) if before == "REDUCE")
+    # Then the array's dtype is fetched again and built a second time (a plain state: refused all the same).
+    rebuild = array[:-1] + b"0h" + bytes([slot]) + pickle.dumps((3, "<", None, None, None, -1, -1, 0), 2)[2:-1] + b"b."
+    assert safe_pickle.loads(array[:-1] + b"0h" + bytes([slot]) + b".") == np.dtype("f8")  # the slot is the dtype
+    with pytest.raises(UnsafePickleError, match="twice"):
+        safe_pickle.loads(rebuild)
+
+
+def test_build_cannot_set_attributes_of_the_admitted_functions():
+    # BUILD with (None, {"__defaults__": ("latin1",)}) on _codecs.encode: it used to change our wrapper for good.
+    evil = b"\x80\x02" + _global("_codecs", "encode") + b"N}" + _text("__defaults__") + _text("latin1") + b"\x85s\x86b."
+    with pytest.raises(UnsafePickleError, match="refused to set the state of a builtins.function"):
+        safe_pickle.loads(evil)
+    with pytest.raises(UnsafePickleError, match="only 'latin1'"):
+        safe_pickle.loads(_call("_codecs", "encode", "abc"))  # the default encoding is still utf-8: refused
+
+
 def test_python2_pickles_of_text_and_numpy_read():
     assert safe_pickle.loads(b"(S'word'\np0\nI3\ntp1\n.") == ("word", 3)
     assert safe_pickle.loads(b"(lp0\nI1\naF2.5\na.") == [1, 2.5]
@@ -162,6 +207,7 @@ _GOOD = [pickle.dumps(v, protocol=p) for p in (0, 2, 4, 5) for v in ((1, "a", b"
 _SEEDS = _GOOD + list(HOSTILE.values())
 
 
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")  # numpy freeing a bad dtype's array
 @settings(max_examples=400, deadline=None)
 @given(
     seed=st.sampled_from(_SEEDS),
