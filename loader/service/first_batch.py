@@ -18,8 +18,9 @@ import numpy as np
 
 from loader.config import LoaderConfig
 
-# What check needs of the daemon is its errors: its INFO lines (a client attached, a worker joined) are noise there.
-_QUIET = ("loader.daemon", "loader.service", "workers")
+# The daemon thread's log is noise in check's output (a client attached, a worker joined) or a copy of the error
+# its client raises, which check prints as its one line.
+_QUIET = ("loader.daemon", "loader.stage", "loader.coordinator", "loader.metrics")
 
 
 @contextmanager
@@ -33,7 +34,7 @@ def first_batch_reader(config: LoaderConfig) -> Iterator[Callable[[str], Any]]:
     config = config.override(changes, origin="loader check")
     levels = {name: logging.getLogger(name).level for name in _QUIET}
     for name in _QUIET:
-        logging.getLogger(name).setLevel(logging.WARNING)
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         with Loader(config) as loader:
 
