@@ -26,6 +26,7 @@ from loader.errors import (
     ShapeMismatchError,
     TransportError,
     UnknownFormatError,
+    UnsendableSampleError,
     WorkerDiedError,
     WorkerError,
 )
@@ -118,6 +119,7 @@ __all__ = [
     "UnknownFormatError",
     "BatchMapperError",
     "MessageTooLargeError",
+    "UnsendableSampleError",
     "ComposeNotAligned",
     "MissingDependencyError",
     "WorkerError",

@@ -65,6 +65,11 @@ class MessageTooLargeError(DataError):
     (``service.max_message_mib``)."""
 
 
+class UnsendableSampleError(DataError):
+    """A sample (or a chunk of samples) holds a value that messages cannot carry (a set, an object array,
+    a structured dtype, an integer past 64 bits): named by its file and record."""
+
+
 class BatchMapperError(DataError):
     """A batch mapper raised, or returned something other than a block of the rows it was given."""
 
@@ -235,6 +240,7 @@ __all__ = [
     "UnknownFormatError",
     "BatchMapperError",
     "MessageTooLargeError",
+    "UnsendableSampleError",
     "ComposeNotAligned",
     "MissingDependencyError",
     "WorkerError",

@@ -47,15 +47,36 @@ def sample_parts(sample: Any, fields: Sequence[str] | None) -> tuple[str, list[s
     return KIND_VALUE, [fields[0] if fields else "data"], [sample]
 
 
+_PY_NUMBERS = (bool, int, float)
+
+
 def stack_column(values: list[Any]) -> np.ndarray:
-    """One array with a leading axis of len(values), or an object array when they do not stack."""
-    try:
-        array = np.stack([np.asarray(v) for v in values])
-    except (ValueError, TypeError):
+    """One array with a leading axis of len(values) when they stack without changing any of them, else an
+    object array of the values as they are.
+
+    Numpy arrays and scalars stack only when all share one dtype and shape: ``np.stack`` would promote
+    ``uint8`` and ``int8`` to ``int16``, or an ``int64`` beside a ``float32`` to ``float64``, and the
+    training loop would get values no sample had. Python numbers stack as numpy decides (ints to int64).
+    ``bytes`` and ``str`` never stack: a numpy ``S``/``U`` array pads every value to the longest and drops
+    trailing NUL bytes when read back."""
+    first = values[0]
+    if isinstance(first, (np.ndarray, np.generic)):
+        dtype, shape = first.dtype, np.shape(first)
+        if dtype.hasobject or (dtype.kind in "SUV" and not isinstance(first, np.ndarray)):
+            return object_array(values)
+        if isinstance(first, np.ndarray):
+            if all(isinstance(v, np.ndarray) and v.dtype == dtype and v.shape == shape for v in values):
+                return np.stack(values)
+        elif all(isinstance(v, np.generic) and v.dtype == dtype for v in values):
+            return np.array(values, dtype=dtype)
         return object_array(values)
-    if array.dtype.hasobject:
-        return object_array(values)
-    return array
+    if all(type(value) in _PY_NUMBERS for value in values):
+        try:
+            array = np.asarray(values)
+        except (OverflowError, ValueError, TypeError):  # an int past 64 bits
+            return object_array(values)
+        return object_array(values) if array.dtype.hasobject else array
+    return object_array(values)
 
 
 def _layout(value: Any) -> tuple[tuple[int, ...], np.dtype]:
@@ -64,10 +85,23 @@ def _layout(value: Any) -> tuple[tuple[int, ...], np.dtype]:
 
 
 def value_nbytes(value: Any) -> int:
-    """About what one value of a sample takes in a message (8 for what does not say: a Python number)."""
-    if isinstance(value, (bytes, bytearray, str)):
-        return len(value)
-    return int(getattr(value, "nbytes", 8))
+    """About what one value of a sample takes in a message (8 for what does not say: a Python number); a
+    list, tuple or dict counts what it holds (a list of crops is the crops' bytes, not 8)."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (bytes, bytearray, str)):
+            total += len(item)
+        elif isinstance(item, (list, tuple)):
+            total += 8
+            stack.extend(item)
+        elif isinstance(item, dict):
+            total += 8
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        else:
+            total += int(getattr(item, "nbytes", 8))
+    return total
 
 
 def _same_array_layout(value: Any, first: Any) -> bool:
@@ -81,14 +115,21 @@ def _same_array_layout(value: Any, first: Any) -> bool:
     )
 
 
-def rows_for_bytes(row_bytes: int, wanted: int, batch_size: int, target: int = BLOCK_CHUNK_BYTES) -> int:
+def rows_for_bytes(
+    row_bytes: int,
+    wanted: int,
+    batch_size: int,
+    target: int = BLOCK_CHUNK_BYTES,
+    batch_bytes: int = MAX_BATCH_CHUNK_BYTES,
+) -> int:
     """How many rows of ``row_bytes`` make a block's chunk: about ``target`` bytes (``BLOCK_CHUNK_BYTES``), at
     most ``wanted`` (``samples_per_message``); a multiple of batch_size when that is possible, so the stage can
-    cut batches out of one chunk without copying."""
+    cut batches out of one chunk without copying, and one whole batch when it takes at most ``batch_bytes``
+    (``MAX_BATCH_CHUNK_BYTES``, less when the daemon accepts smaller messages)."""
     rows = max(1, min(wanted, target // max(1, row_bytes)))
     if batch_size > 1 and rows >= batch_size:
         rows -= rows % batch_size
-    elif rows < batch_size <= wanted and batch_size * row_bytes <= MAX_BATCH_CHUNK_BYTES:
+    elif rows < batch_size <= wanted and batch_size * row_bytes <= batch_bytes:
         rows = batch_size  # big samples: one batch per chunk, so the stage forwards it without copying
     return rows
 

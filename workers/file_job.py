@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from loader.config import LoaderConfig
-from loader.errors import MessageTooLargeError, WorkerError
+from loader.errors import MessageTooLargeError, UnsendableSampleError, WorkerError
 from loader.service import protocol as P
 from loader.service.blocks import block_nbytes, block_rows
 from workers.arena_writer import ArenaWriter
@@ -77,6 +77,7 @@ class FileJob:
         self._largest_message = config.service.max_message_mib * 1024 * 1024
         self._chunk_bytes = min(MAX_CHUNK_BYTES, self._largest_message // 2)
         self._block_bytes = min(BLOCK_CHUNK_BYTES, self._largest_message // 2)
+        self._chunk_bytes_at_most = min(MAX_BATCH_CHUNK_BYTES, self._largest_message // 2)  # a batch of big rows
         self._skips_logged = 0
 
     def run(self) -> None:
@@ -160,7 +161,7 @@ class FileJob:
         known = source.row_bytes
         rows = 1
         if known is not None and not self._batch:
-            rows = rows_for_bytes(known, wanted, batch_size, self._block_bytes)
+            rows = rows_for_bytes(known, wanted, batch_size, self._block_bytes, self._chunk_bytes_at_most)
         done = _Progress(record=0)
         fresh: FileSource | GroupSource | None = None  # a reader reopened to salvage a failed block (closed here)
         if self.lease.start:
@@ -198,7 +199,7 @@ class FileJob:
                 done.record += n
                 # Sized by what is sent too: a batch mapper may make rows bigger than the file's.
                 row_bytes = max(block_nbytes(block), nbytes) // max(1, n)
-                rows = rows_for_bytes(row_bytes, wanted, batch_size, self._block_bytes)
+                rows = rows_for_bytes(row_bytes, wanted, batch_size, self._block_bytes, self._chunk_bytes_at_most)
         finally:
             if fresh is not None:
                 fresh.close()
@@ -369,15 +370,16 @@ class FileJob:
                 return 0
         if index is not None:
             columns[P.INDEX_COLUMN] = index
+        nbytes = block_nbytes(columns)  # now: sending puts arena references (24 bytes a row) in place of big rows
         try:
             self._send_chunk(record, n, kind, columns, placed)
-        except MessageTooLargeError as exc:
+        except (MessageTooLargeError, UnsendableSampleError) as exc:
             if not self._failed(exc, record, n):
                 return None
             done.skipped += n
             return 0
         done.sent += n
-        return block_nbytes(columns)
+        return nbytes
 
     def _send_chunk(
         self, record: int, count: int, sample_kind: str, columns: dict[str, Any], placed: dict[str, Any] | None = None
@@ -392,7 +394,12 @@ class FileJob:
         refs.update(in_arena)
         chunk = P.Chunk(**self._tag(), record=record, count=count, sample_kind=sample_kind, refs=refs or None)
         try:
-            frames = P.encode(chunk, columns)
+            try:
+                _refuse_structured(columns)
+                frames = P.encode(chunk, columns)
+            except (TypeError, ValueError, OverflowError) as exc:  # what a batch mapper made, or a file's dtype
+                what = "the record" if count == 1 else f"a chunk of {count} records from this one"
+                raise UnsendableSampleError(f"{what} cannot be sent: {exc}") from None
             size = sum(memoryview(frame).nbytes for frame in frames)
             if size > self._largest_message:
                 # The daemon's socket would drop it and the file would end in "a chunk was lost": say why here.
@@ -435,6 +442,14 @@ def inline_parts(columns: dict[str, Any], placed: dict[str, Any], n: int, bound:
         held += size
     parts.append(slice(first, n))
     return parts
+
+
+def _refuse_structured(columns: dict[str, Any]) -> None:
+    """A column of a structured dtype (a ``.npy`` of records) would arrive as raw bytes (``dtype.str`` is
+    "|V8"): its fields' names and types lost on the way."""
+    for name, values in columns.items():
+        if isinstance(values, np.ndarray) and values.dtype.names is not None:
+            raise TypeError(f"field {name!r} has the structured dtype {values.dtype}; make each of its fields a field")
 
 
 class _Progress:

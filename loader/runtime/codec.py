@@ -17,6 +17,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+KEPT_TYPES = "None, bool, int, float, str, bytes, lists, tuples, dicts, numpy arrays and scalars"
 _EXT_NDARRAY = 1
 _EXT_TUPLE = 2
 _EXT_NPSCALAR = 3

@@ -26,6 +26,9 @@ def to_batch(columns: dict[str, np.ndarray], sample_kind: str, batch_format: str
 def _stack_objects(values: np.ndarray) -> Any:
     if not values.dtype.hasobject:
         return values
+    if any(isinstance(v, (bytes, bytearray)) for v in values):
+        # As they are: a numpy "S" array pads each to the longest and drops trailing NUL bytes when read.
+        return list(values)
     try:
         return np.stack([np.asarray(v) for v in values])
     except (ValueError, TypeError):

@@ -106,6 +106,7 @@ def eligible(values: Any, min_row_bytes: int = MIN_REF_ROW_BYTES) -> bool:
         and values.ndim >= 1
         and len(values) > 0
         and not values.dtype.hasobject
+        and values.dtype.names is None  # a row spec is dtype.str: a structured dtype's fields would be lost
         and values.nbytes // len(values) >= min_row_bytes
     )
 

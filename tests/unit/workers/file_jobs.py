@@ -11,14 +11,14 @@ from workers.file_job import FileJob
 
 
 def run_file_job(lease: P.Lease, config: LoaderConfig, arena: ArenaWriter | None = None) -> list[list[Any]]:
-    """Run ``lease`` with the config's mappers (no batch mappers) and ``arena``; every message's frames."""
+    """Run ``lease`` with the config's mappers and batch mappers and ``arena``; every message's frames."""
     sent: list[list[Any]] = []
     job = FileJob(
         lease,
         config=config,
         worker_id="w",
         mappers=lambda: config.pipeline.resolve_mappers("mappers"),
-        batch_mappers=lambda: [],
+        batch_mappers=lambda: config.pipeline.resolve_mappers("batch_mappers"),
         arena=lambda: arena,
         send_data=sent.append,
         check=lambda: None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -71,11 +72,48 @@ def nothing(sample: Any) -> Any:
     return None
 
 
+def a_set_at_3(sample: Any) -> Any:
+    (value,) = sample
+    return (np.float32(value), {1, 2} if value == 3 else 7)
+
+
+def a_huge_int_at_3(sample: Any) -> Any:
+    (value,) = sample
+    return (np.float32(value), 2**70 if value == 3 else 7)
+
+
+def a_field_more_at_3(sample: Any) -> Any:
+    (value,) = sample
+    out = {"x": np.float32(value), "y": np.int64(value)}
+    if value == 3:
+        out["mask"] = np.zeros(2, np.uint8)
+    return out
+
+
+def empty_at_3(sample: Any) -> Any:
+    (value,) = sample
+    return {} if value == 3 else {"x": np.float32(value)}
+
+
+def records_at_3(sample: Any) -> Any:
+    (value,) = sample
+    if value == 3:
+        return (np.zeros(2, np.dtype([("a", "<f4"), ("b", "<i4")])),)
+    return (np.zeros(2, np.float32),)
+
+
 @pytest.mark.parametrize(
     ("mapper", "kind", "text", "bad"),
     [
         ("ragged_at_3", "ShapeMismatchError", "has shape (5,) and dtype float32", 3),
         ("nothing", "DataError", "the sample is None", 0),
+        # Values a message cannot carry: before, the encoder's TypeError ended the worker process, every time.
+        ("a_set_at_3", "UnsendableSampleError", "field '1' holds a builtins.set, which cannot be sent", 3),
+        ("a_huge_int_at_3", "UnsendableSampleError", "does not fit in 64 bits", 3),
+        # Before, the next record was blamed (its fields differed from the chunk's) and the odd one was sent.
+        ("a_field_more_at_3", "DataError", "the sample's fields are ['x', 'y', 'mask'] (a dict)", 3),
+        ("empty_at_3", "DataError", "the sample has no fields", 3),
+        ("records_at_3", "UnsendableSampleError", "structured dtype", 3),
     ],
 )
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
@@ -100,7 +138,31 @@ def test_the_file_job_names_the_record(
         assert (last.error["type"], last.error["record"]) == (kind, bad) and text in last.error["message"]
     else:
         assert isinstance(last, P.FileDone)
-        expected_skipped = 1 if mapper == "ragged_at_3" else 8
+        expected_skipped = 8 if mapper == "nothing" else 1
         assert (last.sent, last.skipped) == (8 - expected_skipped, expected_skipped)
         for _, columns in messages[:-1]:
             assert all(not np.asarray(values).dtype.hasobject for values in columns.values()), "nothing ragged sent"
+
+
+def test_a_python_number_and_an_array_in_one_field_are_refused_in_stacked_batches() -> None:
+    # Before, the batch holding both had a list for that field, the next batch an array.
+    check = SampleCheck(["x"], stacked=True)
+    check((1.5,))
+    with pytest.raises(ShapeMismatchError, match=r"field 'x' has shape \(3,\) .* are Python numbers"):
+        check((np.zeros(3, np.float32),))
+    check = SampleCheck(["x"], stacked=True)
+    check((np.zeros(3, np.float32),))
+    with pytest.raises(ShapeMismatchError, match=r"field 'x' is a Python number, but the samples before it have"):
+        check((2,))
+    check((np.ones(3, np.float32),))
+    SampleCheck(["x"], stacked=False)((1.5,))  # a list batch takes any mix
+
+
+def test_unsendable_walks_containers_and_names_what_it_found() -> None:
+    from workers.sample_check import unsendable
+
+    assert unsendable([np.zeros(3), {"a": (1, b"x", None, 2.5, "s")}, 2**64 - 1, -(2**63)]) is None
+    assert "builtins.frozenset" in unsendable([1, {"k": [frozenset()]}])
+    assert "64 bits" in unsendable({"k": -(2**63) - 1})
+    assert "dtype object" in unsendable(np.array([None, 1], dtype=object))
+    assert "nests" in unsendable(functools.reduce(lambda inner, _: [inner], range(40), []))
