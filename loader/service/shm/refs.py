@@ -80,6 +80,10 @@ class Specs:
         return out
 
 
+MAX_SPEC_DIMENSIONS = 32  # as frames.MAX_DIMENSIONS
+MAX_ROW_BYTES = 1 << 40  # no arena or file row is larger; beyond it a claimed shape is a lie
+
+
 def parse_specs(described: Mapping[Any, Any]) -> dict[int, Spec]:
     """``{spec id: (dtype, shape)}`` from the wire form, refusing object dtypes."""
     specs: dict[int, Spec] = {}
@@ -88,9 +92,15 @@ def parse_specs(described: Mapping[Any, Any]) -> dict[int, Spec]:
             parsed = np.dtype(dtype)
         except Exception as exc:  # numpy raises TypeError, ValueError, even SyntaxError for odd strings
             raise ArenaError(f"a reference column claims an unknown dtype {str(dtype)[:40]!r}") from exc
-        if parsed.hasobject or parsed.itemsize == 0:
-            raise ArenaError(f"a reference column claims dtype {str(dtype)[:40]!r}")
-        specs[int(key)] = (str(dtype), tuple(int(d) for d in shape))
+        if parsed.hasobject or parsed.itemsize == 0 or parsed.shape != () or parsed.names is not None:
+            raise ArenaError(f"a reference column claims dtype {str(dtype)[:40]!r}")  # objects, subarrays, records
+        dims = tuple(int(d) for d in shape)
+        nbytes = parsed.itemsize
+        for d in dims:  # Python ints: a product numpy would wrap around in int64 is refused, not believed
+            nbytes *= d
+        if len(dims) > MAX_SPEC_DIMENSIONS or any(d < 0 for d in dims) or nbytes > MAX_ROW_BYTES:
+            raise ArenaError(f"a reference column claims rows of shape {str(dims)[:60]} and dtype {str(dtype)[:40]!r}")
+        specs[int(key)] = (str(dtype), dims)
     return specs
 
 

@@ -175,6 +175,22 @@ def test_specs_adopt_renumbers_peer_specs():
         R.parse_specs({0: ["|O", [1]]})
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        ["|u1", [2**61 + 1, 8]],  # a product that wraps around in int64 to 8 bytes
+        ["|u1", [2**32, 2**32]],  # ... or to 0
+        ["(2,)<f8", [4]],  # a subarray dtype: numpy refuses the view later with a raw ValueError
+        ["<i4,<f4", [3]],  # records
+        ["<f4", [-1]],
+        ["<f4", [1] * 40],
+    ],
+)
+def test_a_spec_whose_rows_cannot_be_real_is_refused_in_one_line(spec):
+    with pytest.raises(ArenaError, match="a reference column claims"):
+        R.parse_specs({0: spec})
+
+
 # -- who may map what ---------------------------------------------------------------------
 
 
