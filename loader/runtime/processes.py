@@ -62,7 +62,7 @@ def start_process(
     a terminal's Ctrl-C reaches the whole process group, and the parent stops its
     children in order. The child is started with SIGINT blocked (a spawned child
     spends its first tenth of a second importing, where an interrupt printed a
-    KeyboardInterrupt traceback), ignores it, then unblocks it.
+    KeyboardInterrupt traceback), sets a handler that does nothing, then unblocks it.
     """
     if ignore_interrupts:
         target, args = _ignoring_interrupts, (target, *args)
@@ -97,10 +97,16 @@ class _interrupts_held:  # used like a function: with _interrupts_held(True): pr
 
 
 def _ignoring_interrupts(target: Callable[..., Any], *args: Any) -> Any:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # setting SIG_IGN also drops an interrupt already pending
+    # A handler that does nothing, not SIG_IGN: a program this child starts (a mapper's ffmpeg) gets the default
+    # disposition back at exec, so Ctrl-C still reaches it; an ignored signal would stay ignored there.
+    signal.signal(signal.SIGINT, _interrupt_ignored)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # what this child starts must not inherit it
     return target(*args)
+
+
+def _interrupt_ignored(signum: int, frame: Any) -> None:
+    """SIGINT in a child started with ``ignore_interrupts``: its parent stops it in order."""
 
 
 _MAIN_LOCK = threading.Lock()

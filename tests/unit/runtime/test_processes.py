@@ -81,3 +81,26 @@ def test_an_interrupt_for_the_parent_while_a_child_starts_is_delivered_after():
         assert got == [signal.SIGINT]
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _report_a_programs_sigint(path: str) -> None:
+    import subprocess
+    import sys
+
+    code = "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    with open(path, "w") as fh:
+        fh.write(done.stdout.strip())
+
+
+def test_a_program_started_by_a_child_that_ignores_interrupts_still_gets_them(tmp_path):
+    # The child ignores SIGINT with a handler, not SIG_IGN, which a program it starts would inherit (a mapper's
+    # ffmpeg would go on after Ctrl-C).
+    path = str(tmp_path / "ignored")
+    proc = processes.start_process(
+        _report_a_programs_sigint, (path,), name="test-grandchild", import_main=False, ignore_interrupts=True
+    )
+    proc.join(30)
+    assert proc.exitcode == 0
+    with open(path) as fh:
+        assert fh.read() == "False"
