@@ -134,6 +134,14 @@ def rows_for_bytes(
     return rows
 
 
+def in_order(kind: str, names: list[str], values: list[Any], wanted: list[str]) -> list[Any] | None:
+    """A dict sample's values in the order of ``wanted`` when it has those keys in another order; else None."""
+    if kind != KIND_DICT or len(names) != len(wanted) or set(names) != set(wanted):
+        return None
+    by_name = dict(zip(names, values))
+    return [by_name[name] for name in wanted]
+
+
 class ChunkBuilder:
     """Collects samples with their record indexes and decides when a chunk is due."""
 
@@ -170,7 +178,10 @@ class ChunkBuilder:
             self._ragged, self._scanned = [False] * len(names), 0
             self._started = time.monotonic()
         elif names != self._names:
-            raise ValueError(f"sample fields {names} differ from the chunk's fields {self._names}")
+            reordered = in_order(kind, names, values, self._names)
+            if reordered is None:
+                raise ValueError(f"sample fields {names} differ from the chunk's fields {self._names}")
+            values = reordered
         self._records.append(record)
         for column, value in zip(self._values, values):
             column.append(value)
@@ -194,8 +205,14 @@ class ChunkBuilder:
         if not self._records:
             return True
         kind, names, values = sample_parts(sample, self.fields)
-        if kind != self.kind or names != self._names:
+        if kind != self.kind:
             return False
+        if names != self._names:
+            assert self._names is not None
+            reordered = in_order(kind, names, values, self._names)
+            if reordered is None:
+                return False
+            values = reordered
         for i, column in enumerate(self._values):
             if not self._ragged[i]:
                 first = _layout(column[0])

@@ -20,7 +20,7 @@ import numpy as np
 
 from loader.errors import DataError, ShapeMismatchError, UnsendableSampleError
 from loader.runtime import codec
-from workers.columns import sample_parts
+from workers.columns import in_order, sample_parts
 
 RAGGED_HINT = "a stacked batch needs one shape and dtype per field; pipeline.batch_format = 'list' takes ragged fields"
 
@@ -49,10 +49,13 @@ class SampleCheck:
         if self._names is None:
             self._names = (kind, names)
         elif self._names != (kind, names):
-            raise DataError(
-                f"the sample's fields are {_fields(kind, names)}, but the samples before it have "
-                f"{_fields(*self._names)}: every sample of a file needs the same fields"
-            )
+            reordered = in_order(kind, names, values, self._names[1]) if kind == self._names[0] else None
+            if reordered is None:
+                raise DataError(
+                    f"the sample's fields are {_fields(kind, names)}, but the samples before it have "
+                    f"{_fields(*self._names)}: every sample of a file needs the same fields"
+                )
+            names, values = self._names[1], reordered  # a dict's keys in another order: taken by key
         for name, value in zip(names, values):
             kind_of = type(value)
             if kind_of is np.ndarray:  # the usual value, checked here (a call to unsendable costs a microsecond)

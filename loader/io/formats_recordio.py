@@ -12,9 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from loader.errors import ShapeMismatchError
 from loader.io.file_reader import FileReader
-from loader.io.slots import as_instance
+from loader.io.slots import DictSlots, as_instance
 from loader.recordio import Scanner
 
 
@@ -23,7 +22,7 @@ class RecordIOFileReader(FileReader):
 
     def _open(self) -> None:  # type: ignore[override] # a format takes only its own options
         self._scanner = Scanner(self.path)
-        self._keys: list[Any] | None = None  # dict samples: the keys, in slot order
+        self._dicts = DictSlots()
 
     def _read_instance(self) -> list[np.ndarray] | None:
         found, sample = self._scanner.next_sample()
@@ -35,15 +34,10 @@ class RecordIOFileReader(FileReader):
         return arrays
 
     def _from_dict(self, sample: dict[Any, Any]) -> list[np.ndarray]:
-        if self._keys is None:
-            self._keys = list(sample)
-            self._set_slot_names([str(k) for k in self._keys])
-        try:
-            return [np.asarray(sample[k]) for k in self._keys]
-        except KeyError as exc:
-            raise ShapeMismatchError(
-                f"{self.path}: record {self._index} lacks key {exc.args[0]!r} (slots {self._keys})"
-            ) from None
+        arrays = self._dicts.arrays(sample, f"{self.path}: record {self._index}")
+        if self._names is None:
+            self._set_slot_names(self._dicts.names)
+        return arrays
 
     def _rewind(self) -> None:
         self._scanner.reset()

@@ -9,14 +9,18 @@ a note naming the file and line number.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from loader.errors import add_note
+from loader.errors import DataError, add_note
 from loader.io.file_reader import FileReader
-from loader.io.slots import as_instance
+from loader.io.slots import DictSlots, as_instance
+
+# What surrogateescape turns an undecodable byte into: never part of text decoded without error.
+_UNDECODED = re.compile("[\udc80-\udcff]")
 
 
 class TextFileReader(FileReader):
@@ -28,8 +32,13 @@ class TextFileReader(FileReader):
         if parser is None or not callable(parser):
             raise ValueError("the text format needs parser=callable(line) -> sample")
         self._parser = parser
-        self._file = open(self.path, encoding=encoding)  # universal newlines: \r\n reads as \n
+        # Universal newlines: \r\n reads as \n. Bytes that do not decode are kept (surrogateescape) and
+        # refused with their line: a strict decode failed in readline's buffer, 2,000 lines before the bad
+        # one and naming neither the file nor a line.
+        self._file = open(self.path, encoding=encoding, errors="surrogateescape")
+        self._encoding = encoding
         self._line_no = 0
+        self._dicts = DictSlots()
 
     def _read_instance(self) -> list[np.ndarray] | None:
         while True:
@@ -37,6 +46,13 @@ class TextFileReader(FileReader):
             if not line:
                 return None
             self._line_no += 1
+            bad = _UNDECODED.search(line)
+            if bad is not None:
+                raise DataError(
+                    f"{self.path}: line {self._line_no} is not {self._encoding} text (byte "
+                    f"{ord(bad.group()) - 0xDC00:#04x} at character {bad.start() + 1}); "
+                    "set the format option encoding"
+                )
             try:
                 sample = self._parser(line[:-1] if line.endswith("\n") else line)
             except Exception as exc:
@@ -44,9 +60,12 @@ class TextFileReader(FileReader):
                 raise
             if sample is None:
                 continue
-            arrays, names = as_instance(sample)
-            if names is not None and self._names is None:
-                self._set_slot_names(names)
+            if isinstance(sample, dict):  # joined by key, not by each dict's own order
+                arrays = self._dicts.arrays(sample, f"{self.path}: line {self._line_no}")
+                if self._names is None:
+                    self._set_slot_names(self._dicts.names)
+                return arrays
+            arrays, _ = as_instance(sample)
             return arrays
 
     def _rewind(self) -> None:

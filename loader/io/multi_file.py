@@ -71,7 +71,7 @@ def _naming(path: str, action: str) -> Iterator[None]:
         raise
 
 
-def _read_files(pipe: ThreadPipeline, files: _FileQueue, spec: dict) -> None:
+def _read_files(pipe: ThreadPipeline, files: _FileQueue, spec: dict, names: list[str]) -> None:
     while not pipe.stopping:
         path = files.take()
         if path is None:
@@ -80,17 +80,40 @@ def _read_files(pipe: ThreadPipeline, files: _FileQueue, spec: dict) -> None:
             reader = create_file_reader(path, **spec)
         try:
             with _naming(path, "reading"):
-                _put_blocks(pipe, reader)
+                _put_blocks(pipe, reader, _slot_order(path, reader.slot_names, names))
         finally:
             reader.close()
 
 
-def _put_blocks(pipe: ThreadPipeline, reader: ReaderBase) -> None:
+def _slot_order(path: str, got: list[str], names: list[str]) -> list[int] | None:
+    """Where each of ``names`` (the first file's slots) lies among a file's own slots ``got``, when they are
+    the same names in another order (an ``.npz`` written with its keys in another order would otherwise
+    swap two fields of one shape without a word); None when in place, or when the names are not the same
+    set (files of other formats name their slots by position: "slot0", "data")."""
+    if not names or not got or got == names or sorted(got) != sorted(names) or len(set(got)) != len(got):
+        return None
+    return [got.index(name) for name in names]
+
+
+def _first_slot_names(filenames: Sequence[str], spec: dict) -> list[str]:
+    """The slots of the first file that knows them (an empty recordio file without declared shapes does not)."""
+    for path in filenames:
+        with _naming(path, "opening"):
+            with create_file_reader(path, **spec) as reader:
+                names = reader.slot_names
+        if names:
+            return list(names)
+    return []
+
+
+def _put_blocks(pipe: ThreadPipeline, reader: ReaderBase, order: list[int] | None) -> None:
     count = BLOCK_FIRST_INSTANCES
     while True:
         block = reader.read_block(count)
         if not block:
             return
+        if order is not None:
+            block = [block[i] for i in order]
         pipe.put(block)
         rows = len(block[0])
         per_instance = max(1, sum(a.nbytes for a in block) // rows)
@@ -136,8 +159,9 @@ class MultiFileReader(ReaderBase):
 
         def spawn(pipe: ThreadPipeline) -> None:
             files = _FileQueue(filenames)  # a new queue, hence a full pass, every start
+            names = _first_slot_names(filenames, spec)
             for _ in range(thread_num):
-                pipe.spawn(_read_files, files, spec)
+                pipe.spawn(_read_files, files, spec, names)
 
         return spawn
 
@@ -149,16 +173,10 @@ class MultiFileReader(ReaderBase):
     @property
     def slot_names(self) -> list[str]:
         if self._names is None:
-            # Ask the files in order until one knows its slots (an empty recordio
-            # file without declared shapes does not).
-            for path in self.filenames:
-                with create_file_reader(path, **self._spec) as reader:
-                    names = reader.slot_names
-                if names:
-                    self._names = names
-                    break
-            else:
+            names = _first_slot_names(self.filenames, self._spec)
+            if not names:
                 return []
+            self._names = names
         return list(self._names)
 
     def _next_block(self) -> bool:

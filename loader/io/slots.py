@@ -42,6 +42,33 @@ def as_instance(sample: Any) -> tuple[list[np.ndarray], list[str] | None]:
     return [np.asarray(sample)], None
 
 
+class DictSlots:
+    """Dict samples of one file, joined by key: the first sample's keys are the slots, in its order.
+
+    Taking ``dict.values()`` in each dict's own order swapped two slots of one shape without a word
+    when a writer's key order changed; a dict with a key missing or added is refused, naming where."""
+
+    def __init__(self) -> None:
+        self.keys: list[Any] | None = None
+
+    def arrays(self, sample: dict[Any, Any], where: str) -> list[np.ndarray]:
+        """The values of ``sample`` in slot order (``where``: "FILE: line N", for the error)."""
+        if self.keys is None:
+            self.keys = list(sample)
+        elif len(sample) != len(self.keys) or any(key not in sample for key in self.keys):
+            missing = [k for k in self.keys if k not in sample]
+            extra = [k for k in sample if k not in self.keys]
+            raise ShapeMismatchError(
+                f"{where}: a sample with the keys {list(sample)} among samples with {self.keys} "
+                f"({'lacks ' + repr(missing) if missing else 'adds ' + repr(extra)})"
+            )
+        return [np.asarray(sample[key]) for key in self.keys]
+
+    @property
+    def names(self) -> list[str]:
+        return [str(key) for key in self.keys or ()]
+
+
 class SlotChecker:
     """Checks (and normalises) instances against declared shapes, dtypes and LoD levels."""
 

@@ -517,6 +517,8 @@ class Stage:
             stream.layout = fit.describe(columns, known)
             return columns
         layout = stream.layout
+        if list(columns) != list(layout) and set(columns) == set(layout):
+            columns = {name: columns[name] for name in layout}  # the same fields in a file's own order (an .npz)
         reason = fit.field_misfit(layout, columns)
         misfits = {} if reason is not None else fit.shape_misfits(layout, columns, known)
         if reason is None and misfits and self.batch_format == "list":

@@ -267,3 +267,13 @@ def test_readers_dropped_without_close_stop_their_threads(workdir, no_leaks):
     reader.read_next()
     del reader
     gc.collect()
+
+
+def test_npz_files_with_their_keys_in_another_order_are_joined_by_name(tmp_path) -> None:
+    # Both slots have one shape and dtype: read by position, file b's label and weight were swapped silently.
+    np.savez(tmp_path / "a.npz", label=np.array([1, 1]), weight=np.array([100, 100]))
+    np.savez(tmp_path / "b.npz", weight=np.array([200, 200]), label=np.array([2, 2]))
+    files = [str(tmp_path / "a.npz"), str(tmp_path / "b.npz")]
+    reader = lio.open_files(files, shapes=[[-1], [-1]], dtypes=["int64", "int64"], is_test=True)
+    assert reader.slot_names == ["label", "weight"]
+    assert [tuple(int(v) for v in instance) for instance in reader] == [(1, 100), (1, 100), (2, 200), (2, 200)]

@@ -412,3 +412,42 @@ def test_dict_slot_names_win_over_declared_shapes(tmp_path):
     reader = lio.create_file_reader(path, shapes=[[-1, 2], [-1]], dtypes=["float32", "int64"])
     assert reader.slot_names == ["a", "b"]
     assert len(_drain(reader)) == 1 and reader.slot_names == ["a", "b"]
+
+
+def test_text_dict_samples_are_joined_by_key_and_a_missing_key_is_named(tmp_path) -> None:
+    import json
+
+    path = tmp_path / "d.txt"
+    path.write_text('{"label": 1, "weight": 100}\n{"weight": 200, "label": 2}\n{"label": 3}\n')
+    reader = lio.create_file_reader(str(path), format="text", parser=json.loads)
+    assert reader.slot_names == ["label", "weight"]
+    assert [int(v) for v in reader.read_next()] == [1, 100]
+    assert [int(v) for v in reader.read_next()] == [2, 200], "taken by key, not by the dict's own order"
+    with pytest.raises(ShapeMismatchError, match=r"d.txt: line 3: .*lacks \['weight'\]"):
+        reader.read_next()
+
+
+def test_a_text_line_that_does_not_decode_is_named_after_every_line_before_it(tmp_path) -> None:
+    path = tmp_path / "t.txt"
+    path.write_bytes(b"".join(b"%d\n" % i for i in range(2999)) + b"caf\xe9\n")
+    reader = lio.create_file_reader(str(path), format="text", parser=int)
+    got = []
+    with pytest.raises(DataError, match=r"t.txt: line 3000 is not utf-8 text \(byte 0xe9 at character 4\)"):
+        while True:
+            got.append(int(reader.read_next()[0]))
+    assert got == list(range(2999)), "the good lines before it all arrived"
+    latin = lio.create_file_reader(str(path), format="text", parser=lambda line: len(line), encoding="latin-1")
+    assert sum(1 for _ in latin) == 3000
+
+
+def test_recordio_dict_samples_with_a_key_more_are_refused_naming_the_record(tmp_path) -> None:
+    path = str(tmp_path / "d.recordio")
+    with Writer(path) as writer:
+        writer.write({"a": np.int64(1), "b": np.int64(2)})
+        writer.write({"b": np.int64(3), "a": np.int64(4)})
+        writer.write({"a": np.int64(5), "b": np.int64(6), "c": np.int64(7)})
+    reader = lio.create_file_reader(path)
+    assert [int(v) for v in reader.read_next()] == [1, 2]
+    assert [int(v) for v in reader.read_next()] == [4, 3]
+    with pytest.raises(ShapeMismatchError, match=r"record 2: .*adds \['c'\]"):
+        reader.read_next()

@@ -134,3 +134,16 @@ def test_xmap_ordered_does_not_spin():
     measuring.join(probe.GATE_TIMEOUT_S)
     assert probe.used_s is not None, "the handlers never started"
     assert probe.used_s < probe.WINDOW_S / 3, f"waiting handlers used {probe.used_s:.3f} s of CPU"
+
+
+def _stops_early(x: int) -> int:
+    if x == 3:
+        next(iter([]))  # a mapper's bug: StopIteration escapes it
+    return x
+
+
+@pytest.mark.parametrize("order", [True, False])
+def test_a_mapper_raising_stopiteration_is_an_error_not_the_end_of_the_data(order: bool) -> None:
+    # Before: the worker thread's StopIteration read as the end of the stream: 3 of 10 items and no error.
+    with pytest.raises(RuntimeError, match="raised StopIteration"):
+        list(reader.xmap_readers(_stops_early, RangeReader(10), 2, 4, order=order)())

@@ -166,3 +166,22 @@ def test_unsendable_walks_containers_and_names_what_it_found() -> None:
     assert "64 bits" in unsendable({"k": -(2**63) - 1})
     assert "dtype object" in unsendable(np.array([None, 1], dtype=object))
     assert "nests" in unsendable(functools.reduce(lambda inner, _: [inner], range(40), []))
+
+
+def test_dict_samples_with_their_keys_in_another_order_are_taken_by_key() -> None:
+    check = SampleCheck(None, stacked=True)
+    check({"x": np.zeros(3, np.float32), "y": np.int64(1)})
+    check({"y": np.int64(2), "x": np.ones(3, np.float32)})  # the same fields: fine, and compared by name
+    with pytest.raises(ShapeMismatchError, match="field 'x'"):
+        check({"y": np.int64(2), "x": np.ones(4, np.float32)})
+
+
+def test_a_chunk_takes_dict_samples_by_key() -> None:
+    from workers.columns import ChunkBuilder
+
+    builder = ChunkBuilder(None, 100)
+    builder.add(0, {"label": np.int64(1), "weight": np.int64(100)})
+    assert builder.fits({"weight": np.int64(200), "label": np.int64(2)})
+    builder.add(1, {"weight": np.int64(200), "label": np.int64(2)})
+    columns, _ = builder.take()
+    assert columns["label"].tolist() == [1, 2] and columns["weight"].tolist() == [100, 200]
