@@ -81,10 +81,14 @@ def _base_column(values: Any, input_type: InputType) -> Any:
             raise ValueError(f"dense vectors of {dim} values expected, got an array of shape {array.shape}")
         return array
     if kind == DataType.Index:
-        array = np.asarray(values, dtype=np.int64)
+        array = np.asarray(values)
         if array.ndim != 1:
             raise ValueError(f"one int per sample expected, got an array of shape {array.shape}")
-        return array
+        if len(array) and array.dtype.kind not in "iub":
+            # The original refused what is not an int ("Cannot cast int"); a cast to int64 made 1.7 a 1, "7" a 7.
+            bad = next((v for v in values if not isinstance(v, (int, np.integer))), values[0])
+            raise ValueError(f"ints expected, got {bad!r} ({type(bad).__name__})")
+        return array.astype(np.int64, copy=False)
     counts = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
     offsets = np.zeros(len(values) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])

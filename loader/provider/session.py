@@ -8,7 +8,7 @@ import threading
 from collections.abc import Generator, Iterator
 from typing import Any
 
-from loader.errors import DataError
+from loader.errors import DataError, add_note
 from loader.provider.batching import assemble
 from loader.provider.check import InvalidSample, check_sample, normalize
 from loader.provider.settings import ProviderLike, Settings
@@ -194,7 +194,7 @@ class ProviderSession:
         source = self.provider.process(settings, filename)
         generator = iter(source)
         try:
-            for index, raw in enumerate(generator):
+            for index, raw in _noted(generator, filename):
                 try:
                     sample = normalize(raw, self.slot_names, settings.dict_mode)
                     if settings.check:
@@ -246,6 +246,22 @@ class BatchReader:
 
     def __call__(self) -> Iterator[dict[str, Any]]:
         return self.session.batches(self.batch_size, self.drop_last)
+
+
+def _noted(generator: Iterator[Any], filename: str) -> Iterator[tuple[int, Any]]:
+    """``enumerate(generator)``, where an exception from ``process`` gets a note naming the file and the
+    sample it was making (the original's traceback named neither)."""
+    index = 0
+    while True:
+        try:
+            raw = next(generator)
+        except StopIteration:
+            return
+        except Exception as exc:
+            add_note(exc, f"(in process(settings, {filename!r}), making sample {index})")
+            raise
+        yield index, raw
+        index += 1
 
 
 __all__ = ["ProviderSession", "BatchReader", "DEFAULT_MIN_POOL_SIZE", "DEFAULT_MAX_OPEN_FILES"]

@@ -92,7 +92,9 @@ class ThreadPipeline:
         except StopIteration as exc:
             # Re-raised by get(), a StopIteration would read as the end of the data: the items after it lost
             # without a word (a mapper calling next() on an empty iterator). PEP 479 turns it into this too.
-            failure = RuntimeError(f"a reader or mapper raised StopIteration (next() on an exhausted iterator?): {exc!r}")
+            failure = RuntimeError(
+                f"a reader or mapper raised StopIteration (next() on an exhausted iterator?): {exc!r}"
+            )
             failure.__cause__ = exc
             self._put_final(_Failure(failure))
             return

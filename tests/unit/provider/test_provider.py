@@ -216,3 +216,29 @@ def test_provider_pickles_by_reference():
 def test_iter_file_samples_yields_checked_lists_in_file_order():
     samples = list(iter_file_samples(fx.dict_slots, "dummy", is_train=True, input_order=["input2", "input1"]))
     assert samples == [[1, 0]] * 100
+
+
+def test_an_index_slot_refuses_what_is_not_an_int():
+    # The original refused it ("Cannot cast int"); a cast to int64 made 1.7 a 1 and "7" a 7 without a word.
+    from loader.provider import integer_value
+
+    for bad in (1.7, "7"):
+
+        @provider(input_types=[dense_vector(2), integer_value(10)])
+        def process(settings, filename, bad=bad):
+            yield [0.0, 0.0], 1
+            yield [0.0, 0.0], bad
+
+        with pytest.raises(DataError, match=rf"slot 'slot1' .*ints expected, got {bad!r}"):
+            list(process.batch_reader(["f"], 2, is_train=False)())
+
+
+def test_an_error_in_process_names_the_file_and_the_sample_it_was_making():
+    @provider(input_types=[dense_vector(2)])
+    def process(settings, filename):
+        yield [0.0, 0.0]
+        int("x")  # a bad line of the user's file
+
+    with pytest.raises(ValueError, match="invalid literal") as info:
+        list(process.batch_reader(["train-00017.txt"], 8, is_train=False)())
+    assert "(in process(settings, 'train-00017.txt'), making sample 1)" in info.value.__notes__
