@@ -185,7 +185,9 @@ def _decompress(name: str, offset: int, compressor: int, stored: bytes, limit: i
         return payload
     if compressor == Compressor.SNAPPY:
         try:
-            return framing.decode(stored) if framing.is_framed(stored) else snappystream.decode(stored)
+            if framing.is_framed(stored):
+                return framing.decode(stored, limit)
+            return snappystream.decode(stored, limit)
         except SnappyError as exc:
             raise chunk_error(name, offset, f"Snappy payload: {exc}") from exc
     raise chunk_error(name, offset, f"unknown compressor id {compressor}")

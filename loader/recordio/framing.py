@@ -52,13 +52,14 @@ def encode(payload: bytes | bytearray | memoryview) -> bytes:
     return b"".join(parts)
 
 
-def decode(stored: bytes | bytearray | memoryview) -> bytes:
-    """The payload inside a framed stream; ``SnappyError`` says what is wrong and where."""
+def decode(stored: bytes | bytearray | memoryview, limit: int | None = None) -> bytes:
+    """The payload inside a framed stream; ``SnappyError`` says what is wrong and where, and when the
+    payload grows past ``limit`` bytes (each frame holds at most 64 KiB, so it stops within one of it)."""
     data = bytes(stored)
     if not is_framed(data):
         raise SnappyError(f"bad stream identifier {data[:10]!r} (expected {STREAM_IDENTIFIER!r})")
     out: list[bytes | bytearray] = []
-    pos, end = 0, len(data)
+    pos, end, total = 0, len(data), 0
     while pos < end:
         where = f"frame at payload byte {pos}"
         if pos + 4 > end:
@@ -72,6 +73,9 @@ def decode(stored: bytes | bytearray | memoryview) -> bytes:
                 raise SnappyError(f"{where}: bad stream identifier {data[body:pos]!r}")
         elif kind in (_COMPRESSED, _UNCOMPRESSED):
             out.append(_data_frame(data, body, pos, kind, where))
+            total += len(out[-1])
+            if limit is not None and total > limit:
+                raise SnappyError(f"{where}: the payload grows past {limit} bytes (Scanner(max_payload_bytes=...))")
         elif kind < 0x80:
             raise SnappyError(f"{where}: reserved unskippable frame type 0x{kind:02x}")
         # 0x80-0xfe: skippable frames and padding carry nothing for us.

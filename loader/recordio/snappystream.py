@@ -58,12 +58,13 @@ def encode(payload: bytes | bytearray | memoryview, block_size: int = BLOCK_SIZE
     return b"".join(parts)
 
 
-def decode(stored: bytes) -> bytes:
-    """The payload inside a snappystream; ``SnappyError`` says what is wrong and where."""
+def decode(stored: bytes, limit: int | None = None) -> bytes:
+    """The payload inside a snappystream; ``SnappyError`` says what is wrong and where, and when the
+    payload grows past ``limit`` bytes (checked after each block, of at most ``MAX_BLOCK_BYTES``)."""
     if stored[: len(MAGIC)] != MAGIC:
         raise SnappyError(f"bad stream magic {bytes(stored[: len(MAGIC)])!r} (expected {MAGIC!r})")
     blocks: list[bytes | bytearray] = []
-    pos, end = len(MAGIC), len(stored)
+    pos, end, total = len(MAGIC), len(stored), 0
     while pos < end:
         where = f"block {len(blocks)} at payload byte {pos}"
         if pos + BLOCK_HEADER.size > end:
@@ -74,6 +75,9 @@ def decode(stored: bytes) -> bytes:
         if pos > end:
             raise SnappyError(f"{where}: block of {length} bytes cut off ({end - body} present)")
         blocks.append(_block(stored, body, pos, flag, crc, where))
+        total += len(blocks[-1])
+        if limit is not None and total > limit:
+            raise SnappyError(f"{where}: the payload grows past {limit} bytes (Scanner(max_payload_bytes=...))")
     return b"".join(blocks)
 
 

@@ -42,3 +42,20 @@ def test_the_limit_is_the_scanners_to_choose(tmp_path):
     ):
         scanner.next_raw()
     assert MAX_PAYLOAD_BYTES <= 256 * MIB  # far below the 4 GiB a uint32 size allows
+
+
+def test_a_snappy_chunk_is_bounded_by_the_same_limit(tmp_path):
+    # Snappy ignored the limit: an 8 MiB record of zeros (387 KiB stored) came back past a 1 MiB limit.
+    from loader.recordio import Writer
+
+    path = tmp_path / "s.recordio"
+    with Writer(str(path), Compressor.SNAPPY) as writer:
+        writer.write_raw(bytes(8 * MIB))
+    assert path.stat().st_size < MIB
+    with (
+        Scanner(path, max_payload_bytes=MIB) as scanner,
+        pytest.raises(CorruptFileError, match="s.recordio.*grows past 1048576 bytes"),
+    ):
+        scanner.next_raw()
+    with Scanner(path) as scanner:
+        assert len(scanner.next_raw()) == 8 * MIB  # within the default limit it reads
