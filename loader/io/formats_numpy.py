@@ -32,6 +32,7 @@ import re
 import struct
 import threading
 import zipfile
+import zlib
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -179,7 +180,7 @@ def _load_npy(path: str) -> np.ndarray:
     try:
         with _HEADER_LOCK:
             return np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, EOFError) as exc:  # object arrays, bad or cut headers
+    except (ValueError, EOFError, OverflowError) as exc:  # object arrays, bad or cut headers, negative dimensions
         reason = str(exc)
         if "allow_pickle" in reason:
             reason = "it holds Python objects (an object array), which loader never unpickles"
@@ -213,6 +214,12 @@ class NpzFileReader(ArrayFileReader):
         header_len = len(header)
         if dtype.hasobject:
             raise ValueError(f"member {info.filename!r} holds Python objects, which are never unpickled")
+        if any(d < 0 for d in shape):
+            raise ValueError(f"member {info.filename!r}: its header claims the shape {shape}")
+        # For every member, stored or compressed: file_size is its size uncompressed, known without inflating, so
+        # a header claiming more rows than the member holds fails here, not at the first read (or as a MemoryError).
+        if info.file_size < header_len + math.prod(shape) * dtype.itemsize:
+            raise ValueError(f"member {info.filename!r} holds fewer bytes than its header's {shape} {dtype}")
         path, name = self.path, info.filename
         if info.compress_type == zipfile.ZIP_STORED and int(np.prod(shape)) > 0:
             raw.seek(info.header_offset)
@@ -222,8 +229,6 @@ class NpzFileReader(ArrayFileReader):
             offset = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len + header_len
             order: Literal["F", "C"] = "F" if fortran else "C"
             nbytes = math.prod(shape) * dtype.itemsize  # Python ints: a hostile shape cannot overflow
-            if info.file_size < header_len + nbytes:  # else the rows would run into the next member
-                raise ValueError(f"member {info.filename!r} holds fewer bytes than its header's {shape} {dtype}")
             if nbytes < SMALL_MEMBER_BYTES:
                 raw.seek(offset)
                 data = raw.read(nbytes)
@@ -270,8 +275,11 @@ def _parse_header(header: bytes) -> tuple[tuple[int, ...], bool, np.dtype]:
 
 
 def _inflate(path: str, member: str) -> np.ndarray:
-    with zipfile.ZipFile(path) as archive, archive.open(member) as fh:
-        return np.lib.format.read_array(fh, allow_pickle=False)
+    try:
+        with zipfile.ZipFile(path) as archive, archive.open(member) as fh:
+            return np.lib.format.read_array(fh, allow_pickle=False)
+    except (ValueError, EOFError, OSError, zipfile.BadZipFile, zlib.error) as exc:  # a damaged member
+        raise DataError(f"{path}: member {member!r} of the .npz archive does not read ({exc})") from exc
 
 
 __all__ = ["NpyFileReader", "NpzFileReader", "companions", "drop_companions"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import zipfile
 
 import numpy as np
@@ -451,3 +452,28 @@ def test_recordio_dict_samples_with_a_key_more_are_refused_naming_the_record(tmp
     assert [int(v) for v in reader.read_next()] == [4, 3]
     with pytest.raises(ShapeMismatchError, match=r"record 2: .*adds \['c'\]"):
         reader.read_next()
+
+
+def _npy_bytes(shape: tuple[int, ...], payload: bytes) -> bytes:
+    import struct
+
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': %r, }" % (shape,)
+    header += " " * (118 - len(header)) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + payload
+
+
+@pytest.mark.parametrize(
+    ("shape", "compression", "reason"),
+    [
+        ((10, 10), zipfile.ZIP_DEFLATED, "holds fewer bytes than its header's (10, 10)"),  # was a bare ValueError
+        ((10**11, 10), zipfile.ZIP_DEFLATED, "holds fewer bytes"),  # was a MemoryError for 3.6 TiB
+        ((-5, 10), zipfile.ZIP_STORED, "claims the shape (-5, 10)"),
+        ((-5, 10), zipfile.ZIP_DEFLATED, "claims the shape (-5, 10)"),
+    ],
+)
+def test_an_npz_member_whose_header_lies_is_refused_at_open_naming_the_file(tmp_path, shape, compression, reason):
+    path = tmp_path / "bad.npz"
+    with zipfile.ZipFile(path, "w", compression) as archive:
+        archive.writestr("x.npy", _npy_bytes(shape, b"\0" * 40))
+    with pytest.raises(DataError, match=rf"bad.npz: .*member 'x.npy'.*{re.escape(reason)}"):
+        lio.create_file_reader(str(path))
