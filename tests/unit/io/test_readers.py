@@ -457,7 +457,7 @@ def test_recordio_dict_samples_with_a_key_more_are_refused_naming_the_record(tmp
 def _npy_bytes(shape: tuple[int, ...], payload: bytes) -> bytes:
     import struct
 
-    header = "{'descr': '<f4', 'fortran_order': False, 'shape': %r, }" % (shape,)
+    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {shape!r}, }}"
     header += " " * (118 - len(header)) + "\n"
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + payload
 
