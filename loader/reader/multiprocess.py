@@ -60,7 +60,7 @@ class MultiprocessReaderError(WorkerError, ValueError):
 
 def _encode(sample: Any) -> bytes:
     try:
-        return _SAMPLE + codec.pack(sample)
+        return _SAMPLE + codec.pack(sample, exact=True)
     except TypeError:
         # Parent and child are this program, forked: pickle is only as trusted as the user's code.
         return _PICKLED + pickle.dumps(sample, protocol=pickle.HIGHEST_PROTOCOL)

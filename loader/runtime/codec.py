@@ -24,6 +24,19 @@ _EXT_NPSCALAR = 3
 
 
 def _default(obj: Any) -> Any:
+    return _encode_ext(obj, _packer)
+
+
+def _default_exact(obj: Any) -> Any:
+    # A subclass would arrive as its base: a namedtuple as a tuple, a masked array without its mask.
+    if isinstance(obj, (tuple, np.ndarray)) and type(obj) not in (tuple, np.ndarray):
+        raise TypeError(
+            f"cannot encode a {type(obj).__name__} as it is (a subclass of {type(obj).__mro__[1].__name__})"
+        )
+    return _encode_ext(obj, _exact_packer)
+
+
+def _encode_ext(obj: Any, packer: Any) -> Any:
     if isinstance(obj, np.ndarray):
         if obj.dtype.hasobject:
             raise TypeError("cannot encode a numpy array of dtype object; convert it to a fixed dtype")
@@ -32,7 +45,7 @@ def _default(obj: Any) -> Any:
         raw = np.ascontiguousarray(obj).tobytes()
         return msgpack.ExtType(_EXT_NDARRAY, len(header).to_bytes(4, "little") + header + raw)
     if isinstance(obj, tuple):
-        return msgpack.ExtType(_EXT_TUPLE, _packer().pack(list(obj)))
+        return msgpack.ExtType(_EXT_TUPLE, packer().pack(list(obj)))
     if isinstance(obj, np.generic):
         if obj.dtype.hasobject:
             raise TypeError("cannot encode a numpy object scalar")
@@ -82,9 +95,15 @@ def _packer() -> msgpack.Packer:
     return msgpack.Packer(default=_default, use_bin_type=True, strict_types=True)
 
 
-def pack(sample: Any) -> bytes:
-    """Encode one sample (or any nest of supported types) as bytes."""
-    return _packer().pack(sample)
+def _exact_packer() -> msgpack.Packer:
+    return msgpack.Packer(default=_default_exact, use_bin_type=True, strict_types=True)
+
+
+def pack(sample: Any, exact: bool = False) -> bytes:
+    """Encode one sample (or any nest of supported types) as bytes. ``exact``: refuse (``TypeError``) a
+    subclass of tuple or ndarray, which would otherwise arrive as its base class (``multiprocess_reader``
+    then sends it another way)."""
+    return (_exact_packer() if exact else _packer()).pack(sample)
 
 
 def unpack(data: bytes | bytearray | memoryview) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import multiprocessing
 import os
@@ -116,6 +117,18 @@ def test_killed_child_is_reported(use_pipe, no_leaks):
 def test_a_sample_the_codec_cannot_encode_travels_pickled(use_pipe, no_leaks):
     got = list(reader.multiprocess_reader([ListReader([Point(1, 2), (Point(3, 4), 5)])], use_pipe)())
     assert got == [Point(1, 2), (Point(3, 4), 5)]
+
+
+NamedPoint = collections.namedtuple("NamedPoint", "x y")
+
+
+@pytest.mark.parametrize("use_pipe", MODES)
+def test_subclasses_of_tuple_and_ndarray_keep_their_class(use_pipe, no_leaks):
+    # The codec took them for their base class: a namedtuple arrived as a tuple, a masked array without its mask.
+    masked = np.ma.masked_array([1, 2, 3], mask=[0, 1, 0])
+    got = list(reader.multiprocess_reader([ListReader([NamedPoint(1, 2), [masked]])], use_pipe)())
+    assert type(got[0]) is NamedPoint and got[0].y == 2
+    assert type(got[1][0]) is np.ma.MaskedArray and got[1][0].mask.tolist() == [False, True, False]
 
 
 @pytest.mark.parametrize("use_pipe", MODES)
