@@ -17,6 +17,8 @@ from loader.errors import ClosedError, CorruptFileError
 from loader.recordio.chunks import (
     HEADER,
     MAX_PAYLOAD_BYTES,
+    RECORD_LEN,
+    Compressor,
     Layout,
     chunk_error,
     detect_layout,
@@ -141,8 +143,12 @@ class Scanner:
             # ``count`` records and no more. The error says how many (``records_skipped``).
             self._chunk, self._pos = [], 0
             self._offset = offset + HEADER.size + size
-            self.record_index += count
-            exc.records_skipped = count  # type: ignore[attr-defined]
+            # The count is the damaged chunk's own header, outside its checksum: at most what its payload could
+            # hold (4 bytes a record at least), so a mangled count cannot move the record numbering by billions.
+            room = size if compressor == Compressor.NONE else self.max_payload_bytes
+            lost = min(count, room // RECORD_LEN.size)
+            self.record_index += lost
+            exc.records_skipped = lost  # type: ignore[attr-defined]
             raise
         self._chunk_offset, self._pos = offset, 0
         self._offset = offset + HEADER.size + size

@@ -59,3 +59,23 @@ def test_a_snappy_chunk_is_bounded_by_the_same_limit(tmp_path):
         scanner.next_raw()
     with Scanner(path) as scanner:
         assert len(scanner.next_raw()) == 8 * MIB  # within the default limit it reads
+
+
+def test_a_mangled_record_count_moves_the_numbering_no_further_than_the_chunk_could_hold(tmp_path):
+    # The count sits in the header, outside the checksum: 0xFFFFFFF0 made records_skipped 4,294,967,280.
+    from loader.recordio import Writer
+
+    path = tmp_path / "c.recordio"
+    with Writer(str(path), Compressor.NONE, max_num_records=4) as writer:
+        for i in range(8):
+            writer.write_raw(b"%d" % i)
+    data = bytearray(path.read_bytes())
+    magic, count, checksum, compressor, size = HEADER.unpack_from(data, 0)
+    assert (magic, count) == (MAGIC, 4)
+    HEADER.pack_into(data, 0, magic, 0xFFFFFFF0, checksum, compressor, size)
+    path.write_bytes(bytes(data))
+    with Scanner(path) as scanner:
+        with pytest.raises(CorruptFileError) as info:
+            scanner.next_raw()
+        assert 1 <= info.value.records_skipped <= size // 4
+        assert bytes(scanner.next_raw()) == b"4"  # the next chunk reads
