@@ -644,12 +644,14 @@ class Stage:
         if stream is None or stream.failed or stream.members.get(session.rank) is not session:
             return
         rank = session.rank
-        while session.credits > 0:
+        while session.credits > 0 and stream.members.get(rank) is session:  # a failed send drops the client
             group = self._take_steps(session, stream)
             if not group:
                 break
             self._send_batch(session, stream, group)
         self._trim(stream)
+        if stream.members.get(rank) is not session:
+            return  # sending found the client gone (it left the epoch early): it was dropped meanwhile
         if stream.total_steps is not None and stream.cursors.get(rank, 0) >= stream.total_steps:
             self._send_end(session, stream)
         elif session.credits > 0:
@@ -689,7 +691,7 @@ class Stage:
         batches, samples = stream.cursors[rank], stream.samples_sent.get(rank, 0)
         end = P.End(epoch=stream.epoch, gen=stream.gens[rank], batches=batches, samples=samples)
         self.send(session.peer, P.encode(end))
-        del stream.members[rank]
+        stream.members.pop(rank, None)  # sending may have dropped a client that is gone
         stream.released.add(rank)
         session.current = None
 

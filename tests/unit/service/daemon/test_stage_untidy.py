@@ -184,3 +184,25 @@ def test_under_skip_a_lost_chunk_counts_the_records_it_held():
     stage.pump(session)
     assert stage.skipped_records == 6 + 2, "six records lost on the way, two skipped by the worker"
     assert [m[1].count for m in rec.messages if isinstance(m[1], P.Batch)] == [4]
+
+
+def test_a_client_found_gone_while_its_last_batches_are_sent_is_dropped_without_an_error():
+    # As the desk does: a send that fails drops the session. pump then sent END to the dropped client and
+    # deleted it from the stream's members a second time: a KeyError the loop logged as "could not be sent".
+    sent = []
+
+    def send(peer, frames):
+        message, _ = P.decode(frames)
+        if isinstance(message, P.Batch) and sent:
+            stage.close_session(stage.sessions[peer])
+            return False
+        sent.append(message)
+        return True
+
+    stage = _stage(send)
+    session, stream = _open(stage, [0])
+    stage.on_chunk(*_chunk(stream, 0, 0, np.arange(8)))
+    stage.on_done(_done(stream, 0, 8))
+    stage.pump(session)  # two batches, then END: the second send finds the client gone
+    assert [type(m) for m in sent] == [P.Batch]
+    assert session.current is None and 0 not in stream.members
