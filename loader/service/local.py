@@ -17,10 +17,12 @@ inside a ``Loader`` always reaches its daemon thread over the private endpoint.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -65,15 +67,42 @@ class _Parts:
 
 def _shut_down(parts: _Parts) -> None:
     """Stop the client, the daemon thread and the workers; release the shared memory and the endpoint."""
-    for client in [parts.client, *parts.more_clients]:
-        if client is not None:
-            client.close()
-    parts.stop.set()
-    if parts.thread is not None:
-        parts.thread.join(DAEMON_JOIN_TIMEOUT_S)
-    if parts.daemon is not None:
-        parts.daemon.close()
-    parts.remove_tmpdir()
+    with _interrupts_deferred():
+        for client in [parts.client, *parts.more_clients]:
+            if client is not None:
+                client.close()
+        parts.stop.set()
+        if parts.thread is not None:
+            parts.thread.join(DAEMON_JOIN_TIMEOUT_S)
+        if parts.daemon is not None:
+            parts.daemon.close()
+        parts.remove_tmpdir()
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold Ctrl-C while the ``Loader`` closes (a few seconds at most, every wait is bounded), then raise it.
+
+    A second Ctrl-C during the shutdown the first one began interrupted the join of the workers: a traceback
+    from inside ``close`` and, before the daemon freed its arenas in a ``finally``, files left in /dev/shm.
+    Only the main thread may set handlers; elsewhere (a finalizer on another thread) nothing is deferred."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    except ValueError:  # not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        # The held interrupt is raised now (Python's default handler raises KeyboardInterrupt), unless one is
+        # already on its way out: the first Ctrl-C, which began this shutdown.
+        if held and callable(previous) and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
+            previous(signal.SIGINT, None)
 
 
 class Loader:

@@ -101,3 +101,41 @@ def test_loader_reads_a_user_format_from_the_config_formats_table(tmp_path, no_l
         from loader.io.registry import unregister_file_reader
 
         unregister_file_reader("rowsfmt")
+
+
+INTERRUPTED_TWICE = """
+import os, signal, sys, threading
+import loader
+from loader.examples import datagen
+
+print(os.getpid(), flush=True)
+datagen.generate(sys.argv[1], files=4, samples=500, dim=16384)  # 64 KiB rows: they go through the arenas
+config = loader.load_config(sys.argv[2])
+with loader.Loader(config) as data:
+    for batch in data:
+        # Ctrl-C twice, the second while the first one's shutdown stops the workers.
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+        os.kill(os.getpid(), signal.SIGINT)
+"""
+
+
+def test_a_second_ctrl_c_while_a_loader_closes_leaves_nothing_behind(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from loader.service.shm.arena import shm_directory
+
+    config = tmp_path / "c.toml"
+    config.write_text(f'[source]\nfiles = ["{tmp_path}/data/*.npy"]\n[pipeline]\nepochs = 0\n[workers]\ncount = 2\n')
+    script = tmp_path / "run.py"
+    script.write_text(INTERRUPTED_TWICE)
+    run = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "data"), str(config)], capture_output=True, text=True, timeout=120
+    )
+    pid = run.stdout.split()[0]
+    assert run.returncode != 0 and run.stderr.count("KeyboardInterrupt") == 1, run.stderr
+    assert "During handling" not in run.stderr and "_shut_down" not in run.stderr, run.stderr
+    # Before: the workers' join was interrupted and the arenas stayed in /dev/shm until another daemon swept them.
+    left = [name for name in os.listdir(shm_directory()) if name.startswith("loader-") and f"-{pid}-" in name]
+    assert left == []

@@ -225,19 +225,23 @@ class Daemon:
         if self._closed:
             return
         self._closed = True
-        bye = P.encode(P.Bye(reason="daemon stopping"))
-        for session in list(self.stage.sessions.values()):
-            self._router.send(session.peer, bye)
-        self.pool.close(WORKER_JOIN_TIMEOUT_S)
-        if self.metrics is not None:
-            self.metrics.close()
-        self._router.close()
-        self._data.close()
-        if self._auth is not None:
-            self._auth.close()  # after the sockets: terminating its context waits for them
-        self.stage.refs.files.close()
-        if self.arenas is not None:
-            self.arenas.close()  # after the workers: nothing in /dev/shm outlives the daemon
+        try:
+            bye = P.encode(P.Bye(reason="daemon stopping"))
+            for session in list(self.stage.sessions.values()):
+                self._router.send(session.peer, bye)
+            self.pool.close(WORKER_JOIN_TIMEOUT_S)
+            if self.metrics is not None:
+                self.metrics.close()
+            self._router.close()
+            self._data.close()
+            if self._auth is not None:
+                self._auth.close()  # after the sockets: terminating its context waits for them
+            self.stage.refs.files.close()
+        finally:
+            # After the workers, but also when stopping them was interrupted (a second Ctrl-C in a Loader's
+            # script): nothing in /dev/shm outlives the daemon.
+            if self.arenas is not None:
+                self.arenas.close()
 
     def __enter__(self) -> Daemon:
         return self
