@@ -153,7 +153,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"{args.config}: ok, {workers} worker{'s' if workers != 1 else ''}, bind {config.service.bind}")
     for name, found in surveys:
         samples = "samples not counted (a provider)" if found.samples is None else f"{found.samples} samples"
-        print(f"dataset {name}: {found.files} files, {samples}")
+        print(f"dataset {name}: {found.files} file{'s' if found.files != 1 else ''}, {samples}")
         if found.fields:
             rows = [{"field": f.name, "shape": f.shape, "dtype": f.dtype} for f in found.fields]
             print("\n".join(_table(rows, "  ")))

@@ -177,7 +177,9 @@ class Placer:
         if kind == "cuda":
             library = _check_cuda_library(library, index, str(place))
         elif library == "torch" and _try_import("torch") is None:
-            raise ValueError(f"place {place!r} needs torch installed; use 'cpu' for numpy arrays")
+            raise MissingDependencyError(
+                f"place {place!r} needs torch: pip install torch (or use 'cpu' for numpy arrays)"
+            )
         elif library == "cupy":
             raise ValueError(f"unsupported place {place!r}: cupy arrays live on a CUDA device, use 'cupy:cuda:N'")
         self.library, self.kind, self.index = library, kind, index

@@ -82,9 +82,21 @@ def import_object(spec: str, *, what: str = "object") -> Any:
             obj = getattr(obj, part)
         except AttributeError:
             raise ConfigError(
-                f"{what}: module {module_name!r} has no attribute {attr_path!r} (from {spec!r})"
+                f"{what}: module {module_name!r} has no attribute {attr_path!r} (from {spec!r}; "
+                f"the module imported is {getattr(module, '__file__', None) or module_name}){_shadowed(module_name)}"
             ) from None
     return obj
+
+
+# Top-level packages this project installs: a user's module of the same name is not the one imported.
+_SHIPPED_TOP_LEVEL = ("loader", "workers")
+
+
+def _shadowed(module_name: str) -> str:
+    top = module_name.split(".")[0]
+    if top not in _SHIPPED_TOP_LEVEL:
+        return ""
+    return f"; {top!r} is a package of loader itself: give your module another name (my_{top}.py)"
 
 
 def import_shipped_package(name: str) -> None:

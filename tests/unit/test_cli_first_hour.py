@@ -134,7 +134,7 @@ def test_check_fails_on_a_dataset_without_samples(tmp_path) -> None:
     writer.write([np.zeros(3, np.float32), 1])
     cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.recordio"]\n')
     result = loader_cmd("check", cfg)
-    assert "dataset default: 1 files, 0 samples" in result.stdout
+    assert "dataset default: 1 file, 0 samples" in result.stdout
     assert_one_line_error(result, "holds no samples (empty files, or a RecordIO writer that was not closed)")
     writer.close()
     assert loader_cmd("check", cfg).returncode == 0

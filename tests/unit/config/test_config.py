@@ -440,3 +440,9 @@ def test_formats_table_registers_user_formats(tmp_path) -> None:
 )
 def test_bad_formats_are_rejected(formats, match) -> None:
     rejects(match, {"files": ["x"], "formats": formats})
+
+
+def test_a_module_named_like_one_of_loaders_own_packages_is_named_as_the_culprit() -> None:
+    # A user's workers.py beside the config: the worker imports loader's own ``workers`` package instead.
+    with pytest.raises(ConfigError, match=r"the module imported is .*workers.*'workers' is a package of loader itself"):
+        import_object("workers:double", what="pipeline.mappers")
