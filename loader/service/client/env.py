@@ -14,17 +14,22 @@ environment:
 
 An argument given explicitly always wins. A variable that is set but not a
 non-negative integer is an error naming it, never silently ignored: a trainer
-reading the wrong share of the data is worse than one that does not start.
+reading the wrong share of the data is worse than one that does not start. So is
+half a placement (a world size without a rank, a rank above 0 without a world
+size); a share read from the environment is logged once.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from loader.errors import ConfigError
+
+log = logging.getLogger("loader.client")
 
 ADDRESS_VARIABLE = "LOADER_ADDRESS"
 # (torchrun's name, Slurm's name): torchrun's wins when both are set (torchrun under srun).
@@ -50,18 +55,47 @@ def from_environment(
                 f"no daemon address: pass Client(address=...) or set {ADDRESS_VARIABLE}=tcp://HOST:PORT "
                 "(loader serve --address-file writes it for a daemon bound to port *)"
             )
+    rank_from = world_from = None
+    rank_defaulted = world_defaulted = False
     if rank is None:
-        rank = _integer(env, RANK_VARIABLES, 0)
+        rank, rank_from = _integer(env, RANK_VARIABLES, 0)
+        rank_defaulted = rank_from is None
     if world_size is None:
-        world_size = _integer(env, WORLD_SIZE_VARIABLES, 1)
+        world_size, world_from = _integer(env, WORLD_SIZE_VARIABLES, 1)
+        world_defaulted = world_from is None
+    if world_from is not None and rank_defaulted and world_size > 1:
+        raise ConfigError(
+            f"environment variable {world_from}={world_size} is set but no rank ({' or '.join(RANK_VARIABLES)}): "
+            "set it too, or pass rank= (a world size alone would read rank 0's share)"
+        )
+    if rank_from is not None and world_defaulted and rank > 0:
+        raise ConfigError(
+            f"environment variable {rank_from}={rank} is set but no world size "
+            f"({' or '.join(WORLD_SIZE_VARIABLES)}): set it too, or pass world_size="
+        )
+    if rank_from is not None and world_from is not None and rank >= world_size:
+        raise ConfigError(
+            f"environment variables {rank_from}={rank} and {world_from}={world_size}: the rank must be below the world size"
+        )
+    if world_from is not None and world_size > 1:
+        # Said once per client: Slurm's variables in an salloc shell made a plain script read a quarter of the
+        # data without a word.
+        log.info(
+            "rank %d of %d from %s: this client reads its 1/%d share of each epoch",
+            rank,
+            world_size,
+            " and ".join(name for name in (rank_from, world_from) if name),
+            world_size,
+        )
     if isinstance(device, str) and _BARE_CUDA.match(device):
-        local_rank = _integer(env, LOCAL_RANK_VARIABLES, None)
+        local_rank, _ = _integer(env, LOCAL_RANK_VARIABLES, None)
         if local_rank is not None:
             device = f"{device}:{local_rank}"
     return address, rank, world_size, device
 
 
-def _integer(env: Mapping[str, str], names: tuple[str, ...], default: int | None) -> Any:
+def _integer(env: Mapping[str, str], names: tuple[str, ...], default: int | None) -> tuple[Any, str | None]:
+    """(value, the variable it came from) of the first of ``names`` that is set, or (default, None)."""
     for name in names:
         text = env.get(name)
         if text is None or not text.strip():
@@ -72,8 +106,8 @@ def _integer(env: Mapping[str, str], names: tuple[str, ...], default: int | None
             raise ConfigError(f"environment variable {name} must be a non-negative integer, got {text!r}") from None
         if value < 0:
             raise ConfigError(f"environment variable {name} must be a non-negative integer, got {text!r}")
-        return value
-    return default
+        return value, name
+    return default, None
 
 
 def client_stats(client: Any) -> dict[str, Any]:

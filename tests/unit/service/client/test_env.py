@@ -53,7 +53,7 @@ def test_client_from_env_reads_the_environment(monkeypatch):
     monkeypatch.setenv("LOADER_ADDRESS", "tcp://127.0.0.1:1")
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "2")  # rank 2 of 2: refused before anything connects
-    with pytest.raises(ValueError, match=r"rank must be in \[0, world_size=2\), got 2"):
+    with pytest.raises(ConfigError, match=r"environment variables RANK=2 and WORLD_SIZE=2: the rank must be below"):
         Client.from_env()
     with pytest.raises(ValueError, match=r"got 5"):
         Client.from_env(rank=5)
@@ -94,3 +94,31 @@ def test_stats_count_batches_and_the_wait_reported_with_credits():
     reported = [c.wait_s for c in credits]
     assert reported and all(w is not None for w in reported)
     assert reported == sorted(reported) and reported[-1] <= stats["wait_s"]  # a running total
+
+
+@pytest.mark.parametrize(
+    ("environ", "match"),
+    [
+        # A world size left in the shell: rank 0's share, without a word, before.
+        ({"WORLD_SIZE": "2"}, r"WORLD_SIZE=2 is set but no rank \(RANK or SLURM_PROCID\)"),
+        ({"SLURM_NTASKS": "4"}, r"SLURM_NTASKS=4 is set but no rank"),
+        ({"RANK": "1"}, r"RANK=1 is set but no world size \(WORLD_SIZE or SLURM_NTASKS\)"),
+    ],
+)
+def test_half_a_placement_in_the_environment_is_refused_naming_the_variable(environ, match):
+    from loader.service.client.env import from_environment
+
+    with pytest.raises(ConfigError, match=match):
+        from_environment("tcp://h:1", None, None, "cpu", environ)
+
+
+def test_a_share_read_from_the_environment_is_said_once_and_explicit_arguments_win(caplog):
+    from loader.service.client.env import from_environment
+
+    environ = {"SLURM_PROCID": "1", "SLURM_NTASKS": "4"}
+    with caplog.at_level("INFO", logger="loader.client"):
+        assert from_environment("tcp://h:1", None, None, "cpu", environ)[1:3] == (1, 4)
+    assert "rank 1 of 4 from SLURM_PROCID and SLURM_NTASKS: this client reads its 1/4 share" in caplog.text
+    assert from_environment("tcp://h:1", 0, 1, "cpu", environ)[1:3] == (0, 1)
+    assert from_environment("tcp://h:1", 0, None, "cpu", {"WORLD_SIZE": "2"})[1:3] == (0, 2)  # rank given
+    assert from_environment("tcp://h:1", None, None, "cpu", {"RANK": "0"})[1:3] == (0, 1)  # harmless alone
