@@ -108,7 +108,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         log.info("stopped before a loader daemon answered at %s", args.connect)  # by a signal, not a timeout
         return EXIT_OK
     if code == EXIT_NO_DAEMON:
-        raise ServiceUnavailableError(f"no loader daemon answered at {args.connect} within {args.connect_timeout:g} s")
+        from loader.service.client.client import NO_ANSWER_HINT
+
+        raise ServiceUnavailableError(
+            f"no loader daemon answered at {args.connect} within {args.connect_timeout:g} s{NO_ANSWER_HINT}"
+        )
     return code
 
 

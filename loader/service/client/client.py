@@ -324,7 +324,9 @@ class Client:
         )
         answer = _request(self._channel, P.encode(hello), (P.ClientWelcome, P.Error), self.timeout_s)
         if answer is None:
-            raise ServiceUnavailableError(f"no loader daemon answered at {self.address} within {self.timeout_s:g}s")
+            raise ServiceUnavailableError(
+                f"no loader daemon answered at {self.address} within {self.timeout_s:g}s{NO_ANSWER_HINT}"
+            )
         if isinstance(answer, P.Error):
             error = {"version": ProtocolVersionError, "dataset": ConfigError}.get(answer.refused or "", LoaderError)
             raise error(f"the daemon at {self.address} refused the client: {answer.message}")
@@ -494,6 +496,14 @@ class Client:
             columns[name] = R.gather(refs, R.parse_specs(specs), source, free=False, empty=self._buffers.empty)
 
 
+# The three usual causes of silence, which look alike from here: no daemon, another address, and a daemon with
+# authentication, which answers no peer without keys (docs/security.md).
+NO_ANSWER_HINT = (
+    " (is `loader serve` running at that address? A daemon with CURVE keys answers only peers that have theirs: "
+    "set LOADER_PEER_KEY and LOADER_DAEMON_PUBLIC_KEY, see docs/security.md)"
+)
+
+
 def _prefetch(prefetch: Any) -> int:
     """``prefetch`` (None or "auto": the default to start with), refused at once when the daemon could
     not honour it."""
@@ -544,7 +554,7 @@ def query_status(address: str, timeout_s: float = 5.0) -> dict[str, Any]:
     finally:
         channel.close()
     if not isinstance(answer, P.Status):
-        raise ServiceUnavailableError(f"no loader daemon answered at {address} within {timeout_s:g}s")
+        raise ServiceUnavailableError(f"no loader daemon answered at {address} within {timeout_s:g}s{NO_ANSWER_HINT}")
     return dict(answer.status or {})
 
 
