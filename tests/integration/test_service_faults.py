@@ -174,3 +174,17 @@ def test_hand_started_worker_needs_only_the_address(tmp_path):
         stop.set()
         thread.join(5)
     assert result == {"rc": 0}
+
+
+def test_a_client_replaced_by_another_of_its_job_and_rank_is_told_why(tmp_path):
+    write_id_files(tmp_path, 2, 100)
+    config = make_config(tmp_path, workers={"count": 1})
+    with running_daemon(config) as daemon:
+        first = Client(daemon.endpoint, rank=0, world_size=2, job="j", timeout_s=10)
+        try:
+            with Client(daemon.endpoint, rank=0, world_size=2, job="j", timeout_s=10):  # a restarted trainer
+                # Before: "no longer knows this client", the reason only in the daemon's log.
+                with pytest.raises(ServiceUnavailableError, match="replaced by client .* of the same job and rank"):
+                    list(first.epoch())
+        finally:
+            first.close()

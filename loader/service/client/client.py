@@ -459,7 +459,9 @@ class Client:
                 info = message.error or {"type": "LoaderError", "message": message.message}
                 self._out.put(("error", message.gen, WorkerError.from_dict(info)))
             elif isinstance(message, P.Bye):
-                raise ServiceUnavailableError(f"the loader daemon at {self.address} stopped ({message.reason})")
+                raise ServiceUnavailableError(
+                    f"the loader daemon at {self.address} ended this client ({message.reason})"
+                )
 
     def _parts(self, message: P.Batch) -> list[tuple[int, Place | None]]:
         """(rows, place after it) of each batch a BATCH message holds: one, or its ``parts``."""

@@ -177,7 +177,12 @@ class ClientDesk:
             key = f"{dataset.name}/{name}/{session.world_size}"
             for other in list(self.stage.sessions.values()):
                 if other is not session and other.job == key and other.rank == session.rank:
-                    self.drop(other, f"replaced by client {session.session_id} of the same job and rank")
+                    why = f"replaced by client {session.session_id} of the same job and rank"
+                    # Told why, or its next message would only hear "no longer knows this client".
+                    self._router.send(
+                        other.peer, P.encode(P.Bye(reason=f"{why} (a restarted trainer; two jobs need job=)"))
+                    )
+                    self.drop(other, why)
         session.job = key
         if key not in self.jobs:
             self.jobs[key] = Job(key, dataset, session.world_size)
