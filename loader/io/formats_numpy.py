@@ -80,8 +80,14 @@ def drop_companions(paths: list[str]) -> list[str]:
     return kept
 
 
+CHECK_MAPPED_EVERY = 4096  # rows read one at a time between two checks that the mapped files were not cut short
+
+
 class ArrayFileReader(FileReader):
     """Instances are rows of equally long arrays, one per slot."""
+
+    # (path, (device, inode), size) of each file whose rows are read from a memory mapping of it.
+    _mapped: tuple[tuple[str, tuple[int, int], int], ...] = ()
 
     def _use_arrays(
         self, names: list[str], metas: list[tuple[tuple[int, ...], np.dtype]], sources: list[_ArraySource]
@@ -126,6 +132,8 @@ class ArrayFileReader(FileReader):
         if pos >= self._length:
             return []
         arrays = self._arrays if self._arrays is not None else self._load()
+        if pos % CHECK_MAPPED_EVERY == 0:
+            self._check_mapped()
         self._index = pos + 1
         return [a[pos, ...] for a in arrays]
 
@@ -137,8 +145,32 @@ class ArrayFileReader(FileReader):
             return []
         stop = min(self._length, start + max_instances)
         arrays = self._load()
+        self._check_mapped()
         self._index = stop
         return [a[start:stop] for a in arrays]
+
+    def _map(self, path: str) -> None:
+        """Remember ``path``'s identity and size: its rows are read from a memory mapping of it."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        self._mapped = (*self._mapped, (path, (st.st_dev, st.st_ino), st.st_size))
+
+    def _check_mapped(self) -> None:
+        """Refuse to read on when a mapped file was cut short in place (``np.save`` over it while it is read):
+        a row past its new end would be a SIGBUS that kills the process, with no error at all. A file replaced
+        by another (renamed into place) or deleted is fine: the mapping still holds the old one whole."""
+        for path, identity, size in self._mapped:
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == identity and st.st_size < size:
+                raise DataError(
+                    f"{path}: the file was cut from {size} to {st.st_size} bytes while it was read (written over "
+                    "in place?); write a new file and rename it into place instead"
+                )
 
     def _rewind(self) -> None:
         pass  # FileReader.reinit() already set the cursor (_index) to 0
@@ -153,11 +185,13 @@ class NpyFileReader(ArrayFileReader):
     """Rows of one ``.npy`` array, memory-mapped: a slot named ``data``, then one per companion file."""
 
     def _open(self) -> None:  # type: ignore[override] # a format takes only its own options
+        self._map(self.path)
         names, arrays = ["data"], [_load_npy(self.path)]
         for field, path in companions(self.path):
             if field == "data":
                 raise DataError(f"{path}: a companion may not be named 'data' (the field of {self.path})")
             names.append(field)
+            self._map(path)
             arrays.append(_load_npy(path))
         self._use_arrays(names, [(a.shape, a.dtype) for a in arrays], [functools.partial(_same, a) for a in arrays])
 
@@ -236,6 +270,8 @@ class NpzFileReader(ArrayFileReader):
                     raise ValueError(f"member {info.filename!r}: {len(data)} of its {nbytes} bytes are in the file")
                 array = np.frombuffer(data, dtype=dtype).reshape(shape, order=order)  # read-only, like a mapping
                 return (shape, dtype), functools.partial(_same, array)
+            if not self._mapped:
+                self._map(path)
             return (shape, dtype), lambda: np.memmap(
                 path, dtype=dtype, mode="r", offset=offset, shape=shape, order=order
             )

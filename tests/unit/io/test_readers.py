@@ -477,3 +477,28 @@ def test_an_npz_member_whose_header_lies_is_refused_at_open_naming_the_file(tmp_
         archive.writestr("x.npy", _npy_bytes(shape, b"\0" * 40))
     with pytest.raises(DataError, match=rf"bad.npz: .*member 'x.npy'.*{re.escape(reason)}"):
         lio.create_file_reader(str(path))
+
+
+@pytest.mark.parametrize("suffix", ["npy", "npz"])
+def test_a_mapped_file_cut_short_while_it_is_read_is_an_error_not_a_sigbus(tmp_path, suffix):
+    # np.save over a file a reader maps truncates it in place: a row past the new end killed the process.
+    path = str(tmp_path / f"x.{suffix}")
+    save = np.save if suffix == "npy" else (lambda p, a: np.savez(p, data=a))
+    save(path, np.ones((4096, 256), np.float32))
+    reader = lio.create_file_reader(path)
+    assert reader.read_block(16)[0].sum() == 16 * 256
+    save(path, np.zeros((10, 256), np.float32))
+    with pytest.raises(DataError, match=r"x\.np[yz]: the file was cut from \d+ to \d+ bytes while it was read"):
+        reader.read_block(1024)
+
+
+def test_a_mapped_file_replaced_by_rename_keeps_reading_the_old_one(tmp_path):
+    import os
+
+    path = str(tmp_path / "x.npy")
+    np.save(path, np.ones((100, 4), np.float32))
+    reader = lio.create_file_reader(path)
+    reader.read_block(10)
+    np.save(str(tmp_path / "new.npy"), np.zeros((5, 4), np.float32))
+    os.replace(str(tmp_path / "new.npy"), path)  # the safe way to regenerate a file
+    assert reader.read_block(1000)[0].sum() == 90 * 4
