@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -114,3 +115,17 @@ def test_ctrl_c_of_serve_stops_daemon_and_workers_without_a_traceback(cfg, tmp_p
         if daemon.poll() is None:
             os.killpg(daemon.pid, signal.SIGKILL)
             daemon.wait(timeout=STOP_TIMEOUT_S)
+
+
+def test_a_bind_given_on_the_command_line_is_blamed_there_not_on_the_config(cfg) -> None:
+    # Before: "(train.toml)" for a value the file never held.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        line = assert_one_line_error(
+            loader_cmd("serve", cfg, "--set", f"service.bind=tcp://127.0.0.1:{port}"), "address already in use"
+        )
+        assert line.endswith(f"(service.bind from --set service.bind=tcp://127.0.0.1:{port})"), line
+    line = assert_one_line_error(loader_cmd("serve", cfg, "--bind", "tcp://0.0.0.0:5603"), "no authentication")
+    assert line.endswith("(--bind tcp://0.0.0.0:5603)"), line

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from loader.config import LoaderConfig
@@ -56,17 +57,26 @@ WORKER_JOIN_TIMEOUT_S = 2.0
 MAX_CONTROL_MESSAGE_BYTES = 1024 * 1024
 
 
-def _authentication(service: ServiceConfig) -> tuple[sockets.AuthServer | None, auth.CurveClient | None]:
+def _bind_source(config: Any) -> str:
+    """Where ``service.bind`` came from: the file, a variable, ``--bind`` or ``--set`` (a default: the file)."""
+    source = config.sources.get("service.bind", "default")
+    return config.origin if source == "default" else source
+
+
+def _authentication(
+    service: ServiceConfig, sources: Mapping[str, str] | None = None
+) -> tuple[sockets.AuthServer | None, auth.CurveClient | None]:
     """(the CURVE server, the keys of the daemon's own workers), or (None, None) without ``daemon_key``.
 
     A daemon bound beyond loopback refuses to start unauthenticated unless ``service.insecure`` says so.
     """
+    sources = sources or {}
     if not service.authenticated:
         if not service.is_loopback and not service.insecure:
             raise ConfigError(
                 f"service.bind {service.bind!r} reaches beyond this host and the daemon has no authentication: "
                 f"set service.daemon_key and service.authorized_keys (`loader keys`), or service.insecure = true "
-                f"to let anyone who reaches the port read the data ({service.origin})"
+                f"to let anyone who reaches the port read the data ({sources.get('service.bind', service.origin)})"
             )
         if not service.is_loopback:
             log.warning(
@@ -122,15 +132,15 @@ class Daemon:
         self._metrics_failed = False
         # First: a launcher that needs a missing package (Ray) fails before anything is bound.
         launcher = make_launcher(config)
-        self._auth, own_keys = _authentication(config.service)
+        self._auth, own_keys = _authentication(config.service, {"service.bind": _bind_source(config)})
         try:
             # Bind first: a daemon that cannot bind (port in use) touches nothing in /dev/shm.
             self._router, self._data, worker_links = _open_sources(workers.transport, config.service, self._auth)
         except BaseException as exc:
             if self._auth is not None:
                 self._auth.close()
-            if isinstance(exc, TransportError):  # a port in use is a config problem: say which file
-                raise TransportError(f"{exc} (service.bind in {config.origin})") from exc
+            if isinstance(exc, TransportError):  # a port in use is a config problem: say where the value came from
+                raise TransportError(f"{exc} (service.bind from {_bind_source(config)})") from exc
             raise
         try:
             self.arenas = open_pool(workers.shm_arena_mib * 1024 * 1024)
