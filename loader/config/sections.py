@@ -427,7 +427,18 @@ class LoaderConfig:
         except ConfigError as exc:
             if self.origin in str(exc):
                 raise
-            raise ConfigError(f"{exc} ({self.origin})") from exc
+            raise ConfigError(f"{exc} ({self._source_of(str(exc))})") from exc
+
+    def _source_of(self, message: str) -> str:
+        """Where the key a message starts with got its value (``--set ...``, a variable), else the file."""
+        found = re.match(r"[a-z_]+(?:\.[a-z_]+)+", message)
+        key = found.group() if found else ""
+        while key:
+            source = self.sources.get(key)
+            if source is not None:
+                return self.origin if source == "default" else source
+            key = key.rpartition(".")[0]
+        return self.origin
 
     def _check_dataset_imports(self) -> None:
         self.source.register_formats()

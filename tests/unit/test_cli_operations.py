@@ -129,3 +129,10 @@ def test_a_bind_given_on_the_command_line_is_blamed_there_not_on_the_config(cfg)
         assert line.endswith(f"(service.bind from --set service.bind=tcp://127.0.0.1:{port})"), line
     line = assert_one_line_error(loader_cmd("serve", cfg, "--bind", "tcp://0.0.0.0:5603"), "no authentication")
     assert line.endswith("(--bind tcp://0.0.0.0:5603)"), line
+
+
+def test_a_mapper_given_with_set_that_does_not_import_is_blamed_on_the_set(cfg) -> None:
+    line = assert_one_line_error(
+        loader_cmd("check", cfg, "--set", 'pipeline.mappers=["surely_no_such_module:f"]'), "cannot import module"
+    )
+    assert line.endswith("""(--set pipeline.mappers=["surely_no_such_module:f"])"""), line
