@@ -70,7 +70,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     address = daemon_address(args.address)
     if args.watch is None:
-        print(_render_status(query_status(address, timeout_s=args.timeout), args.json))
+        status = query_status(address, timeout_s=args.timeout)
+        _note_another_config(args.address, address, status)
+        print(_render_status(status, args.json))
         return EXIT_OK
     stop = threading.Event()
     with _stop_on_signals(stop):
@@ -81,6 +83,15 @@ def cmd_status(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             stop.wait(args.watch)
     return EXIT_OK
+
+
+def _note_another_config(given: str | None, address: str, status: dict[str, Any]) -> None:
+    """When asked by a config file, say so if the daemon at its address serves another config."""
+    serving = status.get("config")
+    if not given or not os.path.isfile(given) or not isinstance(serving, str) or not os.path.isabs(serving):
+        return
+    if os.path.realpath(serving) != os.path.realpath(given):
+        print(f"loader: note: the daemon at {address} serves {serving}, not {given}", file=sys.stderr)
 
 
 def _render_status(status: dict[str, Any], as_json: bool) -> str:

@@ -136,3 +136,22 @@ def test_a_mapper_given_with_set_that_does_not_import_is_blamed_on_the_set(cfg) 
         loader_cmd("check", cfg, "--set", 'pipeline.mappers=["surely_no_such_module:f"]'), "cannot import module"
     )
     assert line.endswith("""(--set pipeline.mappers=["surely_no_such_module:f"])"""), line
+
+
+def test_status_by_a_config_says_when_the_daemon_at_its_address_serves_another(tmp_path) -> None:
+    from tests.helpers import free_port
+    from tests.unit.test_cli import SERVE_READY_TIMEOUT_S, status_or_none
+
+    datagen.generate(str(tmp_path), files=1, samples=4)
+    address = f"tcp://127.0.0.1:{free_port()}"
+    body = f'[source]\nfiles = ["*.npy"]\n[service]\nbind = "{address}"\n'
+    serving, other = write_config(tmp_path / "a.toml", body), write_config(tmp_path / "b.toml", body)
+    daemon = subprocess.Popen([sys.executable, "-m", "loader.cli", "serve", serving], stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: status_or_none(address) is not None, timeout_s=SERVE_READY_TIMEOUT_S, interval_s=0.2)
+        assert "note" not in loader_cmd("status", serving).stderr
+        result = loader_cmd("status", other)  # before: b.toml's status, said of a.toml's daemon without a word
+        assert result.returncode == 0 and f"serves {tmp_path / 'a.toml'}, not {other}" in result.stderr
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=STOP_TIMEOUT_S)

@@ -24,6 +24,7 @@ keys, plus a key pair made for the daemon's own workers.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -128,6 +129,8 @@ class Daemon:
         self.rejects = Rejects()  # messages dropped: malformed, not the sender's, or that made a handler raise
         self.late_data = 0  # data messages of leases that ended meanwhile, dropped (not an attack)
         self.bytes_received = 0  # of data messages from workers
+        origin = config.origin
+        self._config_path = os.path.abspath(origin) if os.path.isfile(origin) else origin
         self.metrics: MetricsServer | None = None  # the operators' HTTP endpoint (service.metrics), started last
         self._metrics_failed = False
         # First: a launcher that needs a missing package (Ray) fails before anything is bound.
@@ -443,6 +446,7 @@ class Daemon:
         return {
             "endpoint": self.endpoint,
             "data_endpoint": self.data_endpoint,
+            "config": self._config_path,  # so `loader status OTHER.toml` can tell it reached another daemon
             "uptime_s": round(elapsed, 3),
             "files": {
                 "total": sum(len(d.files) for d in self.datasets.by_name.values()),
