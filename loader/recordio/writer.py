@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, BinaryIO
 
 from loader.errors import ClosedError
@@ -100,6 +101,17 @@ class Writer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def __del__(self) -> None:
+        # Records wait for a full chunk, written on flush() or close(): a writer dropped without either loses
+        # them. Said, not done here: writing from a finalizer (at interpreter exit, the file half-closed) is not safe.
+        if not getattr(self, "_closed", True) and getattr(self, "_pending", None):
+            warnings.warn(
+                f"RecordIO writer for {self.name} was not closed: its last {len(self._pending)} records were never "
+                "written (use `with Writer(...)` or call close())",
+                ResourceWarning,
+                stacklevel=2,
+            )
 
 
 __all__ = ["Writer", "DEFAULT_MAX_CHUNK_BYTES"]

@@ -79,3 +79,27 @@ def test_a_mangled_record_count_moves_the_numbering_no_further_than_the_chunk_co
             scanner.next_raw()
         assert 1 <= info.value.records_skipped <= size // 4
         assert bytes(scanner.next_raw()) == b"4"  # the next chunk reads
+
+
+def test_a_writer_dropped_with_records_pending_says_they_were_not_written(tmp_path):
+    import gc
+    import warnings
+
+    from loader.recordio import Writer
+
+    writer = Writer(str(tmp_path / "w.recordio"))
+    writer.write_raw(b"lost")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del writer
+        gc.collect()
+    assert any(
+        issubclass(w.category, ResourceWarning) and "last 1 records were never written" in str(w.message)
+        for w in caught
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with Writer(str(tmp_path / "ok.recordio")) as closed:
+            closed.write_raw(b"kept")
+        del closed
+        gc.collect()
