@@ -23,6 +23,18 @@ from loader.io.slots import DictSlots, as_instance
 _UNDECODED = re.compile("[\udc80-\udcff]")
 
 
+def refuse_undecoded(line: str, path: str, line_no: int, encoding: str, fix: str) -> None:
+    """``DataError`` naming the line when ``line`` (read with errors="surrogateescape") holds bytes that are
+    not ``encoding`` text. A strict decode fails in the file's read buffer instead: thousands of lines
+    before the bad one, naming neither the file nor the line."""
+    bad = _UNDECODED.search(line)
+    if bad is not None:
+        raise DataError(
+            f"{path}: line {line_no} is not {encoding} text (byte {ord(bad.group()) - 0xDC00:#04x} at "
+            f"character {bad.start() + 1}); {fix}"
+        )
+
+
 class TextFileReader(FileReader):
     """Instances parsed from the lines of a text file."""
 
@@ -46,13 +58,7 @@ class TextFileReader(FileReader):
             if not line:
                 return None
             self._line_no += 1
-            bad = _UNDECODED.search(line)
-            if bad is not None:
-                raise DataError(
-                    f"{self.path}: line {self._line_no} is not {self._encoding} text (byte "
-                    f"{ord(bad.group()) - 0xDC00:#04x} at character {bad.start() + 1}); "
-                    "set the format option encoding"
-                )
+            refuse_undecoded(line, self.path, self._line_no, self._encoding, "set the format option encoding")
             try:
                 sample = self._parser(line[:-1] if line.endswith("\n") else line)
             except Exception as exc:
@@ -76,4 +82,4 @@ class TextFileReader(FileReader):
         self._file.close()
 
 
-__all__ = ["TextFileReader"]
+__all__ = ["TextFileReader", "refuse_undecoded"]

@@ -41,13 +41,18 @@ def text_file(path: str | os.PathLike[str]) -> Reader:
 
     The file is opened when iteration starts (a missing file raises
     ``FileNotFoundError`` at the first ``next``), read as UTF-8 with Python's
-    universal newlines, and closed at the end or as soon as iteration is
-    abandoned.
+    universal newlines (a line that is not UTF-8 is a ``DataError`` naming it,
+    after every line before it), and closed at the end or as soon as iteration
+    is abandoned.
     """
 
     def text_reader() -> Iterator[str]:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
+        from loader.io.formats_text import refuse_undecoded
+
+        name = os.fspath(path)
+        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+            for number, line in enumerate(fh, 1):
+                refuse_undecoded(line, name, number, "utf-8", "text_file reads UTF-8")
                 yield line.rstrip("\n")
 
     return text_reader

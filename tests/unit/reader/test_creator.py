@@ -98,3 +98,15 @@ def test_recordio_bad_paths(tmp_path, no_leaks):
         creator.recordio(42)
     with pytest.raises(ValueError):
         creator.recordio([])
+
+
+def test_text_file_names_a_line_that_is_not_utf8_after_every_line_before_it(tmp_path):
+    from loader.errors import DataError
+
+    path = tmp_path / "t.txt"
+    path.write_bytes(b"a\nb\ncaf\xe9\nd\n")
+    got = []
+    with pytest.raises(DataError, match=r"t.txt: line 3 is not utf-8 text \(byte 0xe9 at character 4\)"):
+        for line in creator.text_file(str(path))():
+            got.append(line)
+    assert got == ["a", "b"]
