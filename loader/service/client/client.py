@@ -148,6 +148,8 @@ class Client:
         address, rank, world_size, device = from_environment(address, rank, world_size, device)
         if channel is None and "://" not in address:
             address = daemon_address(address)  # HOST:PORT or a config file, as `loader status` takes them
+        if not 1 <= world_size <= P.MAX_WORLD_SIZE:
+            raise ValueError(f"world_size must be in [1, {P.MAX_WORLD_SIZE}], got {world_size}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         self.address, self.rank, self.world_size = address, rank, world_size

@@ -124,6 +124,8 @@ class ClientDesk:
             log.error("refused %s", mismatch)
             return self._refuse(peer, mismatch, "version")
         rank, world_size = hello.rank, hello.world_size
+        if world_size > P.MAX_WORLD_SIZE:
+            return self._refuse(peer, f"world_size {world_size} is over {P.MAX_WORLD_SIZE}")
         if not 0 <= rank < world_size:
             return self._refuse(peer, f"rank {rank} is outside world_size {world_size}")
         if not 1 <= hello.prefetch <= MAX_PREFETCH:

@@ -122,3 +122,10 @@ def test_a_share_read_from_the_environment_is_said_once_and_explicit_arguments_w
     assert from_environment("tcp://h:1", 0, 1, "cpu", environ)[1:3] == (0, 1)
     assert from_environment("tcp://h:1", 0, None, "cpu", {"WORLD_SIZE": "2"})[1:3] == (0, 2)  # rank given
     assert from_environment("tcp://h:1", None, None, "cpu", {"RANK": "0"})[1:3] == (0, 1)  # harmless alone
+
+
+def test_a_world_size_no_job_has_is_refused_before_connecting():
+    from loader.service import protocol as P
+
+    with pytest.raises(ValueError, match=rf"world_size must be in \[1, {P.MAX_WORLD_SIZE}\], got 4000000"):
+        Client("tcp://127.0.0.1:1", rank=0, world_size=4_000_000)
