@@ -115,7 +115,7 @@ def test_bad_messages_on_both_endpoints_are_dropped_counted_and_the_daemon_serve
         push.send(P.encode(P.Hello(worker="x")))  # a control message on the data endpoint
         push.send(P.encode(P.FileDone(stream=1, file=0, lease=1, worker="nobody", sent=0)))
         # Open until they arrived: a socket closed at once (linger 0) drops what it has not sent.
-        assert wait_until(lambda: rejected(daemon) == before + 9, timeout_s=10), rejected(daemon) - before
+        assert wait_until(lambda: rejected(daemon) == before + 10, timeout_s=10), rejected(daemon) - before
     finally:
         push.close()
     exact_epochs(daemon, ids)
