@@ -2,8 +2,9 @@
 
 Configured by ``[service] metrics = "HOST:PORT"`` (off by default). Served by
 one small WSGI app (``prometheus_client.make_wsgi_app`` plus the two probes) on
-a ``wsgiref`` server in one daemon thread that ``MetricsServer`` owns and
-``close()`` stops within ``CLOSE_TIMEOUT_S``.
+a ``wsgiref`` server whose daemon thread ``MetricsServer`` owns and ``close()``
+stops within ``CLOSE_TIMEOUT_S``; each connection gets a thread of its own (at
+most ``MAX_CONNECTIONS``), a read timeout and a whole-request deadline.
 
 The HTTP thread never touches daemon state: the daemon's own thread calls
 ``publish`` every ``PUBLISH_INTERVAL_S`` (on a housekeeping tick) with a fresh immutable ``Snapshot``
@@ -23,9 +24,11 @@ from __future__ import annotations
 import logging
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -37,7 +40,9 @@ log = logging.getLogger("loader.metrics")
 PUBLISH_INTERVAL_S = 0.5  # how old a scraped value may be; each snapshot costs the loop ~0.1-0.2 ms
 STALE_AFTER_S = 30.0  # a loop silent this long is not alive (housekeeping runs every ~0.1 s)
 CLOSE_TIMEOUT_S = 5.0
-REQUEST_TIMEOUT_S = 5.0  # a client that sends its request slower than this is dropped
+REQUEST_TIMEOUT_S = 5.0  # a client whose next bytes take longer than this is dropped
+REQUEST_DEADLINE_S = 10.0  # ... and one whose whole request and answer take longer
+MAX_CONNECTIONS = 32  # served at once; more are closed at once
 SERVE_POLL_S = 0.2
 _ADDRESS = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:/\s\[\]]+)):(?P<port>\d+)$")
 
@@ -76,13 +81,63 @@ class _Collector:
 
 
 class _QuietHandler(WSGIRequestHandler):
-    timeout = REQUEST_TIMEOUT_S  # socket timeout: a stalled scraper cannot hold the one serving thread
+    timeout = REQUEST_TIMEOUT_S  # a socket timeout: one read that waits this long ends the connection
+
+    def handle(self) -> None:
+        # A whole-request deadline as well: a client trickling a byte a second never trips the read timeout.
+        timer = threading.Timer(REQUEST_DEADLINE_S, self._cut)
+        timer.daemon = True
+        timer.start()
+        try:
+            super().handle()
+        finally:
+            timer.cancel()
+
+    def _cut(self) -> None:
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
 
-class _Server6(WSGIServer):
+class _Server(ThreadingMixIn, WSGIServer):
+    """A thread per connection, at most ``MAX_CONNECTIONS`` at once (more are closed at once), so one idle or
+    slow client cannot hold the probes: with one serving thread, a connection trickling a byte a second made
+    every /healthz time out, and Kubernetes' liveness probe would restart a healthy daemon."""
+
+    daemon_threads = True
+    block_on_close = False  # close() stays bounded; each connection ends by its deadline anyway
+    request_queue_size = 64
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # socketserver prints a traceback to stderr for each failed request (a client that timed out): one line.
+        log.debug("metrics: a request from %s failed: %s", client_address, sys.exc_info()[1])
+
+
+class _Server6(_Server):
     address_family = socket.AF_INET6
 
 
@@ -110,7 +165,7 @@ class MetricsServer:
         self._metrics_app = prometheus_client.make_wsgi_app(registry)
         try:
             self._server = make_server(
-                host, port, self._app, server_class=_Server6 if ipv6 else WSGIServer, handler_class=_QuietHandler
+                host, port, self._app, server_class=_Server6 if ipv6 else _Server, handler_class=_QuietHandler
             )
         except OSError as exc:
             raise ConfigError(f"service.metrics cannot listen on {address}: {exc.strerror or exc}") from exc
@@ -132,6 +187,9 @@ class MetricsServer:
         self._snapshot = snapshot
 
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")])
+            return [b"only GET and HEAD\n"]
         path = environ.get("PATH_INFO", "")
         if path in ("/healthz", "/readyz"):
             ok, text = self._probe(path)

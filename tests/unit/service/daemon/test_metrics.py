@@ -113,3 +113,44 @@ def test_frames_nbytes_counts_every_kind_of_frame():
 
     array = np.zeros((4, 3), np.float32)
     assert frames_nbytes([b"ab", array, memoryview(array), bytearray(5), array[:, :2]]) == 2 + 48 + 48 + 5 + 32
+
+
+def test_an_idle_or_trickling_connection_does_not_hold_the_probes(server):
+    # With one serving thread, a client sending a byte a second made every /healthz time out: Kubernetes'
+    # liveness probe (1 s) would have restarted a healthy daemon.
+    import socket
+    import threading
+
+    host, port = server.address.rsplit(":", 1)
+    idle = socket.create_connection((host, int(port)), timeout=5)  # connected, never writes
+    trickle = socket.create_connection((host, int(port)), timeout=5)
+    stop = threading.Event()
+
+    def drip() -> None:
+        for byte in b"GET /healthz HTTP/1.1\r\n":
+            if stop.wait(0.2):
+                return
+            try:
+                trickle.send(bytes([byte]))
+            except OSError:
+                return
+
+    dripping = threading.Thread(target=drip, daemon=True)
+    dripping.start()
+    try:
+        for _ in range(3):
+            assert get(f"http://{server.address}/healthz")[0] == 200  # within get()'s 5 s
+    finally:
+        stop.set()
+        dripping.join(5)
+        idle.close()
+        trickle.close()
+
+
+def test_only_get_and_head_are_answered(server):
+    request = urllib.request.Request(f"http://{server.address}/healthz", method="DELETE")
+    try:
+        urllib.request.urlopen(request, timeout=5)
+        raise AssertionError("DELETE was answered")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 405
