@@ -21,6 +21,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -256,8 +257,18 @@ class _stop_on_signals:  # used like a function: with _stop_on_signals(stop): ..
 
 
 def format_status(status: dict[str, Any]) -> str:
-    """A daemon's status dict as text: scalars as ``key: value``, lists of dicts as tables."""
-    return "\n".join(_status_lines(status, indent=""))
+    """A daemon's status dict as text: scalars as ``key: value``, lists of dicts as tables.
+
+    Peers name themselves (a client's job, a worker's id): their control characters are shown escaped, so
+    none can clear the operator's screen, set the terminal's title or print a line of its own."""
+    return "\n".join(_CONTROL.sub(_escaped, line) for line in _status_lines(status, indent=""))
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _escaped(found: re.Match[str]) -> str:
+    return repr(found.group())[1:-1]
 
 
 def _status_lines(mapping: dict[str, Any], indent: str) -> Iterator[str]:

@@ -362,3 +362,13 @@ def test_a_worker_stopped_while_no_daemon_answers_says_so_and_exits_cleanly(port
         if worker.poll() is None:
             worker.kill()
             worker.wait(timeout=STOP_TIMEOUT_S)
+
+
+def test_status_shows_what_peers_named_themselves_with_control_characters_escaped() -> None:
+    # A client's job or a worker's id could clear the operator's screen or print a fake line.
+    text = format_status(
+        {"clients": [{"job": "x\x1b[2J\nworkers: (all healthy)\r", "rank": 0}], "workers": [{"id": "\x1b[31mevil"}]}
+    )
+    assert "\x1b" not in text and "\r" not in text
+    assert "x\\x1b[2J\\nworkers: (all healthy)\\r" in text and "\\x1b[31mevil" in text
+    assert not any(line.startswith("workers: (all") for line in text.splitlines())
