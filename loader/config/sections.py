@@ -318,7 +318,7 @@ class LoaderConfig:
 
     def __post_init__(self) -> None:
         paths = self.import_path
-        if isinstance(paths, str) or not all(isinstance(p, str) and p for p in paths):
+        if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) and p for p in paths):
             raise ConfigError(f"import_path must be a list of directories, got {show(paths)} ({self.origin})")
         object.__setattr__(self, "import_path", tuple(paths))
 
@@ -526,6 +526,8 @@ def load_config(
         raise ConfigError(f"config file {origin!r} cannot be read: {exc.strerror or exc}") from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {origin!r} is not valid TOML: {exc}") from exc
+    except RecursionError:  # the parser recurses per nested array or table
+        raise ConfigError(f"config file {origin!r} nests arrays or tables too deeply") from None
     applied = collect_overrides(overrides, environ)
     try:
         config = LoaderConfig.from_dict(

@@ -372,3 +372,43 @@ def test_status_shows_what_peers_named_themselves_with_control_characters_escape
     assert "\x1b" not in text and "\r" not in text
     assert "x\\x1b[2J\\nworkers: (all healthy)\\r" in text and "\\x1b[31mevil" in text
     assert not any(line.startswith("workers: (all") for line in text.splitlines())
+
+
+def test_status_from_a_peer_that_is_not_a_loader_daemon_says_so(port) -> None:
+    import threading
+
+    import zmq
+
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(f"tcp://127.0.0.1:{port}")
+
+    def answer_garbage() -> None:
+        if router.poll(10_000):
+            identity, *_ = router.recv_multipart()
+            router.send_multipart([identity, b"\x93not a loader message"])
+
+    thread = threading.Thread(target=answer_garbage, daemon=True)
+    thread.start()
+    try:
+        line = assert_one_line_error(loader_cmd("status", f"127.0.0.1:{port}"), "is not a loader daemon's message")
+        assert f"tcp://127.0.0.1:{port} answered with something" in line
+    finally:
+        thread.join(15)
+        router.close()
+        context.term()
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        (
+            'import_path = 5\n[source]\nfiles = ["x"]\n',
+            "import_path must be a list of directories, got 5",
+        ),  # was a TypeError
+        ("[pipeline]\nbatch_size = " + "[" * 2000 + "]" * 2000 + "\n", "nests arrays or tables too deeply"),
+    ],
+)
+def test_a_config_of_the_wrong_shape_is_one_line(tmp_path, body, match) -> None:
+    assert_one_line_error(loader_cmd("check", write_config(tmp_path / "c.toml", body), "--no-batch"), match)

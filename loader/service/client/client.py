@@ -46,6 +46,7 @@ from loader.errors import (
     ClosedError,
     ConfigError,
     LoaderError,
+    MalformedMessageError,
     ProtocolVersionError,
     ServiceUnavailableError,
     TransportError,
@@ -324,7 +325,7 @@ class Client:
         hello = P.ClientHello(
             rank=self.rank, world_size=self.world_size, prefetch=self.prefetch, dataset=self.dataset, job=self.job
         )
-        answer = _request(self._channel, P.encode(hello), (P.ClientWelcome, P.Error), self.timeout_s)
+        answer = _request(self._channel, P.encode(hello), (P.ClientWelcome, P.Error), self.timeout_s, self.address)
         if answer is None:
             raise ServiceUnavailableError(
                 f"no loader daemon answered at {self.address} within {self.timeout_s:g}s{NO_ANSWER_HINT}"
@@ -554,7 +555,7 @@ def query_status(address: str, timeout_s: float = 5.0) -> dict[str, Any]:
     """The daemon's ``status()`` dict; ``ServiceUnavailableError`` when it does not answer."""
     channel = transport.dealer(address)
     try:
-        answer = _request(channel, P.encode(P.Status()), (P.Status,), timeout_s)
+        answer = _request(channel, P.encode(P.Status()), (P.Status,), timeout_s, address)
     finally:
         channel.close()
     if not isinstance(answer, P.Status):
@@ -563,7 +564,7 @@ def query_status(address: str, timeout_s: float = 5.0) -> dict[str, Any]:
 
 
 def _request(
-    channel: Channel, frames: list[Any], answers: tuple[type[P.Message], ...], timeout_s: float
+    channel: Channel, frames: list[Any], answers: tuple[type[P.Message], ...], timeout_s: float, address: str
 ) -> P.Message | None:
     """Send ``frames`` and wait for a message of one of the ``answers`` types (others are skipped);
     the message, or None when none came within ``timeout_s``."""
@@ -575,7 +576,12 @@ def _request(
             return None
         got = channel.recv(min(RECEIVER_POLL_S, left))
         if got is not None:
-            message, _ = P.decode(got)
+            try:
+                message, _ = P.decode(got)
+            except MalformedMessageError as exc:
+                raise ServiceUnavailableError(
+                    f"{address} answered with something that is not a loader daemon's message ({exc})"
+                ) from None
             if isinstance(message, answers):
                 return message
 
