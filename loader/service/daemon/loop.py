@@ -33,6 +33,7 @@ from typing import Any
 from loader.config import LoaderConfig
 from loader.config.sections import ServiceConfig
 from loader.errors import ConfigError, MalformedMessageError, TransportError, WorkerError
+from loader.runtime.limits import raise_open_files_limit
 from loader.service import protocol as P
 from loader.service import transport
 from loader.service.daemon.autoscale import Autoscaler
@@ -135,6 +136,7 @@ class Daemon:
         self._metrics_failed = False
         # First: a launcher that needs a missing package (Ray) fails before anything is bound.
         launcher = make_launcher(config)
+        raise_open_files_limit()  # a socket per peer connection: the default soft limit is small
         self._auth, own_keys = _authentication(config.service, {"service.bind": _bind_source(config)})
         try:
             # Bind first: a daemon that cannot bind (port in use) touches nothing in /dev/shm.

@@ -123,6 +123,9 @@ def load_public_keys(directory: str) -> frozenset[bytes]:
     return frozenset(zmq.auth.load_certificates(directory))
 
 
+HANDSHAKE_TIMEOUT_MS = 5000
+
+
 class _Socket:
     """One zmq socket with the house settings; ``close()`` is idempotent."""
 
@@ -148,6 +151,10 @@ class _Socket:
         if kind == zmq.ROUTER:
             # A reply to a vanished client must fail loudly, not vanish silently.
             self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if bind:
+            # A connection that has not finished zmq's handshake (or CURVE's) in this time is dropped: the 30 s
+            # default let a flood of half-open connections hold the daemon's file descriptors.
+            self._sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_TIMEOUT_MS)
         if server is not None:
             server.secure(self._sock)
         elif curve is not None:
