@@ -98,7 +98,7 @@ def _interrupts_deferred() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)  # None: set in C
         # The held interrupt is raised now (Python's default handler raises KeyboardInterrupt), unless one is
         # already on its way out: the first Ctrl-C, which began this shutdown.
         if held and callable(previous) and not isinstance(sys.exc_info()[1], KeyboardInterrupt):
