@@ -330,7 +330,8 @@ class LoaderConfig:
 
         Relative paths in ``source`` are made absolute against ``base_dir``
         (the config file's directory for ``load_config``; the current directory
-        when None), so the config means the same thing in any process.
+        when None), so the config means the same thing in any process; so are
+        the ``service`` key files when ``base_dir`` is given.
         """
         if not isinstance(mapping, Mapping):
             raise ConfigError(f"a config must be a table of sections, got {show(mapping)} ({origin})")
@@ -354,6 +355,8 @@ class LoaderConfig:
             values = dict(values)
             if name == "source":
                 values = absolute_paths(values, base_dir)
+            if name == "service" and base_dir is not None:
+                values = _absolute_key_paths(values, base_dir)
             sections[name] = _build(section_cls, values, origin)
         return cls(**sections, origin=origin)
 
@@ -478,6 +481,20 @@ def _callable(what: str, obj: Any) -> None:
 
 def _plain_section(section: Any) -> dict[str, Any]:
     return {f.name: plain(getattr(section, f.name)) for f in dataclasses.fields(section) if f.name != "origin"}
+
+
+# Key files named in a config file are found beside it, as its [source] paths are (a relative path resolved
+# against the directory the command ran in failed to read the key when started from elsewhere).
+_KEY_PATHS = ("daemon_key", "authorized_keys", "peer_key", "daemon_public_key")
+
+
+def _absolute_key_paths(values: dict[str, Any], base_dir: str) -> dict[str, Any]:
+    for key in _KEY_PATHS:
+        path = values.get(key)
+        if isinstance(path, str) and path:
+            path = os.path.expanduser(path)
+            values[key] = path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
+    return values
 
 
 def _datasets(value: Any, origin: str, base_dir: str | None) -> tuple[DatasetConfig, ...]:

@@ -446,3 +446,17 @@ def test_a_module_named_like_one_of_loaders_own_packages_is_named_as_the_culprit
     # A user's workers.py beside the config: the worker imports loader's own ``workers`` package instead.
     with pytest.raises(ConfigError, match=r"the module imported is .*workers.*'workers' is a package of loader itself"):
         import_object("workers:double", what="pipeline.mappers")
+
+
+def test_key_files_named_in_a_config_are_found_beside_it_wherever_the_command_runs(tmp_path, monkeypatch) -> None:
+    from loader.config import load_config
+
+    (tmp_path / "c.toml").write_text(
+        '[source]\nfiles = ["x.npy"]\n[service]\ndaemon_key = "keys/daemon.key_secret"\n'
+        'authorized_keys = "keys/authorized"\npeer_key = "~/k"\n'
+    )
+    monkeypatch.chdir("/")
+    service = load_config(str(tmp_path / "c.toml")).service
+    assert service.daemon_key == str(tmp_path / "keys" / "daemon.key_secret")
+    assert service.authorized_keys == str(tmp_path / "keys" / "authorized")
+    assert service.peer_key == os.path.expanduser("~/k")
