@@ -217,6 +217,7 @@ class Stage:
         self.events: list[StageEvent] = []
         self._ids = itertools.count(1)
         self.skipped_records = 0
+        self._failures_logged = _RateLimit(FAILED_EPOCH_LOG_EVERY_S)
         self.samples_in = 0
         self.dropped_duplicates = 0
         self.sent_totals = [0, 0, 0]
@@ -610,13 +611,17 @@ class Stage:
             )
             self._complete_file(stream, file_index, lost + stream.rejected.pop(file_index, 0))
             return
-        # The clients get the error with its traceback; the operator reading the daemon's log gets one line.
-        log.error(
-            "epoch %d of %s failed: %s",
-            stream.epoch,
-            stream.job if stream.world_size == 1 else f"job {stream.job!r}",  # "client N", or a name a client chose
-            _first_line(str(WorkerError.from_dict(error)), MAX_LOGGED_ERROR_CHARS),  # a peer wrote it
-        )
+        # The clients get the error with its traceback; the operator reading the daemon's log gets one line, at
+        # most one a second (a client asking for epochs that fail at once must not fill the disk with the log).
+        suppressed = self._failures_logged.allow(time.monotonic())
+        if suppressed is not None:
+            log.error(
+                "epoch %d of %s failed: %s%s",
+                stream.epoch,
+                stream.job if stream.world_size == 1 else f"job {stream.job!r}",  # "client N", or a name a client chose
+                _first_line(str(WorkerError.from_dict(error)), MAX_LOGGED_ERROR_CHARS),  # a peer wrote it
+                f" ({suppressed} more epochs failed since the last line)" if suppressed else "",
+            )
         self.fail_stream(stream, error)
 
     def fail_stream(self, stream: Stream, error: dict[str, Any]) -> None:
@@ -803,6 +808,24 @@ def frames_nbytes(frames: list[Any]) -> int:
         nbytes = getattr(frame, "nbytes", None)
         total += nbytes if nbytes is not None else len(frame)
     return total
+
+
+FAILED_EPOCH_LOG_EVERY_S = 1.0
+
+
+class _RateLimit:
+    """At most one event a period is let through; ``allow`` says how many were held back before it."""
+
+    def __init__(self, period_s: float) -> None:
+        self.period_s, self.last, self.held = period_s, -float("inf"), 0
+
+    def allow(self, now: float) -> int | None:
+        """The count of events held back since the last one let through, or None to hold this one back."""
+        if now - self.last < self.period_s:
+            self.held += 1
+            return None
+        held, self.last, self.held = self.held, now, 0
+        return held
 
 
 def _first_line(text: str, limit: int) -> str:

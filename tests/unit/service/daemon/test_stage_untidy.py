@@ -206,3 +206,26 @@ def test_a_client_found_gone_while_its_last_batches_are_sent_is_dropped_without_
     stage.pump(session)  # two batches, then END: the second send finds the client gone
     assert [type(m) for m in sent] == [P.Batch]
     assert session.current is None and 0 not in stream.members
+
+
+def test_epochs_failing_in_a_burst_are_logged_once_a_second_with_a_count(caplog, monkeypatch):
+    # One ERROR line each: a client asking for epochs that fail at once could fill the disk with the log.
+    import loader.service.daemon.stage as stage_module
+
+    clock = [100.0]
+    monkeypatch.setattr(stage_module.time, "monotonic", lambda: clock[0])
+    stage = _stage(Recorder())
+    error = {"type": "ValueError", "message": "bad", "file": "/data/a.npy", "record": 0}
+    with caplog.at_level("ERROR", logger="loader.stage"):
+        for epoch in range(5):
+            stream = stage.new_stream(
+                settings=stage.settings, epoch=epoch, world_size=1, order=[0], job="j", prefetch=2
+            )
+            stage.fail_file(stream.stream_id, 0, error)
+        clock[0] += 1.5
+        stream = stage.new_stream(settings=stage.settings, epoch=5, world_size=1, order=[0], job="j", prefetch=2)
+        stage.fail_file(stream.stream_id, 0, error)
+    lines = [r.getMessage() for r in caplog.records if "failed:" in r.getMessage()]
+    assert len(lines) == 2 and lines[0].startswith("epoch 0 of j failed: ValueError: bad")
+    assert lines[1].startswith("epoch 5 ") and lines[1].endswith("(4 more epochs failed since the last line)")
+    assert all(isinstance(e, StreamFailed) for e in stage.events) and len(stage.events) == 6  # all failed all the same
