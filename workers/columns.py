@@ -87,6 +87,8 @@ def _layout(value: Any) -> tuple[tuple[int, ...], np.dtype]:
 def value_nbytes(value: Any) -> int:
     """About what one value of a sample takes in a message (8 for what does not say: a Python number); a
     list, tuple or dict counts what it holds (a list of crops is the crops' bytes, not 8)."""
+    if isinstance(value, (np.ndarray, np.generic)):  # the usual value, once per field of every sample
+        return int(value.nbytes)
     total, stack = 0, [value]
     while stack:
         item = stack.pop()
@@ -170,8 +172,9 @@ class ChunkBuilder:
     def __len__(self) -> int:
         return len(self._records)
 
-    def add(self, record: int, sample: Any) -> None:
-        kind, names, values = sample_parts(sample, self.fields)
+    def add(self, record: int, sample: Any, parts: tuple[str, list[str], list[Any]] | None = None) -> None:
+        """Take ``sample`` as record ``record``; ``parts``: its ``sample_parts`` when already made (SampleCheck)."""
+        kind, names, values = parts if parts is not None else sample_parts(sample, self.fields)
         if self._names is None or not self._records:
             self._names, self.kind = names, kind
             self._values = [[] for _ in names]

@@ -302,8 +302,7 @@ class FileJob:
                     if not builder.fits(mapped) and not self._flush(builder, done):
                         return None
                 try:
-                    check(mapped)
-                    builder.add(record, mapped)
+                    builder.add(record, mapped, check(mapped))  # the parts the check made: one split a sample
                 except Exception as exc:
                     failure = exc
             if failure is not None:
@@ -393,17 +392,16 @@ class FileJob:
         in_arena, written = arena.put(columns, placed) if arena is not None else ({}, [])
         refs.update(in_arena)
         chunk = P.Chunk(**self._tag(), record=record, count=count, sample_kind=sample_kind, refs=refs or None)
+        what = "the sample" if count == 1 else f"a chunk of {count} records from this one"
         try:
             try:
                 _refuse_structured(columns)
                 frames = P.encode(chunk, columns)
             except (TypeError, ValueError, OverflowError) as exc:  # what a batch mapper made, or a file's dtype
-                what = "the record" if count == 1 else f"a chunk of {count} records from this one"
                 raise UnsendableSampleError(f"{what} cannot be sent: {exc}") from None
             size = sum(memoryview(frame).nbytes for frame in frames)
             if size > self._largest_message:
                 # The daemon's socket would drop it and the file would end in "a chunk was lost": say why here.
-                what = "the sample" if count == 1 else f"a chunk of {count} records from this one"
                 raise MessageTooLargeError(
                     f"{what} takes a message of {size / 1024**2:.1f} MiB, over service.max_message_mib = {self.config.service.max_message_mib} "
                     "(the largest message the daemon accepts from a worker): raise it, or make samples smaller"

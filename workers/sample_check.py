@@ -39,8 +39,9 @@ class SampleCheck:
         self._names = None
         self._first = None
 
-    def __call__(self, sample: Any) -> None:
-        """Raise ``DataError`` (``ShapeMismatchError`` for a shape) saying what is wrong with ``sample``."""
+    def __call__(self, sample: Any) -> tuple[str, list[str], list[Any]]:
+        """Raise ``DataError`` (``ShapeMismatchError`` for a shape) saying what is wrong with ``sample``; else
+        its ``sample_parts``, a dict's values in the file's field order (``ChunkBuilder.add`` takes them)."""
         if sample is None:
             raise DataError("the sample is None (does a mapper return nothing?)")
         kind, names, values = sample_parts(sample, self.fields)
@@ -71,8 +72,11 @@ class SampleCheck:
             reason = unsendable(value)
             if reason is not None:
                 raise UnsendableSampleError(f"field {name!r} {reason}")
-        if not self.stacked:
-            return
+        if self.stacked:
+            self._check_layouts(names, values)
+        return kind, names, values
+
+    def _check_layouts(self, names: list[str], values: list[Any]) -> None:
         layouts = [_fixed_layout(value) for value in values]
         if self._first is None:
             self._first = layouts

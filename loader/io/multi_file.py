@@ -157,11 +157,14 @@ class MultiFileReader(ReaderBase):
         # A closure over plain values, not over self: dropping the reader stops its threads.
         filenames, spec, thread_num = list(self.filenames), dict(self._spec), self.thread_num
 
+        known: list[list[str]] = []  # the first file's slot names, read at the first pass only
+
         def spawn(pipe: ThreadPipeline) -> None:
             files = _FileQueue(filenames)  # a new queue, hence a full pass, every start
-            names = _first_slot_names(filenames, spec)
+            if not known:
+                known.append(_first_slot_names(filenames, spec))
             for _ in range(thread_num):
-                pipe.spawn(_read_files, files, spec, names)
+                pipe.spawn(_read_files, files, spec, known[0])
 
         return spawn
 

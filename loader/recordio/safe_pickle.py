@@ -131,6 +131,10 @@ class _Restricted(pickle._Unpickler):
 
     dispatch = dict(pickle._Unpickler.dispatch)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._built: dict[int, Any] = {}  # id -> the object BUILD set up, held so its id stays its own
+
     def find_class(self, module: str, name: str) -> Any:
         found = _ADMITTED.get((module, name))
         if found is None:
@@ -148,10 +152,9 @@ class _Restricted(pickle._Unpickler):
         state, target = stack[-1], stack[-2]
         if type(target) is not np.ndarray and not isinstance(target, np.dtype):
             raise UnsafePickleError(f"refused to set the state of a {_name_of(target)}; only {ADMITTED}")
-        built = self.__dict__.setdefault("_built", set())
-        if id(target) in built:  # a dtype rebuilt after an array took it would change that array's meaning
+        if id(target) in self._built:  # a dtype rebuilt after an array took it would change that array's meaning
             raise UnsafePickleError(f"refused to set the state of one {_name_of(target)} twice")
-        built.add(id(target))
+        self._built[id(target)] = target
         if isinstance(target, np.dtype):
             _check_dtype_state(state)
         # An ndarray's __setstate__ takes a dtype built here (checked), a shape and raw bytes, and checks their sizes.
