@@ -156,11 +156,14 @@ def gather(
     missing = set(spec_ids.tolist()) - set(specs)
     if missing:  # a client's specs come from the daemon's message: a bad one is one line, not a KeyError
         raise ArenaError(f"a reference names row spec {min(missing)}, which its message does not describe")
+    nbytes_of = {int(spec_id): row_nbytes(specs[int(spec_id)]) for spec_id in spec_ids.tolist()}
+    for spec_id, nbytes in nbytes_of.items():  # before allocating what the references claim
+        _check_rows_fit(refs[refs[:, 2] == spec_id], nbytes, arena_of)
+    _check_disjoint(refs, np.array([nbytes_of[s] for s in refs[:, 2].tolist()], dtype=np.int64), arena_of)
     out: np.ndarray
     if len(spec_ids) == 1:
         dtype, shape = specs[int(spec_ids[0])]
-        nbytes = row_nbytes((dtype, shape))
-        _check_rows_fit(refs, nbytes, arena_of)  # before allocating what the references claim
+        nbytes = nbytes_of[int(spec_ids[0])]
         raw = (np.empty(n * nbytes, dtype=np.uint8) if empty is None else empty(n * nbytes)).reshape(n, nbytes)
         _copy_rows(refs, raw, nbytes, arena_of)
         out = raw.view(np.dtype(dtype)).reshape((n, *shape))
@@ -168,8 +171,7 @@ def gather(
         out = np.empty(n, dtype=object)
         for i, spec_id in enumerate(refs[:, 2].tolist()):
             dtype, shape = specs[spec_id]
-            _check_rows_fit(refs[i : i + 1], row_nbytes((dtype, shape)), arena_of)
-            one = np.empty((1, row_nbytes((dtype, shape))), dtype=np.uint8)
+            one = np.empty((1, nbytes_of[spec_id]), dtype=np.uint8)
             _copy_rows(refs[i : i + 1], one, one.shape[1], arena_of)
             out[i] = one[0].view(dtype).reshape(shape)
     if free:
@@ -204,6 +206,29 @@ def _check_rows_fit(refs: np.ndarray, nbytes: int, arena_of: ArenaOf) -> None:
                 f"a reference claims a row of {nbytes} bytes at block {first if first < 0 else last} of arena "
                 f"{ref_id}, which holds {size} bytes"
             )
+
+
+def _check_disjoint(refs: np.ndarray, row_bytes: np.ndarray, arena_of: ArenaOf) -> None:
+    """Refuse references whose rows share bytes (``row_bytes[i]`` is row i's size; each row already fits).
+
+    The rows of one message never overlap (a worker writes each into blocks of its own, the daemon hands
+    each row out once), so a message that says otherwise is broken or hostile: 100,000 references to one
+    64 KiB block would otherwise be copied into a 6.5 GB batch."""
+    for ref_id in np.unique(refs[:, 0]).tolist():
+        mine = refs[:, 0] == ref_id
+        starts = refs[mine, 1]
+        if is_file_id(ref_id):  # rows of a file: one size, so distinct rows never overlap
+            if len(np.unique(starts)) != len(starts):
+                raise ArenaError(
+                    f"references name a row of file source {source_of(ref_id)} twice"
+                )  # a bad message, not a changed file
+            continue
+        block = _arena(arena_of, ref_id).block_bytes
+        order = np.argsort(starts, kind="stable")
+        begins = starts[order] * block  # no overflow: every row fits in its arena (``_check_rows_fit``)
+        ends = begins + row_bytes[mine][order]
+        if len(begins) > 1 and np.any(ends[:-1] > begins[1:]):
+            raise ArenaError(f"references name overlapping rows of arena {ref_id}")
 
 
 def _copy_rows(refs: np.ndarray, raw: np.ndarray, nbytes: int, arena_of: ArenaOf) -> None:

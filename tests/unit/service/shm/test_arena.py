@@ -11,6 +11,7 @@ import pytest
 
 from loader.runtime import processes
 from loader.service.shm import arena as arena_mod
+from loader.service.shm import file_rows as F
 from loader.service.shm import refs as R
 from loader.service.shm.arena import Arena, ArenaError, arena_path, free_runs
 from loader.service.shm.cache import ArenaCache
@@ -137,6 +138,35 @@ def test_references_claiming_rows_beyond_their_arena_are_refused_before_any_allo
     with pytest.raises(ArenaError, match="which holds"):
         R.gather(beyond, _spec(values), pool.get, free=False)
     assert np.array_equal(R.gather(refs, _spec(values), pool.get), values)
+
+
+def test_references_to_overlapping_rows_are_refused_before_any_allocation(pool):
+    # A hostile daemon could name one block 100,000 times: a client would copy it into a 6.5 GB batch.
+    arena = pool.create()
+    values = np.ones((3, 100_000), np.float32)  # 400 KB rows: 7 blocks each
+    refs = R.write_column(arena, values)
+    allocated = []
+
+    def empty(nbytes):
+        allocated.append(nbytes)
+        return np.empty(nbytes, np.uint8)
+
+    repeated = refs[[0] * 1000]
+    inside = refs.copy()
+    inside[2, 1] = inside[1, 1] + 3  # starts inside row 1
+    for bad in (repeated, inside):
+        with pytest.raises(ArenaError, match="overlapping rows of arena"):
+            R.gather(bad, _spec(values), pool.get, free=False, empty=empty)
+    assert allocated == []
+    wider = {0: ("<f4", (100_000,)), 1: ("<f4", (200_000,))}  # row 0 claimed twice as long: reaches row 1
+    mixed = refs[:2].copy()
+    mixed[0, 2] = 1
+    with pytest.raises(ArenaError, match="overlapping"):
+        R.gather(mixed, wider, pool.get, free=False)
+    files = np.array([[F.file_id(0), 4, 0], [F.file_id(0), 4, 0]], dtype=np.int64)
+    with pytest.raises(ArenaError, match="row of file source 0 twice"):
+        R.gather(files, _spec(values), lambda ref_id: object(), free=False)
+    assert np.array_equal(R.gather(refs[::-1], _spec(values), pool.get), values)  # disjoint, any order
 
 
 def test_gather_in_shuffled_order_and_mixed_specs(pool):
