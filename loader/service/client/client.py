@@ -62,6 +62,7 @@ from loader.service.client.checkpoint import Place, place_of
 from loader.service.client.env import client_stats, from_environment
 from loader.service.order import epoch_batches
 from loader.service.shm import refs as R
+from loader.service.shm.arena import ArenaError
 from loader.service.shm.cache import ArenaCache
 from loader.service.shm.file_rows import FileRowsError, RowFiles, is_file_id, source_of
 from loader.service.transport import Channel
@@ -498,7 +499,12 @@ class Client:
             refs = columns[name]
             if refs.ndim != 2 or refs.shape[1] != 3:
                 raise TransportError(f"reference column {name!r} from {self.address} is malformed")
-            columns[name] = R.gather(refs, R.parse_specs(specs), source, free=False, empty=self._buffers.empty)
+            try:
+                columns[name] = R.gather(refs, R.parse_specs(specs), source, free=False, empty=self._buffers.empty)
+            except FileRowsError:
+                raise  # a data file changed under its rows: that epoch fails, the client stays usable
+            except ArenaError as exc:
+                raise TransportError(f"the loader daemon at {self.address} sent a bad batch: {exc}") from None
 
 
 # The three usual causes of silence, which look alike from here: no daemon, another address, and a daemon with

@@ -177,3 +177,23 @@ def test_client_says_its_protocol_version_and_refuses_a_daemon_of_another():
         f"the daemon at fake://daemon speaks loader protocol {P.PROTOCOL_VERSION + 1} (loader 9.9)"
     )
     assert f"this side speaks {P.PROTOCOL_VERSION}" in message and "\n" not in message
+
+
+def test_a_batch_naming_one_arena_row_many_times_ends_the_client_with_one_line_naming_the_daemon(tmp_path):
+    from types import SimpleNamespace
+
+    from loader.errors import TransportError
+    from loader.service.shm import refs as R
+    from loader.service.shm.pool import ArenaPool
+
+    with ArenaPool(4 << 20, directory=str(tmp_path)) as pool:
+        values = np.ones((2, 100_000), np.float32)
+        refs = R.write_column(pool.create(), values)
+        # The receiver's side of a client that maps the daemon's arenas (its ArenaCache gives arenas by id).
+        receiver = SimpleNamespace(
+            address="tcp://daemon:1", _arenas=pool, _buffers=SimpleNamespace(empty=lambda n: np.empty(n, np.uint8))
+        )
+        described = {"x": {0: [values.dtype.str, [100_000]]}}
+        columns = {"x": refs[[0] * 1000]}  # 400 MB of copies of one 400 KB row
+        with pytest.raises(TransportError, match=r"daemon at tcp://daemon:1 sent a bad batch: .*overlapping rows"):
+            Client._gather(receiver, described, columns, {})  # type: ignore[arg-type]
