@@ -241,45 +241,81 @@ def test_serve_status_and_sigterm(tmp_path) -> None:
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.alone  # another test's daemon starting meanwhile would sweep the killed daemon's files
-def test_files_of_a_daemon_killed_with_sigkill_are_removed_by_the_next(tmp_path) -> None:
+def _shm_files_of(pid: int) -> list[str]:
     from loader.service.shm.arena import shm_directory
-    from tests.helpers import is_alive
 
+    return [name for name in os.listdir(shm_directory()) if name.startswith("loader-") and f"-{pid}-" in name]
+
+
+def _serve_with_one_worker(
+    tmp_path, address: str, stderr: Any = subprocess.DEVNULL
+) -> tuple[subprocess.Popen, list[int]]:
+    """``loader serve`` with one worker, once it is up: the process and its workers' pids."""
+    tmp_path.mkdir(exist_ok=True)
     datagen.generate(str(tmp_path), files=2, samples=50, dim=4)
     # Orphaned workers notice the silent daemon after heartbeat_timeout_s and exit.
     cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n[workers]\nheartbeat_timeout_s = 2.0\n')
-    shm = shm_directory()
-
-    def files_of(pid: int) -> list[str]:
-        return [name for name in os.listdir(shm) if name.startswith("loader-") and f"-{pid}-" in name]
-
-    addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
-    first = start_serve(cfg, addresses[0], 1, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    second = None
+    proc = start_serve(cfg, address, 1, stdout=subprocess.DEVNULL, stderr=stderr)
     try:
         assert wait_until(
-            lambda: len((status_or_none(addresses[0]) or {}).get("workers", [])) == 1,
+            lambda: len((status_or_none(address) or {}).get("workers", [])) == 1,
             timeout_s=SERVE_READY_TIMEOUT_S,
             interval_s=0.2,
         )
-        workers = [w["pid"] for w in status_or_none(addresses[0])["workers"]]
-        left = files_of(first.pid)
+    except BaseException:
+        proc.kill()
+        proc.wait(timeout=STOP_TIMEOUT_S)
+        raise
+    return proc, [w["pid"] for w in status_or_none(address)["workers"]]
+
+
+def test_files_of_a_daemon_killed_with_sigkill_are_removed_by_its_orphaned_workers(tmp_path) -> None:
+    from tests.helpers import is_alive
+
+    daemon, workers = _serve_with_one_worker(tmp_path, f"tcp://127.0.0.1:{free_port()}", stderr=subprocess.PIPE)
+    try:
+        assert _shm_files_of(daemon.pid), "the daemon made no shared-memory files"
+        daemon.kill()
+        daemon.wait(timeout=STOP_TIMEOUT_S)
+        # No daemon starts: the worker, orphaned, removes them (a daemon another test starts may sweep first).
+        assert wait_until(lambda: _shm_files_of(daemon.pid) == [], timeout_s=10.0), _shm_files_of(daemon.pid)
+        assert wait_until(lambda: not any(is_alive(pid) for pid in workers), timeout_s=10.0), "orphan workers"
+        # The worker's stderr is the daemon's: its line says it swept (other daemons log nothing there).
+        said = daemon.communicate(timeout=STOP_TIMEOUT_S)[1].decode()
+        assert f"the loader daemon (pid {daemon.pid}) is gone; removed " in said, said
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(timeout=STOP_TIMEOUT_S)
+
+
+def test_files_of_a_daemon_killed_with_its_workers_are_removed_by_the_next(tmp_path) -> None:
+    from tests.helpers import is_alive
+
+    first, workers = _serve_with_one_worker(tmp_path / "a", f"tcp://127.0.0.1:{free_port()}")
+    second = None
+    try:
+        left = _shm_files_of(first.pid)
         assert left, "the daemon made no shared-memory files"
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)  # stopped, it cannot clean up: as if killed with its daemon
         first.kill()
         first.wait(timeout=STOP_TIMEOUT_S)
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        assert wait_until(lambda: not any(is_alive(pid) for pid in workers), timeout_s=10.0), "workers"
         # SIGKILL: nothing could unlink them (but a daemon another test starts meanwhile may sweep them already).
-        assert set(files_of(first.pid)) <= set(left)
-        second = start_serve(cfg, addresses[1], 1, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        assert wait_until(
-            lambda: status_or_none(addresses[1]) is not None, timeout_s=SERVE_READY_TIMEOUT_S, interval_s=0.2
-        )
-        assert files_of(first.pid) == []
-        assert files_of(second.pid)  # its own are there
+        assert set(_shm_files_of(first.pid)) <= set(left)
+        address = f"tcp://127.0.0.1:{free_port()}"
+        cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["a/*.npy"]\n')
+        second = start_serve(cfg, address, 1, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        assert wait_until(lambda: status_or_none(address) is not None, timeout_s=SERVE_READY_TIMEOUT_S, interval_s=0.2)
+        assert _shm_files_of(first.pid) == []
+        assert _shm_files_of(second.pid)  # its own are there
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=STOP_TIMEOUT_S) == 0
         assert "removed" in second.communicate(timeout=STOP_TIMEOUT_S)[1]
-        assert files_of(second.pid) == []
-        assert wait_until(lambda: not any(is_alive(pid) for pid in workers), timeout_s=10.0), "orphan workers"
+        assert _shm_files_of(second.pid) == []
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:
@@ -287,7 +323,6 @@ def test_files_of_a_daemon_killed_with_sigkill_are_removed_by_the_next(tmp_path)
                 proc.wait(timeout=STOP_TIMEOUT_S)
 
 
-@pytest.mark.integration
 def test_port_in_use_is_one_line(tmp_path) -> None:
     import socket
 

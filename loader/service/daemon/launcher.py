@@ -19,6 +19,7 @@ replacements and the autoscaler treat every launcher alike.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -27,6 +28,10 @@ from typing import Any, Protocol
 
 from loader.runtime import processes
 from loader.runtime.imports import import_object, import_shipped_package
+from loader.service.shm import stale as stale_shm
+from loader.service.shm.arena import shm_directory
+
+log = logging.getLogger("loader.worker")
 
 DEFAULT_WORKER_ENTRY = "workers.main:run_worker"
 CLAIM_SEP = "#"  # between a started worker's id and its claim secret, in the worker id it is started with
@@ -99,7 +104,21 @@ def _worker_process(entry: str, connect: Any, worker_id: str, daemon_pid: int) -
     run = import_object(entry, what="worker entry point")
     stop = threading.Event()
     processes.stop_when_orphaned(stop, daemon_pid)
-    sys.exit(run(connect, worker_id=worker_id, stop_event=stop))
+    try:
+        code = run(connect, worker_id=worker_id, stop_event=stop)
+    finally:
+        if os.getppid() != daemon_pid:
+            # The daemon died without closing (SIGKILL, or a training script ended by SIGTERM with no handler):
+            # its shared-memory files are RAM nobody can free but the next daemon. Its workers free them now.
+            directory = shm_directory()
+            removed = stale_shm.sweep_after(daemon_pid, directory)
+            log.warning(
+                "the loader daemon (pid %d) is gone; removed %d shared-memory file(s) it left in %s",
+                daemon_pid,
+                len(removed),
+                directory,
+            )
+    sys.exit(code)
 
 
 __all__ = ["start_worker", "make_launcher", "Launcher", "LocalLauncher", "DEFAULT_WORKER_ENTRY"]

@@ -16,8 +16,9 @@ it returns the credit) and it is at least ``RETIRED_MIN_AGE_S`` old, which
 covers chunks of the dead writer still queued in the daemon's socket. Blocks
 the dead writer allocated but never sent are garbage then, so their state
 bytes are not waited for. ``close`` unlinks everything: nothing outlives the
-daemon. Files of a daemon killed with SIGKILL are removed by the next daemon
-that starts (``stale_shm.sweep``).
+daemon. Files of a daemon killed with SIGKILL are removed by its orphaned
+workers (``stale_shm.sweep_after``), or, when they were killed too, by the next
+daemon that starts (``stale_shm.sweep``).
 """
 
 from __future__ import annotations

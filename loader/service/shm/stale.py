@@ -3,8 +3,9 @@
 A daemon's arena files are named ``loader-<pid namespace>-<pid>-<8 hex>-<id>``
 (``owner_prefix`` makes the part before ``-<id>``). ``close`` unlinks them, but
 a daemon killed with SIGKILL cannot, and ``/dev/shm`` is memory: its files
-would pin RAM until reboot. So a daemon starting up removes the files of
-daemons that are provably dead:
+would pin RAM until reboot. So its orphaned workers remove its files as they
+exit (``sweep_after``), and a daemon starting up removes the files of daemons
+that are provably dead (those killed together with their workers):
 
 * only names of exactly this shape (nothing else in the directory is touched);
 * only from this daemon's own pid namespace: another container sharing
@@ -21,8 +22,12 @@ import logging
 import os
 import re
 import secrets
+import time
 
 log = logging.getLogger("loader.daemon")
+
+# How long an orphaned worker waits for its dead daemon to be reaped before sweeping its files.
+ORPHAN_SWEEP_WAIT_S = 2.0
 
 _NAME = re.compile(r"^loader-(\d+)-(\d+)-[0-9a-f]{8}-\d+$")
 
@@ -58,8 +63,9 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def sweep(directory: str) -> list[str]:
-    """Unlink the arena files in ``directory`` of dead daemons of this pid namespace; returns their names."""
+def sweep(directory: str, *, owner: int | None = None) -> list[str]:
+    """Unlink the arena files in ``directory`` of dead daemons of this pid namespace (of daemon pid ``owner``
+    only, when given); returns their names."""
     namespace = pid_namespace()
     if namespace is None:
         return []
@@ -69,11 +75,11 @@ def sweep(directory: str) -> list[str]:
         return []
     removed, dead = [], set()
     for name in sorted(names):
-        owner = parse_name(name)
-        if owner is None or owner[0] != namespace:
+        parsed = parse_name(name)
+        if parsed is None or parsed[0] != namespace:
             continue
-        pid = owner[1]
-        if pid == os.getpid() or (pid not in dead and _pid_alive(pid)):
+        pid = parsed[1]
+        if pid == os.getpid() or (owner is not None and pid != owner) or (pid not in dead and _pid_alive(pid)):
             continue
         dead.add(pid)
         try:
@@ -94,4 +100,16 @@ def sweep(directory: str) -> list[str]:
     return removed
 
 
-__all__ = ["owner_prefix", "parse_name", "pid_namespace", "sweep"]
+def sweep_after(pid: int, directory: str, wait_s: float = ORPHAN_SWEEP_WAIT_S) -> list[str]:
+    """Unlink the files of daemon ``pid``, which just died (called by its orphaned workers).
+
+    A dead process stays a zombie until its own parent reaps it, and ``kill(pid, 0)`` cannot tell a zombie
+    from a live process: wait up to ``wait_s`` for it to go. Several workers may sweep at once (an unlink
+    that loses the race is skipped)."""
+    deadline = time.monotonic() + wait_s
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return sweep(directory, owner=pid)
+
+
+__all__ = ["owner_prefix", "parse_name", "pid_namespace", "sweep", "sweep_after"]

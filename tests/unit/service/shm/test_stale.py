@@ -66,3 +66,24 @@ def test_a_new_pool_sweeps_before_creating_its_own(tmp_path):
 
 def test_sweep_of_a_missing_directory_is_empty(tmp_path):
     assert stale_shm.sweep(str(tmp_path / "nope")) == []
+
+
+def test_an_orphaned_workers_sweep_removes_only_its_own_daemons_files(tmp_path):
+    ns, dead, other_dead = stale_shm.pid_namespace(), _dead_pid(), _dead_pid()
+    mine = [_touch(tmp_path, f"loader-{ns}-{dead}-0123abcd-{i}") for i in range(2)]
+    others = _touch(tmp_path, f"loader-{ns}-{other_dead}-0123abcd-0")  # left for the next daemon's sweep
+    assert sorted(stale_shm.sweep_after(dead, str(tmp_path), wait_s=1.0)) == sorted(mine)
+    assert os.listdir(tmp_path) == [others]
+
+
+def test_an_orphaned_worker_waits_a_bounded_time_for_its_daemon_to_be_reaped(tmp_path):
+    # A dead daemon is a zombie until its parent reaps it: ``kill(pid, 0)`` still finds it.
+    ns = stale_shm.pid_namespace()
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    name = _touch(tmp_path, f"loader-{ns}-{zombie.pid}-0123abcd-0")
+    try:
+        assert stale_shm.sweep_after(zombie.pid, str(tmp_path), wait_s=0.3) == []  # never reaped in time: kept
+        assert os.listdir(tmp_path) == [name]
+    finally:
+        zombie.wait(timeout=30)
+    assert stale_shm.sweep_after(zombie.pid, str(tmp_path), wait_s=0.3) == [name]
