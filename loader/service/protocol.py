@@ -417,7 +417,9 @@ class End(Message):
 @_kind("ping")
 @dataclass(frozen=True, kw_only=True)
 class Ping(Message):
-    """A client is alive."""
+    """A client is alive; ``wait_s`` as in ``Credit`` (the wait after its last credit reaches the metric too)."""
+
+    wait_s: float | None = wire("ws", _optional(_seconds), None)
 
 
 @_kind("pong")

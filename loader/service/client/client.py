@@ -361,7 +361,7 @@ class Client:
                 if now - state.last_ping >= self._ping_interval_s:
                     # Never wait for room: a daemon that reads nothing is found by the silence check
                     # below, within timeout_s, not after a blocked ping's timeout on top of it.
-                    self._channel.try_send(P.encode(P.Ping()), timeout_s=0.0)
+                    self._channel.try_send(P.encode(P.Ping(wait_s=round(self._wait_s, 6))), timeout_s=0.0)
                     state.last_ping = now
                 if now - state.last_heard > self.timeout_s:
                     raise ServiceUnavailableError(

@@ -201,6 +201,8 @@ class ClientDesk:
                 session.wait_s = message.wait_s
         elif isinstance(message, P.Ping):
             self._router.send(session.peer, P.encode(P.Pong()))
+            if message.wait_s is not None:
+                session.wait_s = message.wait_s
         elif isinstance(message, P.Epoch):
             return self._on_epoch(session, message)
         elif isinstance(message, P.Bye):

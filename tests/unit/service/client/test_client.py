@@ -14,6 +14,7 @@ from loader.service import protocol as P
 from loader.service.client.batches import to_batch
 from loader.service.client.client import Client
 from loader.service.transport import FakeChannel
+from tests.helpers import wait_until
 
 
 class FakeDaemon:
@@ -25,6 +26,7 @@ class FakeDaemon:
         self.asked_pack = None
         self.welcome = welcome or {}
         self.hello = None
+        self.pings: list[P.Ping] = []
         self.max_outstanding = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -62,6 +64,7 @@ class FakeDaemon:
                     credits += message.n
                     outstanding -= message.n
                 elif isinstance(message, P.Ping):
+                    self.pings.append(message)
                     self.channel.send(P.encode(P.Pong()))
             if gen is None:
                 continue
@@ -126,6 +129,15 @@ def test_a_packed_message_whose_parts_do_not_add_up_ends_the_client_with_one_lin
     client, daemon = _client(batches=4, pack=2, bad_parts=True)
     with client, pytest.raises(TransportError, match="parts do not add up to its 4 rows"):
         list(client.epoch())
+    daemon.stop.set()
+
+
+def test_pings_carry_the_consumers_wait_so_the_wait_after_the_last_credit_is_counted():
+    client, daemon = _client(batches=3)
+    with client:
+        list(client.epoch())  # the last wait (for END) comes after the last credit
+        waited = client.stats()["wait_s"]
+        assert wait_until(lambda: any(p.wait_s == round(waited, 6) for p in daemon.pings), timeout_s=5.0)
     daemon.stop.set()
 
 
