@@ -218,10 +218,8 @@ def _check_disjoint(refs: np.ndarray, row_bytes: np.ndarray, arena_of: ArenaOf) 
         mine = refs[:, 0] == ref_id
         starts = refs[mine, 1]
         if is_file_id(ref_id):  # rows of a file: one size, so distinct rows never overlap
-            if len(np.unique(starts)) != len(starts):
-                raise ArenaError(
-                    f"references name a row of file source {source_of(ref_id)} twice"
-                )  # a bad message, not a changed file
+            if len(np.unique(starts)) != len(starts):  # a bad message (ArenaError), not a changed file
+                raise ArenaError(f"references name a row of file source {source_of(ref_id)} twice")
             continue
         block = _arena(arena_of, ref_id).block_bytes
         order = np.argsort(starts, kind="stable")
