@@ -99,7 +99,7 @@ class MalformedMessageError(TransportError):
 
 
 class ClosedError(LoaderError):
-    """An object was used after ``close()``."""
+    """An object was used after ``close()``, or an epoch's iterator after a later ``epoch()`` call ended it."""
 
 
 class WorkerError(LoaderError):

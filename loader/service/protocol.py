@@ -45,6 +45,9 @@ PROTOCOL_VERSION = 4
 INDEX_COLUMN = "__idx__"
 # Bounds of what a peer may claim: ids and counts fit in int64, text stays short.
 MAX_INT = 2**62
+# Epochs and resume positions (and their anchors) a client may ask for are below this, so that every number the
+# daemon counts on from them stays below MAX_INT: no dataset has 2**60 samples, no training 2**60 epochs.
+MAX_PLACE = 2**60
 MAX_TEXT = 4096
 MAX_PATH = 65536
 MAX_LEASE_FILES = 4096  # files one lease may name (``Lease.more``; ``source.files_per_lease`` stays below it)
@@ -58,6 +61,10 @@ _MISSING: Any = dataclasses.MISSING
 
 def _count(value: Any) -> bool:
     return type(value) is int and 0 <= value < MAX_INT
+
+
+def _positive(value: Any) -> bool:
+    return type(value) is int and 0 < value < MAX_INT
 
 
 def _text(value: Any) -> bool:
@@ -340,7 +347,7 @@ class ClientWelcome(Versioned):
     """The daemon opens the session and says how it batches."""
 
     session: int = wire("session", _count)
-    batch_size: int = wire("batch_size", _count)
+    batch_size: int = wire("batch_size", _positive)
     batch_format: str = wire("batch_format", _text)
     files: int = wire("files", _count)
     ping_s: float = wire("ping_s", _seconds)

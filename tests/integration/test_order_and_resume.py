@@ -293,6 +293,11 @@ def test_bad_states_are_refused_with_one_clear_error(data: Any, tmp_path: Any) -
         with pytest.raises(ConfigError, match="a dict"):
             other.load_state_dict("epoch 3")  # type: ignore[arg-type]
     with loader.Loader(config(directory)) as same:
+        # Numbers the daemon would count on from past what its messages carry: the client died of its own batch.
+        for huge in ({"position": 2**62 - 1}, {"epoch": 2**64}, {"anchor": [2**60, 0, 0]}):
+            with pytest.raises(ConfigError, match=r"in \[0, 2\*\*60\)"):
+                same.load_state_dict({**state, **huge})
+    with loader.Loader(config(directory)) as same:
         forged = {**state, "position": 10**6}  # outside its anchor's window: the daemon refuses the epoch
         same.load_state_dict(forged)
         with pytest.raises(WorkerError, match="does not lie in its anchor"):

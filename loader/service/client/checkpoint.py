@@ -14,6 +14,7 @@ from typing import Any
 
 from loader.errors import ConfigError
 from loader.service.order import STATE_VERSION, differences
+from loader.service.protocol import MAX_PLACE
 
 STATE_KIND = "loader.Client"
 _KEYS = ("kind", "version", "dataset", "epoch", "position", "anchor", "fingerprint")
@@ -59,10 +60,10 @@ def place_of(state: Any, dataset: str, fingerprint: dict[str, Any] | None) -> Pl
     anchor = state["anchor"]
     if not (_count(state["epoch"]) and _count(state["position"])):
         raise ConfigError(
-            f"the state's epoch and position must be integers >= 0: {state['epoch']!r}, {state['position']!r}"
+            f"the state's epoch and position must be integers in [0, 2**60): {state['epoch']!r}, {state['position']!r}"
         )
     if not (isinstance(anchor, (list, tuple)) and len(anchor) == 3 and all(_count(v) for v in anchor)):
-        raise ConfigError(f"the state's anchor must be three integers >= 0, got {anchor!r}")
+        raise ConfigError(f"the state's anchor must be three integers in [0, 2**60), got {anchor!r}")
     saved = state["fingerprint"]
     if not isinstance(saved, dict):
         raise ConfigError("the state's fingerprint is not a dict")
@@ -73,7 +74,7 @@ def place_of(state: Any, dataset: str, fingerprint: dict[str, Any] | None) -> Pl
 
 
 def _count(value: Any) -> bool:
-    return type(value) is int and value >= 0
+    return type(value) is int and 0 <= value < MAX_PLACE
 
 
 __all__ = ["Place", "STATE_KIND", "place_of"]

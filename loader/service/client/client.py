@@ -34,6 +34,7 @@ import itertools
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -160,10 +161,8 @@ class Client:
         self.prefetch = _prefetch(prefetch)  # what the first epoch reads ahead; later ones too unless auto
         self._auto_prefetch = prefetch is None or (isinstance(prefetch, str) and prefetch == "auto")
         self._largest_message = 0  # bytes of the biggest BATCH message's columns so far (receiver thread)
-        self.timeout_s = float(timeout_s)
-        self.progress_timeout_s = float(progress_timeout_s)
-        if not 0 < self.progress_timeout_s < float("inf"):
-            raise ValueError(f"progress_timeout_s must be a finite number > 0, got {progress_timeout_s!r}")
+        self.timeout_s = _seconds("timeout_s", timeout_s)
+        self.progress_timeout_s = _seconds("progress_timeout_s", progress_timeout_s)
         self.read_ahead = read_ahead
         self._placer = Placer(device)
         self._channel: Channel = channel if channel is not None else transport.dealer(address)
@@ -177,6 +176,8 @@ class Client:
         self._wait_s = 0.0  # the consumer's time blocked on the next batch (stats(), and each credit)
         self._received = [0, 0]  # batches, samples: written by the receiver thread only
         self._gens = itertools.count(1)
+        self._gen = 0  # the request of the newest epoch() call: an older epoch's iterator is over
+        self._held: tuple[str, int | None, Any] | None = None  # an item of a newer request an old iterator met
         self._next_epoch = 0
         self._place = Place(0)  # where the training loop stands (state_dict); the consumer's thread moves it
         self._resume: Place | None = None  # load_state_dict's place, for the next epoch() call
@@ -193,7 +194,10 @@ class Client:
         self._row_files = RowFiles()  # files whose rows batches reference (receiver thread only)
         self._buffers = BatchBuffers()  # what big gathered batches are copied into, reused once dropped
         self._ping_interval_s = min(PING_INTERVAL_S, float(self.info.ping_s))
-        self._thread = threading.Thread(target=self._receive_loop, name="loader-client", daemon=True)
+        # The thread holds the client weakly (``_receive``): a client dropped unclosed is collected, and this
+        # finalizer stops its thread, which says goodbye to the daemon (its session would count forever).
+        self._thread = threading.Thread(target=_receive, args=(weakref.ref(self),), name="loader-client", daemon=True)
+        self._finalizer = weakref.finalize(self, _stop_receiver, self._stop, self._waker)
         self._thread.start()
 
     # -- public -------------------------------------------------------------
@@ -208,7 +212,7 @@ class Client:
         resume, self._resume = self._resume, None
         place = resume if resume is not None and resume.epoch == number else Place(number)
         self._place = place
-        gen = next(self._gens)
+        gen = self._gen = next(self._gens)
         self._commands.put(("epoch", place, gen))
         self._waker.wake()
         return EpochBatches(self._iterate(gen, number), self._length(place), number)
@@ -250,6 +254,7 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        self._finalizer.detach()
         self._stop.set()
         self._waker.wake()
         if self._thread is not threading.current_thread():
@@ -282,12 +287,17 @@ class Client:
 
     def _iterate(self, gen: int, epoch: int) -> Iterator[Any]:
         while True:
+            self._check_current(gen, epoch)
             started = time.perf_counter()
-            kind, item_gen, payload = self._get(gen)
+            item = self._get(gen)
+            kind, item_gen, payload = item
             self._wait_s += time.perf_counter() - started
             if kind == "fatal":
                 self._fatal = payload
                 raise payload
+            if item_gen is not None and item_gen > gen:
+                self._held = item  # the newer epoch's, met by this one's iterator in another thread: kept
+                continue
             if item_gen != gen:
                 continue  # left over from an epoch the consumer abandoned
             if kind == "batch":
@@ -305,11 +315,23 @@ class Client:
             elif kind == "error":
                 raise payload
 
+    def _check_current(self, gen: int, epoch: int) -> None:
+        if gen != self._gen:
+            raise ClosedError(
+                f"epoch {epoch}'s iterator was ended by a later epoch() call: a client reads one epoch at a "
+                "time (use another Client for another stream)"
+            )
+
     def _get(self, gen: int) -> tuple[str, int | None, Any]:
         """The receiver's next item; ``EpochStalledError`` after ``progress_timeout_s`` without one."""
         deadline = time.monotonic() + self.progress_timeout_s
         while True:
             self._check_usable()
+            held, self._held = self._held, None
+            if held is not None:
+                if held[1] == self._gen:
+                    return held
+                continue  # of a request that is itself superseded by now
             try:
                 return self._out.get(timeout=RECEIVER_POLL_S)
             except queue.Empty:
@@ -341,44 +363,27 @@ class Client:
             raise ProtocolVersionError(mismatch)
         return answer
 
-    def _receive_loop(self) -> None:
-        state = _ReceiverState(time.monotonic())
-        poller = transport.Poller()
-        poller.register(self._channel)
-        poller.register(self._waker)
-        try:
-            while not self._stop.is_set():
-                self._waker.clear()
-                self._run_commands(state)
-                self._return_credits(state)
-                for item in poller.wait(RECEIVER_POLL_S):
-                    if item is self._channel:
-                        self._drain(state)
-                now = time.monotonic()
-                if self._arenas is not None:
-                    self._arenas.evict_idle(now)
-                self._row_files.evict_idle(now)
-                if now - state.last_ping >= self._ping_interval_s:
-                    # Never wait for room: a daemon that reads nothing is found by the silence check
-                    # below, within timeout_s, not after a blocked ping's timeout on top of it.
-                    self._channel.try_send(P.encode(P.Ping(wait_s=round(self._wait_s, 6))), timeout_s=0.0)
-                    state.last_ping = now
-                if now - state.last_heard > self.timeout_s:
-                    raise ServiceUnavailableError(
-                        f"the loader daemon at {self.address} has been silent for {now - state.last_heard:.1f}s"
-                    )
-        except BaseException as exc:  # whatever stops the receiver reaches the consumer
-            self._out.put(("fatal", None, exc))
-        finally:
-            try:
-                self._channel.try_send(P.encode(P.Bye()), timeout_s=0.0)
-            except Exception:  # best effort on the way out
-                pass
-            self._channel.close()
-            if self._arenas is not None:
-                self._arenas.close()
-            self._row_files.close()
-            self._buffers.close()
+    def _receive_once(self, state: _ReceiverState, poller: Any) -> None:
+        """One round of the receiver thread: commands, credits, messages (up to ``RECEIVER_POLL_S``), pings."""
+        self._waker.clear()
+        self._run_commands(state)
+        self._return_credits(state)
+        for item in poller.wait(RECEIVER_POLL_S):
+            if item is self._channel:
+                self._drain(state)
+        now = time.monotonic()
+        if self._arenas is not None:
+            self._arenas.evict_idle(now)
+        self._row_files.evict_idle(now)
+        if now - state.last_ping >= self._ping_interval_s:
+            # Never wait for room: a daemon that reads nothing is found by the silence check
+            # below, within timeout_s, not after a blocked ping's timeout on top of it.
+            self._channel.try_send(P.encode(P.Ping(wait_s=round(self._wait_s, 6))), timeout_s=0.0)
+            state.last_ping = now
+        if now - state.last_heard > self.timeout_s:
+            raise ServiceUnavailableError(
+                f"the loader daemon at {self.address} has been silent for {now - state.last_heard:.1f}s"
+            )
 
     def _run_commands(self, state: _ReceiverState) -> None:
         while True:
@@ -389,10 +394,11 @@ class Client:
             _, place, gen = command
             state.gen = gen
             state.credited = self._messages_taken
+            state.allowed, state.received = self.epoch_prefetch(), 0
             request = P.Epoch(
                 epoch=place.epoch,
                 gen=gen,
-                credit=self.epoch_prefetch(),
+                credit=state.allowed,
                 ahead=self.read_ahead,
                 shm=self._arenas is not None,
                 position=place.position,
@@ -412,6 +418,7 @@ class Client:
         owed = self._messages_taken - state.credited
         if owed > 0 and state.gen is not None:
             state.credited += owed
+            state.allowed += owed
             credit = P.Credit(n=owed, gen=state.gen, wait_s=round(self._wait_s, 6))
             self._send(state, P.encode(credit))
 
@@ -431,11 +438,17 @@ class Client:
                 return
             state.last_heard = time.monotonic()
             message, columns = P.decode(frames)
+            gen = getattr(message, "gen", None)
+            if gen is not None and gen != state.gen:
+                continue  # of an epoch the consumer abandoned: never read (the daemon frees its rows)
             if isinstance(message, P.Batch):
-                gen = message.gen
+                state.received += 1
+                if state.received > state.allowed:  # what this client has room for is what it gave credit for
+                    raise TransportError(
+                        f"the loader daemon at {self.address} sent more batch messages than this client gave "
+                        f"credit for ({state.allowed})"
+                    )
                 if message.refs:
-                    if gen != state.gen:
-                        continue  # an abandoned epoch's batch: never read, the daemon frees it
                     try:
                         self._gather(message.refs, columns, message.files or {})
                     except FileRowsError as exc:
@@ -496,9 +509,9 @@ class Client:
             return self._row_files.open(file)
 
         for name, specs in described.items():
-            refs = columns[name]
-            if refs.ndim != 2 or refs.shape[1] != 3:
-                raise TransportError(f"reference column {name!r} from {self.address} is malformed")
+            refs = columns.get(name)
+            if refs is None or refs.ndim != 2 or refs.shape[1] != 3:
+                raise TransportError(f"reference column {name!r} from {self.address} is missing or malformed")
             try:
                 columns[name] = R.gather(refs, R.parse_specs(specs), source, free=False, empty=self._buffers.empty)
             except FileRowsError:
@@ -525,12 +538,23 @@ def _prefetch(prefetch: Any) -> int:
     return int(prefetch)
 
 
+def _seconds(name: str, value: Any) -> float:
+    """``value`` as a timeout, refused at once when it is not a finite number of seconds > 0."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if isinstance(value, bool) or not 0 < seconds < float("inf"):
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    return seconds
+
+
 def _epoch_number(epoch: Any) -> int:
     """``epoch`` as an epoch number, refused at once (not by the daemon) when it is not one."""
     if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)):
-        raise ValueError(f"epoch must be an integer >= 0, got {epoch!r} ({type(epoch).__name__})")
-    if epoch < 0:
-        raise ValueError(f"epoch must be an integer >= 0, got {epoch}")
+        raise ValueError(f"epoch must be an integer in [0, 2**60), got {epoch!r} ({type(epoch).__name__})")
+    if not 0 <= epoch < P.MAX_PLACE:
+        raise ValueError(f"epoch must be an integer in [0, 2**60), got {epoch}")
     return int(epoch)
 
 
@@ -545,6 +569,48 @@ def _arena_cache(info: Any) -> ArenaCache | None:
     return cache if cache.probe() else None
 
 
+def _receive(client_ref: weakref.ReferenceType[Client]) -> None:
+    """The receiver thread: rounds of ``Client._receive_once`` while the client lives and is not closed.
+
+    It holds the client only during a round, so a client nobody else holds is collected (its finalizer
+    sets ``_stop``); what must be closed on the way out it holds itself."""
+    client = client_ref()
+    if client is None:
+        return
+    stop, out, waker, channel = client._stop, client._out, client._waker, client._channel
+    closers = [c.close for c in (client._arenas, client._row_files, client._buffers) if c is not None]
+    state = _ReceiverState(time.monotonic())
+    poller = transport.Poller()
+    poller.register(channel)
+    poller.register(waker)
+    del client
+    try:
+        while not stop.is_set():
+            client = client_ref()
+            if client is None:
+                break
+            client._receive_once(state, poller)
+            del client
+    except BaseException as exc:  # whatever stops the receiver reaches the consumer
+        out.put(("fatal", None, exc))
+    finally:
+        try:
+            channel.try_send(P.encode(P.Bye()), timeout_s=0.0)
+        except Exception:  # best effort on the way out
+            pass
+        channel.close()
+        for close in closers:
+            close()
+        if client_ref() is None:
+            waker.close()  # nobody can wake it any more (``close()`` closes it otherwise)
+
+
+def _stop_receiver(stop: threading.Event, waker: Any) -> None:
+    """A client was collected unclosed: stop its receiver thread (which closes the rest)."""
+    stop.set()
+    waker.wake()
+
+
 class EpochStalledError(ServiceUnavailableError):
     """An epoch made no progress for ``progress_timeout_s`` although the daemon answers."""
 
@@ -555,6 +621,8 @@ class _ReceiverState:
         self.last_ping = now
         self.gen: int | None = None
         self.credited = 0
+        self.allowed = 0  # BATCH messages of request ``gen`` the daemon may send: its credit so far
+        self.received = 0  # ... and those it sent
 
 
 def query_status(address: str, timeout_s: float = 5.0) -> dict[str, Any]:

@@ -229,6 +229,8 @@ class ClientDesk:
 
     def _anchor(self, job: Job, message: P.Epoch) -> Anchor | str:
         """The anchor an epoch request starts from, or why it cannot be used."""
+        if max(message.epoch, message.position, *(message.anchor or ())) >= P.MAX_PLACE:
+            return f"an epoch, resume position or anchor of 2**60 or more (epoch {message.epoch}, a bad state)"
         if message.anchor is None:
             if message.position:
                 return f"a resume position ({message.position}) needs its anchor"

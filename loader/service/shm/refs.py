@@ -97,7 +97,7 @@ def parse_specs(described: Mapping[Any, Any]) -> dict[int, Spec]:
         dims = tuple(int(d) for d in shape)
         nbytes = parsed.itemsize
         for d in dims:  # Python ints: a product numpy would wrap around in int64 is refused, not believed
-            nbytes *= d
+            nbytes *= max(d, 1)  # a 0 makes a row empty, but numpy still refuses a shape whose others overflow
         if len(dims) > MAX_SPEC_DIMENSIONS or any(d < 0 for d in dims) or nbytes > MAX_ROW_BYTES:
             raise ArenaError(f"a reference column claims rows of shape {str(dims)[:60]} and dtype {str(dtype)[:40]!r}")
         specs[int(key)] = (str(dtype), dims)

@@ -22,6 +22,9 @@ class Waker:
         os.set_blocking(self._read_fd, False)
         os.set_blocking(self._write_fd, False)
         self.closed = False
+        # A wake racing a close from another thread must not write to the closed descriptor's number, which
+        # the process may have given to another file by then.
+        self._lock = threading.Lock()
 
     def fileno(self) -> int:
         return self._read_fd
@@ -30,23 +33,30 @@ class Waker:
         return self._read_fd
 
     def wake(self) -> None:
-        try:
-            os.write(self._write_fd, b"\0")
-        except (BlockingIOError, OSError):
-            pass  # pipe full (already awake) or closed
+        with self._lock:
+            if self.closed:
+                return
+            try:
+                os.write(self._write_fd, b"\0")
+            except (BlockingIOError, OSError):
+                pass  # pipe full (already awake)
 
     def clear(self) -> None:
-        try:
-            while os.read(self._read_fd, 4096):
+        with self._lock:
+            if self.closed:
+                return
+            try:
+                while os.read(self._read_fd, 4096):
+                    pass
+            except (BlockingIOError, OSError):
                 pass
-        except (BlockingIOError, OSError):
-            pass
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            os.close(self._read_fd)
-            os.close(self._write_fd)
+        with self._lock:
+            if not self.closed:
+                self.closed = True
+                os.close(self._read_fd)
+                os.close(self._write_fd)
 
 
 class FakeChannel:

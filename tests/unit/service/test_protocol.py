@@ -564,6 +564,8 @@ def test_limits_are_inclusive_where_they_should_be():
     welcome = {"k": "cwelcome", "session": 0, "batch_size": 1, "batch_format": "stacked", "files": 0}
     assert P.decode(_frames({**welcome, "ping_s": 0}))[0].ping_s == 0
     assert P.decode(_frames({**welcome, "ping_s": 2.5}))[0].ping_s == 2.5
+    with pytest.raises(MalformedMessageError, match="bad batch_size"):  # a client would divide by it
+        P.decode(_frames({**welcome, "ping_s": 1, "batch_size": 0}))
 
 
 @pytest.mark.parametrize("cls", [P.Chunk, P.Batch], ids=lambda c: c.__name__)

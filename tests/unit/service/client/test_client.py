@@ -27,6 +27,7 @@ class FakeDaemon:
         self.welcome = welcome or {}
         self.hello = None
         self.pings: list[P.Ping] = []
+        self.byes = 0
         self.max_outstanding = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -63,6 +64,8 @@ class FakeDaemon:
                 elif isinstance(message, P.Credit) and message.gen == gen:
                     credits += message.n
                     outstanding -= message.n
+                elif isinstance(message, P.Bye):
+                    self.byes += 1
                 elif isinstance(message, P.Ping):
                     self.pings.append(message)
                     self.channel.send(P.encode(P.Pong()))
@@ -141,6 +144,72 @@ def test_pings_carry_the_consumers_wait_so_the_wait_after_the_last_credit_is_cou
     daemon.stop.set()
 
 
+def test_a_client_dropped_unclosed_is_collected_and_says_goodbye():
+    # A notebook cell that makes a client and never closes it: its thread and daemon session must not live on
+    # (the daemon refuses clients beyond service.max_clients).
+    import gc
+    import weakref
+
+    before = {t.ident for t in threading.enumerate() if t.name == "loader-client"}
+    client, daemon = _client(batches=3)
+    assert len(list(client.epoch())) == 3
+    ref = weakref.ref(client)
+    del client
+    assert wait_until(lambda: gc.collect() is not None and ref() is None, timeout_s=20.0), [
+        type(r) for r in gc.get_referrers(ref())
+    ]
+    assert wait_until(lambda: daemon.byes == 1, timeout_s=20.0), daemon.byes
+    threads = lambda: {t.ident for t in threading.enumerate() if t.name == "loader-client"}  # noqa: E731
+    assert wait_until(lambda: threads() <= before, timeout_s=20.0), threads() - before
+    daemon.stop.set()
+
+
+def test_an_epochs_iterator_ended_by_a_later_epoch_call_says_so_and_takes_nothing_of_the_later_one():
+    from loader.errors import ClosedError
+
+    client, daemon = _client(batches=6)
+    with client:
+        old = client.epoch()
+        assert next(old)["x"].tolist() == [0, 0]
+        new = client.epoch()
+        with pytest.raises(ClosedError, match="epoch 0's iterator was ended by a later epoch"):
+            next(old)
+        assert [b["x"].tolist() for b in new] == [[i, 1] for i in range(6)]
+    daemon.stop.set()
+
+
+def test_a_daemon_sending_beyond_its_credit_ends_the_client_with_one_line():
+    from loader.errors import TransportError
+
+    near, far = FakeChannel.pair()
+    client = None
+
+    def flood():
+        while True:  # a daemon that ignores credits: the client must not buffer what it sends
+            frames = far.recv(1.0)
+            if frames is None:
+                return
+            message, _ = P.decode(frames)
+            if isinstance(message, P.ClientHello):
+                far.send(P.encode(P.ClientWelcome(session=1, batch_size=1, batch_format="stacked", files=1, ping_s=1)))
+            elif isinstance(message, P.Epoch):
+                try:
+                    for _ in range(50):
+                        far.send(P.encode(P.Batch(gen=message.gen, epoch=0, count=1), {"x": np.zeros(1)}))
+                except ServiceUnavailableError:
+                    pass  # the client, ended, closed its end
+                return
+
+    threading.Thread(target=flood, daemon=True).start()
+    client = Client("fake://daemon", channel=near, prefetch=2, timeout_s=2.0)
+    with (
+        client,
+        pytest.raises(TransportError, match=r"sent more batch messages than this client gave credit for \(2\)"),
+    ):
+        for _ in client.epoch():
+            time.sleep(0.05)
+
+
 def test_worker_error_is_raised_from_the_iterator():
     client, daemon = _client(fail=True)
     with client, pytest.raises(WorkerError, match="record 3"):
@@ -209,3 +278,5 @@ def test_a_batch_naming_one_arena_row_many_times_ends_the_client_with_one_line_n
         columns = {"x": refs[[0] * 1000]}  # 400 MB of copies of one 400 KB row
         with pytest.raises(TransportError, match=r"daemon at tcp://daemon:1 sent a bad batch: .*overlapping rows"):
             Client._gather(receiver, described, columns, {})  # type: ignore[arg-type]
+        with pytest.raises(TransportError, match="reference column 'y' from tcp://daemon:1 is missing"):
+            Client._gather(receiver, {"y": described["x"]}, {"x": refs}, {})  # type: ignore[arg-type]

@@ -214,6 +214,7 @@ def test_specs_adopt_renumbers_peer_specs():
         ["<i4,<f4", [3]],  # records
         ["<f4", [-1]],
         ["<f4", [1] * 40],
+        ["|u1", [0, 2**40, 2**40]],  # no bytes, but numpy refuses the shape ("cannot reshape")
     ],
 )
 def test_a_spec_whose_rows_cannot_be_real_is_refused_in_one_line(spec):
