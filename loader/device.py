@@ -17,6 +17,13 @@ Places:
 * ``"cuda"``, ``"cuda:N"``, ``"gpu:N"`` or a ``torch.device``: torch tensors on that device when
   torch is installed, else cupy arrays. ``"torch:cuda:N"`` / ``"cupy:cuda:N"`` pick the library.
 
+A CUDA place that names no device (``"cuda"``, ``"gpu"``, ``"torch:cuda"``, ``torch.device("cuda")``)
+is the current device of the thread that makes the ``Placer``: ``torch.cuda.current_device()`` (what
+torch itself reads ``torch.device("cuda")`` as, so ``torch.cuda.set_device(local_rank)`` before is
+honoured), or cupy's current device with cupy. It is read once, at construction: the copies run on
+other threads, whose current device is not the caller's. A ``Client`` first makes such a place
+``cuda:LOCAL_RANK`` where ``LOCAL_RANK`` (or ``SLURM_LOCALID``) is set (``loader.service.client.env``).
+
 On a CUDA place ``stage`` copies each array into pinned host memory, issues an
 asynchronous copy on this placer's side stream and records an event; it does not
 wait for the copy. ``finish`` makes the consumer's current stream wait on that
@@ -65,14 +72,16 @@ def import_torch(needed_by: str) -> Any:
     return torch
 
 
-def _parse_place(place: Any) -> tuple[str, str, int]:
-    """(library, kind, device index): library in {numpy, torch, cupy}, kind in {cpu, cuda}."""
+def _parse_place(place: Any) -> tuple[str, str, int | None]:
+    """(library, kind, device index): library in {numpy, torch, cupy, auto}, kind in {cpu, cuda}; the index
+    is None for a CUDA place that names no device (resolved by ``_check_cuda_library``), 0 on the CPU."""
     if type(place).__module__.startswith("torch") and hasattr(place, "type"):
         library, kind = "torch", str(place.type)
-        index = place.index if place.index is not None else 0
         if kind not in ("cpu", "cuda"):
             raise ValueError(f"unsupported place {place!r}: only cpu and cuda devices are supported")
-        return library, kind, int(index)
+        if kind == "cpu":
+            return library, kind, 0
+        return library, kind, None if place.index is None else int(place.index)
     if not isinstance(place, str):
         raise ValueError(f"unsupported place {place!r}: use 'cpu', 'cuda', 'cuda:N', 'torch:cpu' or a torch.device")
     text = place.strip().lower()
@@ -81,7 +90,8 @@ def _parse_place(place: Any) -> tuple[str, str, int]:
     match = _PLACE_RE.match(text)
     if match is None:
         raise ValueError(f"unsupported place {place!r}: use 'cpu', 'cuda', 'cuda:N', 'torch:cpu' or a torch.device")
-    library, kind, index = match.group(1), match.group(2), int(match.group(3) or 0)
+    library, kind = match.group(1), match.group(2)
+    index = None if match.group(3) is None else int(match.group(3))
     kind = "cuda" if kind == "gpu" else kind
     if kind == "cpu":
         if match.group(3) is not None:
@@ -90,8 +100,22 @@ def _parse_place(place: Any) -> tuple[str, str, int]:
     return (library or "auto"), "cuda", index
 
 
-def _check_cuda_library(library: str, index: int, text: str) -> str:
-    """Resolve 'auto' and check that the library sees CUDA device ``index``."""
+def cuda_without_index(place: Any) -> str | None:
+    """``"cuda"``, ``"torch:cuda"`` or ``"cupy:cuda"`` for a CUDA place that names no device (``"gpu"``,
+    ``torch.device("cuda")``, ...), to which ``":N"`` can be appended; None for any other place (an
+    unparseable one included: ``Placer`` says what is wrong with it)."""
+    try:
+        library, kind, index = _parse_place(place)
+    except ValueError:
+        return None
+    if kind != "cuda" or index is not None:
+        return None
+    return "cuda" if library == "auto" else f"{library}:cuda"
+
+
+def _check_cuda_library(library: str, index: int | None, text: str) -> tuple[str, int]:
+    """(library, index): resolve 'auto' and a missing index (the calling thread's current device), and
+    check that the library sees CUDA device ``index``."""
     candidates = ["torch", "cupy"] if library == "auto" else [library]
     for name in candidates:
         module = _try_import(name)
@@ -99,14 +123,20 @@ def _check_cuda_library(library: str, index: int, text: str) -> str:
             continue
         if name == "torch":
             count = module.cuda.device_count() if module.cuda.is_available() else 0
+            if index is None and count:
+                index = int(module.cuda.current_device())  # what torch reads torch.device("cuda") as
         else:
             try:
                 count = module.cuda.runtime.getDeviceCount()
             except Exception:  # cupy raises its own runtime error without a driver
                 count = 0
+            if index is None and count:
+                index = int(module.cuda.runtime.getDevice())
+        if index is None:
+            index = 0  # no device at all: said as "no device 0" below
         if index >= count:
             raise ValueError(f"place {text!r}: {name} sees {count} CUDA device(s), no device {index}")
-        return name
+        return name, index
     wanted = " or ".join(candidates)
     raise ValueError(f"place {text!r} needs {wanted} installed for device placement; only 'cpu' is available")
 
@@ -173,9 +203,10 @@ class Placer:
     """Moves nests of numpy arrays to one place (see the module docstring)."""
 
     def __init__(self, place: Any = "cpu") -> None:
-        library, kind, index = _parse_place(place)
+        library, kind, where = _parse_place(place)
+        index = 0
         if kind == "cuda":
-            library = _check_cuda_library(library, index, str(place))
+            library, index = _check_cuda_library(library, where, str(place))
         elif library == "torch" and _try_import("torch") is None:
             raise MissingDependencyError(
                 f"place {place!r} needs torch: pip install torch (or use 'cpu' for numpy arrays)"
@@ -330,4 +361,4 @@ def device_count(place: Any) -> int:
     return int(importlib.import_module("cupy").cuda.runtime.getDeviceCount())
 
 
-__all__ = ["Placer", "map_leaves", "device_count", "import_torch"]
+__all__ = ["Placer", "map_leaves", "device_count", "import_torch", "cuda_without_index"]

@@ -61,7 +61,9 @@ class DataLoader:
     ``None`` for ``LOADER_ADDRESS``), of a config run in this process (a ``LoaderConfig`` or a TOML path:
     a ``loader.Loader``), or of a ``Client``/``Loader`` you made (used as it is, and not closed here).
 
-    ``device``: ``"torch"``/``"cpu"`` CPU tensors, ``"cuda"``/``"cuda:N"``/a ``torch.device`` GPU tensors.
+    ``device``: ``"torch"``/``"cpu"`` CPU tensors, ``"cuda"``/``"cuda:N"``/a ``torch.device`` GPU tensors; one
+    without an index (``"cuda"``, ``torch.device("cuda")``) is ``cuda:LOCAL_RANK`` under torchrun, else the
+    current device (``torch.cuda.set_device``), whether ``source`` is an address or a config.
     ``rank``/``world_size``/``job`` and ``client_kwargs`` go to ``Client`` (with a config, only the
     options of its ``[client]`` table). ``len()`` is the epoch's number of batches where the daemon
     knows it, else ``TypeError``. Context manager; ``close()`` is idempotent.

@@ -91,8 +91,10 @@ def _checked(real: object, fake):
     return call
 
 
-def _fake_torch(log, real=None):
-    """A torch whose CUDA calls are logged; with ``real``, each call is checked against its signature."""
+def _fake_torch(log, real=None, current_device=1):
+    """A torch whose CUDA calls are logged; with ``real``, each call is checked against its signature.
+
+    Two devices; ``current_device`` is what ``torch.cuda.current_device()`` says (as after ``set_device``)."""
     torch = types.ModuleType("torch")
     current = ["default"]
     _FakeTensor.log_stream = current
@@ -101,6 +103,9 @@ def _fake_torch(log, real=None):
     class Device:
         def __init__(self, kind, index=None):
             self.type, self.index = kind, index
+
+        def __str__(self):  # as torch.device's
+            return self.type if self.index is None else f"{self.type}:{self.index}"
 
     class Stream:
         def __init__(self, device=None, name="side"):
@@ -142,6 +147,7 @@ def _fake_torch(log, real=None):
     torch.cuda = types.SimpleNamespace(
         is_available=lambda: True,
         device_count=lambda: 2,
+        current_device=_checked(cuda and cuda.current_device, lambda: current_device),
         Stream=_checked(cuda and cuda.Stream, Stream),
         Event=_checked(cuda and cuda.Event, Event),
         stream=_checked(cuda and cuda.stream, use_stream),
@@ -178,6 +184,42 @@ def test_cuda_path_pins_copies_on_a_side_stream_and_the_consumer_waits(monkeypat
     with pytest.raises(ValueError, match="sees 2 CUDA device"):
         Placer("cuda:2")
     assert Placer(sys.modules["torch"].device("cuda", 1)).place == "cuda:1"
+
+
+@pytest.mark.parametrize("spelling", ["cuda", "gpu", "torch:cuda", "torch:gpu", "device"])
+def test_a_cuda_place_without_an_index_is_the_current_device_as_in_torch(monkeypatch, spelling):
+    # torch reads torch.device("cuda") as the current device (torch.cuda.set_device); every spelling of a
+    # GPU without an index went to device 0 here, so a DDP rank's batches landed on another rank's GPU.
+    log: list = []
+    torch = _fake_torch(log, _installed_torch(), current_device=1)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    place = torch.device("cuda") if spelling == "device" else spelling
+    placer = Placer(place)
+    assert (placer.library, placer.index, placer.place) == ("torch", 1, "cuda:1")
+    out = placer.place_now({"x": np.arange(3)})
+    assert out["x"].where == "cuda:1"
+    assert Placer(torch.device("cuda", 0)).place == Placer("cuda:0").place == "cuda:0"  # an index given wins
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(log, current_device=0))
+    assert Placer(place).place == "cuda:0"
+
+
+def test_a_gpu_without_an_index_is_placed_alike_by_a_client_and_by_loader_torch(monkeypatch):
+    # Client(device=...) and loader.torch.DataLoader(config, device=...) (whose in-process Loader gets
+    # str(device) through its config) pick the same device for every spelling: LOCAL_RANK where set,
+    # else the current device.
+    from loader.service.client.env import from_environment
+    from loader.torch import _torch_place
+
+    log: list = []
+    torch = _fake_torch(log, current_device=1)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    for environ, expected in [({"LOCAL_RANK": "0"}, "cuda:0"), ({}, "cuda:1")]:
+        for device in ["cuda", "gpu", "torch:cuda", torch.device("cuda")]:
+            places = set()
+            for given in (_torch_place(device), _torch_place(str(device))):  # what _open and _local pass on
+                resolved = from_environment("tcp://h:1", 0, 1, given, environ)[3]
+                places.add(Placer(resolved).place)
+            assert places == {expected}, (device, environ)
 
 
 def test_cuda_stage_copies_any_layout_once_into_pinned_memory(monkeypatch):

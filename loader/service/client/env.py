@@ -8,8 +8,12 @@ environment:
                     ``address`` is given
 ``RANK``            this trainer's rank (torchrun); else ``SLURM_PROCID``; else 0
 ``WORLD_SIZE``      the number of trainers (torchrun); else ``SLURM_NTASKS``; else 1
-``LOCAL_RANK``      the GPU of this trainer on its host: a bare ``device="cuda"``
-                    becomes ``cuda:LOCAL_RANK`` (torchrun); else ``SLURM_LOCALID``
+``LOCAL_RANK``      the GPU of this trainer on its host: a device that names no
+                    GPU (``"cuda"``, ``"gpu"``, ``"torch:cuda"``,
+                    ``torch.device("cuda")``) becomes ``cuda:LOCAL_RANK``
+                    (torchrun); else ``SLURM_LOCALID``; else it is the current
+                    CUDA device (``torch.cuda.set_device``), as ``loader.device``
+                    reads it
 ==================  ============================================================
 
 An argument given explicitly always wins. A variable that is set but not a
@@ -23,10 +27,10 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Mapping
 from typing import Any
 
+from loader.device import cuda_without_index
 from loader.errors import ConfigError
 
 log = logging.getLogger("loader.client")
@@ -36,17 +40,17 @@ ADDRESS_VARIABLE = "LOADER_ADDRESS"
 RANK_VARIABLES = ("RANK", "SLURM_PROCID")
 WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "SLURM_NTASKS")
 LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID")
-_BARE_CUDA = re.compile(r"^((?:torch|cupy):)?cuda$")
 
 
 def from_environment(
     address: str | None,
     rank: int | None,
     world_size: int | None,
-    device: str,
+    device: Any,
     environ: Mapping[str, str] | None = None,
-) -> tuple[str, int, int, str]:
-    """(address, rank, world_size, device) with what was left out (None, bare "cuda") read from ``environ``."""
+) -> tuple[str, int, int, Any]:
+    """(address, rank, world_size, device) with what was left out (None, a CUDA device without an index)
+    read from ``environ``."""
     env = os.environ if environ is None else environ
     if address is None:
         address = env.get(ADDRESS_VARIABLE, "").strip()
@@ -87,10 +91,13 @@ def from_environment(
             " and ".join(name for name in (rank_from, world_from) if name),
             world_size,
         )
-    if isinstance(device, str) and _BARE_CUDA.match(device):
+    # Every spelling of "a GPU, not saying which": torch.device("cuda") after torch.cuda.set_device(local_rank)
+    # is the usual DDP idiom, and put every rank's batches on GPU 0 while only the string "cuda" was rewritten.
+    bare = cuda_without_index(device)
+    if bare is not None:
         local_rank, _ = _integer(env, LOCAL_RANK_VARIABLES, None)
         if local_rank is not None:
-            device = f"{device}:{local_rank}"
+            device = f"{bare}:{local_rank}"
     return address, rank, world_size, device
 
 

@@ -16,9 +16,30 @@ def test_torchrun_variables_fill_what_is_left_out():
     assert from_environment(None, None, None, "torch:cuda", TORCHRUN)[3] == "torch:cuda:1"
 
 
+@pytest.mark.parametrize(
+    ("device", "placed"),
+    [("gpu", "cuda:1"), ("torch:gpu", "torch:cuda:1"), ("cupy:cuda", "cupy:cuda:1"), (" CUDA ", "cuda:1")],
+)
+def test_every_spelling_of_a_gpu_without_an_index_takes_local_rank(device, placed):
+    assert from_environment(None, None, None, device, TORCHRUN)[3] == placed
+
+
+def test_a_torch_device_without_an_index_takes_local_rank():
+    # The DDP idiom: torch.cuda.set_device(local_rank), then torch.device("cuda"). It went to cuda:0 on
+    # every rank while only the string "cuda" was rewritten.
+    torch = pytest.importorskip("torch")
+    assert from_environment(None, None, None, torch.device("cuda"), TORCHRUN)[3] == "torch:cuda:1"
+    given = torch.device("cuda", 0)
+    assert from_environment(None, None, None, given, TORCHRUN)[3] is given  # an index given wins
+    cpu = torch.device("cpu")
+    assert from_environment(None, None, None, cpu, TORCHRUN)[3] is cpu
+
+
 def test_explicit_arguments_win():
     assert from_environment("tcp://h:1", 0, 2, "cuda:0", TORCHRUN) == ("tcp://h:1", 0, 2, "cuda:0")
-    assert from_environment(None, None, None, "cpu", TORCHRUN)[3] == "cpu"  # LOCAL_RANK places only a bare "cuda"
+    assert from_environment(None, None, None, "cpu", TORCHRUN)[3] == "cpu"  # LOCAL_RANK places only a GPU
+    assert from_environment(None, None, None, "gpu:0", TORCHRUN)[3] == "gpu:0"
+    assert from_environment(None, None, None, "tpu", TORCHRUN)[3] == "tpu"  # left for Placer to refuse
 
 
 def test_slurm_variables_when_torchrun_sets_none():
