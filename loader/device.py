@@ -29,7 +29,12 @@ asynchronous copy on this placer's side stream and records an event; it does not
 wait for the copy. ``finish`` makes the consumer's current stream wait on that
 event (a GPU-side wait: the host is not blocked) and tells the caching allocator
 that the consumer stream now uses the memory. Leaves whose dtype the library
-cannot hold (strings, objects) stay numpy.
+cannot hold stay numpy arrays, on every place other than ``"cpu"``: strings, objects, datetimes and
+timedeltas, and ``np.longdouble`` / ``np.clongdouble`` (float128 / complex256: neither torch nor cupy has
+an extended-precision type; cast such a field to float64 in a mapper to get tensors). Which numeric
+dtypes torch takes is asked of the installed torch (``torch.from_numpy``, once per dtype and placer): older
+torch versions have no uint16/uint32/uint64 tensors, so there those stay numpy too. A leaf that stays numpy
+is never an error: the batch arrives with that field as the numpy array it was read as.
 
 torch and cupy are imported lazily, inside the functions that need them, so the
 package imports and runs on the CPU without either. A place that needs a missing
@@ -167,8 +172,14 @@ def _host_array(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def _device_storable(array: np.ndarray) -> bool:
-    return array.dtype.kind in "biufc"
+def _device_storable(array: np.ndarray, library: str, torch_holds: Callable[[np.dtype], bool]) -> bool:
+    """Whether ``library`` has a type for ``array``'s dtype; if not, the leaf stays numpy (module docstring)."""
+    dtype = array.dtype
+    if dtype.kind not in "biufc":  # strings, objects, datetimes, structured
+        return False
+    if library == "torch":
+        return torch_holds(dtype)
+    return dtype.char not in "gG"  # cupy: every bool, int, float and complex but long double (float128, complex256)
 
 
 def _pinned_copy(torch: Any, array: np.ndarray) -> Any:
@@ -216,6 +227,7 @@ class Placer:
         self.library, self.kind, self.index = library, kind, index
         self.place = "cpu" if library == "numpy" else (f"{library}:cpu" if kind == "cpu" else f"cuda:{index}")
         self._lock = threading.Lock()
+        self._torch_holds: dict[tuple[str, str], bool] = {}  # native dtype (char, str) -> torch.from_numpy takes it
         self._stream: Any = None
         self._pending: deque[tuple[Any, list[Any]]] = deque()
 
@@ -241,7 +253,7 @@ class Placer:
             return obj
         if self.kind == "cpu":
             torch = importlib.import_module("torch")
-            return map_leaves(obj, lambda a: torch.from_numpy(_host_array(a)) if _device_storable(a) else a)
+            return map_leaves(obj, lambda a: torch.from_numpy(_host_array(a)) if self._storable(a) else a)
         if self.library == "torch":
             return self._stage_torch(obj)
         return self._stage_cupy(obj)
@@ -253,6 +265,26 @@ class Placer:
         if self.library == "torch":
             return self._finish_torch(staged)
         return self._finish_cupy(staged)
+
+    def _storable(self, array: np.ndarray) -> bool:
+        return _device_storable(array, self.library, self._torch_has)
+
+    def _torch_has(self, dtype: np.dtype) -> bool:
+        """Whether ``torch.from_numpy`` takes ``dtype`` (asked once per dtype): torch has no long double, and
+        older versions no uint16/32/64; one refused leaf raised in the client's receiver thread, which
+        killed the client."""
+        native = dtype.newbyteorder("=")
+        key = (native.char, native.str)  # the char too: long double is '<f8' where it is no wider than double
+        known = self._torch_holds.get(key)
+        if known is None:
+            torch = importlib.import_module("torch")
+            try:
+                torch.from_numpy(np.empty(0, dtype=native))
+                known = True
+            except (TypeError, ValueError):
+                known = False
+            self._torch_holds[key] = known
+        return known
 
     # -- torch -------------------------------------------------------------------------
 
@@ -269,7 +301,7 @@ class Placer:
         host: list[Any] = []
 
         def copy(array: np.ndarray) -> Any:
-            if not _device_storable(array):
+            if not self._storable(array):
                 return array
             pinned = _pinned_copy(torch, array)
             host.append(pinned)
@@ -307,7 +339,7 @@ class Placer:
             stream = self._side_stream(lambda: cupy.cuda.Stream(non_blocking=True))
 
             def copy(array: np.ndarray) -> Any:
-                if not _device_storable(array):
+                if not self._storable(array):
                     return array
                 pinned = cupyx.empty_pinned(array.shape, array.dtype)
                 pinned[...] = array

@@ -63,7 +63,8 @@ class DataLoader:
 
     ``device``: ``"torch"``/``"cpu"`` CPU tensors, ``"cuda"``/``"cuda:N"``/a ``torch.device`` GPU tensors; one
     without an index (``"cuda"``, ``torch.device("cuda")``) is ``cuda:LOCAL_RANK`` under torchrun, else the
-    current device (``torch.cuda.set_device``), whether ``source`` is an address or a config.
+    current device (``torch.cuda.set_device``), whether ``source`` is an address or a config. A field torch has
+    no dtype for (strings, datetimes, long double) stays a numpy array.
     ``rank``/``world_size``/``job`` and ``client_kwargs`` go to ``Client`` (with a config, only the
     options of its ``[client]`` table). ``len()`` is the epoch's number of batches where the daemon
     knows it, else ``TypeError``. Context manager; ``close()`` is idempotent.

@@ -134,6 +134,8 @@ def _fake_torch(log, real=None, current_device=1):
     def from_numpy(array):
         if not array.dtype.isnative:
             raise ValueError("given numpy array has byte order different from the native byte order")
+        if array.dtype.char in "gG":  # as torch: no long double
+            raise TypeError(f"can't convert np.ndarray of type numpy.{array.dtype.type.__name__}")
         return _FakeTensor(array, log)
 
     def empty(shape, dtype=None, pin_memory=False):
@@ -246,6 +248,29 @@ def test_cuda_stage_copies_any_layout_once_into_pinned_memory(monkeypatch):
         assert out[name].array.shape == array.shape and out[name].array.tolist() == array.tolist(), name
 
 
+def test_cuda_path_leaves_dtypes_torch_has_not_as_numpy(monkeypatch):
+    # torch.from_numpy refuses long double: it raised in the client's receiver thread, killing the client.
+    log: list = []
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(log))
+    placer = Placer("cuda:0")
+    batch = {"x": np.arange(3, dtype=np.float32), "g": np.arange(3, dtype=np.longdouble), "G": np.ones(2, "G")}
+    for _ in range(2):  # the second time from what the placer learnt of torch
+        out = placer.place_now(batch)
+        assert out["x"].where == "cuda:0"
+        assert out["g"] is batch["g"] and out["G"] is batch["G"]
+    assert log.count("pin") == 2
+
+
+def test_cupy_has_every_numeric_dtype_but_long_double():
+    def never(dtype):
+        raise AssertionError("torch is not asked about a cupy place")
+
+    for char in "?bBhHiIlLqQefdFD":
+        assert device_mod._device_storable(np.empty(1, char), "cupy", never), char
+    for char in "gGUSOMm":
+        assert not device_mod._device_storable(np.empty(1, char), "cupy", never), char
+
+
 def test_torch_cpu_place_takes_byte_swapped_arrays(monkeypatch):
     log: list = []
     monkeypatch.setitem(sys.modules, "torch", _fake_torch(log))
@@ -274,6 +299,28 @@ def test_torch_cpu_place_gives_tensors():
     assert isinstance(out["x"], torch.Tensor) and out["x"].tolist() == [0, 1, 2]
     assert out["r"].tolist() == [0, 2]
     assert Placer(torch.device("cpu")).place == "torch:cpu"
+
+
+@pytest.mark.skipif(not _HAS_TORCH, reason="torch is not installed")
+def test_a_dtype_torch_cannot_hold_stays_numpy_and_the_rest_become_tensors():
+    # The installed torch decides: long double never; uint16/32/64 only in torch versions that have them.
+    import torch
+
+    batch = {char: np.arange(3).astype(char) for char in "?bBhHiIlLqQefdFDgG"}
+    batch[">f8"] = np.arange(3, dtype=">f8")
+    batch["when"] = np.array(["2024-01-01"], dtype="datetime64[D]")
+    out = Placer("torch").place_now(batch)
+    for name, array in batch.items():
+        try:
+            torch.from_numpy(np.empty(0, array.dtype.newbyteorder("=")))
+            held = array.dtype.kind in "biufc"
+        except TypeError:
+            held = False
+        if held:
+            assert isinstance(out[name], torch.Tensor) and out[name].tolist() == array.tolist(), name
+        else:
+            assert out[name] is array, name
+    assert out["g"] is batch["g"] and out["G"] is batch["G"] and out["when"] is batch["when"]
 
 
 @pytest.mark.skipif(not _HAS_TORCH, reason="torch is not installed")

@@ -273,6 +273,39 @@ def test_a_config_refuses_ranks_and_unknown_options(tmp_path):
         DataLoader(config, read_ahead=False)
 
 
+def _npy_config(tmp_path: Any, data: Any, batch_size: int = 8) -> Any:
+    """A config of one ``.npy`` file of ``data`` and its labels (0, 1, ...), one worker, seeded."""
+    import numpy as np
+
+    from loader.config import LoaderConfig
+
+    np.save(tmp_path / "f0.npy", data)
+    np.save(tmp_path / "f0.label.npy", np.arange(len(data), dtype=np.int64))
+    return LoaderConfig.from_dict(
+        {
+            "source": {"files": [str(tmp_path / "*.npy")]},
+            "pipeline": {"batch_size": batch_size, "seed": 7, "shuffle_buffer": 16},
+            "workers": {"count": 1},
+        }
+    )
+
+
+def test_a_field_torch_has_no_dtype_for_stays_numpy_and_the_rest_are_tensors(tmp_path, torch):
+    # torch.from_numpy refuses long double: it raised in the client's receiver thread, and the client was
+    # dead for good (every later epoch raised it again).
+    import numpy as np
+
+    from loader.torch import DataLoader
+
+    with DataLoader(_npy_config(tmp_path, np.arange(64, dtype=np.longdouble)), device="torch") as data:
+        for _ in range(2):
+            batches = list(data)
+            assert len(batches) == 8
+            assert all(isinstance(b["data"], np.ndarray) and b["data"].dtype == np.longdouble for b in batches)
+            assert all(isinstance(b["label"], torch.Tensor) for b in batches)
+            assert sorted(int(x) for b in batches for x in b["data"]) == list(range(64))
+
+
 def test_the_names_torch_users_know():
     from loader import torch as adapter
 
