@@ -17,8 +17,10 @@ Iterating it runs one epoch, as iterating ``torch.utils.data.DataLoader`` does. 
 ``load_state_dict`` follow torchdata's ``StatefulDataLoader`` (``StatefulDataLoader`` below is the same
 class), so Lightning, torchtitan and ``torch.distributed.checkpoint`` save and restore it as they do
 that one: the state is taken at the last batch the loop took, and after ``load_state_dict`` the next
-iteration continues the interrupted epoch with the batch that would have come next. The state is a
-small JSON-serialisable dict; the reader's own state (``Client.state_dict()``) is inside it. Each rank has
+iteration continues the interrupted epoch with the batch that would have come next (a state taken
+between epochs: the next epoch from its first batch). The state is a small JSON-serialisable dict; the
+reader's own state (``Client.state_dict()``) is inside it, and the reader checks it on every
+``load_state_dict`` (``ConfigError`` for a state of another dataset or config). Each rank has
 its own: with ``torch.distributed.checkpoint``, which keeps one copy of a non-tensor value saved under
 the same key by every rank, key it by rank as torchtitan does (``{f"dp_rank_{rank}": data.state_dict()}``).
 
@@ -143,13 +145,21 @@ class DataLoader:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Go on from ``state`` (a ``state_dict()``): the next iteration continues its epoch, or runs the epoch
-        after it when it was taken between epochs. Call it before iterating, as for ``StatefulDataLoader``."""
+        after it when it was taken between epochs. Call it before iterating, as for ``StatefulDataLoader``.
+
+        The reader checks the state's ``"reader"`` part either way (a state of another dataset or config is a
+        ``ConfigError``). A state taken between epochs replaces any position loaded before: its epoch starts
+        from the first batch."""
         epoch, resume, reader_state = _parse_state(state)
         self._close_open()
-        self._loaded = None
         if resume:
             self._reader.load_state_dict(dict(reader_state))  # the reader's next epoch() continues it
             self._loaded = {"epoch": epoch, "resume": True, "reader": dict(reader_state)}
+        else:
+            # Given to the reader too: it was not, so an earlier mid-epoch state stayed in force (the next
+            # epoch silently started where that one stood), and a state of another config passed unchecked.
+            self._reader.load_state_dict(_epoch_start(reader_state, epoch))
+            self._loaded = None
         self._next_epoch = epoch
 
     def close(self) -> None:
@@ -282,6 +292,18 @@ def _parse_state(state: Mapping[str, Any]) -> tuple[int, bool, Mapping[str, Any]
     if not isinstance(resume, bool) or not isinstance(reader, Mapping):
         raise ValueError("not a loader.torch.DataLoader state: 'resume' must be a bool and 'reader' a dict")
     return _epoch_number(epoch), resume, reader
+
+
+def _epoch_start(reader: Mapping[str, Any], epoch: int) -> dict[str, Any]:
+    """The reader part of a between-epochs state, moved to the start of ``epoch`` (the next one), whatever
+    position the reader stood at when the state was taken. A ``Client``/``Loader`` state says where in which
+    epoch; another reader's state is given as it is."""
+    from loader.service.client.checkpoint import STATE_KIND  # the service stack only when a state is loaded
+
+    state = dict(reader)
+    if state.get("kind") == STATE_KIND:
+        state.update(epoch=epoch, position=0, anchor=[0, 0, 0])  # checkpoint.Place(epoch): its first batch
+    return state
 
 
 def _epoch_number(epoch: Any) -> int:

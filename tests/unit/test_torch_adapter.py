@@ -217,8 +217,27 @@ def test_state_between_epochs_goes_on_with_the_next_epoch():
     other = FakeReader()
     resumed = _adapter(other)
     resumed.load_state_dict(state)
-    assert other.loaded is None  # nothing to continue: the reader is not asked to
+    assert other.loaded == state["reader"]  # for the reader to check; the next epoch is asked for by number
     assert {epoch for epoch, _ in _seen(resumed)} == {1}
+    assert other.calls == [1]
+
+
+class CheckingReader(FakeReader):
+    """Refuses a state of another config, as ``Client.load_state_dict`` does."""
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state.get("config") != "mine":
+            raise ConfigError(f"the state was taken under another config: {state}")
+        super().load_state_dict(state)
+
+
+def test_a_state_between_epochs_of_another_config_is_refused_by_the_reader():
+    # The reader part of a between-epochs state went unchecked: the README promises a ConfigError.
+    data = _adapter(CheckingReader())
+    with pytest.raises(ConfigError, match="another config"):
+        data.load_state_dict({"epoch": 3, "resume": False, "reader": {"config": "theirs"}})
+    data.load_state_dict({"epoch": 3, "resume": False, "reader": {"config": "mine"}})
+    assert {epoch for epoch, _ in _seen(data)} == {3}
 
 
 def test_state_before_iterating_and_after_len():
@@ -273,7 +292,7 @@ def test_a_config_refuses_ranks_and_unknown_options(tmp_path):
         DataLoader(config, read_ahead=False)
 
 
-def _npy_config(tmp_path: Any, data: Any, batch_size: int = 8) -> Any:
+def _npy_config(tmp_path: Any, data: Any, seed: int = 7) -> Any:
     """A config of one ``.npy`` file of ``data`` and its labels (0, 1, ...), one worker, seeded."""
     import numpy as np
 
@@ -284,7 +303,7 @@ def _npy_config(tmp_path: Any, data: Any, batch_size: int = 8) -> Any:
     return LoaderConfig.from_dict(
         {
             "source": {"files": [str(tmp_path / "*.npy")]},
-            "pipeline": {"batch_size": batch_size, "seed": 7, "shuffle_buffer": 16},
+            "pipeline": {"batch_size": 8, "seed": seed, "shuffle_buffer": 16},
             "workers": {"count": 1},
         }
     )
@@ -304,6 +323,50 @@ def test_a_field_torch_has_no_dtype_for_stays_numpy_and_the_rest_are_tensors(tmp
             assert all(isinstance(b["data"], np.ndarray) and b["data"].dtype == np.longdouble for b in batches)
             assert all(isinstance(b["label"], torch.Tensor) for b in batches)
             assert sorted(int(x) for b in batches for x in b["data"]) == list(range(64))
+
+
+def test_a_state_between_epochs_replaces_a_position_loaded_before(tmp_path):
+    # Over a real in-process Loader: whole epochs compared with an uninterrupted run's.
+    import numpy as np
+
+    from loader.torch import DataLoader
+
+    config = _npy_config(tmp_path, np.arange(1000, 1200, dtype=np.int64))
+
+    def rows(batches: Any) -> list[list[int]]:
+        return [b["data"].tolist() for b in batches]
+
+    with DataLoader(config) as data:
+        epochs = [rows(data) for _ in range(2)]  # epochs 0 and 1, uninterrupted
+        after_epoch_1 = data.state_dict()
+        epoch_2 = iter(data)
+        for _ in range(5):
+            next(epoch_2)
+        mid_epoch_2 = data.state_dict()
+        data.set_epoch(2)
+        epochs += [rows(data), rows(data)]  # epochs 2 and 3
+    assert (after_epoch_1["epoch"], after_epoch_1["resume"], mid_epoch_2["resume"]) == (2, False, True)
+    assert len(epochs[2]) == 25 and epochs[2] != epochs[1]
+
+    with DataLoader(config) as data:
+        data.load_state_dict(mid_epoch_2)
+        data.load_state_dict(after_epoch_1)  # an older checkpoint after all: epoch 2 from its start
+        state = data.state_dict()
+        assert (state["epoch"], state["resume"], state["reader"]["position"]) == (2, False, 0)
+        data.set_epoch(2)
+        assert [rows(data), rows(data)] == epochs[2:]
+        # A between-epochs state whose reader part stands inside its epoch (as this method saved it when it
+        # left a stale position in force): the epoch still starts from its first batch.
+        data.load_state_dict({**mid_epoch_2, "resume": False})
+        assert rows(data) == epochs[2]
+        data.load_state_dict(mid_epoch_2)  # a mid-epoch state still goes on after its last batch
+        assert rows(data) == epochs[2][5:]
+        # The reader part of a between-epochs state is checked: a state of another config is refused.
+        with DataLoader(_npy_config(tmp_path, np.arange(1000, 1200, dtype=np.int64), seed=8)) as elsewhere:
+            foreign = elsewhere.state_dict()
+        assert (foreign["epoch"], foreign["resume"]) == (0, False)
+        with pytest.raises(ConfigError, match="another config"):
+            data.load_state_dict(foreign)
 
 
 def test_the_names_torch_users_know():
