@@ -137,7 +137,7 @@ class Client:
         *,
         rank: int | None = None,
         world_size: int | None = None,
-        device: str = "cpu",
+        device: Any = "cpu",
         prefetch: int | str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         read_ahead: bool = True,
@@ -147,7 +147,7 @@ class Client:
         progress_timeout_s: float = DEFAULT_PROGRESS_TIMEOUT_S,
         job: str = "default",
     ) -> None:
-        # Left out: LOADER_ADDRESS, RANK, WORLD_SIZE (and LOCAL_RANK for a bare "cuda"), as torchrun/Slurm set them.
+        # Left out: LOADER_ADDRESS, RANK, WORLD_SIZE (and LOCAL_RANK for a GPU without an index), as torchrun/Slurm set them.
         address, rank, world_size, device = from_environment(address, rank, world_size, device)
         if channel is None and "://" not in address:
             address = daemon_address(address)  # HOST:PORT or a config file, as `loader status` takes them
