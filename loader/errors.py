@@ -192,7 +192,17 @@ class WorkerError(LoaderError):
                 record=exc.record if exc.record is not None else record,
             )
         text = "".join(_traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return cls(type(exc).__name__, str(exc), text, worker=worker, file=file, record=record)
+        return cls(type(exc).__name__, str(exc) + _hint(exc), text, worker=worker, file=file, record=record)
+
+
+def _hint(exc: BaseException) -> str:
+    """What to do about an exception that user code often meets for a reason of ours, or ``""``."""
+    if isinstance(exc, ValueError) and "read-only" in str(exc):  # numpy: "assignment destination is read-only"
+        return (
+            " (arrays read from .npy/.npz files are read-only views of the file: make a new array, x = x / 255, "
+            "or copy before changing one in place, x = x.copy())"
+        )
+    return ""
 
 
 class WorkerDiedError(WorkerError):

@@ -31,6 +31,7 @@ torch is imported when a ``DataLoader`` is made (``loader.device.import_torch``)
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, cast
@@ -237,8 +238,38 @@ def _open(source: Source, device: Any, dataset: str, options: dict[str, Any]) ->
 
     address = None if source is None else daemon_address(os.fspath(source))
     given = {key: value for key, value in options.items() if value is not None}
+    known = set(inspect.signature(Client).parameters) - {"address", "device", "dataset", "channel"}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise TypeError(
+            f"DataLoader over a daemon takes the Client options {sorted(known)}, not {unknown}{_hints(unknown)}"
+        )
     client = Client(address, device=_torch_place(device), dataset=dataset, **given)
     return cast(Reader, client), cast(Reader, client)
+
+
+# Where what torch's DataLoader takes as arguments lives here: the daemon's config decides the data.
+_TORCH_ARGUMENTS = {
+    "batch_size": "[pipeline] batch_size in the config",
+    "shuffle": "[pipeline] shuffle_buffer and seed in the config",
+    "sampler": "the config's [pipeline] shuffle_buffer and seed (and rank/world_size here)",
+    "batch_sampler": "[pipeline] batch_size, shuffle_buffer and seed in the config",
+    "num_workers": "[workers] count in the config",
+    "collate_fn": "[pipeline] batch_mappers (or mappers) in the config",
+    "drop_last": "[pipeline] drop_last in the config",
+    "pin_memory": "device='cuda' (batches are copied from pinned memory ahead of the loop)",
+    "prefetch_factor": "prefetch (messages read ahead)",
+    "persistent_workers": "nothing: the workers always persist",
+    "worker_init_fn": "a mapper's module, imported once in each worker",
+    "generator": "[pipeline] seed in the config",
+    "timeout": "timeout_s",
+}
+
+
+def _hints(unknown: list[str]) -> str:
+    """Where torch's DataLoader arguments among ``unknown`` are set here, as the end of an error line."""
+    hints = [f"{name}: {_TORCH_ARGUMENTS[name]}" for name in unknown if name in _TORCH_ARGUMENTS]
+    return f" ({'; '.join(hints)})" if hints else ""
 
 
 def _is_config_file(source: str | os.PathLike[str]) -> bool:
@@ -253,16 +284,25 @@ def _local(config: LoaderConfig, device: Any, dataset: str, options: dict[str, A
     from loader.service.local import Loader
 
     options = {key: value for key, value in options.items() if value is not None}
-    rank, world_size, job = options.pop("rank", 0), options.pop("world_size", 1), options.pop("job", None)
-    if (rank, world_size, job) != (0, 1, None):
+    rank, world_size, job = options.pop("rank", 0), options.pop("world_size", None), options.pop("job", None)
+    separate = "a config runs a daemon of its own in each process, which shares no epoch between ranks or jobs"
+    if (rank, world_size or 1, job) != (0, 1, None):
+        raise ValueError(f"{separate}: run `loader serve CONFIG` and give every rank its address")
+    from loader.service.client.env import WORLD_SIZE_VARIABLES, integer_variable  # the client package imports zmq
+
+    ranks, variable = integer_variable(os.environ, WORLD_SIZE_VARIABLES, 1)
+    if world_size is None and ranks > 1:  # torchrun or Slurm started this process as one of several ranks
         raise ValueError(
-            "a config runs a daemon of its own in each process, which shares no epoch between ranks or jobs: "
-            "run `loader serve CONFIG` and give every rank its address"
+            f"{variable}={ranks}: this process is one of {ranks} ranks, and {separate}, so each would read "
+            "the whole dataset: run `loader serve CONFIG` and give every rank its address (or pass world_size=1 "
+            "if each rank is to read all of it)"
         )
     known = {field.name for field in dataclasses.fields(ClientConfig) if field.name != "origin"}
     unknown = sorted(set(options) - known)
     if unknown:
-        raise TypeError(f"with a config, DataLoader takes the [client] options {sorted(known)}, not {unknown}")
+        raise TypeError(
+            f"with a config, DataLoader takes the [client] options {sorted(known)}, not {unknown}{_hints(unknown)}"
+        )
     place = _torch_place(device if isinstance(device, str) else str(device))
     client = dataclasses.replace(config.client, **{**options, "device": place})
     local = Loader(dataclasses.replace(config, client=client))

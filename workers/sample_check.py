@@ -119,9 +119,10 @@ def unsendable(value: Any) -> str | None:
             items = list(item.keys()) + list(item.values()) if isinstance(item, dict) else item
             stack.extend((child, depth + 1) for child in items)
         else:
-            return (
-                f"holds a {type(item).__module__}.{type(item).__qualname__}, which cannot be sent ({codec.KEPT_TYPES})"
-            )
+            kind = f"{type(item).__module__}.{type(item).__qualname__}"
+            if hasattr(item, "numpy") and hasattr(item, "device"):  # a torch (or alike) tensor: say the fix
+                return f"holds a {kind}: return numpy arrays (tensor.numpy()); device='torch' makes tensors of them"
+            return f"holds a {kind}, which cannot be sent ({codec.KEPT_TYPES})"
     return None
 
 

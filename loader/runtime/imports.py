@@ -69,6 +69,7 @@ def import_object(spec: str, *, what: str = "object") -> Any:
     if not is_spec(spec):
         raise ConfigError(f"{what} must look like 'module:function', got {spec!r}")
     module_name, _, attr_path = spec.partition(":")
+    _refuse_the_script(module_name, spec, what)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # an ImportError, or user code failing at import time
@@ -86,6 +87,28 @@ def import_object(spec: str, *, what: str = "object") -> Any:
                 f"the module imported is {getattr(module, '__file__', None) or module_name}){_shadowed(module_name)}"
             ) from None
     return obj
+
+
+def _refuse_the_script(module_name: str, spec: str, what: str) -> None:
+    """Refuse code named in the running script: workers never run it (``__main__`` is theirs, not the
+    script), and importing the script by its own name would run the training again, in every worker."""
+    name = spec.partition(":")[2]
+    fix = f"move {name} into a module of its own (my_maps.py beside the config) and name it 'my_maps:{name}'"
+    if module_name in ("__main__", "__mp_main__"):
+        raise ConfigError(f"{what}: {spec!r} is in the running script, which workers never run: {fix}")
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not script or module_name in sys.modules:
+        return  # already imported: whatever it is, importing it runs nothing again
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):  # a parent package that fails to import: import_module says why
+        return
+    origin = getattr(found, "origin", None)
+    if origin and os.path.isfile(origin) and os.path.samefile(origin, script):
+        raise ConfigError(
+            f"{what}: {spec!r} is in the training script {os.path.basename(script)}, which importing would "
+            f"run again (in this process and in every worker): {fix}"
+        )
 
 
 # Top-level packages this project installs: a user's module of the same name is not the one imported.

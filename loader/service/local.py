@@ -26,11 +26,12 @@ import signal
 import sys
 import tempfile
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from loader.config import LoaderConfig
+from loader.config import LoaderConfig, load_config
 from loader.reader.batches import batch_reader
 from loader.service.client.client import Client, EpochBatches, query_status
 from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
@@ -114,8 +115,18 @@ class Loader:
     """
 
     def __init__(
-        self, config: LoaderConfig, *, worker_entry: str = DEFAULT_WORKER_ENTRY, bind: str | None = None
+        self,
+        config: LoaderConfig | str | os.PathLike[str],
+        *,
+        worker_entry: str = DEFAULT_WORKER_ENTRY,
+        bind: str | None = None,
     ) -> None:
+        if isinstance(config, (str, os.PathLike)):
+            config = load_config(config)  # Loader("train.toml"), as loader.torch.DataLoader takes it
+        elif not isinstance(config, LoaderConfig):
+            raise TypeError(
+                f"Loader takes a config file's path or loader.load_config(path), got {type(config).__name__}"
+            )
         config.check_imports()  # a broken mapper or reader module fails here, not in every worker
         self.config = config
         self._parts = parts = _Parts()
@@ -182,6 +193,14 @@ class Loader:
         from the epoch a loaded state stands in."""
         epochs = self.config.pipeline.epochs
         first = self._client._next_epoch
+        if 0 < epochs <= first:
+            # ``for epoch in range(n): for batch in data:`` (as with torch's DataLoader) would train once and
+            # then n - 1 times on nothing, with no word: say so.
+            warnings.warn(
+                f"this Loader has run the {epochs} epoch(s) its config names (pipeline.epochs), so iterating it "
+                "again gives no batches: iterate data.epoch() once per epoch, or raise pipeline.epochs",
+                stacklevel=2,
+            )
         for _ in range(first, epochs) if epochs > 0 else itertools.count():
             yield from self.epoch()
 

@@ -28,6 +28,24 @@ def test_loader_iterates_configured_epochs_and_cleans_up(tmp_path, no_leaks):
     assert collections.Counter(got) == collections.Counter(ids * 2)
 
 
+def test_a_loader_iterated_again_after_its_epochs_says_why_it_gives_nothing(tmp_path):
+    ids = write_id_files(tmp_path, 2, 50)
+    config = make_config(tmp_path, pipeline={"epochs": 1, "batch_size": 16}, workers={"count": 1})
+    with loader.Loader(config) as local:
+        assert sorted(collect_ids(local)) == sorted(ids)
+        with pytest.warns(UserWarning, match=r"has run the 1 epoch\(s\) its config names"):
+            assert list(local) == []  # what ``for epoch in range(n): for batch in data:`` meets next
+
+
+def test_a_loader_takes_a_config_files_path(tmp_path):
+    ids = write_id_files(tmp_path, 2, 50)
+    (tmp_path / "train.toml").write_text('[source]\nfiles = ["*.npy"]\n[pipeline]\nbatch_size = 16\n')
+    with loader.Loader(str(tmp_path / "train.toml")) as local:
+        assert sorted(collect_ids(local)) == sorted(ids)
+    with pytest.raises(TypeError, match="Loader takes a config file's path or loader.load_config"):
+        loader.Loader({"source": {}})  # type: ignore[arg-type]
+
+
 def test_loader_with_user_reader_list_format_and_strings(tmp_path, no_leaks):
     for i in range(3):
         (tmp_path / f"part{i}.txt").write_text(f"{i * 100} {i * 100 + 40}")

@@ -96,3 +96,17 @@ def test_codec_rejects_unknown_types_and_garbage():
         codec.pack(np.array([object()]))
     with pytest.raises(ValueError):
         codec.unpack(b"\xc1\xc1\xc1")
+
+
+def test_changing_a_read_only_row_in_place_carries_the_fix():
+    import numpy as np
+
+    row = np.zeros(4, np.float32)
+    row.flags.writeable = False  # as a row of a memory-mapped .npy is
+    try:
+        row /= 255.0
+    except ValueError as exc:
+        err = WorkerError.from_exception(exc, file="a.npy", record=0)
+    assert "read-only" in err.message and "x = x / 255" in err.message and "x.copy()" in err.message
+    other = WorkerError.from_exception(ValueError("bad value"))
+    assert other.message == "bad value"  # no hint where none applies

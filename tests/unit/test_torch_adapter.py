@@ -290,6 +290,28 @@ def test_a_config_refuses_ranks_and_unknown_options(tmp_path):
         DataLoader(config, rank=1, world_size=2)
     with pytest.raises(TypeError, match="read_ahead"):
         DataLoader(config, read_ahead=False)
+    with pytest.raises(TypeError, match=r"batch_size: \[pipeline\] batch_size in the config; num_workers: \[workers\]"):
+        DataLoader(config, batch_size=32, num_workers=4)  # what a torch user types first
+
+
+def test_torch_arguments_to_a_daemons_dataloader_say_where_they_live():
+    from loader.torch import DataLoader
+
+    with pytest.raises(TypeError, match=r"not \['batch_size', 'shuffle'\] \(batch_size: \[pipeline\] batch_size"):
+        DataLoader("127.0.0.1:1", batch_size=32, shuffle=True)  # refused before connecting
+
+
+def test_a_config_under_torchrun_is_refused_unless_each_rank_is_to_read_it_all(tmp_path, monkeypatch):
+    from loader.torch import DataLoader
+
+    config = tmp_path / "c.toml"
+    config.write_text('[source]\nfiles = ["*.npz"]\n')
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(ValueError, match=r"WORLD_SIZE=2: this process is one of 2 ranks.*loader serve"):
+        DataLoader(config)  # every rank would have read the whole dataset
+    with pytest.raises(ConfigError, match="matched no files"):  # world_size=1: it goes on (and finds no data)
+        DataLoader(config, world_size=1)
 
 
 def _npy_config(tmp_path: Any, data: Any, seed: int = 7) -> Any:

@@ -62,10 +62,10 @@ def from_environment(
     rank_from = world_from = None
     rank_defaulted = world_defaulted = False
     if rank is None:
-        rank, rank_from = _integer(env, RANK_VARIABLES, 0)
+        rank, rank_from = integer_variable(env, RANK_VARIABLES, 0)
         rank_defaulted = rank_from is None
     if world_size is None:
-        world_size, world_from = _integer(env, WORLD_SIZE_VARIABLES, 1)
+        world_size, world_from = integer_variable(env, WORLD_SIZE_VARIABLES, 1)
         world_defaulted = world_from is None
     if world_from is not None and rank_defaulted and world_size > 1:
         raise ConfigError(
@@ -95,13 +95,13 @@ def from_environment(
     # is the usual DDP idiom, and put every rank's batches on GPU 0 while only the string "cuda" was rewritten.
     bare = cuda_without_index(device)
     if bare is not None:
-        local_rank, _ = _integer(env, LOCAL_RANK_VARIABLES, None)
+        local_rank, _ = integer_variable(env, LOCAL_RANK_VARIABLES, None)
         if local_rank is not None:
             device = f"{bare}:{local_rank}"
     return address, rank, world_size, device
 
 
-def _integer(env: Mapping[str, str], names: tuple[str, ...], default: int | None) -> tuple[Any, str | None]:
+def integer_variable(env: Mapping[str, str], names: tuple[str, ...], default: int | None) -> tuple[Any, str | None]:
     """(value, the variable it came from) of the first of ``names`` that is set, or (default, None)."""
     for name in names:
         text = env.get(name)
@@ -131,4 +131,4 @@ def client_stats(client: Any) -> dict[str, Any]:
     }
 
 
-__all__ = ["from_environment", "client_stats", "ADDRESS_VARIABLE"]
+__all__ = ["from_environment", "client_stats", "integer_variable", "ADDRESS_VARIABLE", "WORLD_SIZE_VARIABLES"]

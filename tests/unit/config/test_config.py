@@ -460,3 +460,38 @@ def test_key_files_named_in_a_config_are_found_beside_it_wherever_the_command_ru
     assert service.daemon_key == str(tmp_path / "keys" / "daemon.key_secret")
     assert service.authorized_keys == str(tmp_path / "keys" / "authorized")
     assert service.peer_key == os.path.expanduser("~/k")
+
+
+def test_code_named_in_the_training_script_is_refused_before_the_script_runs_again(tmp_path) -> None:
+    # Workers never run the script: '__main__:f' failed in every worker, and 'train:f' re-ran the training
+    # (a Loader inside a worker: "daemonic processes are not allowed to have children", three tracebacks deep).
+    import subprocess
+
+    (tmp_path / "data.npy").write_bytes(b"")  # never read: the config fails first
+    (tmp_path / "train.toml").write_text('[source]\nfiles = ["*.npy"]\n')
+    script = tmp_path / "train.py"
+    for spec in ("train:normalize", "__main__:normalize"):
+        script.write_text(
+            "import sys\n"
+            "import loader\n"
+            "def normalize(sample):\n"
+            "    return sample\n"
+            "print('the script ran', flush=True)\n"
+            f"config = loader.load_config('train.toml', overrides=['pipeline.mappers=[\"{spec}\"]'])\n"
+            "try:\n"
+            "    config.check_imports()\n"
+            "except loader.ConfigError as exc:\n"
+            "    print(exc)\n"
+            "    sys.exit(3)\n"
+        )
+        done = subprocess.run(
+            [sys.executable, str(script)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": REPO_ROOT},
+        )
+        assert done.returncode == 3, done.stdout + done.stderr
+        assert done.stdout.count("the script ran") == 1, done.stdout  # imported by its own name, it ran twice
+        assert f"'{spec}' is in the " in done.stdout and "move normalize into a module of its own" in done.stdout

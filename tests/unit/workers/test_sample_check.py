@@ -185,3 +185,16 @@ def test_a_chunk_takes_dict_samples_by_key() -> None:
     builder.add(1, {"weight": np.int64(200), "label": np.int64(2)})
     columns, _ = builder.take()
     assert columns["label"].tolist() == [1, 2] and columns["weight"].tolist() == [100, 200]
+
+
+def test_a_tensor_in_a_sample_is_refused_with_the_fix() -> None:
+    from workers.sample_check import unsendable
+
+    class Tensor:  # what torch.Tensor has that the check looks at, without importing torch
+        device = "cpu"
+
+        def numpy(self) -> np.ndarray:
+            return np.zeros(1)
+
+    reason = unsendable([Tensor()])
+    assert reason is not None and "return numpy arrays (tensor.numpy())" in reason
