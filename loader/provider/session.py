@@ -8,11 +8,13 @@ import threading
 from collections.abc import Generator, Iterator
 from typing import Any
 
+import numpy as np
+
 from loader.errors import DataError, add_note
 from loader.provider.batching import assemble
 from loader.provider.check import InvalidSample, check_sample, normalize
 from loader.provider.settings import ProviderLike, Settings
-from loader.provider.types import CacheType
+from loader.provider.types import CacheType, DataType, SequenceType
 
 # Shuffle granularity when min_pool_size is -1. The original then pooled the whole data
 # set before the first batch (PaddlePaddle issue #4030: memory grew with the data); a fixed default keeps memory bounded.
@@ -76,10 +78,21 @@ class ProviderSession:
             yield assemble(batch, self.input_types, self.slot_names)
 
     def iter_file(self, filename: str) -> Iterator[list[Any]]:
-        """The checked samples of one file, in order (what a service worker runs)."""
+        """The checked samples of one file, in order (what a service worker runs).
+
+        A dense vector slot comes as a float32 array of ``dim`` values, as ``batches()`` gives it: a provider
+        that yields Python floats would otherwise make float64 batches through the service only."""
         stats = _PassStats()
+        dense = [
+            (i, t.dim)
+            for i, t in enumerate(self.input_types)
+            if t.type == DataType.Dense and t.seq_type == SequenceType.NO_SEQUENCE
+        ]
         try:
             for sample, _weight in self._file_items(filename, stats):
+                for i, dim in dense:
+                    value = np.asarray(sample[i], dtype=np.float32)
+                    sample[i] = value.reshape(dim) if value.ndim != 1 and value.size == dim else value
                 yield sample
         finally:
             self._report(stats, f"file {filename}")

@@ -218,6 +218,21 @@ def test_iter_file_samples_yields_checked_lists_in_file_order():
     assert samples == [[1, 0]] * 100
 
 
+def test_a_dense_slot_is_float32_through_the_service_as_in_batches():
+    # A provider of Python floats gave float32 batches in process and float64 through a daemon.
+    from loader.provider import integer_value
+
+    @provider(input_types=[dense_vector(4), integer_value(3)])
+    def process(settings, filename):
+        for k in range(3):
+            yield [0.5 * k, 1.0, 2.0, 3.0], k
+
+    samples = list(iter_file_samples(process, "f"))
+    assert [s[0].dtype for s in samples] == [np.float32] * 3 and [s[1] for s in samples] == [0, 1, 2]
+    batch = next(process.batch_reader(["f"], 3, is_train=False)())
+    assert np.array_equal(np.stack([s[0] for s in samples]), batch["slot0"]) and batch["slot0"].dtype == np.float32
+
+
 def test_an_index_slot_refuses_what_is_not_an_int():
     # The original refused it ("Cannot cast int"); a cast to int64 made 1.7 a 1 and "7" a 7 without a word.
     from loader.provider import integer_value
