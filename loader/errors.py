@@ -208,17 +208,20 @@ def _hint(exc: BaseException) -> str:
 class WorkerDiedError(WorkerError):
     """A child process or worker exited without reporting why; ``exitcode`` says how."""
 
-    def __init__(self, who: str, exitcode: int | None, **where: Any) -> None:
+    def __init__(
+        self, who: str, exitcode: int | None, *, said: str = "without reporting an error", **where: Any
+    ) -> None:
         self.who = who
         self.exitcode = exitcode
+        self.said = said  # what it told (a command's standard error is its own: "see its standard error")
         if exitcode is not None and exitcode < 0:
             how = f"killed by signal {-exitcode}"
         else:
             how = f"exited with code {exitcode}"
-        super().__init__("WorkerDiedError", f"{who} {how} without reporting an error", "", **where)
+        super().__init__("WorkerDiedError", f"{who} {how} {said}", "", **where)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_died, (self.who, self.exitcode, self.worker, self.file, self.record))
+        return (_rebuild_died, (self.who, self.exitcode, self.worker, self.file, self.record, self.said))
 
 
 def add_note(exc: BaseException, note: str) -> None:
@@ -233,8 +236,10 @@ def add_note(exc: BaseException, note: str) -> None:
         notes.append(note)
 
 
-def _rebuild_died(who: str, exitcode: int | None, worker: Any, file: Any, record: Any) -> WorkerDiedError:
-    return WorkerDiedError(who, exitcode, worker=worker, file=file, record=record)
+def _rebuild_died(
+    who: str, exitcode: int | None, worker: Any, file: Any, record: Any, said: str = "without reporting an error"
+) -> WorkerDiedError:
+    return WorkerDiedError(who, exitcode, said=said, worker=worker, file=file, record=record)
 
 
 def _rebuild_worker_error(cls: type[WorkerError], info: Mapping[str, Any]) -> WorkerError:

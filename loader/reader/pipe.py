@@ -106,7 +106,8 @@ class PipeReader:
         finally:
             code = _reap(proc, finished)
         if code != 0:
-            raise WorkerDiedError(f"command {shlex.join(self.args)!r}", code)
+            # Its standard error is this process's own: what it said is on the terminal or in the log already.
+            raise WorkerDiedError(f"command {shlex.join(self.args)!r}", code, said="(its standard error says why)")
 
     def _decode(self, proc: subprocess.Popen) -> Iterator[str]:
         text = codecs.getincrementaldecoder("utf-8")()

@@ -71,6 +71,11 @@ def test_nonzero_exit_raises_after_output(no_leaks):
     assert got == ["a", "b"]
     assert info.value.exitcode == 3
     assert "code 3" in str(info.value) and "sh -c" in str(info.value)
+    # Its standard error went to ours: the error does not say it reported nothing (it may have), and keeps it.
+    assert "(its standard error says why)" in str(info.value) and "without reporting" not in str(info.value)
+    import pickle
+
+    assert str(pickle.loads(pickle.dumps(info.value))) == str(info.value)
 
 
 def test_bad_arguments_raise_at_construction():
