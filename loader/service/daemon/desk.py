@@ -151,7 +151,7 @@ class ClientDesk:
             dataset.name,
             rank,
             world_size,
-            hello.job,
+            session.job,  # what `loader status` shows: a lone client (world size 1) is a job of its own
         )
         pipeline = dataset.config.pipeline
         samples = self._epoch_samples(dataset)
