@@ -314,7 +314,9 @@ def test_files_of_a_daemon_killed_with_its_workers_are_removed_by_the_next(tmp_p
         assert _shm_files_of(second.pid)  # its own are there
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=STOP_TIMEOUT_S) == 0
-        assert "removed" in second.communicate(timeout=STOP_TIMEOUT_S)[1]
+        # Its "removed N shared-memory file(s)" line is not asserted: any daemon starting on the machine meanwhile
+        # (another test's) sweeps them as well, and may be first; test_stale.py checks the sweep on its own.
+        second.communicate(timeout=STOP_TIMEOUT_S)
         assert _shm_files_of(second.pid) == []
     finally:
         for proc in (first, second):
