@@ -88,16 +88,33 @@ def show(value: Any) -> str:
 
 
 def reject_unknown(keys: Any, known: Any, prefix: str, origin: str) -> None:
+    """``ConfigError`` naming every key of ``keys`` not in ``known``, each with the closest known one."""
+    raise_unknown(unknown_keys(keys, known, prefix), origin)
+
+
+def unknown_keys(keys: Any, known: Any, prefix: str) -> list[tuple[str, str]]:
+    """(``prefix`` + key, a hint: the closest known key, else them all) for each key not in ``known``."""
     known = sorted(known)
+    found = []
     for key in keys:
         if key in known:
             continue
         close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.5)
-        hint = (
-            f"; did you mean {prefix}{close[0]}?" if close else f"; known keys: {', '.join(prefix + k for k in known)}"
-        )
-        what = "section" if not prefix else "key"
-        raise ConfigError(f"unknown {what} {prefix}{key} ({origin}){hint}")
+        hint = f"did you mean {prefix}{close[0]}?" if close else f"known keys: {', '.join(prefix + k for k in known)}"
+        found.append((f"{prefix}{key}", hint))
+    return found
+
+
+def raise_unknown(found: list[tuple[str, str]], origin: str) -> None:
+    """One ``ConfigError`` for all of ``found`` (``unknown_keys``), so two typos need one round, not two."""
+    if not found:
+        return
+    if len(found) == 1:
+        ((name, hint),) = found
+        what = "key" if "." in name else "section"
+        raise ConfigError(f"unknown {what} {name} ({origin}); {hint}")
+    listed = "; ".join(f"{name} ({hint})" for name, hint in found)
+    raise ConfigError(f"{len(found)} unknown keys ({origin}): {listed}")
 
 
 PLAIN_TYPES = (str, int, float, bool, type(None))

@@ -35,7 +35,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from loader.config.checks import DEFAULT_ORIGIN, Check, origin_field, plain, reject_unknown, show
+from loader.config.checks import (
+    DEFAULT_ORIGIN,
+    Check,
+    origin_field,
+    plain,
+    raise_unknown,
+    reject_unknown,
+    show,
+    unknown_keys,
+)
 from loader.config.overrides import Override, culprits
 from loader.config.overrides import apply as apply_overrides
 from loader.config.overrides import collect as collect_overrides
@@ -335,7 +344,7 @@ class LoaderConfig:
         """
         if not isinstance(mapping, Mapping):
             raise ConfigError(f"a config must be a table of sections, got {show(mapping)} ({origin})")
-        reject_unknown(mapping.keys(), {*_SECTIONS, *_TOP_KEYS}, "", origin)
+        raise_unknown(_unknown_keys(mapping), origin)  # every unknown key of the file at once
         sections: dict[str, Any] = {}
         base = os.path.abspath(base_dir) if base_dir is not None else os.getcwd()
         import_path = mapping.get("import_path", ["."])
@@ -497,6 +506,27 @@ def _absolute_key_paths(values: dict[str, Any], base_dir: str) -> dict[str, Any]
     return values
 
 
+def _section_keys(section_cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(section_cls)} - {"origin"}
+
+
+def _unknown_keys(mapping: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every unknown section and key of a config's tables (``unknown_keys``), datasets' tables too."""
+    found = unknown_keys(mapping.keys(), {*_SECTIONS, *_TOP_KEYS}, "")
+    tables = [(name, mapping.get(name), name) for name in _SECTIONS]
+    datasets = mapping.get("datasets")
+    if isinstance(datasets, Mapping):
+        for name, dataset in datasets.items():
+            if not isinstance(dataset, Mapping):
+                continue
+            found += unknown_keys(dataset.keys(), _DATASET_SECTIONS, f"datasets.{name}.")
+            tables += [(section, dataset.get(section), f"datasets.{name}.{section}") for section in _DATASET_SECTIONS]
+    for section, values, where in tables:
+        if isinstance(values, Mapping):
+            found += unknown_keys(values.keys(), _section_keys(_SECTIONS[section]), f"{where}.")
+    return found
+
+
 def _datasets(value: Any, origin: str, base_dir: str | None) -> tuple[DatasetConfig, ...]:
     """``[datasets.NAME.source]`` / ``[datasets.NAME.pipeline]`` tables, checked like the top-level ones."""
     if not isinstance(value, Mapping):
@@ -554,6 +584,8 @@ def load_config(
         blamed = culprits(str(exc), applied)  # the message names the variable or flag, not the file
         if not blamed:
             raise
+        if _unknown_keys(data):  # unknown keys of the file too, in the same message
+            blamed = [origin, *blamed]
         raise ConfigError(str(exc).replace(f"({origin})", f"({', '.join(blamed)})")) from None
     return dataclasses.replace(config, sources=value_sources(config.to_dict(), data, applied, origin))
 

@@ -495,3 +495,15 @@ def test_code_named_in_the_training_script_is_refused_before_the_script_runs_aga
         assert done.returncode == 3, done.stdout + done.stderr
         assert done.stdout.count("the script ran") == 1, done.stdout  # imported by its own name, it ran twice
         assert f"'{spec}' is in the " in done.stdout and "move normalize into a module of its own" in done.stdout
+
+
+def test_every_unknown_key_is_reported_at_once() -> None:
+    text = rejects(
+        r"^3 unknown keys \(configs/train.toml\): ",
+        pipeline={"batchsize": 8, "shuffle_bufer": 64},
+        datasets={"eval": {"source": {"files": ["e"]}, "pipeline": {"epoch": 2}}},
+    )
+    assert "pipeline.batchsize (did you mean pipeline.batch_size?)" in text
+    assert "pipeline.shuffle_bufer (did you mean pipeline.shuffle_buffer?)" in text
+    assert "datasets.eval.pipeline.epoch (did you mean datasets.eval.pipeline.epochs?)" in text
+    assert "\n" not in text

@@ -118,3 +118,14 @@ def test_file_errors_still_name_the_file(tmp_path):
     path.write_text('[source]\nfiles = ["*.npy"]\n[pipeline]\nbatch_size = 0\n')
     with pytest.raises(ConfigError, match=rf"got 0 \({path}\)"):
         load_config(path, overrides=["workers.count=2"], environ={})
+
+
+def test_unknown_keys_of_the_file_and_of_a_flag_name_both(cfg):
+    with open(cfg, "a") as fh:
+        fh.write("shuffle_bufer = 4\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg, overrides=["pipeline.batchsize=3"], environ={})
+    text = str(info.value)
+    assert text.startswith(f"2 unknown keys ({cfg}, --set pipeline.batchsize=3): "), text
+    assert "pipeline.batchsize (did you mean pipeline.batch_size?)" in text
+    assert "pipeline.shuffle_bufer (did you mean pipeline.shuffle_buffer?)" in text
