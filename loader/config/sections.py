@@ -87,6 +87,11 @@ _METRICS_ADDRESS = re.compile(
     r"^(\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(6553[0-5]|655[0-2]\d|65[0-4]\d\d|6[0-4]\d{3}|[1-5]?\d{1,4})$"
 )
 _DEVICE = re.compile(r"^(cpu|torch|torch:cpu|((torch|cupy):)?(cuda|gpu)(:\d+)?)$")
+# What _DEVICE admits, in words (configs/example.toml documents each).
+DEVICE_FORMS = (
+    "'cpu', 'torch', 'torch:cpu', 'cuda', 'cuda:N', 'gpu' or 'gpu:N' "
+    "(a GPU form may be prefixed with 'torch:' or 'cupy:', e.g. 'torch:cuda:0')"
+)
 _LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1"}
 
 
@@ -279,7 +284,7 @@ class ClientConfig:
             check.integer("prefetch", minimum=1, maximum=MAX_PREFETCH)
         check.text("device")
         if not _DEVICE.match(self.device):
-            check.fail("device", f"must be 'cpu', 'torch', 'torch:cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+            check.fail("device", f"must be {DEVICE_FORMS}, got {self.device!r}")
         check.number("timeout_s", maximum=MAX_TIMEOUT_S)
 
 

@@ -261,7 +261,7 @@ def test_the_documented_message_shape() -> None:
         ("service", {"bind": ""}, "service.bind must be a non-empty string"),
         ("client", {"prefetch": 0}, "client.prefetch must be >= 1"),
         ("client", {"prefetch": "fast"}, 'client.prefetch must be "auto" or an integer from 1 to 32'),
-        ("client", {"device": "tpu"}, "client.device must be 'cpu', 'torch', 'torch:cpu', 'cuda' or 'cuda:N'"),
+        ("client", {"device": "tpu"}, "client.device must be 'cpu', 'torch', 'torch:cpu', 'cuda', 'cuda:N', 'gpu' or"),
         ("client", {"timeout_s": -1}, "client.timeout_s must be > 0"),
     ],
 )
@@ -507,3 +507,19 @@ def test_every_unknown_key_is_reported_at_once() -> None:
     assert "pipeline.shuffle_bufer (did you mean pipeline.shuffle_buffer?)" in text
     assert "datasets.eval.pipeline.epoch (did you mean datasets.eval.pipeline.epochs?)" in text
     assert "\n" not in text
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", "torch", "torch:cpu", "cuda", "cuda:1", "gpu", "gpu:0", "torch:cuda:0", "cupy:gpu"]
+)
+def test_every_documented_device_form_is_accepted(device: str) -> None:
+    assert make(client={"device": device}).client.device == device
+
+
+def test_a_bad_device_lists_every_form_and_blames_who_gave_it() -> None:
+    text = rejects(r"client.device must be .*got 'tpu' \(configs/train.toml\)", client={"device": "tpu"})
+    for form in ("'gpu:N'", "'torch:'", "'cupy:'", "'torch:cuda:0'"):
+        assert form in text
+    # A value from an argument (as loader.torch.DataLoader's device) names the argument, not the file.
+    with pytest.raises(ConfigError, match=r"got 'gpu0' \(DataLoader\(device='gpu0'\)\)$"):
+        make().override({"client.device": "gpu0"}, origin="DataLoader(device='gpu0')")
