@@ -5,6 +5,7 @@
     loader serve CONFIG [--bind ADDR] [--workers N] [--set SECTION.KEY=VALUE] [--address-file PATH]
                                                       run the daemon until Ctrl-C / SIGTERM
     loader status [ADDRESS|HOST:PORT|CONFIG] [--json] [--watch [S]]   ask a running daemon how it is doing
+                                                      (no address: LOADER_ADDRESS, else the default bind)
     loader worker --connect tcp://HOST:PORT           run one worker by hand (any host)
     loader check CONFIG [--set K=V] [--no-batch]      validate a config; count samples per field; first batch
     loader gen-data DIR --format npy|npz|recordio --files N --samples M   synthetic data
@@ -66,19 +67,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from loader.config.address import daemon_address
+    from loader.config.address import address_origin, daemon_address
     from loader.service.client.client import query_status
+    from loader.service.client.env import ADDRESS_VARIABLE
 
-    address = daemon_address(args.address)
+    given = args.address or os.environ.get(ADDRESS_VARIABLE) or None  # as a Client given no address
+    address = daemon_address(given)
+
+    def query() -> dict[str, Any]:
+        try:
+            return query_status(address, timeout_s=args.timeout)
+        except ServiceUnavailableError as exc:  # an address from a config file: say so, and how else to look
+            note = address_origin(given)
+            if not note:
+                raise
+            raise ServiceUnavailableError(f"{exc}{note}") from None
+
     if args.watch is None:
-        status = query_status(address, timeout_s=args.timeout)
-        _note_another_config(args.address, address, status)
+        status = query()
+        _note_another_config(given, address, status)
         print(_render_status(status, args.json))
         return EXIT_OK
     stop = threading.Event()
     with _stop_on_signals(stop):
         while not stop.is_set():
-            text = _render_status(query_status(address, timeout_s=args.timeout), args.json)
+            text = _render_status(query(), args.json)
             # Home the cursor and clear below it: the view refreshes in place, like top(1).
             sys.stdout.write(f"\x1b[H\x1b[J{address}  (every {args.watch:g} s, Ctrl-C to stop)\n{text}\n")
             sys.stdout.flush()
@@ -341,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDRESS",
         nargs="?",
         help="the daemon: tcp://HOST:PORT, HOST:PORT, ipc://PATH, or a config file (its service.bind); "
-        "default tcp://127.0.0.1:5555, the default bind",
+        "default LOADER_ADDRESS, else tcp://127.0.0.1:5555, the default bind",
     )
     p.add_argument("--json", action="store_true", help="print the raw status as JSON")
     p.add_argument("--timeout", type=float, default=STATUS_TIMEOUT_S, metavar="S", help="seconds to wait (default 5)")

@@ -37,4 +37,24 @@ def daemon_address(given: str | None) -> str:
     return f"tcp://{match['host'] or '127.0.0.1'}:{match['port']}"
 
 
-__all__ = ["daemon_address"]
+def address_origin(given: str | None) -> str:
+    """Where ``daemon_address(given)`` took the address from, as a clause to append to "no daemon answered"
+    when ``given`` is a config file ("" otherwise): its ``service.bind`` is where a daemon of that config
+    listens unless ``--bind``, ``--set service.bind`` or a port ``*`` put it elsewhere."""
+    if not given or given.startswith(("tcp://", "ipc://")) or not os.path.isfile(given):
+        return ""
+    try:
+        config = load_config(given)
+    except ConfigError:  # pragma: no cover - daemon_address read it a moment ago
+        return ""
+    source = config.sources.get("service.bind", "default")
+    how = "the default" if source == "default" else f"from {source}"
+    return (
+        f"; {_WILDCARD.sub('tcp://127.0.0.1:', config.service.bind)} is service.bind of {given} ({how}): "
+        "a daemon started with --bind, --set service.bind or a port * listens elsewhere; "
+        "`loader serve --address-file PATH` writes its address: `loader status $(cat PATH)`, "
+        "or LOADER_ADDRESS=$(cat PATH) for `loader status` or a Client given no address"
+    )
+
+
+__all__ = ["daemon_address", "address_origin"]

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from loader.cli import build_parser
+from loader.cli import build_parser, main
 from loader.config import DEFAULT_BIND, LoaderConfig
 from loader.config.address import daemon_address
 from loader.errors import ConfigError
@@ -53,6 +53,29 @@ def test_status_with_host_port_reaches_nobody_in_one_line() -> None:
     result = loader_cmd("status", f"127.0.0.1:{port}", "--timeout", "0.5")
     assert result.returncode == 1 and result.stderr.count("\n") == 1
     assert f"no loader daemon answered at tcp://127.0.0.1:{port}" in result.stderr
+
+
+def test_status_by_a_config_that_reaches_nobody_says_where_the_address_came_from(tmp_path, capsys) -> None:
+    port = free_port()
+    datagen.generate(str(tmp_path), files=1, samples=2)
+    cfg = write_config(
+        tmp_path / "c.toml", f'[source]\nfiles = ["*.npy"]\n[service]\nbind = "tcp://127.0.0.1:{port}"\n'
+    )
+    assert main(["status", cfg, "--timeout", "0.3"]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"no loader daemon answered at tcp://127.0.0.1:{port}" in line
+    assert f"tcp://127.0.0.1:{port} is service.bind of {cfg} (from {cfg}): a daemon started with --bind" in line
+    assert "--address-file PATH" in line and "LOADER_ADDRESS=$(cat PATH)" in line
+    # An address given as such is not a config's: no such note.
+    assert main(["status", f"127.0.0.1:{port}", "--timeout", "0.3"]) == 1
+    assert "service.bind" not in capsys.readouterr().err
+
+
+def test_status_without_an_address_asks_loader_address(monkeypatch, capsys) -> None:
+    port = free_port()
+    monkeypatch.setenv("LOADER_ADDRESS", f"127.0.0.1:{port}")
+    assert main(["status", "--timeout", "0.3"]) == 1
+    assert f"no loader daemon answered at tcp://127.0.0.1:{port}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("fmt", datagen.FORMATS)
