@@ -166,12 +166,21 @@ def cmd_check(args: argparse.Namespace) -> int:
     from loader.io.survey import survey
 
     config = _load_checked(args.config, {}, args.set)
-    # Every dataset's files, and its first batch, are read before "ok" is printed: a bad file or a mapper
-    # that fails on real data is the only line, not one after "ok".
+    # Every dataset's files, and its first batch, are read before "ok" is printed: a bad file, files a batch
+    # cannot take together, or a mapper that fails on real data is the only line, not one after "ok".
     surveys = [(name, survey(config.dataset(name).source)) for name in config.dataset_names]
-    empty = [name for name, found in surveys if found.samples == 0]
+    errors: list[str] = []
+    warnings: list[str] = []
+    for name, found in surveys:
+        _judge_survey(config.dataset(name).pipeline, f"dataset {name}", found, errors, warnings)
+    if errors:
+        for line in errors:
+            print(f"loader: error: {line}", file=sys.stderr)
+        return EXIT_ERROR
+    for line in warnings:
+        print(f"loader: warning: {line}", file=sys.stderr)
     batches: dict[str, tuple[int, list[dict[str, str]]] | None] = {}
-    if not empty and not args.no_batch:
+    if not args.no_batch:
         try:
             _read_first_batches(config, batches)
         except LoaderError as exc:
@@ -190,22 +199,76 @@ def cmd_check(args: argparse.Namespace) -> int:
             continue
         described = batches[name]
         if described is None:
-            print("  first batch: none (epoch 0 is empty after the pipeline)")
+            print(
+                f"  first batch: none (epoch 0 is empty after the pipeline: {_why_empty(config.dataset(name).pipeline)})"
+            )
             continue
         count, rows = described
         print(f"  first batch, after the pipeline: {count} samples")
         print("\n".join(_table(rows, "    ")))
     print("settings (value, and where it came from):")
     print("\n".join(format_sources(config)))
-    if empty:
-        # Every epoch would be empty: most often a writer that was never closed (RecordIO writes on close).
-        print(
-            f"loader: error: dataset {', '.join(empty)} of {args.config} holds no samples "
-            "(empty files, or a RecordIO writer that was not closed)",
-            file=sys.stderr,
-        )
-        return EXIT_ERROR
     return EXIT_OK
+
+
+def _judge_survey(pipeline: Any, dataset: str, found: Any, errors: list[str], warnings: list[str]) -> None:
+    """What ``loader check`` says of a dataset's survey: errors for what no epoch can get past, warnings
+    for files without samples and for differences the mappers may reconcile."""
+    from loader.io.survey import shown
+
+    empty = [f"{shown(path)} ({_why_no_samples(path)})" for path in found.empty]
+    if found.files and len(found.empty) == found.files:
+        listed = "; ".join(empty[:3]) + (f"; and {len(empty) - 3} more" if len(empty) > 3 else "")
+        errors.append(f"{dataset} holds no samples: {listed}")
+        return
+    warnings += [f"{dataset}: no samples in {line}: it adds nothing to an epoch" for line in empty]
+    mapped = bool(pipeline.mappers or pipeline.batch_mappers)
+    for mismatch in found.mismatches:
+        if mismatch.kind == "fields":
+            fix = "every file of a dataset needs the same fields"
+        elif pipeline.batch_format == "list":
+            continue  # a list batch holds each sample as it is
+        elif mismatch.kind == "dtype":
+            fix = (
+                "a stacked batch needs one dtype per field: write the files with one dtype or cast it in a mapper "
+                "(pipeline.batch_format = 'list' takes the samples as they are)"
+            )
+        else:
+            fix = (
+                "a stacked batch needs one shape per field: pipeline.batch_format = 'list' takes fields of "
+                "varying shape, or a mapper can crop or pad them"
+            )
+        if mapped:
+            warnings.append(f"{dataset}: {mismatch.text} (the mappers must make them agree: {fix})")
+        else:
+            errors.append(f"{dataset}: {mismatch.text}: {fix}")
+    samples, size = found.samples, pipeline.batch_size
+    if pipeline.drop_last and samples is not None and 0 < samples < size:  # mappers never add samples
+        errors.append(
+            f"{dataset}: batch_size {size} > {samples} samples with drop_last: every epoch is empty "
+            "(lower pipeline.batch_size, or set pipeline.drop_last = false)"
+        )
+
+
+def _why_empty(pipeline: Any) -> str:
+    """Why a dataset with samples gave no first batch (its samples were counted: none were wanting)."""
+    causes = []
+    if pipeline.drop_last:
+        causes.append(f"fewer samples than batch_size {pipeline.batch_size} with drop_last")
+    if pipeline.on_error == "skip":
+        causes.append("on_error = 'skip' skipped every record")
+    return " or ".join(causes) or "no sample reached a batch"
+
+
+def _why_no_samples(path: str) -> str:
+    """The likely cause of a file without samples."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:  # pragma: no cover - gone since it was read
+        size = -1
+    if size == 0 and path.endswith(".recordio"):
+        return "0 bytes: a RecordIO writer that was never closed? Records reach the file when it closes"
+    return "0 bytes: an empty file" if size == 0 else "no records"
 
 
 def _read_first_batches(config: Any, into: dict[str, Any]) -> None:

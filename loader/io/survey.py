@@ -4,6 +4,11 @@ Built-in formats are read in blocks (``.npy``/``.npz`` only read their headers'
 worth of rows: the blocks are views of the memory-mapped files); a
 ``source.reader`` is iterated sample by sample. A field whose samples differ in
 shape shows ``varies``.
+
+The survey also keeps what a batch cannot take, which ``loader check`` reports
+before training does: files whose fields differ (another name, a missing ``.npy``
+companion), a field whose dtype or shape differs between files or records (a
+stacked batch needs one of each per field), and files that hold no samples.
 """
 
 from __future__ import annotations
@@ -34,17 +39,130 @@ class FieldSummary:
 
 
 @dataclass
+class Mismatch:
+    """Something a batch cannot take: ``kind`` "fields" (files with other field names), "dtype" or
+    "shape" (a field's, between files or records); ``text`` says where, naming the files."""
+
+    kind: str
+    text: str
+
+
+@dataclass
 class Survey:
-    """Files, samples and fields of a dataset; ``samples`` is None where it was not counted (a provider)."""
+    """Files, samples and fields of a dataset; ``samples`` is None where it was not counted (a provider).
+
+    ``empty`` lists the files without a sample; ``mismatches`` the first difference of field names
+    between files, and per field the first of its dtype and of its shape (between files or records)."""
 
     files: int = 0
     samples: int | None = 0
     fields: list[FieldSummary] = field(default_factory=list)
+    empty: list[str] = field(default_factory=list)
+    mismatches: list[Mismatch] = field(default_factory=list)
+    # The first file with samples: its path and field names, and each field's first (path, record, shape, dtype).
+    _first: tuple[str, list[str]] | None = None
+    _seen: dict[str, tuple[str, int, tuple[int, ...], str]] = field(default_factory=dict)
+    _reported: set[tuple[str, str]] = field(default_factory=set)
 
-    def _field(self, index: int, name: str) -> FieldSummary:
-        while len(self.fields) <= index:
-            self.fields.append(FieldSummary(name if len(self.fields) == index else str(len(self.fields))))
-        return self.fields[index]
+    def _field(self, name: str) -> FieldSummary:
+        for found in self.fields:
+            if found.name == name:
+                return found
+        self.fields.append(FieldSummary(name))
+        return self.fields[-1]
+
+    def _file(self, path: str, names: list[str], samples: int) -> None:
+        """A file's field names, once its samples are read: compared with the first file's."""
+        if samples == 0:
+            self.empty.append(path)
+            return
+        if self._first is None:
+            self._first = (path, names)
+            return
+        first, first_names = self._first
+        if set(names) != set(first_names) and ("fields", "") not in self._reported:
+            self._reported.add(("fields", ""))
+            self.mismatches.append(Mismatch("fields", _fields_differ(first, first_names, path, names)))
+
+    def _value(self, path: str, record: int, name: str, value: Any) -> None:
+        """One sample's ``value`` of field ``name`` (a block's column when ``value`` is ``_Rows``)."""
+        shape, dtype = (value.shape, value.dtype) if isinstance(value, _Rows) else _layout(value)
+        self._field(name).add(shape, dtype)
+        if not _stackable(value):
+            return  # objects and strings: a batch does not stack them as fixed rows, nor check them
+        shape, dtype_text = tuple(int(n) for n in shape), "" if _python_number(value) else str(dtype)
+        seen = self._seen.setdefault(name, (path, record, shape, dtype_text))
+        compared = [("shape", str(seen[2]), str(shape))]
+        if seen[3] and dtype_text:  # a Python number takes the dtype of the column it joins
+            compared.insert(0, ("dtype", seen[3], dtype_text))
+        for kind, was, now in compared:
+            if was != now and (kind, name) not in self._reported:
+                self._reported.add((kind, name))
+                where = _where(seen[0], seen[1], path, record, name)
+                self.mismatches.append(
+                    Mismatch(kind, f"field {name!r} has {kind} {was} {where[0]} but {now} {where[1]}")
+                )
+
+
+@dataclass
+class _Rows:
+    """The rows of a block's column: each has ``shape`` and ``dtype``."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def _layout(value: Any) -> tuple[tuple[int, ...], Any]:
+    array = np.asarray(value) if not isinstance(value, np.ndarray) else value
+    return array.shape, array.dtype
+
+
+def _python_number(value: Any) -> bool:
+    return type(value) in (bool, int, float)
+
+
+def _stackable(value: Any) -> bool:
+    """Whether a stacked batch holds ``value`` as fixed rows, checked per field as the workers check it
+    (``workers.sample_check``): numpy values of a fixed dtype, and Python numbers (by shape only)."""
+    if _python_number(value):
+        return True
+    if isinstance(value, (np.ndarray, np.generic, _Rows)):
+        return not value.dtype.hasobject and value.dtype.names is None and value.dtype.kind not in "USV"
+    return False
+
+
+def _where(first: str, first_record: int, path: str, record: int, name: str) -> tuple[str, str]:
+    if first == path:
+        return f"in record {first_record} of {shown(_field_file(path, name))}", f"in record {record}"
+    return f"in {shown(_field_file(first, name))}", f"in {shown(_field_file(path, name))}"
+
+
+def _field_file(path: str, name: str) -> str:
+    """The file a field of ``path`` is stored in: its companion for a ``.npy`` file's other fields."""
+    if path.endswith(".npy") and name != "data":
+        companion = f"{path[: -len('.npy')]}.{name}.npy"
+        if os.path.isfile(companion):
+            return companion
+    return path
+
+
+def _fields_differ(first: str, first_names: list[str], path: str, names: list[str]) -> str:
+    both = f"{shown(first)} has fields {', '.join(first_names)}; {shown(path)} has {', '.join(names) or 'none'}"
+    for one, one_names, other, other_names in ((path, names, first, first_names), (first, first_names, path, names)):
+        lacking = [n for n in other_names if n not in one_names and n != "data"]
+        if one.endswith(".npy") and other.endswith(".npy") and lacking:  # a missing .npy companion
+            stem = os.path.basename(one)[: -len(".npy")]
+            return f"{shown(one)} has no {stem}.{lacking[0]}.npy ({both})"
+    return both
+
+
+def shown(path: str) -> str:
+    """``path`` relative to the current directory when it lies below it (as the user wrote it)."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # pragma: no cover - another drive (Windows)
+        return path
+    return path if relative.startswith(os.pardir) else relative
 
 
 def survey(source: Any) -> Survey:
@@ -57,7 +175,7 @@ def survey(source: Any) -> Survey:
     names = list(source.fields) if source.fields else None
     for path in paths:
         if source.reader is not None:
-            _survey_samples(result, source.resolve_reader()(path)(), names)
+            _survey_samples(result, path, source.resolve_reader()(path)(), names)
         else:
             _survey_blocks(result, path, source, names)
     return result
@@ -93,35 +211,45 @@ def _survey_blocks(result: Survey, path: str, source: Any, names: list[str] | No
     from loader.io.registry import create_file_reader
 
     source.register_formats()
+    samples, width = 0, 0
     with create_file_reader(path, format=source.format, **source.file_reader_options()) as reader:
         slot_names = names or list(reader.slot_names)
         while True:
             block = reader.read_block(SURVEY_BLOCK_ROWS)
             if not block:
-                return
-            assert result.samples is not None
-            result.samples += len(block[0])
+                break
+            width = max(width, len(block))
             for i, column in enumerate(block):
                 column = np.asarray(column)
-                result._field(i, _name(slot_names, i)).add(column.shape[1:], column.dtype)
+                if column.dtype.hasobject:  # rows of their own shapes and dtypes (a ragged slot)
+                    for row, value in enumerate(column):
+                        result._value(path, samples + row, _name(slot_names, i), value)
+                elif len(column):
+                    result._value(path, samples, _name(slot_names, i), _Rows(column.shape[1:], column.dtype))
+            samples += len(block[0])
+    assert result.samples is not None
+    result.samples += samples
+    result._file(path, [_name(slot_names, i) for i in range(width or len(slot_names))], samples)
 
 
-def _survey_samples(result: Survey, samples: Any, names: list[str] | None) -> None:
-    for sample in samples:
-        assert result.samples is not None
-        result.samples += 1
+def _survey_samples(result: Survey, path: str, samples: Any, names: list[str] | None) -> None:
+    count, width = 0, 0
+    for count, sample in enumerate(samples, 1):
         if isinstance(sample, dict):
             values = list(sample.values())
             names = names or [str(k) for k in sample]
         else:
             values = list(sample) if isinstance(sample, (tuple, list)) else [sample]
+        width = max(width, len(values))
         for i, value in enumerate(values):
-            array = np.asarray(value)
-            result._field(i, _name(names, i)).add(array.shape, array.dtype)
+            result._value(path, count - 1, _name(names, i), value)
+    assert result.samples is not None
+    result.samples += count
+    result._file(path, [_name(names, i) for i in range(width)], count)
 
 
 def _name(names: list[str] | None, index: int) -> str:
     return names[index] if names and index < len(names) else str(index)
 
 
-__all__ = ["survey", "count_samples", "Survey", "FieldSummary"]
+__all__ = ["survey", "count_samples", "shown", "Survey", "FieldSummary", "Mismatch"]

@@ -157,8 +157,10 @@ def test_check_fails_on_a_dataset_without_samples(tmp_path) -> None:
     writer.write([np.zeros(3, np.float32), 1])
     cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.recordio"]\n')
     result = loader_cmd("check", cfg)
-    assert "dataset default: 1 file, 0 samples" in result.stdout
-    assert_one_line_error(result, "holds no samples (empty files, or a RecordIO writer that was not closed)")
+    line = assert_one_line_error(result, "dataset default holds no samples: ")
+    assert "part-0.recordio (0 bytes: a RecordIO writer" in line
+    assert "never closed" in line
+    assert result.stdout == "", "no 'ok' and no settings before the error"
     writer.close()
     assert loader_cmd("check", cfg).returncode == 0
 
@@ -187,3 +189,118 @@ def test_help_of_the_scripts_sets_up_and_installs_nothing(tmp_path, script, says
     assert done.returncode == 0, done.stderr
     assert says in done.stdout
     assert not (tmp_path / ".venv").exists(), "help set up a virtual environment"
+
+
+# -- check: files a batch cannot take together -----------------------------------------
+
+
+def _check(tmp_path, capsys, body: str, *flags: str) -> tuple[int, str, list[str]]:
+    """``loader check --no-batch`` of a config in ``tmp_path``, run from there: (code, stdout, stderr lines)."""
+    cfg = write_config(tmp_path / "c.toml", body)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code = main(["check", cfg, "--no-batch", *flags])
+    finally:
+        os.chdir(cwd)
+    out, err = capsys.readouterr()
+    return code, out, err.splitlines()
+
+
+def _error(code: int, out: str, err: list[str]) -> str:
+    assert code == 1 and out == "", (out, err)  # the error, and no "ok" before or after it
+    (line,) = err
+    assert line.startswith("loader: error: dataset default: "), line
+    return line
+
+
+def test_check_fails_when_files_have_other_fields(tmp_path, capsys) -> None:
+    np.save(tmp_path / "part-0.npy", np.zeros((6, 4), np.float32))
+    np.save(tmp_path / "part-0.label.npy", np.zeros(6, np.int64))
+    np.savez(tmp_path / "arch-0.npz", image=np.zeros((5, 8), np.float32), label=np.zeros(5, np.int64))
+    line = _error(*_check(tmp_path, capsys, '[source]\nfiles = ["*.np?"]\n'))
+    assert "arch-0.npz has fields image, label; part-0.npy has data, label" in line
+    assert "every file of a dataset needs the same fields" in line
+
+
+def test_check_names_a_missing_npy_companion(tmp_path, capsys) -> None:
+    for i in range(2):
+        np.save(tmp_path / f"part-{i}.npy", np.zeros((6, 4), np.float32))
+    np.save(tmp_path / "part-0.label.npy", np.zeros(6, np.int64))
+    line = _error(*_check(tmp_path, capsys, '[source]\nfiles = ["part-*.npy"]\n'))
+    assert "part-1.npy has no part-1.label.npy (part-0.npy has fields data, label; part-1.npy has data)" in line
+
+
+def test_check_fails_on_recordio_files_of_list_and_of_dict_records(tmp_path, capsys) -> None:
+    from loader import recordio
+
+    with recordio.Writer(str(tmp_path / "a.recordio")) as writer:
+        writer.write([np.zeros(3, np.float32), 1])
+    with recordio.Writer(str(tmp_path / "b.recordio")) as writer:
+        writer.write({"x": np.zeros(3, np.float32), "y": 1})
+    line = _error(*_check(tmp_path, capsys, '[source]\nfiles = ["*.recordio"]\n'))
+    assert "a.recordio has fields slot0, slot1; b.recordio has x, y" in line
+
+
+@pytest.mark.parametrize(
+    "label_1, says",
+    [
+        (np.zeros(5, np.int32), "field 'label' has dtype int64 in part-0.label.npy but int32 in part-1.label.npy"),
+        (np.zeros((5, 2), np.int64), "field 'label' has shape () in part-0.label.npy but (2,) in part-1.label.npy"),
+    ],
+)
+def test_check_fails_on_a_field_a_stacked_batch_cannot_take_from_every_file(tmp_path, capsys, label_1, says) -> None:
+    for i, label in enumerate([np.zeros(5, np.int64), label_1]):
+        np.save(tmp_path / f"part-{i}.npy", np.zeros((5, 4), np.float32))
+        np.save(tmp_path / f"part-{i}.label.npy", label)
+    body = '[source]\nfiles = ["part-*.npy"]\n'
+    line = _error(*_check(tmp_path, capsys, body))
+    assert says in line and "a stacked batch needs one" in line and "batch_format = 'list'" in line
+    code, out, err = _check(tmp_path, capsys, body + '[pipeline]\nbatch_format = "list"\n')  # list batches: fine
+    assert code == 0 and err == [] and ": ok," in out.splitlines()[0], (out, err)
+
+
+def test_check_warns_of_differences_the_mappers_may_reconcile(tmp_path, capsys) -> None:
+    for i, dtype in enumerate([np.int64, np.int32]):
+        np.save(tmp_path / f"part-{i}.npy", np.zeros((5, 4), np.float32))
+        np.save(tmp_path / f"part-{i}.label.npy", np.zeros(5, dtype))
+    (tmp_path / "casts.py").write_text("def cast(sample):\n    return sample[0], int(sample[1])\n")
+    code, out, err = _check(
+        tmp_path, capsys, '[source]\nfiles = ["part-*.npy"]\n[pipeline]\nmappers = ["casts:cast"]\n'
+    )
+    assert code == 0 and ": ok," in out.splitlines()[0], out
+    (line,) = err
+    assert line.startswith("loader: warning: dataset default: field 'label' has dtype int64") and "mappers" in line
+
+
+def test_check_warns_of_a_file_without_samples_beside_good_ones(tmp_path, capsys) -> None:
+    from loader import recordio
+
+    with recordio.Writer(str(tmp_path / "a.recordio")) as writer:
+        writer.write([np.zeros(3, np.float32), 1])
+    (tmp_path / "b.recordio").write_bytes(b"")  # what a writer that was never closed leaves
+    code, out, err = _check(tmp_path, capsys, '[source]\nfiles = ["*.recordio"]\n')
+    assert code == 0 and ": ok," in out.splitlines()[0]
+    (line,) = err
+    assert line.startswith("loader: warning: dataset default: no samples in b.recordio (0 bytes: a RecordIO writer")
+
+
+def test_check_fails_when_drop_last_leaves_every_epoch_empty(tmp_path, capsys) -> None:
+    np.save(tmp_path / "part-0.npy", np.zeros((303, 2), np.float32))
+    body = '[source]\nfiles = ["part-0.npy"]\n[pipeline]\nbatch_size = 1000\n'
+    line = _error(*_check(tmp_path, capsys, body, "--set", "pipeline.drop_last=true"))
+    assert "batch_size 1000 > 303 samples with drop_last: every epoch is empty" in line
+    assert _check(tmp_path, capsys, body)[0] == 0  # without drop_last, the one batch is short
+
+
+def test_survey_takes_python_numbers_and_strings_as_a_batch_does(tmp_path) -> None:
+    (tmp_path / "a.txt").write_text("x")
+    (tmp_path / "mixed_reader.py").write_text(
+        "def read(path):\n    return lambda: iter([(1, 'ab', 0.5), (2.5, 'abc', 1)])\n"
+    )
+    config = LoaderConfig.from_dict(
+        {"source": {"files": [str(tmp_path / "a.txt")], "reader": "mixed_reader:read"}, "import_path": [str(tmp_path)]}
+    )
+    config.add_import_path()
+    found = survey(config.source)
+    assert found.samples == 2 and found.mismatches == []  # numbers stack to one dtype; strings are not stacked
