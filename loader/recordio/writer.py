@@ -105,11 +105,13 @@ class Writer:
     def __del__(self) -> None:
         # Records wait for a full chunk, written on flush() or close(): a writer dropped without either loses
         # them. Said, not done here: writing from a finalizer (at interpreter exit, the file half-closed) is not safe.
+        # A UserWarning, shown by default: lost data is no ResourceWarning (hidden by default), and the file it
+        # leaves (often 0 bytes) otherwise shows nothing until a dataset turns out to hold no samples.
         if not getattr(self, "_closed", True) and getattr(self, "_pending", None):
             warnings.warn(
                 f"RecordIO writer for {self.name} was not closed: its last {len(self._pending)} records were never "
                 "written (use `with Writer(...)` or call close())",
-                ResourceWarning,
+                UserWarning,
                 stacklevel=2,
             )
 

@@ -81,6 +81,18 @@ def test_a_mangled_record_count_moves_the_numbering_no_further_than_the_chunk_co
         assert bytes(scanner.next_raw()) == b"4"  # the next chunk reads
 
 
+def test_a_writer_never_closed_is_reported_under_the_default_warning_filters(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "w.recordio"
+    script = f"from loader.recordio import Writer\nwriter = Writer({str(path)!r})\nwriter.write([1, 2])\ndel writer\n"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "was not closed: its last 1 records were never written" in result.stderr, result.stderr
+    assert path.stat().st_size == 0
+
+
 def test_a_writer_dropped_with_records_pending_says_they_were_not_written(tmp_path):
     import gc
     import warnings
@@ -94,8 +106,7 @@ def test_a_writer_dropped_with_records_pending_says_they_were_not_written(tmp_pa
         del writer
         gc.collect()
     assert any(
-        issubclass(w.category, ResourceWarning) and "last 1 records were never written" in str(w.message)
-        for w in caught
+        issubclass(w.category, UserWarning) and "last 1 records were never written" in str(w.message) for w in caught
     )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
