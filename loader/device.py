@@ -56,6 +56,11 @@ import numpy as np
 
 from loader.errors import MissingDependencyError
 
+# What a place may be (as ``config.sections.DEVICE_FORMS`` says of client.device, plus torch.device objects).
+PLACE_FORMS = (
+    "'cpu', 'torch', 'torch:cpu', 'cuda', 'cuda:N', 'gpu' or 'gpu:N' (a GPU form may be prefixed with 'torch:' "
+    "or 'cupy:'), or a torch.device"
+)
 _PLACE_RE = re.compile(r"^(?:(torch|cupy):)?(cpu|cuda|gpu)(?::(\d+))?$")
 # Pinned buffers handed to cupy's asynchronous copy are kept alive until their event
 # has completed; this bounds how many finished ones are checked per finish() call.
@@ -88,13 +93,13 @@ def _parse_place(place: Any) -> tuple[str, str, int | None]:
             return library, kind, 0
         return library, kind, None if place.index is None else int(place.index)
     if not isinstance(place, str):
-        raise ValueError(f"unsupported place {place!r}: use 'cpu', 'cuda', 'cuda:N', 'torch:cpu' or a torch.device")
+        raise ValueError(f"unsupported place {place!r}: use {PLACE_FORMS}")
     text = place.strip().lower()
     if text in ("torch", "cupy"):  # the library alone: torch tensors on the CPU (cupy has no CPU place)
         text += ":cpu"
     match = _PLACE_RE.match(text)
     if match is None:
-        raise ValueError(f"unsupported place {place!r}: use 'cpu', 'cuda', 'cuda:N', 'torch:cpu' or a torch.device")
+        raise ValueError(f"unsupported place {place!r}: use {PLACE_FORMS}")
     library, kind = match.group(1), match.group(2)
     index = None if match.group(3) is None else int(match.group(3))
     kind = "cuda" if kind == "gpu" else kind

@@ -37,7 +37,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, cast
 
 from loader.config import LoaderConfig, load_config
-from loader.config.address import daemon_address
 from loader.config.sections import ClientConfig
 from loader.device import import_torch
 
@@ -236,7 +235,7 @@ def _open(source: Source, device: Any, dataset: str, options: dict[str, Any]) ->
         return _local(load_config(source), device, dataset, options)
     from loader.service.client.client import Client  # the service stack (zmq) only when used
 
-    address = None if source is None else daemon_address(os.fspath(source))
+    address = None if source is None else os.fspath(source)  # the Client reads HOST:PORT and config files
     given = {key: value for key, value in options.items() if value is not None}
     known = set(inspect.signature(Client).parameters) - {"address", "device", "dataset", "channel"}
     unknown = sorted(set(given) - known)
@@ -304,8 +303,10 @@ def _local(config: LoaderConfig, device: Any, dataset: str, options: dict[str, A
             f"with a config, DataLoader takes the [client] options {sorted(known)}, not {unknown}{_hints(unknown)}"
         )
     place = _torch_place(device if isinstance(device, str) else str(device))
-    client = dataclasses.replace(config.client, **{**options, "device": place})
-    local = Loader(dataclasses.replace(config, client=client))
+    # As an override, so that a bad value is blamed on these arguments, not on the config file.
+    arguments = ", ".join(f"{key}={value!r}" for key, value in {**options, "device": device}.items())
+    changes = {f"client.{key}": value for key, value in {**options, "device": place}.items()}
+    local = Loader(config.override(changes, origin=f"DataLoader({arguments})"))
     try:
         reader = local if dataset == "default" else local.client(dataset)  # the Loader closes its clients
     except BaseException:

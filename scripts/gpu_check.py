@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         steps: list[tuple[str, Callable[[], Any]]] = [
             ("small", lambda: correctness(work, "small", "npz", 4, 1000, 64, 64, args.device, extra)),
             ("large", lambda: correctness(work, "large", "npy", 6, 200, 16384, 32, args.device, extra)),
-            # client.device in a config takes 'cpu', 'cuda' or 'cuda:N' only
+            # client.device in a config takes the forms of config.sections.DEVICE_FORMS (no torch.device)
             ("local_loader", lambda: local_loader(work, args.device if args.device.startswith("cuda") else "cpu")),
         ]
         if not args.skip_overlap and args.device.startswith("cuda"):

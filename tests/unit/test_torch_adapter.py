@@ -290,6 +290,8 @@ def test_a_config_refuses_ranks_and_unknown_options(tmp_path):
         DataLoader(config, rank=1, world_size=2)
     with pytest.raises(TypeError, match="read_ahead"):
         DataLoader(config, read_ahead=False)
+    with pytest.raises(ConfigError, match=r"got 'gpu0' \(DataLoader\(device='gpu0'\)\)"):
+        DataLoader(config, device="gpu0")  # the argument's fault, not the file's
     with pytest.raises(TypeError, match=r"batch_size: \[pipeline\] batch_size in the config; num_workers: \[workers\]"):
         DataLoader(config, batch_size=32, num_workers=4)  # what a torch user types first
 

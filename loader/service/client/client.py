@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from loader.config.address import daemon_address
+from loader.config.address import address_origin, daemon_address
 from loader.config.sections import MAX_PREFETCH
 from loader.device import Placer
 from loader.errors import (
@@ -149,6 +149,7 @@ class Client:
     ) -> None:
         # Left out: LOADER_ADDRESS, RANK, WORLD_SIZE (and LOCAL_RANK for a GPU without an index), as torchrun/Slurm set them.
         address, rank, world_size, device = from_environment(address, rank, world_size, device)
+        self._given_address = address  # a config file's name: "no daemon answered" says where its address is from
         if channel is None and "://" not in address:
             address = daemon_address(address)  # HOST:PORT or a config file, as `loader status` takes them
         if not 1 <= world_size <= P.MAX_WORLD_SIZE:
@@ -350,8 +351,9 @@ class Client:
         )
         answer = _request(self._channel, P.encode(hello), (P.ClientWelcome, P.Error), self.timeout_s, self.address)
         if answer is None:
+            origin = address_origin(self._given_address)
             raise ServiceUnavailableError(
-                f"no loader daemon answered at {self.address} within {self.timeout_s:g}s{NO_ANSWER_HINT}"
+                f"no loader daemon answered at {self.address} within {self.timeout_s:g}s{NO_ANSWER_HINT}{origin}"
             )
         if isinstance(answer, P.Error):
             error = {"version": ProtocolVersionError, "dataset": ConfigError}.get(answer.refused or "", LoaderError)

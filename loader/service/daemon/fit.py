@@ -24,6 +24,7 @@ ColumnLayout = tuple[str, tuple[int, ...]] | str  # (dtype, row shape) or RAGGED
 Layout = dict[str, ColumnLayout]
 
 RAGGED_HINT = "ragged fields need pipeline.batch_format = 'list'"
+DTYPE_HINT = "a stacked batch needs one dtype per field: write the files with one dtype, or cast it in a mapper"
 
 
 def describe(block: Block, known: Layout | None = None) -> Layout:
@@ -76,6 +77,16 @@ def shape_misfits(layout: Layout, block: Block, known: Layout | None = None) -> 
     return out
 
 
+def misfit_hint(layout: Layout, block: Block, misfits: dict[str, str], known: Layout | None = None) -> str:
+    """What to do about ``shape_misfits``: one dtype when only dtypes differ, else list batches."""
+    known = known or {}
+    for name in misfits:
+        want, got = layout[name], known[name] if name in known else _column(block[name])
+        if isinstance(want, str) or isinstance(got, str) or want[1] != got[1]:
+            return RAGGED_HINT  # shapes differ (or a side is ragged): only list batches take both
+    return DTYPE_HINT
+
+
 def as_objects(values: np.ndarray) -> np.ndarray:
     """One object row per sample (a ragged field's column)."""
     out = np.empty(values.shape[0], dtype=object)
@@ -84,4 +95,15 @@ def as_objects(values: np.ndarray) -> np.ndarray:
     return out
 
 
-__all__ = ["Layout", "RAGGED", "RAGGED_HINT", "describe", "of_rows", "field_misfit", "shape_misfits", "as_objects"]
+__all__ = [
+    "Layout",
+    "RAGGED",
+    "RAGGED_HINT",
+    "DTYPE_HINT",
+    "misfit_hint",
+    "describe",
+    "of_rows",
+    "field_misfit",
+    "shape_misfits",
+    "as_objects",
+]

@@ -532,7 +532,7 @@ class Stage:
             # Fixed rows of a ragged field travel as objects, so no two fixed blocks of other shapes meet.
             return {n: fit.as_objects(v) if n in ragged else v for n, v in columns.items()} if ragged else columns
         if reason is None:
-            reason = "; ".join(misfits.values()) + f" ({fit.RAGGED_HINT})"
+            reason = "; ".join(misfits.values()) + f" ({fit.misfit_hint(layout, columns, misfits, known)})"
         self._misfit(stream, chunk, records, f"a sample does not fit its batch: {reason}{self.lease_note(chunk.file)}")
         return None
 

@@ -76,3 +76,12 @@ def test_epoch_numbers_that_are_not_are_refused_at_once(epoch):
 def test_prefetch_the_daemon_could_not_honour_is_refused(prefetch):
     with pytest.raises(ValueError, match=f'prefetch must be "auto" or an integer in \\[1, {MAX_PREFETCH}\\]'):
         Client("fake://daemon", channel=FakeChannel.pair()[0], prefetch=prefetch, timeout_s=1.0)
+
+
+def test_a_client_of_a_config_that_reaches_nobody_says_where_the_address_came_from(tmp_path):
+    from tests.helpers import free_port
+
+    config = tmp_path / "train.toml"
+    config.write_text(f'[source]\nfiles = ["*.npy"]\n[service]\nbind = "tcp://127.0.0.1:{free_port()}"\n')
+    with pytest.raises(ServiceUnavailableError, match=r"is service.bind of .*train.toml \(from .*train.toml\)"):
+        Client(str(config), timeout_s=0.3)

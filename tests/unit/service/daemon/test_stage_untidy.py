@@ -44,6 +44,9 @@ def test_a_dtype_that_differs_fails_too_and_other_fields_name_both():
     stage.on_chunk(*_chunk(stream, 0, 0, np.zeros(4, np.float32)))
     stage.on_chunk(*_chunk(stream, 1, 0, np.zeros(4, np.int64)))
     assert "int64" in stage.events[-1].error["message"]
+    # Only the dtype differs: list batches are not the fix (they took it), one dtype is.
+    assert "write the files with one dtype, or cast it in a mapper" in stage.events[-1].error["message"]
+    assert "batch_format" not in stage.events[-1].error["message"]
     stage2 = _stage(Recorder())
     _, other = _open(stage2, [0, 1])
     stage2.on_chunk(*_chunk(other, 0, 0, np.zeros(4)))
