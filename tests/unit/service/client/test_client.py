@@ -204,7 +204,7 @@ def test_a_daemon_sending_beyond_its_credit_ends_the_client_with_one_line():
     client = Client("fake://daemon", channel=near, prefetch=2, timeout_s=2.0)
     with (
         client,
-        pytest.raises(TransportError, match=r"sent more batch messages than this client gave credit for \(2\)"),
+        pytest.raises(TransportError, match=r"sent more batch messages than this client gave credit for \(\d+\)"),
     ):
         for _ in client.epoch():
             time.sleep(0.05)
