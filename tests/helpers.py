@@ -264,9 +264,10 @@ class hang_once_on:
         return sample
 
 
-# Module-level instances for configs (ids 7 and 5 are in file f000 of write_id_files).
+# Module-level instances for configs (ids 7, 5 and 3000 are in file f000 of write_id_files).
 sleep_1500ms_on_7 = sleep_on_values([7], 1.5)
 hang_once_on_5 = hang_once_on(5)
+hang_on_3000 = sleep_on_values([3000], 60.0)  # every time: its workers are stopped as hung, one after another
 
 
 def ragged_by_value(sample: Any) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
 import socket
 import time
 
@@ -50,6 +51,36 @@ def test_killed_worker_is_replaced_and_epoch_is_exactly_once(tmp_path):
             assert wait_until(lambda: connected_workers(daemon.endpoint) == 2, timeout_s=20)
             # The next epoch is complete too, with the replacement in service.
             assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
+
+
+def test_a_file_that_hangs_every_worker_fails_saying_so(tmp_path, caplog):
+    from loader.service.daemon.workforce import HUNG_FILE_ATTEMPTS
+
+    caplog.set_level(logging.WARNING, logger="loader.daemon")
+    write_id_files(tmp_path, 1, 3100)  # id 3000 is record 3000
+    config = make_config(
+        tmp_path,
+        pipeline={"mappers": ["tests.helpers:hang_on_3000"]},
+        workers={"count": 1, "progress_timeout_s": 1.0, "samples_per_message": 16},
+    )
+    # No read-ahead: the next epoch's file would hang another worker meanwhile.
+    with running_daemon(config) as daemon, Client(daemon.endpoint, timeout_s=10, read_ahead=False) as client:
+        start = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            collect_ids(client.epoch())
+        assert time.monotonic() - start < 30, "well before the stall timeout"
+        err = info.value
+        assert err.type_name == "WorkerDiedError" and err.file.endswith("f000.npy")
+        # The daemon stopped the hung workers itself: their SIGTERM is not the cause.
+        assert "signal" not in err.message, err.message
+        assert err.message.startswith(
+            f"file f000.npy hung {HUNG_FILE_ATTEMPTS} workers in a row (no progress for 1 s each"
+        )
+        assert "a mapper or reader blocks; raise workers.progress_timeout_s" in err.message
+        # The chunks before the hung sample arrived (16 samples each, or every 50 ms).
+        at = int(re.search(r"nothing arrived from record (\d+) on", err.message).group(1))
+        assert 3000 - 16 < at <= 3000, err.message
+    assert caplog.text.count("made no progress on its lease") == HUNG_FILE_ATTEMPTS
 
 
 def test_mapper_error_names_file_record_and_cause(tmp_path, caplog):

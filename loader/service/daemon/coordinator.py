@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from loader.service.daemon import ahead
-from loader.service.daemon.records import Job, WorkerRecord, identity_at_grant
+from loader.service.daemon.records import EXITED, HUNG, SILENT, Departure, Job, WorkerRecord, identity_at_grant
 
 log = logging.getLogger("loader.coordinator")
 
@@ -288,19 +288,21 @@ class Coordinator:
                 return record
         return None
 
-    def find_dead(self, now: float | None = None) -> list[tuple[WorkerRecord, str]]:
-        """Workers that exited or went silent, with the reason."""
+    def find_dead(self, now: float | None = None) -> list[Departure]:
+        """Workers that exited, went silent or hang on a lease: (record, the reason, how: EXITED, SILENT, HUNG)."""
         now = time.monotonic() if now is None else now
         dead = []
         for record in self.workers.values():
             proc = record.process
             if proc is not None and not proc.is_alive():
                 # A launcher's handle may say more than a code (a Ray actor lost with its node has none).
-                dead.append((record, getattr(proc, "exit_reason", None) or f"exited with code {proc.exitcode}"))
+                why = getattr(proc, "exit_reason", None) or f"exited with code {proc.exitcode}"
+                dead.append(Departure(record, why, EXITED))
             elif record.peer is not None and now - record.last_seen > self.heartbeat_timeout_s:
-                dead.append((record, f"sent no heartbeat for {now - record.last_seen:.1f}s"))
+                dead.append(Departure(record, f"sent no heartbeat for {now - record.last_seen:.1f}s", SILENT))
             elif record.leases and now - record.progress_at > self.progress_timeout_s:
-                dead.append((record, f"made no progress on its lease for {now - record.progress_at:.1f}s (hung?)"))
+                why = f"made no progress on its lease for {now - record.progress_at:.1f}s (hung?)"
+                dead.append(Departure(record, why, HUNG))
         return dead
 
     def remove_worker(self, record: WorkerRecord) -> list[Job]:
@@ -317,4 +319,4 @@ class Coordinator:
         return held
 
 
-__all__ = ["Coordinator", "Job", "WorkerRecord"]
+__all__ = ["Coordinator", "Departure", "Job", "WorkerRecord"]

@@ -45,7 +45,7 @@ from loader.service.daemon.metrics import MetricsServer, start_metrics
 from loader.service.daemon.rate import RecentRate
 from loader.service.daemon.rejects import LOG_EVERY_S, Rejects
 from loader.service.daemon.stage import Session, Stage, frames_nbytes
-from loader.service.daemon.workforce import MAX_FILE_ATTEMPTS, WorkerPool
+from loader.service.daemon.workforce import HUNG_FILE_ATTEMPTS, MAX_FILE_ATTEMPTS, WorkerPool
 from loader.service.shm.pool import open_pool
 from loader.service.transport import auth, links, sockets
 
@@ -171,7 +171,8 @@ class Daemon:
             on_error=pipeline.on_error,
             batch_format=pipeline.batch_format,
             files=self.files,
-            stall_timeout_s=2 * workers.progress_timeout_s,
+            # Past the progress timeouts of a file's hung workers: a file that hangs fails naming that cause.
+            stall_timeout_s=(HUNG_FILE_ATTEMPTS + 1) * workers.progress_timeout_s,
             reorder_bytes=config.service.reorder_window_mib * 1024 * 1024,
             lease_note=self.datasets.lease_note,
         )
@@ -197,6 +198,7 @@ class Daemon:
             arenas=self.arenas,
             lease_fields=lambda file_index: self.datasets.owner(file_index).lease_fields(file_index),
             lease_note=self.datasets.lease_note,
+            next_record=self.stage.next_record,
             max_workers=config.service.max_workers,
             max_arenas=2 * (config.service.max_workers + workers.count),
             own_keys=own_keys,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from loader.service.shm.file_layout import Identity, identity
 
@@ -49,6 +49,21 @@ class WorkerRecord:
         return self.process.is_alive() if self.process is not None else self.peer is not None
 
 
+# How a worker left, as ``Coordinator.find_dead`` found it. The daemon stops a silent or a hung worker itself,
+# so its exit code (SIGTERM) says nothing of the cause: these words do (``WorkerPool.gone``).
+EXITED = "exited"  # its process ended
+SILENT = "silent"  # no heartbeat for heartbeat_timeout_s
+HUNG = "hung"  # holding a lease, no data for progress_timeout_s
+
+
+class Departure(NamedTuple):
+    """A worker found gone: the record, the log's words for why, and how (``EXITED``, ``SILENT``, ``HUNG``)."""
+
+    record: WorkerRecord
+    why: str
+    how: str = EXITED
+
+
 def identity_at_grant(path: str) -> dict[str, Identity]:
     """``{path: its identity}`` now: the worker opens the file after the grant, so rows bound later to a path
     replaced in between are not the ones it read (``stage_file_rows``). Empty when it cannot be looked at
@@ -59,4 +74,4 @@ def identity_at_grant(path: str) -> dict[str, Identity]:
         return {}
 
 
-__all__ = ["Job", "WorkerRecord", "identity_at_grant"]
+__all__ = ["Job", "WorkerRecord", "Departure", "EXITED", "SILENT", "HUNG", "identity_at_grant"]

@@ -52,9 +52,10 @@ log = logging.getLogger("loader.stage")
 
 SendFn = Callable[[bytes, list[Any]], bool]
 # An epoch whose client has credits and receives nothing for this long fails, naming the cause it can
-# see: the daemon passes 2 * workers.progress_timeout_s, so a hung worker is replaced before this fires,
-# and never less than MIN_STALL_TIMEOUT_S, the time replacing a worker may take (stop, spawn, hello).
-DEFAULT_STALL_TIMEOUT_S = 240.0
+# see: the daemon passes 3 * workers.progress_timeout_s, so a file whose workers hang fails first, saying so
+# (``workforce.HUNG_FILE_ATTEMPTS``), and never less than MIN_STALL_TIMEOUT_S, the time replacing a worker
+# may take (stop, spawn, hello).
+DEFAULT_STALL_TIMEOUT_S = 360.0
 MIN_STALL_TIMEOUT_S = 30.0
 # Bytes of a stream's rows held for reordering (later files waiting for the head): ``service.reorder_window_mib``.
 DEFAULT_REORDER_BYTES = 64 * 1024 * 1024
@@ -308,6 +309,12 @@ class Stage:
             return 0
         stream.arrived[file_index] = 0
         return stream.sequencer.lease_start(file_index)
+
+    def next_record(self, stream_id: int, file_index: int) -> int | None:
+        """The first record of this file the stream has not taken (None: no such stream or file); asks only."""
+        stream = self.streams.get(stream_id)
+        state = stream.sequencer.files.get(file_index) if stream is not None else None
+        return state.next_record if state is not None else None
 
     # -- streams ------------------------------------------------------------
     def new_stream(

@@ -34,12 +34,14 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from loader.errors import WorkerDiedError, WorkerError
 from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator, Job, WorkerRecord
 from loader.service.daemon.launcher import CLAIM_SEP, Launcher, LocalLauncher
+from loader.service.daemon.records import EXITED, HUNG, SILENT
 from loader.service.daemon.rejects import LOG_EVERY_S
 from loader.service.shm.pool import ArenaPool
 from loader.service.transport.auth import CurveClient, Dial
@@ -53,6 +55,10 @@ MAX_ID_PREFIX = 64  # characters of a hand-started worker's own name kept in the
 # Under on_error = "skip": worker deaths while holding one file before the file is skipped (its records
 # delivered so far kept, the rest counted as one skipped record), so a poison file cannot fail every epoch.
 SKIP_FILE_ATTEMPTS = 2
+# Workers stopped for making no progress on one file before that file fails (or, under "skip", is skipped). A
+# file whose workers hang is retried once (a network filesystem may stall once), not twice: a hang is mostly
+# a sample that blocks every time, and each try costs workers.progress_timeout_s (120 s by default).
+HUNG_FILE_ATTEMPTS = 2
 # Workers that die before their first file (a broken environment, an entry point that exits) are
 # replaced after a growing pause, START_BACKOFF_S doubling up to MAX_START_BACKOFF_S; after
 # MAX_START_FAILURES such deaths in a row every epoch waiting for data fails with the cause.
@@ -65,6 +71,16 @@ StartFailedFn = Callable[[dict[str, Any]], None]
 SendFn = Callable[[bytes, list[Any]], bool]
 # (stream id, file index, WorkerError.to_dict()): a file failed for good.
 FileFailedFn = Callable[[int, int, dict[str, Any]], None]
+# (stream id, file index) -> the first record of the file the stream has not received (None: unknown).
+NextRecordFn = Callable[[int, int], "int | None"]
+
+
+@dataclass
+class FileLosses:
+    """Workers this daemon started that were lost while reading one file of one stream."""
+
+    deaths: int = 0  # every cause
+    hung: int = 0  # of them, stopped for making no progress
 
 
 class WorkerPool:
@@ -84,6 +100,7 @@ class WorkerPool:
         arenas: ArenaPool | None = None,
         lease_fields: Callable[[int], dict[str, Any]] = lambda file_index: {},
         lease_note: Callable[[int], str] = lambda file_index: "",
+        next_record: NextRecordFn = lambda stream_id, file_index: None,
         max_workers: int = 64,
         max_arenas: int = 256,
         own_keys: CurveClient | None = None,
@@ -102,9 +119,11 @@ class WorkerPool:
         self._on_start_failed = on_start_failed
         self.start_failures = 0  # workers in a row that died before their first file
         self._launch_at: list[float] = []  # replacements due (monotonic times), backing off
-        self._attempts: dict[tuple[int, int], int] = {}
+        self._losses: dict[tuple[int, int], FileLosses] = {}
         skip = config.get("pipeline", {}).get("on_error") == "skip"
         self._max_attempts = SKIP_FILE_ATTEMPTS if skip else MAX_FILE_ATTEMPTS
+        self._max_hung = min(self._max_attempts, HUNG_FILE_ATTEMPTS)
+        self._next_record = next_record
         self._arenas = arenas
         # file index -> the Lease fields of its dataset: name (whose source and pipeline read it), seed, file key
         self._lease_fields = lease_fields
@@ -136,8 +155,8 @@ class WorkerPool:
         self.coordinator.add_worker(worker_id, proc).claim = claim
 
     def reap(self) -> None:
-        for record, why in self.coordinator.find_dead():
-            self.gone(record, why)
+        for record, why, how in self.coordinator.find_dead():
+            self.gone(record, why, how=how)
         now = time.monotonic()
         due = [t for t in self._launch_at if t <= now]
         if due and not self.closing:
@@ -145,21 +164,13 @@ class WorkerPool:
             for _ in due:
                 self.launch()
 
-    def gone(self, record: WorkerRecord, why: str, *, replace: bool = True) -> None:
-        """Forget a worker: stop its process, re-lease its files, start a replacement (unless ``replace`` is False)."""
-        # A peer's own goodbye is routine (and a peer could send them in a loop): info, not a warning.
-        level = logging.INFO if why == "said goodbye" else logging.WARNING
-        log.log(
-            level,
-            "worker %s (pid %s) left: %s; re-leasing %d file(s)",
-            record.worker_id,
-            record.pid,
-            why,
-            len(record.leases),
-        )
+    def gone(self, record: WorkerRecord, why: str, *, replace: bool = True, how: str = EXITED) -> None:
+        """Forget a worker: stop its process, re-lease its files, start a replacement (unless ``replace`` is False
+        or the daemon closes). ``how``: ``records.EXITED``, ``SILENT`` or ``HUNG`` (the daemon stops it)."""
         exitcode = None
         if record.process is not None:
             exitcode = self._launcher.stop(record.process, join_timeout_s=0.0)
+        self._log_gone(record, why)
         if self._links is not None and record.peer is not None:
             self._links.control.drop(record.peer)
         if self._arenas is not None:
@@ -173,19 +184,57 @@ class WorkerPool:
         # Only the file it was reading (the first granted): the files queued behind it did not kill it.
         counted = jobs[:1] if record.process is not None and why != "said goodbye" else []
         for job in counted:
-            key = (job.stream_id, job.file_index)
-            self._attempts[key] = self._attempts.get(key, 0) + 1
-            if self._attempts[key] >= self._max_attempts:
-                died = WorkerDiedError(f"worker {record.worker_id}", exitcode, worker=record.worker_id, file=job.path)
-                error = died.to_dict()
-                error["message"] += self._lease_note(job.file_index)  # which of a lease's files: any of them
-                self._on_file_failed(job.stream_id, job.file_index, error)
+            self._count_loss(record, job, how, exitcode)
         if record.process is not None and not self.closing and why != "said goodbye" and replace:
             self.coordinator.restarts += 1
             delay = 0.0
             if early:
                 delay = min(MAX_START_BACKOFF_S, START_BACKOFF_S * 2 ** min(self.start_failures - 1, 30))
             self._launch_at.append(time.monotonic() + delay)  # reap() starts it when due
+
+    def _log_gone(self, record: WorkerRecord, why: str) -> None:
+        """One line per worker that leaves: a warning, unless it said goodbye (a peer could send them in a loop)."""
+        level = logging.INFO if why == "said goodbye" else logging.WARNING
+        count = len(record.leases)
+        log.log(level, "worker %s (pid %s) left: %s; re-leasing %d file(s)", record.worker_id, record.pid, why, count)
+
+    def _count_loss(self, record: WorkerRecord, job: Job, how: str, exitcode: int | None) -> None:
+        """Count a worker lost on ``job``'s file; fail the file (or skip it) once too many were."""
+        losses = self._losses.setdefault((job.stream_id, job.file_index), FileLosses())
+        losses.deaths += 1
+        losses.hung += how == HUNG
+        if losses.deaths < self._max_attempts and losses.hung < self._max_hung:
+            return
+        error = self._loss_error(record, job, how, exitcode, losses)
+        error["message"] += self._lease_note(job.file_index)  # which of a lease's files: any of them
+        self._on_file_failed(job.stream_id, job.file_index, error)
+
+    def _loss_error(
+        self, record: WorkerRecord, job: Job, how: str, exitcode: int | None, losses: FileLosses
+    ) -> dict[str, Any]:
+        """``WorkerError.to_dict()`` for a file that lost too many workers, saying how the last was lost: the
+        daemon stopped a hung or silent one itself, so its exit code (SIGTERM) would name no cause."""
+        worker, path = record.worker_id, job.path
+        name = os.path.basename(job.path)
+        if how == HUNG:
+            at = self._next_record(job.stream_id, job.file_index)
+            since = f", nothing arrived from record {at} on" if at is not None else ""
+            others = losses.deaths - losses.hung
+            row = " in a row" if not others else f" ({others} more died on it)"
+            message = (
+                f"file {name} hung {_workers(losses.hung)}{row} (no progress for "
+                f"{self.coordinator.progress_timeout_s:g} s each{since}): a mapper or reader blocks; raise "
+                f"workers.progress_timeout_s if one sample legitimately takes longer"
+            )
+            return WorkerError("WorkerDiedError", message, worker=worker, file=path).to_dict()
+        if how == SILENT:
+            message = (
+                f"worker {record.worker_id} sent no heartbeat for {self.coordinator.heartbeat_timeout_s:g} s and was "
+                f"stopped, {_workers(losses.deaths)} lost on file {name} in all: a mapper or reader holding the GIL "
+                f"(C code), a stopped process or an unreachable host"
+            )
+            return WorkerError("WorkerDiedError", message, worker=worker, file=path).to_dict()
+        return WorkerDiedError(f"worker {worker}", exitcode, worker=worker, file=path).to_dict()
 
     def _note_start(self, record: WorkerRecord, early: bool, exitcode: int | None) -> None:
         """Count deaths before a first file; fail the waiting epochs once there were too many in a row."""
@@ -363,4 +412,8 @@ class WorkerPool:
         ]
 
 
-__all__ = ["WorkerPool", "MAX_FILE_ATTEMPTS", "SKIP_FILE_ATTEMPTS", "MAX_START_FAILURES"]
+def _workers(n: int) -> str:
+    return f"{n} worker" if n == 1 else f"{n} workers"
+
+
+__all__ = ["WorkerPool", "MAX_FILE_ATTEMPTS", "SKIP_FILE_ATTEMPTS", "HUNG_FILE_ATTEMPTS", "MAX_START_FAILURES"]

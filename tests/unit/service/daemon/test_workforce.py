@@ -1,0 +1,137 @@
+"""WorkerPool against a fake launcher: what a file that loses its workers fails with."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+from loader.service.daemon.coordinator import Coordinator
+from loader.service.daemon.records import WorkerRecord
+from loader.service.daemon.workforce import HUNG_FILE_ATTEMPTS, MAX_FILE_ATTEMPTS, WorkerPool
+
+PROGRESS_TIMEOUT_S = 2.0
+HEARTBEAT_TIMEOUT_S = 1.0
+
+
+class FakeProcess:
+    def __init__(self, pid: int) -> None:
+        self.pid, self.exitcode = pid, None
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+
+class FakeLauncher:
+    """Processes that end when the pool stops them (SIGTERM) or when a test says so."""
+
+    def __init__(self) -> None:
+        self.started: list[FakeProcess] = []
+
+    def start(self, connect: Any, worker_id: str, entry: str) -> FakeProcess:
+        self.started.append(FakeProcess(1000 + len(self.started)))
+        return self.started[-1]
+
+    def stop(self, handle: FakeProcess, join_timeout_s: float) -> int | None:
+        if handle.exitcode is None:
+            handle.exitcode = -signal.SIGTERM
+        return handle.exitcode
+
+    def close(self, join_timeout_s: float) -> None:
+        pass
+
+
+class Pool:
+    """A WorkerPool of one file, its coordinator, and the failures it reports."""
+
+    def __init__(self, on_error: str = "raise") -> None:
+        self.coordinator = Coordinator(
+            ["/data/part-2.npy"], heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, progress_timeout_s=PROGRESS_TIMEOUT_S
+        )
+        self.coordinator.enqueue(1, 0, [0])
+        self.launcher = FakeLauncher()
+        self.failed: list[tuple[int, int, dict[str, Any]]] = []
+        self.pool = WorkerPool(
+            self.coordinator,
+            send=lambda peer, frames: True,
+            config={"pipeline": {"on_error": on_error}},
+            data_endpoint="inproc://data",
+            endpoint="inproc://control",
+            entry="tests.helpers:die_at_start",
+            on_file_failed=lambda stream, file, error: self.failed.append((stream, file, error)),
+            next_record=lambda stream, file: 17,
+            launcher=self.launcher,
+        )
+        self.pool.launch()
+
+    def reading(self) -> WorkerRecord:
+        """The newest worker, connected and holding the file's lease."""
+        record = list(self.coordinator.workers.values())[-1]
+        record.peer = b"peer-%d" % record.pid
+        assert self.coordinator.next_job(record) is not None
+        return record
+
+    def hang(self) -> None:
+        """The worker holding the file sends nothing past the progress timeout (its heartbeats come)."""
+        record = self.reading()
+        record.progress_at = time.monotonic() - PROGRESS_TIMEOUT_S - 1
+        self.pool.reap()  # stops it, re-queues the file and starts a replacement
+
+    def go_silent(self) -> None:
+        record = self.reading()
+        record.last_seen = time.monotonic() - HEARTBEAT_TIMEOUT_S - 1
+        self.pool.reap()
+
+    def die(self, exitcode: int) -> None:
+        self.reading().process.exitcode = exitcode
+        self.pool.reap()
+
+
+def test_a_file_whose_workers_hang_fails_saying_so_not_with_the_daemons_own_sigterm():
+    pool = Pool()
+    for _ in range(HUNG_FILE_ATTEMPTS - 1):
+        pool.hang()
+    assert not pool.failed, "a file whose worker hung once is tried again"
+    pool.hang()
+    assert HUNG_FILE_ATTEMPTS < MAX_FILE_ATTEMPTS, "each hang costs progress_timeout_s: fewer tries than for deaths"
+    ((stream, file, error),) = pool.failed
+    assert (stream, file, error["type"], error["file"]) == (1, 0, "WorkerDiedError", "/data/part-2.npy")
+    message = error["message"]
+    assert message.startswith(f"file part-2.npy hung {HUNG_FILE_ATTEMPTS} workers in a row (no progress for 2 s each")
+    assert "nothing arrived from record 17 on" in message
+    assert "a mapper or reader blocks; raise workers.progress_timeout_s" in message
+    assert "signal" not in message
+
+
+def test_a_hang_after_other_deaths_says_both():
+    pool = Pool()
+    pool.die(-signal.SIGKILL)
+    pool.die(-signal.SIGKILL)
+    pool.hang()
+    ((_, _, error),) = pool.failed  # the third loss: the hang says more than the exit code of the others
+    assert "file part-2.npy hung 1 worker (2 more died on it) (no progress for 2 s each" in error["message"]
+
+
+def test_a_file_whose_workers_go_silent_fails_saying_so():
+    pool = Pool()
+    for _ in range(MAX_FILE_ATTEMPTS):
+        pool.go_silent()
+    ((_, _, error),) = pool.failed
+    assert "sent no heartbeat for 1 s and was stopped, 3 workers lost on file part-2.npy" in error["message"]
+    assert "signal" not in error["message"]
+
+
+def test_a_file_whose_workers_die_by_themselves_names_the_exit():
+    pool = Pool()
+    for _ in range(MAX_FILE_ATTEMPTS):
+        pool.die(-signal.SIGSEGV)
+    ((_, _, error),) = pool.failed
+    assert error["message"].endswith("killed by signal 11 without reporting an error")
+
+
+def test_under_skip_a_hung_file_is_skipped_after_as_many_tries():
+    pool = Pool(on_error="skip")
+    for _ in range(HUNG_FILE_ATTEMPTS):
+        pool.hang()
+    ((_, _, error),) = pool.failed
+    assert f"hung {HUNG_FILE_ATTEMPTS} workers in a row" in error["message"]
