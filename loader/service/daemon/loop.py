@@ -234,6 +234,7 @@ class Daemon:
     def serve(self, stop_event: threading.Event | None = None) -> None:
         """Run until ``stop_event`` is set (forever without one)."""
         stop_event = stop_event or threading.Event()
+        self.pool.stop_requested = stop_event  # workers that leave once it is set are not replaced (``WorkerPool``)
         while not stop_event.is_set() and not self._closed:
             self.step(POLL_INTERVAL_S)
 

@@ -31,6 +31,7 @@ import itertools
 import logging
 import os
 import secrets
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -135,6 +136,14 @@ class WorkerPool:
         self._cap_logged_at = -LOG_EVERY_S
         self._own_keys = own_keys  # the CURVE keys of the workers this daemon starts (None: no authentication)
         self.closing = False
+        # The daemon's stop event (``Daemon.serve``): once set, the loop ends after this turn. A stop by a signal
+        # to the whole process group (systemd, Slurm, ``timeout``) reaches the workers too, at the same moment.
+        self.stop_requested: Any = None
+
+    @property
+    def stopping(self) -> bool:
+        """The daemon closes, or was asked to stop: workers that leave now are neither replaced nor counted."""
+        return self.closing or (self.stop_requested is not None and self.stop_requested.is_set())
 
     # -- processes ----------------------------------------------------------
     def launch(self) -> None:
@@ -159,18 +168,22 @@ class WorkerPool:
             self.gone(record, why, how=how)
         now = time.monotonic()
         due = [t for t in self._launch_at if t <= now]
-        if due and not self.closing:
+        if due and not self.stopping:
             self._launch_at = [t for t in self._launch_at if t > now]
             for _ in due:
                 self.launch()
 
     def gone(self, record: WorkerRecord, why: str, *, replace: bool = True, how: str = EXITED) -> None:
         """Forget a worker: stop its process, re-lease its files, start a replacement (unless ``replace`` is False
-        or the daemon closes). ``how``: ``records.EXITED``, ``SILENT`` or ``HUNG`` (the daemon stops it)."""
+        or the daemon is stopping). ``how``: ``records.EXITED``, ``SILENT`` or ``HUNG`` (the daemon stops it)."""
+        stopping = self.stopping
+        # Ended by SIGTERM before the daemon stopped it: a signal from outside (the process group's, when stopping).
+        proc = record.process
+        sigterm = how == EXITED and proc is not None and not proc.is_alive() and proc.exitcode == -signal.SIGTERM
         exitcode = None
-        if record.process is not None:
-            exitcode = self._launcher.stop(record.process, join_timeout_s=0.0)
-        self._log_gone(record, why)
+        if proc is not None:
+            exitcode = self._launcher.stop(proc, join_timeout_s=0.0)
+        self._log_gone(record, why, sigterm, stopping)
         if self._links is not None and record.peer is not None:
             self._links.control.drop(record.peer)
         if self._arenas is not None:
@@ -182,19 +195,29 @@ class WorkerPool:
         # Only deaths of workers this daemon started count against a file: a peer that takes a lease and
         # leaves (says BYE, goes silent) must not be able to fail an epoch by doing it three times.
         # Only the file it was reading (the first granted): the files queued behind it did not kill it.
-        counted = jobs[:1] if record.process is not None and why != "said goodbye" else []
+        # Not while the daemon stops: a stop signalled to the process group ended them, not the file.
+        counted = jobs[:1] if record.process is not None and why != "said goodbye" and not stopping else []
         for job in counted:
             self._count_loss(record, job, how, exitcode)
-        if record.process is not None and not self.closing and why != "said goodbye" and replace:
+        if record.process is not None and not stopping and why != "said goodbye" and replace:
             self.coordinator.restarts += 1
             delay = 0.0
             if early:
                 delay = min(MAX_START_BACKOFF_S, START_BACKOFF_S * 2 ** min(self.start_failures - 1, 30))
             self._launch_at.append(time.monotonic() + delay)  # reap() starts it when due
 
-    def _log_gone(self, record: WorkerRecord, why: str) -> None:
-        """One line per worker that leaves: a warning, unless it said goodbye (a peer could send them in a loop)."""
-        level = logging.INFO if why == "said goodbye" else logging.WARNING
+    def _log_gone(self, record: WorkerRecord, why: str, sigterm: bool, stopping: bool) -> None:
+        """One line per worker that leaves: a warning, unless it is routine.
+
+        Routine: a peer's own goodbye (a peer could send them in a loop), and a worker that exited by SIGTERM
+        while the daemon stops (a stop signalled to the process group reaches every worker too) or while it
+        held no lease (nothing to read again). SIGTERM from outside to a worker holding a lease is a warning."""
+        level = logging.WARNING
+        if why == "said goodbye":
+            level = logging.INFO
+        elif sigterm and (stopping or not record.leases):
+            level = logging.INFO
+            why = f"{why} (SIGTERM, {'the daemon is stopping' if stopping else 'holding no lease'})"
         count = len(record.leases)
         log.log(level, "worker %s (pid %s) left: %s; re-leasing %d file(s)", record.worker_id, record.pid, why, count)
 

@@ -1,8 +1,11 @@
-"""WorkerPool against a fake launcher: what a file that loses its workers fails with."""
+"""WorkerPool against a fake launcher: what a file that loses its workers fails with, and which departures
+are routine (a stop signalled to the whole process group) rather than a warning."""
 
 from __future__ import annotations
 
+import logging
 import signal
+import threading
 import time
 from typing import Any
 
@@ -135,3 +138,47 @@ def test_under_skip_a_hung_file_is_skipped_after_as_many_tries():
         pool.hang()
     ((_, _, error),) = pool.failed
     assert f"hung {HUNG_FILE_ATTEMPTS} workers in a row" in error["message"]
+
+
+# -- a stop signalled to the process group (systemd, Slurm, `timeout`) ----------------------------------------
+
+
+def test_workers_ended_by_sigterm_while_the_daemon_stops_are_routine(caplog):
+    caplog.set_level(logging.INFO, logger="loader.daemon")
+    pool = Pool()
+    reading = pool.reading()
+    pool.pool.launch()  # a second worker, holding no lease
+    pool.pool.stop_requested = threading.Event()
+    pool.pool.stop_requested.set()  # the daemon's own SIGTERM handler ran: its loop ends after this turn
+    for process in pool.launcher.started:
+        process.exitcode = -signal.SIGTERM  # the same signal reached every worker of the group
+    pool.pool.reap()
+    left = [r for r in caplog.records if "left:" in r.getMessage()]
+    assert len(left) == 2 and all(r.levelno == logging.INFO for r in left), [r.getMessage() for r in left]
+    assert "SIGTERM, the daemon is stopping" in left[0].getMessage()
+    assert len(pool.launcher.started) == 2, "no replacement is started for a daemon that stops"
+    assert not pool.failed and not pool.pool._losses, "a stop counts against no file"
+    assert reading.worker_id not in pool.coordinator.workers
+
+
+def test_a_worker_ended_by_sigterm_from_outside_warns_only_when_it_held_a_lease(caplog):
+    caplog.set_level(logging.INFO, logger="loader.daemon")
+    pool = Pool()
+    (idle,) = pool.coordinator.workers.values()
+    idle.files_done = 1  # it read files before: no start-up back-off for its replacement
+    idle.process.exitcode = -signal.SIGTERM  # holding no lease: nothing is read again
+    pool.pool.reap()
+    assert caplog.records[-1].levelno == logging.INFO and "holding no lease" in caplog.records[-1].getMessage()
+    assert len(pool.launcher.started) == 2, "it is replaced"
+    pool.die(-signal.SIGTERM)  # the replacement, killed while it reads the file
+    assert caplog.records[-1].levelno == logging.WARNING
+    assert "exited with code -15; re-leasing 1 file(s)" in caplog.records[-1].getMessage()
+    assert len(pool.launcher.started) == 3
+
+
+def test_retiring_an_idle_worker_is_not_taken_for_a_sigterm_from_outside(caplog):
+    caplog.set_level(logging.INFO, logger="loader.daemon")
+    pool = Pool()
+    (idle,) = pool.coordinator.workers.values()
+    pool.pool.gone(idle, "retired (idle)", replace=False)  # the autoscaler's; the pool sends the SIGTERM
+    assert "SIGTERM" not in caplog.records[-1].getMessage()
