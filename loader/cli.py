@@ -26,6 +26,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -311,14 +312,23 @@ class _stop_on_signals:  # used like a function: with _stop_on_signals(stop): ..
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
+    # A SIGTERM sent to the daemon and to its process group (``timeout``, some supervisors) arrives twice at
+    # once: the same signal this soon after the first is that one stop, not an operator insisting.
+    REPEAT_S = 1.0
+
     def __init__(self, stop: threading.Event) -> None:
         self.stop = stop
         self.previous: dict[int, Any] = {}
+        self.first: tuple[int, float] | None = None  # the signal that began the stop, and when
 
     def _handle(self, signum: int, frame: Any) -> None:
+        now = time.monotonic()
         if self.stop.is_set():
+            if self.first is not None and self.first[0] == signum and now - self.first[1] < self.REPEAT_S:
+                return
             raise KeyboardInterrupt  # the user insists: leave now (resources still close in finally)
         log.info("received %s, stopping", signal.Signals(signum).name)
+        self.first = (signum, now)
         self.stop.set()
 
     def __enter__(self) -> _stop_on_signals:

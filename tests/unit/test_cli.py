@@ -449,3 +449,24 @@ def test_status_from_a_peer_that_is_not_a_loader_daemon_says_so(port) -> None:
 )
 def test_a_config_of_the_wrong_shape_is_one_line(tmp_path, body, match) -> None:
     assert_one_line_error(loader_cmd("check", write_config(tmp_path / "c.toml", body), "--no-batch"), match)
+
+
+def test_a_stop_signal_sent_twice_at_once_is_one_stop_and_a_later_one_insists(monkeypatch) -> None:
+    # `timeout` (and some supervisors) send SIGTERM to the daemon and to its process group: it arrives twice.
+    import threading
+
+    from loader import cli
+
+    clock = [100.0]
+    monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
+    stop = threading.Event()
+    handler = cli._stop_on_signals(stop)
+    handler._handle(signal.SIGTERM, None)
+    assert stop.is_set()
+    clock[0] += 0.2
+    handler._handle(signal.SIGTERM, None)  # the group's copy: ignored
+    with pytest.raises(KeyboardInterrupt):
+        handler._handle(signal.SIGINT, None)  # another signal: the operator insists
+    clock[0] += 2.0
+    with pytest.raises(KeyboardInterrupt):
+        handler._handle(signal.SIGTERM, None)  # the same one, later: insists too

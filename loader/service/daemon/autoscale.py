@@ -25,6 +25,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from loader.service.daemon.workforce import RETIRED_IDLE
+
 log = logging.getLogger("loader.daemon")
 
 GROW_AFTER_S = 1.0
@@ -65,7 +67,7 @@ class Autoscaler:
             self._idle_since = None
             if self.act:
                 log.info("autoscaling: worker %s is idle; retiring it", idle[-1].worker_id)
-                daemon.pool.gone(idle[-1], "retired (idle)", replace=False)  # no lease: nothing to re-read
+                daemon.pool.gone(idle[-1], RETIRED_IDLE, replace=False)  # no lease: nothing to re-read
         elif self.act:
             self.desired = len(own)
 

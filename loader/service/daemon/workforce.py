@@ -49,6 +49,7 @@ from loader.service.transport.auth import CurveClient, Dial
 from loader.service.transport.links import WorkerLinks
 
 log = logging.getLogger("loader.daemon")
+RETIRED_IDLE = "retired (idle)"  # why the autoscaler stopped a worker (routine: logged at INFO)
 
 MAX_FILE_ATTEMPTS = 3  # worker deaths while holding one file before that file fails the epoch
 CLAIM_BYTES = 16
@@ -213,7 +214,7 @@ class WorkerPool:
         while the daemon stops (a stop signalled to the process group reaches every worker too) or while it
         held no lease (nothing to read again). SIGTERM from outside to a worker holding a lease is a warning."""
         level = logging.WARNING
-        if why == "said goodbye":
+        if why in ("said goodbye", RETIRED_IDLE):  # a peer's own goodbye; the autoscaler's own choice
             level = logging.INFO
         elif sigterm and (stopping or not record.leases):
             level = logging.INFO

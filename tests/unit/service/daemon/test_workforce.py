@@ -11,7 +11,7 @@ from typing import Any
 
 from loader.service.daemon.coordinator import Coordinator
 from loader.service.daemon.records import WorkerRecord
-from loader.service.daemon.workforce import HUNG_FILE_ATTEMPTS, MAX_FILE_ATTEMPTS, WorkerPool
+from loader.service.daemon.workforce import HUNG_FILE_ATTEMPTS, MAX_FILE_ATTEMPTS, RETIRED_IDLE, WorkerPool
 
 PROGRESS_TIMEOUT_S = 2.0
 HEARTBEAT_TIMEOUT_S = 1.0
@@ -180,5 +180,6 @@ def test_retiring_an_idle_worker_is_not_taken_for_a_sigterm_from_outside(caplog)
     caplog.set_level(logging.INFO, logger="loader.daemon")
     pool = Pool()
     (idle,) = pool.coordinator.workers.values()
-    pool.pool.gone(idle, "retired (idle)", replace=False)  # the autoscaler's; the pool sends the SIGTERM
+    pool.pool.gone(idle, RETIRED_IDLE, replace=False)  # the autoscaler's; the pool sends the SIGTERM
     assert "SIGTERM" not in caplog.records[-1].getMessage()
+    assert caplog.records[-1].levelno == logging.INFO  # routine: the autoscaler chose it
