@@ -80,7 +80,7 @@ PING_INTERVAL_S = 0.5
 RECEIVER_POLL_S = 0.1
 THREAD_JOIN_TIMEOUT_S = 5.0
 # The longest an epoch's iterator waits for its next batch from a daemon that answers pings but sends
-# nothing. Longer than the daemon's own epoch stall timeout (2 * workers.progress_timeout_s, 240 s by
+# nothing. Longer than the daemon's own epoch stall timeout (3 * workers.progress_timeout_s, 360 s by
 # default), which fails the epoch with its cause first; this one is for a daemon that cannot.
 DEFAULT_PROGRESS_TIMEOUT_S = 600.0
 
