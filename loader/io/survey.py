@@ -234,18 +234,21 @@ def _survey_blocks(result: Survey, path: str, source: Any, names: list[str] | No
 
 def _survey_samples(result: Survey, path: str, samples: Any, names: list[str] | None) -> None:
     count, width = 0, 0
+    keys: list[str] | None = None  # a dict sample's fields are its keys, in the first one's order (as workers)
     for count, sample in enumerate(samples, 1):
         if isinstance(sample, dict):
-            values = list(sample.values())
-            names = names or [str(k) for k in sample]
+            by_key = {str(k): v for k, v in sample.items()}
+            keys = keys or list(by_key)
+            pairs = [(k, by_key[k]) for k in keys if k in by_key] + [(k, v) for k, v in by_key.items() if k not in keys]
         else:
             values = list(sample) if isinstance(sample, (tuple, list)) else [sample]
-        width = max(width, len(values))
-        for i, value in enumerate(values):
-            result._value(path, count - 1, _name(names, i), value)
+            pairs = [(_name(names, i), value) for i, value in enumerate(values)]
+        width = max(width, len(pairs))
+        for name, value in pairs:
+            result._value(path, count - 1, name, value)
     assert result.samples is not None
     result.samples += count
-    result._file(path, [_name(names, i) for i in range(width)], count)
+    result._file(path, keys if keys is not None else [_name(names, i) for i in range(width)], count)
 
 
 def _name(names: list[str] | None, index: int) -> str:

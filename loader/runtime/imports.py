@@ -14,6 +14,7 @@ directories searched and the fix.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import inspect
@@ -104,11 +105,35 @@ def _refuse_the_script(module_name: str, spec: str, what: str) -> None:
     except (ImportError, ValueError):  # a parent package that fails to import: import_module says why
         return
     origin = getattr(found, "origin", None)
-    if origin and os.path.isfile(origin) and os.path.samefile(origin, script):
+    try:  # a script read from stdin ("<stdin>"), or moved since it started, is no file to compare
+        same = origin is not None and os.path.isfile(origin) and os.path.isfile(script)
+        same = same and os.path.samefile(str(origin), script)
+    except OSError:
+        return
+    if same and not _guarded(script):
         raise ConfigError(
             f"{what}: {spec!r} is in the training script {os.path.basename(script)}, which importing would "
-            f"run again (in this process and in every worker): {fix}"
+            f'run again (in this process and in every worker), having no `if __name__ == "__main__":` '
+            f"block: {fix}, or put the training under that guard"
         )
+
+
+def _guarded(script: str) -> bool:
+    """Whether ``script`` has a top-level ``if __name__ == "__main__":`` block: then importing it by its own
+    name runs its definitions only (the idiom multiprocessing's spawn relies on too)."""
+    try:
+        with open(script, "rb") as fh:
+            tree = ast.parse(fh.read(), script)
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1:
+            sides = [node.test.left, *node.test.comparators]
+            names = {side.id for side in sides if isinstance(side, ast.Name)}
+            texts = {side.value for side in sides if isinstance(side, ast.Constant)}
+            if isinstance(node.test.ops[0], ast.Eq) and names == {"__name__"} and texts == {"__main__"}:
+                return True
+    return False
 
 
 # Top-level packages this project installs: a user's module of the same name is not the one imported.

@@ -523,3 +523,33 @@ def test_a_bad_device_lists_every_form_and_blames_who_gave_it() -> None:
     # A value from an argument (as loader.torch.DataLoader's device) names the argument, not the file.
     with pytest.raises(ConfigError, match=r"got 'gpu0' \(DataLoader\(device='gpu0'\)\)$"):
         make().override({"client.device": "gpu0"}, origin="DataLoader(device='gpu0')")
+
+
+def test_a_guarded_script_and_a_script_from_stdin_may_name_their_own_code(tmp_path) -> None:
+    # Under `if __name__ == "__main__":` importing the script runs its definitions only (spawn's idiom), and a
+    # script read from stdin is no file to compare (its imports raised FileNotFoundError).
+    import subprocess
+
+    (tmp_path / "data.npy").write_bytes(b"")
+    (tmp_path / "train.toml").write_text('[source]\nfiles = ["*.npy"]\n')
+    body = (
+        "import loader\n"
+        "def normalize(sample):\n"
+        "    return sample\n"
+        "{guard}"
+        "    config = loader.load_config('train.toml', overrides=['pipeline.mappers=[\"{spec}\"]'])\n"
+        "    config.check_imports()\n"
+        "    print('accepted', flush=True)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    (tmp_path / "train.py").write_text(body.format(guard='if __name__ == "__main__":\n', spec="train:normalize"))
+    done = subprocess.run(
+        [sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.stdout.count("accepted") == 1, done.stdout + done.stderr
+    (tmp_path / "maps.py").write_text("def normalize(sample):\n    return sample\n")
+    stdin = body.format(guard="if True:\n", spec="maps:normalize")
+    done = subprocess.run(
+        [sys.executable, "-"], input=stdin, cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.stdout.count("accepted") == 1, done.stdout + done.stderr
