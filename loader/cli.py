@@ -324,7 +324,8 @@ class _stop_on_signals:  # used like a function: with _stop_on_signals(stop): ..
     def _handle(self, signum: int, frame: Any) -> None:
         now = time.monotonic()
         if self.stop.is_set():
-            if self.first is not None and self.first[0] == signum and now - self.first[1] < self.REPEAT_S:
+            repeat = self.first is not None and self.first[0] == signum and now - self.first[1] < self.REPEAT_S
+            if repeat and signum == signal.SIGTERM:  # a second Ctrl-C is a keypress: it insists, however soon
                 return
             raise KeyboardInterrupt  # the user insists: leave now (resources still close in finally)
         log.info("received %s, stopping", signal.Signals(signum).name)

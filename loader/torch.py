@@ -287,9 +287,10 @@ def _local(config: LoaderConfig, device: Any, dataset: str, options: dict[str, A
     separate = "a config runs a daemon of its own in each process, which shares no epoch between ranks or jobs"
     if (rank, world_size or 1, job) != (0, 1, None):
         raise ValueError(f"{separate}: run `loader serve CONFIG` and give every rank its address")
-    from loader.service.client.env import WORLD_SIZE_VARIABLES, integer_variable  # the client package imports zmq
+    from loader.service.client.env import integer_variable  # the client package imports zmq
 
-    ranks, variable = integer_variable(os.environ, WORLD_SIZE_VARIABLES, 1)
+    # torchrun's variable only: SLURM_NTASKS is also set for one plain `python train.py` in an sbatch script.
+    ranks, variable = integer_variable(os.environ, ("WORLD_SIZE",), 1)
     if world_size is None and ranks > 1:  # torchrun or Slurm started this process as one of several ranks
         raise ValueError(
             f"{variable}={ranks}: this process is one of {ranks} ranks, and {separate}, so each would read "

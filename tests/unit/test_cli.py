@@ -467,6 +467,10 @@ def test_a_stop_signal_sent_twice_at_once_is_one_stop_and_a_later_one_insists(mo
     handler._handle(signal.SIGTERM, None)  # the group's copy: ignored
     with pytest.raises(KeyboardInterrupt):
         handler._handle(signal.SIGINT, None)  # another signal: the operator insists
+    again = cli._stop_on_signals(threading.Event())
+    again._handle(signal.SIGINT, None)
+    with pytest.raises(KeyboardInterrupt):
+        again._handle(signal.SIGINT, None)  # a second Ctrl-C is a keypress: it insists however soon
     clock[0] += 2.0
     with pytest.raises(KeyboardInterrupt):
         handler._handle(signal.SIGTERM, None)  # the same one, later: insists too

@@ -314,6 +314,11 @@ def test_a_config_under_torchrun_is_refused_unless_each_rank_is_to_read_it_all(t
         DataLoader(config)  # every rank would have read the whole dataset
     with pytest.raises(ConfigError, match="matched no files"):  # world_size=1: it goes on (and finds no data)
         DataLoader(config, world_size=1)
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("RANK")
+    monkeypatch.setenv("SLURM_NTASKS", "4")  # one plain `python train.py` in an sbatch script sees it too
+    with pytest.raises(ConfigError, match="matched no files"):
+        DataLoader(config)
 
 
 def _npy_config(tmp_path: Any, data: Any, seed: int = 7) -> Any:

@@ -198,7 +198,7 @@ class Client:
         # The thread holds the client weakly (``_receive``): a client dropped unclosed is collected, and this
         # finalizer stops its thread, which says goodbye to the daemon (its session would count forever).
         self._thread = threading.Thread(target=_receive, args=(weakref.ref(self),), name="loader-client", daemon=True)
-        self._finalizer = weakref.finalize(self, _stop_receiver, self._stop, self._waker)
+        self._finalizer = weakref.finalize(self, _stop_receiver, self._stop, self._waker, self._thread)
         self._thread.start()
 
     # -- public -------------------------------------------------------------
@@ -607,10 +607,13 @@ def _receive(client_ref: weakref.ReferenceType[Client]) -> None:
             waker.close()  # nobody can wake it any more (``close()`` closes it otherwise)
 
 
-def _stop_receiver(stop: threading.Event, waker: Any) -> None:
-    """A client was collected unclosed: stop its receiver thread (which closes the rest)."""
+def _stop_receiver(stop: threading.Event, waker: Any, thread: threading.Thread) -> None:
+    """A client was collected unclosed: stop its receiver thread (which closes the rest), or, when that thread
+    had ended already (a fatal error), close what it left to the client."""
     stop.set()
     waker.wake()
+    if not thread.is_alive():
+        waker.close()
 
 
 class EpochStalledError(ServiceUnavailableError):

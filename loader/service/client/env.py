@@ -11,9 +11,10 @@ environment:
 ``LOCAL_RANK``      the GPU of this trainer on its host: a device that names no
                     GPU (``"cuda"``, ``"gpu"``, ``"torch:cuda"``,
                     ``torch.device("cuda")``) becomes ``cuda:LOCAL_RANK``
-                    (torchrun); else ``SLURM_LOCALID``; else it is the current
-                    CUDA device (``torch.cuda.set_device``), as ``loader.device``
-                    reads it
+                    (torchrun); else ``SLURM_LOCALID``; else (or when
+                    ``CUDA_VISIBLE_DEVICES`` shows fewer GPUs than that, one
+                    per rank) it is the current CUDA device
+                    (``torch.cuda.set_device``), as ``loader.device`` reads it
 ==================  ============================================================
 
 An argument given explicitly always wins. A variable that is set but not a
@@ -96,9 +97,20 @@ def from_environment(
     bare = cuda_without_index(device)
     if bare is not None:
         local_rank, _ = integer_variable(env, LOCAL_RANK_VARIABLES, None)
-        if local_rank is not None:
+        if local_rank is not None and local_rank < _visible_gpus(env, local_rank + 1):
             device = f"{bare}:{local_rank}"
     return address, rank, world_size, device
+
+
+def _visible_gpus(env: Mapping[str, str], unknown: int) -> int:
+    """How many GPUs ``CUDA_VISIBLE_DEVICES`` lets this process see (``unknown`` when it does not say).
+
+    A scheduler that gives each rank its own GPU (``srun --gpus-per-task=1``) shows each one device, number 0,
+    while the local rank goes up to the ranks on the host: then a GPU without an index is the current one."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return unknown
+    return len([d for d in visible.split(",") if d.strip()])
 
 
 def integer_variable(env: Mapping[str, str], names: tuple[str, ...], default: int | None) -> tuple[Any, str | None]:

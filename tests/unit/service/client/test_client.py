@@ -202,12 +202,27 @@ def test_a_daemon_sending_beyond_its_credit_ends_the_client_with_one_line():
 
     threading.Thread(target=flood, daemon=True).start()
     client = Client("fake://daemon", channel=near, prefetch=2, timeout_s=2.0)
+    waker = client._waker
     with (
         client,
         pytest.raises(TransportError, match=r"sent more batch messages than this client gave credit for \(\d+\)"),
     ):
         for _ in client.epoch():
             time.sleep(0.05)
+    assert waker.closed  # closed by close() once its receiver had ended
+
+
+def test_a_client_whose_receiver_died_and_is_dropped_unclosed_closes_its_waker():
+    import gc
+
+    near, far = FakeChannel.pair()
+    FakeDaemon(far, silent_after_hello=True)
+    client = Client("fake://daemon", channel=near, prefetch=2, timeout_s=0.3)  # a silent daemon: fatal soon
+    waker, thread = client._waker, client._thread
+    assert wait_until(lambda: not thread.is_alive(), timeout_s=10.0)
+    del client
+    gc.collect()
+    assert waker.closed  # two pipe descriptors per client otherwise, never closed
 
 
 def test_worker_error_is_raised_from_the_iterator():

@@ -49,6 +49,14 @@ def test_slurm_variables_when_torchrun_sets_none():
     assert from_environment(None, None, None, "cuda", {**slurm, **TORCHRUN})[1:] == (3, 8, "cuda:1")
 
 
+def test_a_rank_that_sees_only_its_own_gpu_keeps_the_current_one():
+    # srun --gpus-per-task=1: each rank sees one GPU (number 0), while SLURM_LOCALID goes up to the host's ranks.
+    slurm = {"LOADER_ADDRESS": "tcp://h:1", "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "3"}
+    for device in ("cuda", "gpu", "torch:cuda"):
+        assert from_environment(None, None, None, device, {**slurm, "CUDA_VISIBLE_DEVICES": "3"})[3] == device
+    assert from_environment(None, None, None, "cuda", {**slurm, "CUDA_VISIBLE_DEVICES": "0,1,2,3"})[3] == "cuda:3"
+
+
 def test_defaults_without_a_scheduler():
     assert from_environment(None, None, None, "cuda", {"LOADER_ADDRESS": "ipc:///tmp/x"}) == (
         "ipc:///tmp/x",
