@@ -210,6 +210,8 @@ class ServiceConfig:
     """
 
     bind: str = DEFAULT_BIND
+    # The port of the data socket (workers send samples there), on bind's host; 0: any free port (logged).
+    data_port: int = 0
     # CURVE authentication (docs/security.md): the daemon's secret key file and a directory of admitted public keys.
     daemon_key: str | None = None
     authorized_keys: str | None = None
@@ -251,6 +253,11 @@ class ServiceConfig:
             check.fail("bind", f"must look like 'tcp://HOST:PORT' or 'ipc://PATH', got {self.bind!r}")
         if tcp is not None and tcp["port"] != "*" and not 0 <= int(tcp["port"]) <= 65535:
             check.fail("bind", f"has a port outside 0..65535, got {self.bind!r}")
+        check.integer("data_port", minimum=0, maximum=65535)
+        if self.data_port and tcp is None:
+            check.fail("data_port", f"is a TCP port, but service.bind is {self.bind!r}")
+        if self.data_port and tcp is not None and tcp["port"] == str(self.data_port):
+            check.fail("data_port", f"is service.bind's own port ({self.data_port}): the two sockets need two")
 
     @property
     def is_loopback(self) -> bool:

@@ -225,3 +225,23 @@ def test_close_stops_workers_that_never_connected_at_once(tmp_path):
     for pid in pids:
         with pytest.raises(ProcessLookupError):  # ended and reaped
             os.kill(pid, 0)
+
+
+def test_a_fixed_data_port_is_where_workers_send_and_bad_ones_are_refused(tmp_path):
+    # Two ports to open in a firewall: the control port and service.data_port (it was always a random one).
+    from loader.errors import ConfigError
+    from tests.helpers import free_port
+
+    ids = write_id_files(tmp_path, 2, 100)
+    control, data = free_port(), free_port()
+    config = make_config(
+        tmp_path, workers={"count": 1}, service={"bind": f"tcp://127.0.0.1:{control}", "data_port": data}
+    )
+    with running_daemon(config) as daemon:
+        assert daemon.data_endpoint == f"tcp://127.0.0.1:{data}"
+        with Client(daemon.endpoint, timeout_s=20) as client:
+            assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
+    with pytest.raises(ConfigError, match="service.data_port is service.bind's own port"):
+        make_config(tmp_path, service={"bind": f"tcp://127.0.0.1:{control}", "data_port": control})
+    with pytest.raises(ConfigError, match="service.data_port is a TCP port"):
+        make_config(tmp_path, service={"bind": f"ipc://{tmp_path}/s", "data_port": data})

@@ -103,7 +103,7 @@ def _open_sources(transport_kind: str, service: ServiceConfig, server: Any) -> t
             worker_links = links.WorkerLinks(transport_kind)
             return links.SplitRouter(router, worker_links.control), worker_links.data, worker_links
         data = transport.pull(
-            transport.data_endpoint_for(router.endpoint),
+            transport.data_endpoint_for(router.endpoint, service.data_port),
             server=server,
             max_message_bytes=service.max_message_mib * 1024 * 1024,
         )
@@ -157,6 +157,8 @@ class Daemon:
             raise
         self.endpoint = self._router.endpoint
         self.data_endpoint = self._data.endpoint
+        # The second port to open in a firewall (service.data_port fixes it; workers learn it in their welcome).
+        log.info("workers send data to %s", self.data_endpoint)
         self._poller = transport.Poller()
         self._poller.register(self._router)
         self._poller.register(self._data)

@@ -287,11 +287,11 @@ def pull(endpoint: str, *, server: AuthServer | None = None, max_message_bytes: 
     return ZmqChannel(zmq.PULL, endpoint, bind=True, server=server, max_message_bytes=max_message_bytes)
 
 
-def data_endpoint_for(control: str) -> str:
-    """Where the daemon binds its data socket, next to the control endpoint."""
+def data_endpoint_for(control: str, port: int = 0) -> str:
+    """Where the daemon binds its data socket, next to the control endpoint (TCP: on ``port``, 0 for any)."""
     if control.startswith("tcp://"):
         host = control[len("tcp://") :].rsplit(":", 1)[0]
-        return f"tcp://{host}:*"
+        return f"tcp://{host}:{port or '*'}"
     if control.startswith("ipc://"):
         return control + ".data"
     if control.startswith("inproc://"):
