@@ -143,20 +143,43 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    """Key pairs for CURVE: the daemon's, and one per peer name, with the public ones it admits."""
+    """Key pairs for CURVE: the daemon's, and one per peer name, with the public ones it admits.
+
+    Run again, it keeps every pair that exists (a new daemon pair would lock out every peer holding the
+    old public key) and makes only what is missing; ``--force`` replaces the pairs it names."""
     import shutil
 
     from loader.service.transport.sockets import create_key_files
 
     names = args.peer or ["worker", "client"]
-    daemon_public, daemon_secret = create_key_files(args.dir, "daemon")
+    daemon_public = os.path.join(args.dir, "daemon.key")
+    daemon_secret = os.path.join(args.dir, "daemon.key_secret")
+    if args.force or not (os.path.exists(daemon_public) or os.path.exists(daemon_secret)):
+        replaced = os.path.exists(daemon_secret)
+        daemon_public, daemon_secret = create_key_files(args.dir, "daemon")
+        done = "replaced (peers holding the old daemon.key are locked out)" if replaced else "created"
+    elif not (os.path.exists(daemon_public) and os.path.exists(daemon_secret)):
+        missing = daemon_public if not os.path.exists(daemon_public) else daemon_secret
+        raise LoaderError(f"{missing} is missing but its pair's other file exists: restore it, or --force a new pair")
+    else:
+        done = "kept (--force replaces it)"
     authorized = os.path.join(args.dir, "authorized")
     os.makedirs(authorized, mode=0o700, exist_ok=True)
-    print(f"daemon:  service.daemon_key = {daemon_secret!r}, service.authorized_keys = {authorized!r}")
+    print(f"daemon {done}:  service.daemon_key = {daemon_secret!r}, service.authorized_keys = {authorized!r}")
+    peers = os.path.join(args.dir, "peers")
     for name in names:
-        public, secret = create_key_files(os.path.join(args.dir, "peers"), name)
-        shutil.copy(public, os.path.join(authorized, os.path.basename(public)))
-        print(f"{name}:  {ENV_PEER_KEY_HINT} {secret!r} and the daemon's public key {daemon_public!r}")
+        public, secret = os.path.join(peers, f"{name}.key"), os.path.join(peers, f"{name}.key_secret")
+        admitted = os.path.join(authorized, f"{name}.key")
+        exists = [path for path in (public, secret, admitted) if os.path.exists(path)]
+        if exists and not args.force:
+            if os.path.exists(public) and not os.path.exists(admitted):
+                shutil.copy(public, admitted)
+            print(f"{name} kept ({', '.join(exists)} exist; --force replaces it)")
+            continue
+        public, secret = create_key_files(peers, name)
+        shutil.copy(public, admitted)
+        done = "replaced" if exists else "created"
+        print(f"{name} {done}:  {ENV_PEER_KEY_HINT} {secret!r} and the daemon's public key {daemon_public!r}")
     return EXIT_OK
 
 
@@ -461,6 +484,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("keys", cmd_keys, "create CURVE key pairs: the daemon's, and one per peer it admits (docs/security.md)")
     p.add_argument("dir", metavar="DIR", help="where to write them (created, owner-only)")
     p.add_argument("--peer", action="append", metavar="NAME", help="a peer's name (repeatable; default worker, client)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the daemon's pair and the named peers' pairs when they exist (by default existing pairs are "
+        "kept and only missing ones are made: a new daemon pair locks out every peer holding the old daemon.key)",
+    )
 
     p = add(
         "check",
