@@ -6,7 +6,7 @@
                                                       run the daemon until Ctrl-C / SIGTERM
     loader status [ADDRESS|HOST:PORT|CONFIG] [--json] [--watch [S]]   ask a running daemon how it is doing
                                                       (no address: LOADER_ADDRESS, else the default bind)
-    loader worker --connect tcp://HOST:PORT           run one worker by hand (any host)
+    loader worker --connect ADDRESS|HOST:PORT         run one worker by hand (any host)
     loader check CONFIG [--set K=V] [--no-batch]      validate a config; count samples per field; first batch
     loader gen-data DIR --format npy|npz|recordio --files N --samples M   synthetic data
     loader recordio convert SRC DST [--allow-pickle]  rewrite a PaddlePaddle RecordIO file as ours
@@ -114,30 +114,39 @@ def _render_status(status: dict[str, Any], as_json: bool) -> str:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from loader.service.transport.auth import Dial, peer_keys
+    from loader.config.address import daemon_address
+    from loader.service.transport.auth import ENV_DAEMON_PUBLIC_KEY, ENV_PEER_KEY, Dial, peer_keys
     from workers.main import EXIT_NO_DAEMON, run_worker
 
-    connect: Any = args.connect
+    address = daemon_address(args.connect)  # HOST:PORT, ipc://PATH or a config file, as `loader status` takes
+    connect: Any = address
     key, daemon_public = args.key, args.daemon_public_key
-    if args.config and not (key or daemon_public):
+    if args.config and not (key and daemon_public):
         from loader.config import load_config
 
         service = load_config(args.config).service  # only its keys: the files may live elsewhere
-        key, daemon_public = service.peer_key, service.daemon_public_key
-    curve = peer_keys(key, daemon_public, "loader worker --key/--daemon-public-key")
+        key, daemon_public = key or service.peer_key, daemon_public or service.daemon_public_key
+    # Each one still missing from its own variable: --key with LOADER_DAEMON_PUBLIC_KEY is a whole pair.
+    key = key or os.environ.get(ENV_PEER_KEY) or None
+    daemon_public = daemon_public or os.environ.get(ENV_DAEMON_PUBLIC_KEY) or None
+    curve = peer_keys(
+        key,
+        daemon_public,
+        f"loader worker --key (or {ENV_PEER_KEY}) and --daemon-public-key (or {ENV_DAEMON_PUBLIC_KEY})",
+    )
     if curve is not None:
-        connect = Dial(args.connect, curve)
+        connect = Dial(address, curve)
     stop = threading.Event()
     with _stop_on_signals(stop):
         code = run_worker(connect, worker_id=args.id, stop_event=stop, connect_timeout_s=args.connect_timeout)
     if code == EXIT_NO_DAEMON and stop.is_set():
-        log.info("stopped before a loader daemon answered at %s", args.connect)  # by a signal, not a timeout
+        log.info("stopped before a loader daemon answered at %s", address)  # by a signal, not a timeout
         return EXIT_OK
     if code == EXIT_NO_DAEMON:
         from loader.service.client.client import NO_ANSWER_HINT
 
         raise ServiceUnavailableError(
-            f"no loader daemon answered at {args.connect} within {args.connect_timeout:g} s{NO_ANSWER_HINT}"
+            f"no loader daemon answered at {address} within {args.connect_timeout:g} s{NO_ANSWER_HINT}"
         )
     return code
 
@@ -465,7 +474,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = add("worker", cmd_worker, "run one worker that serves the daemon at --connect")
-    p.add_argument("--connect", required=True, metavar="ADDR", help="the daemon's address, e.g. tcp://HOST:5555")
+    p.add_argument(
+        "--connect",
+        required=True,
+        metavar="ADDR",
+        help="the daemon: tcp://HOST:PORT, HOST:PORT, ipc://PATH, or a config file (its service.bind)",
+    )
     p.add_argument("--id", default=None, metavar="NAME", help="a name for this worker (default: chosen by the daemon)")
     p.add_argument(
         "--connect-timeout",

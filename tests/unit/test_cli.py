@@ -351,7 +351,17 @@ def test_hand_started_worker_joins_and_stops_on_sigterm(tmp_path) -> None:
         daemon = start_serve(cfg, address, 1, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(daemon)
         worker = subprocess.Popen(
-            [sys.executable, "-m", "loader.cli", "worker", "--connect", address, "--id", "by-hand"],
+            # HOST:PORT, as `loader status` takes it (it was a raw zmq "Invalid argument")
+            [
+                sys.executable,
+                "-m",
+                "loader.cli",
+                "worker",
+                "--connect",
+                address.removeprefix("tcp://"),
+                "--id",
+                "by-hand",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
