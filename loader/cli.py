@@ -41,6 +41,7 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 STATUS_TIMEOUT_S = 5.0
 WATCH_INTERVAL_S = 1.0
+WATCH_MIN_S = 0.1  # a daemon asked more often spends its control loop on status
 log = logging.getLogger("loader.cli")
 
 
@@ -72,6 +73,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     from loader.service.client.client import query_status
     from loader.service.client.env import ADDRESS_VARIABLE
 
+    # Before any query: --watch 0 sent thousands of queries a second, and --timeout -1 waited "within -1 s".
+    if not args.timeout > 0:
+        raise LoaderError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    if args.watch is not None and not args.watch >= WATCH_MIN_S:
+        raise LoaderError(f"--watch must be at least {WATCH_MIN_S:g} seconds, got {args.watch:g}")
     given = args.address or os.environ.get(ADDRESS_VARIABLE) or None  # as a Client given no address
     address = daemon_address(given)
 
@@ -463,14 +469,16 @@ def build_parser() -> argparse.ArgumentParser:
         "default LOADER_ADDRESS, else tcp://127.0.0.1:5555, the default bind",
     )
     p.add_argument("--json", action="store_true", help="print the raw status as JSON")
-    p.add_argument("--timeout", type=float, default=STATUS_TIMEOUT_S, metavar="S", help="seconds to wait (default 5)")
+    p.add_argument(
+        "--timeout", type=float, default=STATUS_TIMEOUT_S, metavar="S", help="seconds to wait, > 0 (default 5)"
+    )
     p.add_argument(
         "--watch",
         type=float,
         nargs="?",
         const=WATCH_INTERVAL_S,
         metavar="S",
-        help=f"refresh in place every S seconds (default {WATCH_INTERVAL_S:g}) until Ctrl-C",
+        help=f"refresh in place every S seconds (default {WATCH_INTERVAL_S:g}, at least {WATCH_MIN_S:g}) until Ctrl-C",
     )
 
     p = add("worker", cmd_worker, "run one worker that serves the daemon at --connect")

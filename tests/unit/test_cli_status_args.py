@@ -1,0 +1,45 @@
+"""``loader status`` refuses a --watch that would flood the daemon and a --timeout that cannot be waited."""
+
+from __future__ import annotations
+
+import pytest
+
+import loader.service.client.client as client_module
+from loader.cli import main as cli_main
+
+
+@pytest.fixture
+def queries(monkeypatch) -> list[str]:
+    asked: list[str] = []
+
+    def fake_query_status(address: str, timeout_s: float) -> dict:
+        asked.append(address)
+        return {}
+
+    monkeypatch.setattr(client_module, "query_status", fake_query_status)
+    return asked
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--watch", "0"], "--watch must be at least 0.1 seconds, got 0"),
+        (["--watch", "-1"], "--watch must be at least 0.1 seconds, got -1"),
+        (["--watch", "0.01"], "--watch must be at least 0.1 seconds, got 0.01"),
+        (["--watch", "nan"], "--watch must be at least"),
+        (["--timeout", "0"], "--timeout must be > 0 seconds, got 0"),
+        (["--timeout", "-1"], "--timeout must be > 0 seconds, got -1"),
+        (["--timeout", "nan"], "--timeout must be > 0 seconds"),
+    ],
+)
+def test_refused_in_one_line_before_any_query(queries, capsys, args, match) -> None:
+    assert cli_main(["status", "127.0.0.1:1", *args]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"loader: error: {err.removeprefix('loader: error: ')}" and "\n" not in err
+    assert match in err
+    assert queries == []
+
+
+def test_sane_values_still_query(queries, capsys) -> None:
+    assert cli_main(["status", "127.0.0.1:1", "--timeout", "0.5"]) == 0
+    assert queries == ["tcp://127.0.0.1:1"]
