@@ -340,6 +340,32 @@ def test_port_in_use_is_one_line(tmp_path) -> None:
 
 @pytest.mark.integration
 @pytest.mark.slow
+def test_a_second_daemon_on_a_live_ipc_path_is_one_line_and_the_first_keeps_serving(tmp_path) -> None:
+    # zmq rebinds over the socket file: the second daemon silently cut the first off its own path.
+    import shutil
+    import tempfile
+
+    datagen.generate(str(tmp_path), files=1, samples=10, dim=2)
+    cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["*.npy"]\n')
+    directory = tempfile.mkdtemp(prefix="ipc-", dir="/tmp")  # a socket path has at most 107 bytes
+    address = f"ipc://{directory}/d.sock"
+    first = start_serve(cfg, address, 1, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: status_or_none(address) is not None, timeout_s=SERVE_READY_TIMEOUT_S)
+        before = status_or_none(address)["uptime_s"]  # type: ignore[index]
+        assert_one_line_error(loader_cmd("serve", cfg, "--bind", address, "--workers", "1"), "already in use")
+        assert (status_or_none(address) or {}).get("uptime_s", -1) > before  # the first daemon, still there
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=STOP_TIMEOUT_S) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(timeout=STOP_TIMEOUT_S)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
 def test_hand_started_worker_joins_and_stops_on_sigterm(tmp_path) -> None:
     from loader.service.client.client import Client
 

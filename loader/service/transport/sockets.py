@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 from collections.abc import Sequence
 from typing import Any
 
@@ -164,6 +165,7 @@ class _Socket:
         self.endpoint = endpoint
         try:
             if bind:
+                _refuse_live_ipc(endpoint)
                 self._sock.bind(endpoint)
                 self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
                 _owner_only(self.endpoint)
@@ -172,6 +174,9 @@ class _Socket:
         except zmq.ZMQError as exc:
             self._sock.close(0)
             raise _translate(exc, "bind" if bind else "connect", endpoint) from exc
+        except BaseException:
+            self._sock.close(0)
+            raise
         self.closed = False
 
     def fileno_obj(self) -> Any:
@@ -210,6 +215,29 @@ class _Socket:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _refuse_live_ipc(endpoint: str) -> None:
+    """Refuse to bind an ``ipc://PATH`` something still listens on.
+
+    zmq binds over an existing socket file (it unlinks it first): a second daemon on the same path would
+    silently take it from the first, which keeps running unreachable. A file nothing answers on is a
+    stale one (a daemon killed with SIGKILL) and is left for zmq to replace."""
+    path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else ""
+    if not path or path == "*" or path.startswith("@") or not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(IPC_PROBE_TIMEOUT_S)
+        probe.connect(path)
+    except OSError:
+        return  # refused (stale), not a socket, or unreachable: zmq's bind says what it makes of it
+    finally:
+        probe.close()
+    raise TransportError(f"cannot bind {endpoint}: address already in use (is another daemon running?)")
+
+
+IPC_PROBE_TIMEOUT_S = 1.0
 
 
 def _owner_only(endpoint: str) -> None:

@@ -19,3 +19,54 @@ def test_a_connection_that_never_finishes_the_handshake_is_dropped() -> None:
                 pass
     finally:
         channel.close()
+
+
+def _short_dir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="ipc-", dir="/tmp")  # a socket path has at most 107 bytes
+
+
+def test_a_second_bind_on_a_live_ipc_path_is_refused_and_the_first_keeps_it() -> None:
+    # zmq unlinks and rebinds the socket file: a second daemon silently took the path from the first.
+    import shutil
+
+    import pytest
+
+    from loader.errors import TransportError
+    from loader.service.transport import sockets
+
+    directory = _short_dir()
+    endpoint = f"ipc://{directory}/d.sock"
+    first = sockets.Router(endpoint)
+    try:
+        with pytest.raises(TransportError, match="address already in use"):
+            sockets.Router(endpoint)
+        with sockets.dealer(endpoint) as peer:  # the first still gets what is sent to the path
+            peer.send([b"hello"], timeout_s=5.0)
+            got = first.recv(timeout_s=5.0)
+            assert got is not None and bytes(got[1][0].buffer) == b"hello"
+    finally:
+        first.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_stale_ipc_socket_file_is_replaced() -> None:
+    # A daemon killed with SIGKILL leaves its socket file: nothing answers there, so a new one may bind.
+    import os
+    import shutil
+    import socket
+
+    from loader.service.transport import sockets
+
+    directory = _short_dir()
+    path = f"{directory}/d.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(path)
+    stale.close()  # the file stays; nothing listens
+    assert os.path.exists(path)
+    try:
+        router = sockets.Router(f"ipc://{path}")
+        router.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
