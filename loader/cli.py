@@ -149,10 +149,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         log.info("stopped before a loader daemon answered at %s", address)  # by a signal, not a timeout
         return EXIT_OK
     if code == EXIT_NO_DAEMON:
-        from loader.service.client.client import NO_ANSWER_HINT
+        from loader.service.client.client import no_answer_hint
 
         raise ServiceUnavailableError(
-            f"no loader daemon answered at {address} within {args.connect_timeout:g} s{NO_ANSWER_HINT}"
+            f"no loader daemon answered at {address} within {args.connect_timeout:g} s{no_answer_hint(curve is not None)}"
         )
     return code
 

@@ -31,6 +31,7 @@ the file's header and identity itself.
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import threading
 import time
@@ -67,6 +68,7 @@ from loader.service.shm.arena import ArenaError
 from loader.service.shm.cache import ArenaCache
 from loader.service.shm.file_rows import FileRowsError, RowFiles, is_file_id, source_of
 from loader.service.transport import Channel
+from loader.service.transport.auth import ENV_PEER_KEY
 
 DEFAULT_PREFETCH = 4
 # prefetch="auto" (the default): each epoch after the first reads ahead as many messages as fit in
@@ -353,7 +355,7 @@ class Client:
         if answer is None:
             origin = address_origin(self._given_address)
             raise ServiceUnavailableError(
-                f"no loader daemon answered at {self.address} within {self.timeout_s:g}s{NO_ANSWER_HINT}{origin}"
+                f"no loader daemon answered at {self.address} within {self.timeout_s:g}s{no_answer_hint()}{origin}"
             )
         if isinstance(answer, P.Error):
             error = {"version": ProtocolVersionError, "dataset": ConfigError}.get(answer.refused or "", LoaderError)
@@ -528,6 +530,19 @@ NO_ANSWER_HINT = (
     " (is `loader serve` running at that address? A daemon with CURVE keys answers only peers that have theirs: "
     "set LOADER_PEER_KEY and LOADER_DAEMON_PUBLIC_KEY, see docs/security.md)"
 )
+# ... and for a peer that has keys: the same silence, the other way round.
+KEYED_NO_ANSWER_HINT = (
+    " (is `loader serve` running at that address? This side has CURVE keys: a daemon that does not list its "
+    "public key in service.authorized_keys, or that has no keys itself, gives it no answer; a daemon with keys "
+    "logs every key it refuses, see docs/security.md)"
+)
+
+
+def no_answer_hint(has_keys: bool | None = None) -> str:
+    """Why a daemon may not have answered, for a peer with CURVE keys or without (None: LOADER_PEER_KEY says)."""
+    if has_keys is None:
+        has_keys = bool(os.environ.get(ENV_PEER_KEY))
+    return KEYED_NO_ANSWER_HINT if has_keys else NO_ANSWER_HINT
 
 
 def _prefetch(prefetch: Any) -> int:
@@ -638,7 +653,7 @@ def query_status(address: str, timeout_s: float = 5.0) -> dict[str, Any]:
     finally:
         channel.close()
     if not isinstance(answer, P.Status):
-        raise ServiceUnavailableError(f"no loader daemon answered at {address} within {timeout_s:g}s{NO_ANSWER_HINT}")
+        raise ServiceUnavailableError(f"no loader daemon answered at {address} within {timeout_s:g}s{no_answer_hint()}")
     return dict(answer.status or {})
 
 

@@ -22,9 +22,11 @@ peer that sends more is disconnected by zmq before the daemon buffers it.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +36,8 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from loader.errors import ConfigError, ServiceUnavailableError, TransportError
 from loader.service.transport.auth import CurveClient, CurveServer, peer_from_env
+
+log = logging.getLogger("loader.daemon")
 
 SEND_TIMEOUT_S = 10.0
 # Frames at least this large are sent without copying (zmq keeps a reference).
@@ -84,13 +88,32 @@ class AuthServer:
 
 
 class _Allowed:
-    """``ThreadAuthenticator``'s credentials provider: is this (z85) public key listed?"""
+    """``ThreadAuthenticator``'s credentials provider: is this (z85) public key listed?
+
+    A refusal is logged (a warning, once a minute per key, for at most ``DENIALS_REMEMBERED`` keys at a time):
+    a peer refused gets no answer at all, so the daemon's log is where an operator learns of a wrong key."""
 
     def __init__(self, allowed: frozenset[bytes]) -> None:
         self.allowed = allowed
+        self._said: dict[bytes, float] = {}  # key -> when its refusal was last logged
 
     def callback(self, domain: str, key: bytes) -> bool:
-        return key in self.allowed
+        if key in self.allowed:
+            return True
+        now = time.monotonic()
+        if now - self._said.get(key, -DENIAL_LOG_EVERY_S) >= DENIAL_LOG_EVERY_S:
+            if len(self._said) >= DENIALS_REMEMBERED:
+                self._said.clear()
+            self._said[key] = now
+            log.warning(
+                "refused a peer with CURVE public key %s: it is not in service.authorized_keys",
+                key.decode("ascii", "replace")[:40],
+            )
+        return False
+
+
+DENIAL_LOG_EVERY_S = 60.0
+DENIALS_REMEMBERED = 1024
 
 
 def curve_keypair() -> tuple[bytes, bytes]:
@@ -121,7 +144,13 @@ def load_public_keys(directory: str) -> frozenset[bytes]:
     """The public keys of every ``*.key`` file in ``directory``."""
     if not os.path.isdir(directory):
         raise ConfigError(f"authorized keys directory {directory} does not exist")
-    return frozenset(zmq.auth.load_certificates(directory))
+    keys = frozenset(zmq.auth.load_certificates(directory))
+    if not keys:
+        raise ConfigError(
+            f"authorized keys directory {directory} holds no public key (*.key): the daemon would admit no client "
+            "nor hand-started worker (`loader keys DIR` makes them)"
+        )
+    return keys
 
 
 HANDSHAKE_TIMEOUT_MS = 5000

@@ -85,3 +85,15 @@ def test_a_client_of_a_config_that_reaches_nobody_says_where_the_address_came_fr
     config.write_text(f'[source]\nfiles = ["*.npy"]\n[service]\nbind = "tcp://127.0.0.1:{free_port()}"\n')
     with pytest.raises(ServiceUnavailableError, match=r"is service.bind of .*train.toml \(from .*train.toml\)"):
         Client(str(config), timeout_s=0.3)
+
+
+def test_the_no_answer_hint_fits_a_peer_with_keys_and_one_without(monkeypatch):
+    # A peer with keys was told to set the keys it had set; its refusal is in the daemon's log.
+    from loader.service.client.client import no_answer_hint
+
+    monkeypatch.delenv("LOADER_PEER_KEY", raising=False)
+    assert "set LOADER_PEER_KEY and LOADER_DAEMON_PUBLIC_KEY" in no_answer_hint()
+    monkeypatch.setenv("LOADER_PEER_KEY", "keys/peers/client.key_secret")
+    keyed = no_answer_hint()
+    assert "This side has CURVE keys" in keyed and "logs every key it refuses" in keyed
+    assert "set LOADER_PEER_KEY" not in keyed and no_answer_hint(False) != keyed

@@ -70,3 +70,23 @@ def test_a_stale_ipc_socket_file_is_replaced() -> None:
         router.close()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_a_refused_curve_key_is_logged_once_a_minute_and_an_empty_key_directory_is_refused(tmp_path, caplog):
+    import logging
+
+    import pytest
+
+    from loader.errors import ConfigError
+    from loader.service.transport import sockets
+
+    admitted, stranger = sockets.curve_keypair()[0], sockets.curve_keypair()[0]
+    allowed = sockets._Allowed(frozenset({admitted}))
+    caplog.set_level(logging.WARNING, logger="loader.daemon")
+    assert allowed.callback("*", admitted) and not caplog.records  # an admitted peer: nothing said
+    assert not allowed.callback("*", stranger) and not allowed.callback("*", stranger)
+    refusals = [r for r in caplog.records if "refused a peer with CURVE public key" in r.getMessage()]
+    assert len(refusals) == 1 and stranger.decode() in refusals[0].getMessage()  # once, not per attempt
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="holds no public key"):
+        sockets.load_public_keys(str(tmp_path / "empty"))
