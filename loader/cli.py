@@ -356,7 +356,7 @@ def _load_checked(path: str, options: dict[str, Any], assignments: list[str] | N
     config = load_config(path, overrides=[*(assignments or ()), *given])
     config.check_imports()
     for name in config.dataset_names:  # a missing file or empty list is reported before binding a port
-        config.dataset(name).source.expand_files()
+        config.dataset(name).expand_files()
     return config
 
 

@@ -443,15 +443,25 @@ class LoaderConfig:
                 self.dataset(name)._check_dataset_imports()
             self._check_dataset_imports()
 
+    def expand_files(self) -> list[str]:
+        """``source.expand_files()``, whose errors name where the value came from (a flag, a variable, the file)."""
+        with self._named():
+            return self.source.expand_files()
+
     @contextlib.contextmanager
     def _named(self) -> Iterator[None]:
-        """A ``ConfigError`` from resolving user code names the config file too."""
+        """A ``ConfigError`` from resolving user code or files names where the key's value came from: the
+        config file, or the ``--set`` flag or variable that replaced it (a section blamed the file for both)."""
         try:
             yield
         except ConfigError as exc:
-            if self.origin in str(exc):
+            text, source = str(exc), self._source_of(str(exc))
+            blamed = f" ({self.origin})"
+            if self.origin not in text:
+                raise ConfigError(f"{text} ({source})") from exc
+            if source == self.origin or not text.endswith(blamed):
                 raise
-            raise ConfigError(f"{exc} ({self._source_of(str(exc))})") from exc
+            raise ConfigError(f"{text[: -len(blamed)]} ({source})") from exc
 
     def _source_of(self, message: str) -> str:
         """Where the key a message starts with got its value (``--set ...``, a variable), else the file."""

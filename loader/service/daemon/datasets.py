@@ -107,7 +107,7 @@ class DatasetTable:
         self.files: list[str] = []
         for name in config.dataset_names:
             view = config.dataset(name)
-            files = view.source.expand_files()  # ConfigError for no match / empty list
+            files = view.expand_files()  # ConfigError for no match / empty list, naming where the value came from
             seed = view.pipeline.seed if view.pipeline.seed is not None else random.SystemRandom().randrange(2**32)
             leases = _leases(name, files, view, seed)
             self.by_name[name] = Dataset(name, view, files, len(self.files), seed, leases)

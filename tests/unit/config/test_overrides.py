@@ -129,3 +129,18 @@ def test_unknown_keys_of_the_file_and_of_a_flag_name_both(cfg):
     assert text.startswith(f"2 unknown keys ({cfg}, --set pipeline.batchsize=3): "), text
     assert "pipeline.batchsize (did you mean pipeline.batch_size?)" in text
     assert "pipeline.shuffle_bufer (did you mean pipeline.shuffle_buffer?)" in text
+
+
+def test_a_missing_file_is_blamed_on_the_flag_or_variable_that_named_it(tmp_path):
+    config = tmp_path / "train.toml"
+    config.write_text('[source]\nfiles = ["*.npy"]\n')
+    (tmp_path / "a.npy").write_bytes(b"")
+    flag = Override("source.files", ["nope.npy"], "--set source.files=nope.npy")
+    with pytest.raises(ConfigError, match=r"does not exist \(--set source.files=nope.npy\)$"):
+        load_config(config, overrides=[flag]).expand_files()
+    environ = {"LOADER_SOURCE__FILES": '["nope/*.npy"]'}
+    with pytest.raises(ConfigError, match=r"matched no files \(environment variable LOADER_SOURCE__FILES\)$"):
+        load_config(config, environ=environ).expand_files()
+    (tmp_path / "a.npy").unlink()
+    with pytest.raises(ConfigError, match=rf"matched no files \({config}\)$"):  # the file's own value: the file
+        load_config(config, environ={}).expand_files()
