@@ -179,6 +179,8 @@ class WorkersConfig:
         check.integer("max", minimum=0, maximum=MAX_WORKERS)
         if self.max and not self.min <= self.count <= self.max:
             check.fail("max", f"must be >= workers.count >= workers.min ({self.min}, {self.count}), got {self.max}")
+        if not self.max and self.min not in (1, self.count):  # min means something only with max (autoscaling)
+            check.fail("min", f"has no effect without workers.max (autoscaling off: count workers run), got {self.min}")
         check.text("transport", choices=TRANSPORTS)
         check.text("launcher", choices=LAUNCHERS)
         check.text("ray_address")

@@ -56,6 +56,7 @@ def test_pool_grows_to_max_while_the_client_waits_and_shrinks_when_it_stops(tmp_
         ({"count": 4, "max": 3}, "workers.max must be >= workers.count"),
         ({"count": 1, "min": 2, "max": 3}, "workers.max must be >= workers.count >= workers.min"),
         ({"min": 0}, "workers.min must be >= 1"),
+        ({"count": 2, "min": 3}, "workers.min has no effect without workers.max"),  # was accepted, silently
     ],
 )
 def test_bounds_are_checked(values, match):
