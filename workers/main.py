@@ -45,6 +45,8 @@ HELLO_RETRY_S = 0.5
 CONNECT_TIMEOUT_S = 30.0  # how long a worker waits for a daemon that does not answer at all
 EXIT_NO_DAEMON = 3  # run_worker's exit code when no daemon answered (the CLI turns it into one error line)
 CONTROL_CHECK_INTERVAL_S = 0.05
+# A first data message not taken in this long means the data port is out of reach (said once, as a warning).
+DATA_UNREACHABLE_WARN_S = 10.0
 
 
 class _Stop(Exception):
@@ -86,6 +88,9 @@ class Worker:
         self.stop_event = stop_event or threading.Event()
         self.ctl, self.data, self.connect = open_channels(connect)
         self.curve = connect.curve if isinstance(connect, transport.Dial) else None  # keys for the data socket too
+        self.data_endpoint = "the daemon's data link"  # its address, once a welcome names it (zmq)
+        self.data_sent = False  # a data message went out: a later wait is a busy stage, not an unreachable port
+        self.data_warned = False
         self.link: ControlLink | None = None
         self.config: Any = None
         self.mappers: dict[tuple[str, str], list[Any]] = {}  # per (dataset, key), resolved at its first lease
@@ -176,7 +181,8 @@ class Worker:
             self.arena.close()  # a re-welcome names a fresh arena; what we sent from the old one stays valid
         self.arena = ArenaWriter.from_welcome(welcome.shm)
         if self.data is None:
-            self.data = transport.push(transport.reachable_endpoint(welcome.data, self.connect), curve=self.curve)
+            self.data_endpoint = transport.reachable_endpoint(welcome.data, self.connect)
+            self.data = transport.push(self.data_endpoint, curve=self.curve)
 
     # -- control ------------------------------------------------------------
     def _ask(self) -> None:
@@ -242,9 +248,22 @@ class Worker:
 
     def _send_data(self, frames: list[Any]) -> None:
         assert self.data is not None
+        started = time.monotonic()
         while not self.data.try_send(frames, timeout_s=CONTROL_CHECK_INTERVAL_S):
             self.next_check = 0.0
             self._check()  # the stage is busy: still obey cancel, bye and stop while we wait
+            if not self.data_sent and not self.data_warned and time.monotonic() - started > DATA_UNREACHABLE_WARN_S:
+                # Nothing ever went out: not a busy stage (that takes some first), a data port this host cannot
+                # reach. The daemon only sees a worker that makes no progress, and takes it for a hung one.
+                self.data_warned = True
+                log.warning(
+                    "worker %s has sent nothing to the daemon's data endpoint %s in %.0f s: can this host reach "
+                    "that port (a firewall? service.data_port fixes it)",
+                    self.worker_id,
+                    self.data_endpoint,
+                    time.monotonic() - started,
+                )
+        self.data_sent = True
 
     # -- one file -----------------------------------------------------------
     def _serve_lease(self, lease: P.Lease) -> None:

@@ -56,3 +56,33 @@ def test_worker_stops_when_the_daemon_refuses_its_version():
     link, _ = _daemon_answering(refusal)
     with pytest.raises(ProtocolVersionError, match="refused this worker: worker w1 speaks loader protocol 1"):
         run_worker(link, worker_id="w1", connect_timeout_s=5)
+
+
+def test_a_worker_whose_data_never_leaves_says_the_port_may_be_out_of_reach(monkeypatch, caplog):
+    # The daemon sees only a worker that makes no progress (and takes it for hung); the worker said nothing.
+    import logging
+    import time
+
+    import workers.main as worker_main
+
+    class Unreachable:  # a PUSH socket whose peer never connects: nothing is taken until `until`
+        def __init__(self, until: float) -> None:
+            self.until = until
+
+        def try_send(self, frames, timeout_s):
+            time.sleep(timeout_s)
+            return time.monotonic() >= self.until
+
+    monkeypatch.setattr(worker_main, "DATA_UNREACHABLE_WARN_S", 0.1)
+    worker = object.__new__(worker_main.Worker)
+    worker.worker_id, worker.data_endpoint, worker.next_check = "w1", "tcp://10.0.0.5:40000", 0.0
+    worker.data_sent, worker.data_warned = False, False
+    worker._check = lambda: None
+    caplog.set_level(logging.WARNING, logger="loader.worker")
+    worker.data = Unreachable(time.monotonic() + 0.4)
+    worker._send_data([b"x"])
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "has sent nothing to the daemon's data endpoint tcp://10.0.0.5:40000" in said[0]
+    worker.data = Unreachable(time.monotonic() + 0.4)  # later waits: a busy stage, once data went out
+    worker._send_data([b"x"])
+    assert len(caplog.records) == 1
