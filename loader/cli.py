@@ -203,9 +203,10 @@ ENV_PEER_KEY_HINT = "service.peer_key (or LOADER_PEER_KEY) ="
 
 def cmd_check(args: argparse.Namespace) -> int:
     from loader.io.survey import survey
+    from loader.service.daemon.loop import check_service
 
     config = _load_checked(args.config, {}, args.set)
-    _check_authentication(config)
+    check_service(config)  # what `loader serve` refuses before binding: check says it too
     # Every dataset's files, and its first batch, are read before "ok" is printed: a bad file, files a batch
     # cannot take together, or a mapper that fails on real data is the only line, not one after "ok".
     surveys = [(name, survey(config.dataset(name).source)) for name in config.dataset_names]
@@ -249,20 +250,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     print("settings (value, and where it came from):")
     print("\n".join(format_sources(config)))
     return EXIT_OK
-
-
-def _check_authentication(config: Any) -> None:
-    """The refusal ``loader serve`` makes of this config's [service], made by check too: a bind beyond loopback
-    without authentication (unless service.insecure), and key files that cannot be read."""
-    service = config.service
-    if service.authenticated:
-        from loader.service.transport.auth import server_keys
-
-        server_keys(service.daemon_key, service.authorized_keys)
-        return
-    from loader.service.daemon.loop import _authentication, _bind_source
-
-    _authentication(service, {"service.bind": _bind_source(config)})  # no keys: raises, or returns (None, None)
 
 
 def _judge_survey(pipeline: Any, dataset: str, found: Any, errors: list[str], warnings: list[str]) -> None:

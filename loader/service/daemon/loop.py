@@ -65,6 +65,26 @@ def _bind_source(config: Any) -> str:
     return config.origin if source == "default" else source
 
 
+def check_service(config: Any) -> None:
+    """What the daemon refuses of ``config.service`` before it binds (for ``loader check``): a bind beyond
+    loopback without authentication (unless ``insecure``), and key files it cannot read."""
+    service = config.service
+    if service.authenticated:
+        assert service.daemon_key is not None and service.authorized_keys is not None
+        auth.server_keys(service.daemon_key, service.authorized_keys)
+    else:
+        _refuse_unauthenticated(service, {"service.bind": _bind_source(config)})
+
+
+def _refuse_unauthenticated(service: ServiceConfig, sources: Mapping[str, str]) -> None:
+    if not service.is_loopback and not service.insecure:
+        raise ConfigError(
+            f"service.bind {service.bind!r} reaches beyond this host and the daemon has no authentication: "
+            f"set service.daemon_key and service.authorized_keys (`loader keys`), or service.insecure = true "
+            f"to let anyone who reaches the port read the data ({sources.get('service.bind', service.origin)})"
+        )
+
+
 def _authentication(
     service: ServiceConfig, sources: Mapping[str, str] | None = None
 ) -> tuple[sockets.AuthServer | None, auth.CurveClient | None]:
@@ -74,12 +94,7 @@ def _authentication(
     """
     sources = sources or {}
     if not service.authenticated:
-        if not service.is_loopback and not service.insecure:
-            raise ConfigError(
-                f"service.bind {service.bind!r} reaches beyond this host and the daemon has no authentication: "
-                f"set service.daemon_key and service.authorized_keys (`loader keys`), or service.insecure = true "
-                f"to let anyone who reaches the port read the data ({sources.get('service.bind', service.origin)})"
-            )
+        _refuse_unauthenticated(service, sources)
         if not service.is_loopback:
             log.warning(
                 "service.insecure = true: %s has no authentication; anyone who reaches the port can read the data, "
