@@ -63,13 +63,14 @@ class Survey:
     _first: tuple[str, list[str]] | None = None
     _seen: dict[str, tuple[str, int, tuple[int, ...], str]] = field(default_factory=dict)
     _reported: set[tuple[str, str]] = field(default_factory=set)
+    _by_name: dict[str, FieldSummary] = field(default_factory=dict)
 
     def _field(self, name: str) -> FieldSummary:
-        for found in self.fields:
-            if found.name == name:
-                return found
-        self.fields.append(FieldSummary(name))
-        return self.fields[-1]
+        found = self._by_name.get(name)  # once per value of every sample: no scan of the fields
+        if found is None:
+            found = self._by_name[name] = FieldSummary(name)
+            self.fields.append(found)
+        return found
 
     def _file(self, path: str, names: list[str], samples: int) -> None:
         """A file's field names, once its samples are read: compared with the first file's."""
