@@ -97,20 +97,18 @@ def from_environment(
     bare = cuda_without_index(device)
     if bare is not None:
         local_rank, _ = integer_variable(env, LOCAL_RANK_VARIABLES, None)
-        if local_rank is not None and local_rank < _visible_gpus(env, local_rank + 1):
+        if local_rank is not None and _visible(env, local_rank):
             device = f"{bare}:{local_rank}"
     return address, rank, world_size, device
 
 
-def _visible_gpus(env: Mapping[str, str], unknown: int) -> int:
-    """How many GPUs ``CUDA_VISIBLE_DEVICES`` lets this process see (``unknown`` when it does not say).
+def _visible(env: Mapping[str, str], gpu: int) -> bool:
+    """Whether ``CUDA_VISIBLE_DEVICES`` (when set) lets this process see GPU number ``gpu``.
 
     A scheduler that gives each rank its own GPU (``srun --gpus-per-task=1``) shows each one device, number 0,
     while the local rank goes up to the ranks on the host: then a GPU without an index is the current one."""
     visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return unknown
-    return len([d for d in visible.split(",") if d.strip()])
+    return visible is None or gpu < len([d for d in visible.split(",") if d.strip()])
 
 
 def integer_variable(env: Mapping[str, str], names: tuple[str, ...], default: int | None) -> tuple[Any, str | None]:
