@@ -42,6 +42,7 @@ EXIT_INTERRUPTED = 130
 STATUS_TIMEOUT_S = 5.0
 WATCH_INTERVAL_S = 1.0
 WATCH_MIN_S = 0.1  # a daemon asked more often spends its control loop on status
+WATCH_MAX_S = 86_400.0
 log = logging.getLogger("loader.cli")
 
 
@@ -73,11 +74,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     from loader.service.client.client import query_status
     from loader.service.client.env import ADDRESS_VARIABLE
 
-    # Before any query: --watch 0 sent thousands of queries a second, and --timeout -1 waited "within -1 s".
+    # Before any query: --timeout -1 waited "within -1 s".
     if not args.timeout > 0:
         raise LoaderError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
-    if args.watch is not None and not args.watch >= WATCH_MIN_S:
-        raise LoaderError(f"--watch must be at least {WATCH_MIN_S:g} seconds, got {args.watch:g}")
+    watch_s = _watch_interval(args)
     given = args.address or os.environ.get(ADDRESS_VARIABLE) or None  # as a Client given no address
     address = daemon_address(given)
 
@@ -90,7 +90,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 raise
             raise ServiceUnavailableError(f"{exc}{note}") from None
 
-    if args.watch is None:
+    if watch_s is None:
         status = query()
         _note_another_config(given, address, status)
         print(_render_status(status, args.json))
@@ -100,10 +100,31 @@ def cmd_status(args: argparse.Namespace) -> int:
         while not stop.is_set():
             text = _render_status(query(), args.json)
             # Home the cursor and clear below it: the view refreshes in place, like top(1).
-            sys.stdout.write(f"\x1b[H\x1b[J{address}  (every {args.watch:g} s, Ctrl-C to stop)\n{text}\n")
+            sys.stdout.write(f"\x1b[H\x1b[J{address}  (every {watch_s:g} s, Ctrl-C to stop)\n{text}\n")
             sys.stdout.flush()
-            stop.wait(args.watch)
+            stop.wait(watch_s)
     return EXIT_OK
+
+
+def _watch_interval(args: argparse.Namespace) -> float | None:
+    """--watch's seconds, or None without it; `--watch ADDRESS` means the default interval.
+
+    --watch takes an optional value, so argparse hands it the address that follows it
+    (`loader status --watch tcp://host:5555`): a value that is not a number is that address.
+    """
+    if args.watch is None:
+        return None
+    try:
+        seconds = float(args.watch)
+    except ValueError:
+        if args.address is not None:
+            raise LoaderError(f"--watch takes seconds, got {args.watch!r}") from None
+        args.address = args.watch
+        return WATCH_INTERVAL_S
+    # --watch 0 sent thousands of queries a second; inf could not be waited on.
+    if not WATCH_MIN_S <= seconds <= WATCH_MAX_S:
+        raise LoaderError(f"--watch must be {WATCH_MIN_S:g} to {WATCH_MAX_S:g} seconds, got {args.watch}")
+    return seconds
 
 
 def _note_another_config(given: str | None, address: str, status: dict[str, Any]) -> None:
@@ -476,9 +497,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--watch",
-        type=float,
-        nargs="?",
-        const=WATCH_INTERVAL_S,
+        nargs="?",  # a string: `--watch ADDRESS` takes the address as its value (see _watch_interval)
+        const=str(WATCH_INTERVAL_S),
         metavar="S",
         help=f"refresh in place every S seconds (default {WATCH_INTERVAL_S:g}, at least {WATCH_MIN_S:g}) until Ctrl-C",
     )

@@ -6,6 +6,7 @@ import pytest
 
 import loader.service.client.client as client_module
 from loader.cli import main as cli_main
+from loader.errors import ServiceUnavailableError
 
 
 @pytest.fixture
@@ -23,10 +24,12 @@ def queries(monkeypatch) -> list[str]:
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        (["--watch", "0"], "--watch must be at least 0.1 seconds, got 0"),
-        (["--watch", "-1"], "--watch must be at least 0.1 seconds, got -1"),
-        (["--watch", "0.01"], "--watch must be at least 0.1 seconds, got 0.01"),
-        (["--watch", "nan"], "--watch must be at least"),
+        (["--watch", "0"], "--watch must be 0.1 to 86400 seconds, got 0"),
+        (["--watch", "-1"], "--watch must be 0.1 to 86400 seconds, got -1"),
+        (["--watch", "0.01"], "--watch must be 0.1 to 86400 seconds, got 0.01"),
+        (["--watch", "nan"], "--watch must be 0.1 to 86400 seconds, got nan"),
+        (["--watch", "inf"], "--watch must be 0.1 to 86400 seconds, got inf"),
+        (["--watch", "soon"], "--watch takes seconds, got 'soon'"),
         (["--timeout", "0"], "--timeout must be > 0 seconds, got 0"),
         (["--timeout", "-1"], "--timeout must be > 0 seconds, got -1"),
         (["--timeout", "nan"], "--timeout must be > 0 seconds"),
@@ -43,3 +46,18 @@ def test_refused_in_one_line_before_any_query(queries, capsys, args, match) -> N
 def test_sane_values_still_query(queries, capsys) -> None:
     assert cli_main(["status", "127.0.0.1:1", "--timeout", "0.5"]) == 0
     assert queries == ["tcp://127.0.0.1:1"]
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:1", "tcp://127.0.0.1:1"])
+def test_watch_followed_by_the_address_watches_that_address(monkeypatch, capsys, address) -> None:
+    # argparse gives an optional --watch value the next word: the address (it was "invalid float").
+    asked: list[str] = []
+
+    def unreachable(addr: str, timeout_s: float) -> dict:
+        asked.append(addr)
+        raise ServiceUnavailableError(f"no daemon answered at {addr}")
+
+    monkeypatch.setattr(client_module, "query_status", unreachable)
+    assert cli_main(["status", "--watch", address]) == 1
+    assert asked == ["tcp://127.0.0.1:1"]
+    assert "no daemon answered at tcp://127.0.0.1:1" in capsys.readouterr().err
