@@ -73,6 +73,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from loader.config.address import address_origin, daemon_address
     from loader.service.client.client import query_status
     from loader.service.client.env import ADDRESS_VARIABLE
+    from loader.service.transport.auth import peer_for
 
     # Before any query: --timeout -1 waited "within -1 s".
     if not args.timeout > 0:
@@ -80,10 +81,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     watch_s = _watch_interval(args)
     given = args.address or os.environ.get(ADDRESS_VARIABLE) or None  # as a Client given no address
     address = daemon_address(given)
+    curve = peer_for(given)  # a config file's keys go with its address
 
     def query() -> dict[str, Any]:
         try:
-            return query_status(address, timeout_s=args.timeout)
+            return query_status(address, timeout_s=args.timeout, curve=curve)
         except ServiceUnavailableError as exc:  # an address from a config file: say so, and how else to look
             note = address_origin(given)
             if not note:

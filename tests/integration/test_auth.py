@@ -252,3 +252,24 @@ def test_loader_worker_takes_its_keys_from_a_config_and_refuses_half_of_them(tmp
     assert done.returncode != 0
     assert done.stderr.strip().splitlines() == [done.stderr.strip()]  # one line
     assert "both" in done.stderr
+
+
+def test_a_client_and_loader_status_given_a_config_take_its_keys(secured, keys, monkeypatch, tmp_path, capsys):
+    # The config that names the daemon's address names the keys for it; the environment has none.
+    daemon, ids = secured
+    _as(monkeypatch, keys, None)
+    config = tmp_path / "peer.toml"
+    config.write_text(
+        f'[source]\nfiles = ["*.npy"]\n[service]\nbind = "{daemon.endpoint}"\n'
+        f'peer_key = "{keys["client"]}"\ndaemon_public_key = "{keys["daemon_public"]}"\n'
+    )
+    with Client(str(config), timeout_s=30) as client:
+        assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
+    assert cli_main(["status", str(config), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["workers"]
+    # Half a pair in the config, the other half nowhere: one line naming both settings.
+    config.write_text(
+        f'[source]\nfiles = ["*.npy"]\n[service]\nbind = "{daemon.endpoint}"\npeer_key = "{keys["client"]}"\n'
+    )
+    with pytest.raises(ConfigError, match="service.daemon_public_key"):
+        Client(str(config), timeout_s=1.0)

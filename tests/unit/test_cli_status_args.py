@@ -13,7 +13,7 @@ from loader.errors import ServiceUnavailableError
 def queries(monkeypatch) -> list[str]:
     asked: list[str] = []
 
-    def fake_query_status(address: str, timeout_s: float) -> dict:
+    def fake_query_status(address: str, timeout_s: float, curve: object = None) -> dict:
         asked.append(address)
         return {}
 
@@ -53,7 +53,7 @@ def test_watch_followed_by_the_address_watches_that_address(monkeypatch, capsys,
     # argparse gives an optional --watch value the next word: the address (it was "invalid float").
     asked: list[str] = []
 
-    def unreachable(addr: str, timeout_s: float) -> dict:
+    def unreachable(addr: str, timeout_s: float, curve: object = None) -> dict:
         asked.append(addr)
         raise ServiceUnavailableError(f"no daemon answered at {addr}")
 

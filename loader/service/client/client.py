@@ -68,7 +68,7 @@ from loader.service.shm.arena import ArenaError
 from loader.service.shm.cache import ArenaCache
 from loader.service.shm.file_rows import FileRowsError, RowFiles, is_file_id, source_of
 from loader.service.transport import Channel
-from loader.service.transport.auth import ENV_PEER_KEY
+from loader.service.transport.auth import ENV_PEER_KEY, CurveClient, peer_for
 
 DEFAULT_PREFETCH = 4
 # prefetch="auto" (the default): each epoch after the first reads ahead as many messages as fit in
@@ -168,7 +168,9 @@ class Client:
         self.progress_timeout_s = _seconds("progress_timeout_s", progress_timeout_s)
         self.read_ahead = read_ahead
         self._placer = Placer(device)
-        self._channel: Channel = channel if channel is not None else transport.dealer(address)
+        self._channel: Channel = (
+            channel if channel is not None else transport.dealer(address, curve=peer_for(self._given_address))
+        )
         self._closed = False
         self._out: queue.Queue[tuple[str, int | None, Any]] = queue.Queue()
         self._commands: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -645,9 +647,12 @@ class _ReceiverState:
         self.received = 0  # ... and those it sent
 
 
-def query_status(address: str, timeout_s: float = 5.0) -> dict[str, Any]:
-    """The daemon's ``status()`` dict; ``ServiceUnavailableError`` when it does not answer."""
-    channel = transport.dealer(address)
+def query_status(address: str, timeout_s: float = 5.0, curve: CurveClient | None = None) -> dict[str, Any]:
+    """The daemon's ``status()`` dict; ``ServiceUnavailableError`` when it does not answer.
+
+    ``curve``: this peer's keys for a daemon with CURVE on (default: from the environment).
+    """
+    channel = transport.dealer(address, curve=curve)
     try:
         answer = _request(channel, P.encode(P.Status()), (P.Status,), timeout_s, address)
     finally:

@@ -84,6 +84,26 @@ def peer_from_env() -> CurveClient | None:
     return peer_keys(os.environ.get(ENV_PEER_KEY), os.environ.get(ENV_DAEMON_PUBLIC_KEY), "environment")
 
 
+def peer_for(given: str | None) -> CurveClient | None:
+    """The keys of a peer that names its daemon by ``given``: when that is a config file, its
+    ``service.peer_key``/``service.daemon_public_key``, each missing one from its environment
+    variable; otherwise None (the socket then takes the environment's, ``peer_from_env``).
+
+    A Client or ``loader status`` given the daemon's own config reads its address from it; the
+    keys beside that address belong with it (they were read from the environment only).
+    """
+    if not given or given.startswith(("tcp://", "ipc://", "inproc://")) or not os.path.isfile(given):
+        return None
+    from loader.config import load_config
+
+    service = load_config(given).service
+    return peer_keys(
+        service.peer_key or os.environ.get(ENV_PEER_KEY) or None,
+        service.daemon_public_key or os.environ.get(ENV_DAEMON_PUBLIC_KEY) or None,
+        f"{given}: service.peer_key (or {ENV_PEER_KEY}) and service.daemon_public_key (or {ENV_DAEMON_PUBLIC_KEY})",
+    )
+
+
 def server_keys(daemon_key: str, authorized_keys: str) -> CurveServer:
     """The daemon's keys: its secret key file and a directory of admitted public keys (``*.key``)."""
     from loader.service.transport.sockets import load_public_keys
@@ -98,6 +118,7 @@ __all__ = [
     "Dial",
     "peer_keys",
     "peer_from_env",
+    "peer_for",
     "server_keys",
     "ENV_PEER_KEY",
     "ENV_DAEMON_PUBLIC_KEY",
