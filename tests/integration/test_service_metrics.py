@@ -119,6 +119,11 @@ def test_every_documented_metric_is_scraped_during_an_epoch_with_plausible_value
     assert value(after, "loader_messages_rejected") == 0
     assert value(after, "loader_records_skipped") == 0
     assert value(after, "loader_clients") == 1
+    # The daemon has sent the whole epoch; the client is still there: the epoch gauges show its end.
+    mine = {"dataset": "default", "session": "1", "rank": "0"}
+    assert value(after, "loader_epoch", **mine) == 0
+    assert value(after, "loader_epoch_files", **mine) == value(after, "loader_epoch_files_done", **mine) == 4
+    assert value(after, "loader_epoch_samples_sent", **mine) == len(ids)
 
 
 def test_metrics_endpoint_closes_with_the_daemon(tmp_path):

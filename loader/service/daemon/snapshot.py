@@ -122,12 +122,17 @@ class Snapshotter:
             add("loader_client_credits", session.credits, **who)
             stream = session.current
             if stream is not None:
-                mine = {"dataset": session.dataset}
                 files = len(stream.sequencer.order)
-                add("loader_epoch", stream.epoch, **mine, **who)
-                add("loader_epoch_files", files, **mine, **who)
-                add("loader_epoch_files_done", files - len(stream.sequencer.incomplete), **mine, **who)
-                add("loader_epoch_samples_sent", stream.samples_sent.get(session.rank, 0), **mine, **who)
+                epoch = (stream.epoch, files, files - len(stream.sequencer.incomplete))
+                epoch += (stream.samples_sent.get(session.rank, 0),)
+            else:
+                epoch = session.finished  # all sent; the client may still be reading it
+            if epoch is not None:
+                mine = {"dataset": session.dataset}
+                add("loader_epoch", epoch[0], **mine, **who)
+                add("loader_epoch_files", epoch[1], **mine, **who)
+                add("loader_epoch_files_done", epoch[2], **mine, **who)
+                add("loader_epoch_samples_sent", epoch[3], **mine, **who)
         add("loader_clients", len(daemon.stage.sessions))
         add("loader_workers", len(alive), state="alive")
         add("loader_workers", connected, state="connected")

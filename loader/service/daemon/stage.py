@@ -107,6 +107,9 @@ class Session:
     dataset: str = "default"
     job: str = ""  # the key of the job this session reads with (``desk``)
     settings: StreamSettings | None = None  # None: the stage's own (the default dataset's)
+    # (epoch, files, files done, samples sent) of the epoch whose END it was sent last: the client may
+    # still be reading it, so the loader_epoch* gauges go on showing it until the next epoch starts.
+    finished: tuple[int, int, int, int] | None = None
 
 
 @dataclass
@@ -702,6 +705,8 @@ class Stage:
         rank = session.rank
         batches, samples = stream.cursors[rank], stream.samples_sent.get(rank, 0)
         end = P.End(epoch=stream.epoch, gen=stream.gens[rank], batches=batches, samples=samples)
+        files = len(stream.sequencer.order)
+        session.finished = (stream.epoch, files, files - len(stream.sequencer.incomplete), samples)
         self.send(session.peer, P.encode(end))
         stream.members.pop(rank, None)  # sending may have dropped a client that is gone
         stream.released.add(rank)
