@@ -123,8 +123,8 @@ class Snapshotter:
             stream = session.current
             if stream is not None:
                 files = len(stream.sequencer.order)
-                epoch = (stream.epoch, files, files - len(stream.sequencer.incomplete))
-                epoch += (stream.samples_sent.get(session.rank, 0),)
+                done, sent = files - len(stream.sequencer.incomplete), stream.samples_sent.get(session.rank, 0)
+                epoch: tuple[int, int, int, int] | None = (stream.epoch, files, done, sent)
             else:
                 epoch = session.finished  # all sent; the client may still be reading it
             if epoch is not None:
