@@ -629,6 +629,12 @@ def _stop_receiver(stop: threading.Event, waker: Any, thread: threading.Thread) 
     had ended already (a fatal error), close what it left to the client."""
     stop.set()
     waker.wake()
+    # Wait for its goodbye (as close() does): at interpreter exit, where this runs as an atexit hook for a
+    # client still referenced, the daemon thread would otherwise die before it sent BYE, and the daemon
+    # kept the session until its silence timeout. Not from the receiver thread itself (it may drop the last
+    # reference).
+    if thread is not threading.current_thread():
+        thread.join(THREAD_JOIN_TIMEOUT_S)
     if not thread.is_alive():
         waker.close()
 
