@@ -113,7 +113,11 @@ class LoDTensor:
         return self.data[index]
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        return np.asarray(self.data, dtype=dtype)
+        # numpy >= 2 passes copy=True for numpy.array(t) and does not copy again: handing back the data
+        # itself would let the caller's array write into this tensor (fluid's numpy.array(t) is a copy).
+        if copy is None:
+            return np.asarray(self.data, dtype=dtype)
+        return np.array(self.data, dtype=dtype, copy=copy)
 
 
 __all__ = ["LoDTensor", "Shape"]

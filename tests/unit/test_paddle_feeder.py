@@ -254,6 +254,18 @@ def test_every_result_is_a_lod_tensor_read_the_fluid_way():
     assert s.shape() == [5, 1] and not s.has_valid_recursive_sequence_lengths()
 
 
+def test_numpy_array_of_a_result_is_a_copy_and_asarray_is_not():
+    # numpy >= 2 hands copy=True to __array__ and trusts it: returning the data itself made
+    # numpy.array(t) an alias, so the caller's changes wrote into the fed tensor.
+    result = DataFeeder([Field("x", [-1, 2])]).feed([([1, 2],), ([3, 4],)])
+    x = result["x"]
+    copied = np.array(x)
+    copied[0, 0] = 99
+    assert x.numpy()[0, 0] == 1
+    assert np.array(x, dtype=np.float64).dtype == np.float64 and np.array(x, copy=True) is not x.data
+    assert np.asarray(x) is x.data  # asarray may share, as numpy's own rule says
+
+
 def test_return_arrays_gives_plain_arrays_in_one_step():
     feeder = DataFeeder([Field("x", [-1, 2]), Field("s", [-1, 1], "int64", lod_level=1)], return_arrays=True)
     result = feeder.feed([([1, 2], [1, 2, 3]), ([3, 4], [4])])
