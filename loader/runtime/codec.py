@@ -33,7 +33,18 @@ def _default_exact(obj: Any) -> Any:
         raise TypeError(
             f"cannot encode a {type(obj).__name__} as it is (a subclass of {type(obj).__mro__[1].__name__})"
         )
+    # The payload names the dtype by ``dtype.str``, which drops a structured dtype's field names
+    # ('|V12'): such an array (or np.void record) would arrive as raw void bytes.
+    if isinstance(obj, (np.ndarray, np.generic)) and not _dtype_round_trips(obj.dtype):
+        raise TypeError(f"cannot encode a numpy {type(obj).__name__} of dtype {obj.dtype} as it is")
     return _encode_ext(obj, _exact_packer)
+
+
+def _dtype_round_trips(dtype: np.dtype) -> bool:
+    try:
+        return bool(np.dtype(dtype.str) == dtype)
+    except TypeError:
+        return False
 
 
 def _encode_ext(obj: Any, packer: Any) -> Any:

@@ -132,6 +132,15 @@ def test_subclasses_of_tuple_and_ndarray_keep_their_class(use_pipe, no_leaks):
 
 
 @pytest.mark.parametrize("use_pipe", MODES)
+def test_structured_arrays_keep_their_field_names(use_pipe, no_leaks):
+    # The codec names a dtype by dtype.str ('|V12'): a structured array arrived as raw void bytes.
+    table = np.array([(1, 2.5), (3, 4.5)], dtype=[("a", "<i4"), ("b", "<f8")])
+    got = list(reader.multiprocess_reader([ListReader([table, (table[1], 7)])], use_pipe)())
+    assert got[0].dtype == table.dtype and got[0]["b"].tolist() == [2.5, 4.5]
+    assert got[1][0].dtype == table.dtype and got[1][0]["a"] == 3 and got[1][1] == 7
+
+
+@pytest.mark.parametrize("use_pipe", MODES)
 def test_a_child_error_is_both_a_worker_error_and_a_value_error(use_pipe, no_leaks):
     # A lambda can be neither encoded nor pickled: the child fails, the parent raises.
     with pytest.raises(ValueError) as info:
