@@ -1,0 +1,34 @@
+"""``source.fields`` renames a reader's slots by position; it never hands one slot's name to another's data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from loader.config import LoaderConfig
+from workers.sources import FileSource
+
+
+def _source(tmp_path, fields: list[str]) -> FileSource:
+    path = tmp_path / "part-0.npz"
+    np.savez(path, zz=np.arange(8, dtype=np.float32).reshape(4, 2), aa=np.arange(4, dtype=np.int64))
+    config = LoaderConfig.from_dict({"source": {"files": [str(path)], "fields": fields}})
+    return FileSource(config, str(path))
+
+
+def test_the_files_own_names_in_another_order_are_refused_in_one_line(tmp_path) -> None:
+    # np.savez keeps the keyword order: the slots are zz, aa. ["aa", "zz"] used to swap their data silently.
+    with pytest.raises(ValueError, match=r"'aa' would name slot 0 \('zz'\)") as caught:
+        _source(tmp_path, ["aa", "zz"])
+    assert "part-0.npz" in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("fields", [["zz", "aa"], ["x", "y"], ["x", "aa"]])
+def test_new_names_and_the_own_names_in_place_rename_by_position(tmp_path, fields) -> None:
+    source = _source(tmp_path, fields)
+    try:
+        block = source.read_block(4)
+    finally:
+        source.close()
+    assert block is not None and list(block) == fields
+    assert block[fields[0]].dtype == np.float32 and block[fields[1]].tolist() == [0, 1, 2, 3]
