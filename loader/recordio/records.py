@@ -35,9 +35,12 @@ class PickledRecordError(DataError):
 
 
 def opt_in_hint(name: str) -> str:
+    # Said wherever the file is read: the daemon, `loader check` and loader.io take no allow_pickle, so the
+    # conversion comes first and the argument is named with the two calls that take it.
     return (
-        "it is not unpickled unless you opt in: pass allow_pickle=True (a restricted unpickler that admits only "
-        f"{safe_pickle.ADMITTED}), or convert the file once: loader recordio convert {name} OUT --allow-pickle"
+        f"it is not unpickled unless you opt in: convert the file once, loader recordio convert {name} OUT "
+        "--allow-pickle, or read it with loader.reader.creator.recordio(..., allow_pickle=True) or "
+        f"recordio.Scanner(..., allow_pickle=True) (a restricted unpickler that admits only {safe_pickle.ADMITTED})"
     )
 
 

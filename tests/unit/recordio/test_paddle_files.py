@@ -121,6 +121,7 @@ def test_pickled_records_are_refused_without_the_opt_in(tmp_path, writer, compre
     message = str(info.value)
     assert path in message and "record 0" in message and "allow_pickle=True" in message
     assert "loader recordio convert" in message and "\n" not in message
+    assert "creator.recordio(..., allow_pickle=True)" in message  # where the argument can be passed
     assert isinstance(info.value, DataError)
 
 
