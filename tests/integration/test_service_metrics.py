@@ -137,3 +137,45 @@ def test_metrics_endpoint_closes_with_the_daemon(tmp_path):
         assert get(f"http://{address}/nothing")[0] == 404
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://{address}/healthz", timeout=HTTP_TIMEOUT_S)
+
+
+def test_traffic_is_counted_per_dataset(tmp_path):
+    """Samples and batches served and bytes moved carry the dataset they belong to, not one sum."""
+    train_ids = write_id_files(tmp_path, 2, 40)
+    (tmp_path / "eval").mkdir()
+    eval_ids = write_id_files(tmp_path / "eval", 1, 30)
+    config = make_config(
+        tmp_path,
+        pipeline={"batch_size": 8},
+        workers={"count": 1},
+        service={"metrics": "127.0.0.1:0"},
+        datasets={"eval": {"source": {"files": [str(tmp_path / "eval" / "*.npy")]}, "pipeline": {"batch_size": 5}}},
+    )
+    with running_daemon(config) as daemon:
+        address = daemon.metrics.address
+        assert wait_until(lambda: "loader_samples_sent" in scrape(address), timeout_s=5)  # the first snapshot
+        before = scrape(address)
+        # Every dataset has its series before any client reads it.
+        assert value(before, "loader_samples_sent", dataset="eval") == 0
+        assert value(before, "loader_samples_sent", dataset="default") == 0
+        with (
+            Client(daemon.endpoint, timeout_s=10) as train,
+            Client(daemon.endpoint, dataset="eval", timeout_s=10) as ev,
+        ):
+            assert sorted(v for b in train.epoch() for v in b["data"].tolist()) == sorted(train_ids)
+            assert sorted(v for b in ev.epoch() for v in b["data"].tolist()) == sorted(eval_ids)
+
+        def settled() -> bool:
+            m = scrape(address)
+            return value(m, "loader_samples_sent", dataset="default") == len(train_ids) and value(
+                m, "loader_samples_sent", dataset="eval"
+            ) == len(eval_ids)
+
+        assert wait_until(settled, timeout_s=5)
+        after = scrape(address)
+    for dataset, ids, batch_size in (("default", train_ids, 8), ("eval", eval_ids, 5)):
+        assert value(after, "loader_batches_sent", dataset=dataset) == -(-len(ids) // batch_size)
+        assert value(after, "loader_samples_received", dataset=dataset) == len(ids)
+        assert value(after, "loader_bytes_sent", dataset=dataset) > len(ids) * 8  # int64 ids plus headers
+        assert value(after, "loader_bytes_received", dataset=dataset) > len(ids) * 8
+        assert value(after, "loader_samples_per_second", dataset=dataset) >= 0

@@ -265,6 +265,7 @@ class ClientDesk:
             prefetch=max((s.prefetch for s in self._sessions_of(job)), default=1),
             position=position,
             anchor=anchor,
+            dataset=job.dataset.name,
         )
         self.coordinator.enqueue(stream.stream_id, epoch, order[anchor[1] :])
         job.streams.append(stream)

@@ -371,7 +371,8 @@ class Daemon:
                     self.coordinator.progressed(record.worker_id)
 
     def _on_data(self, frames: list[Any]) -> None:
-        self.bytes_received += frames_nbytes(frames)
+        nbytes = frames_nbytes(frames)
+        self.bytes_received += nbytes
         try:
             message, columns = P.decode(frames)
         except MalformedMessageError as exc:  # the data endpoint cannot name its sender
@@ -387,6 +388,9 @@ class Daemon:
                 return
             self.rejects.reject(who, f"lease {message.lease} (stream {message.stream}, file {message.file}) is not its")
             return
+        stream = self.stage.streams.get(message.stream)
+        if stream is not None:  # bytes per dataset: only what a lease of its streams brought
+            self.stage.traffic_of(stream.dataset).bytes_in += nbytes
         try:
             refused = self._on_file_message(message, columns)
         except Exception as exc:  # whatever a peer's message makes a handler raise

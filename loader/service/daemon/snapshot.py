@@ -17,7 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-DATASET = "default"  # the dataset label: one dataset per daemon for now
+from loader.service.daemon.rate import RecentRate
+
+DATASET = "default"  # the dataset label of a daemon's [source]/[pipeline]; [datasets.NAME] are labelled NAME
 
 # (name, type, labels, help). Counters are exported with the ``_total`` suffix Prometheus adds.
 METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
@@ -87,6 +89,7 @@ class Snapshotter:
     def __init__(self) -> None:
         self.busy_seconds = 0.0
         self._last: float | None = None
+        self._rates: dict[str, RecentRate] = {}  # dataset -> its samples received per second
 
     def take(self, daemon: Any, now: float | None = None) -> Snapshot:
         now = time.monotonic() if now is None else now
@@ -99,7 +102,6 @@ class Snapshotter:
         self._last = now
         connected = sum(1 for r in alive if r.peer is not None)
         ready = connected > 0 and status["files"]["total"] > 0
-        batches, samples, nbytes = daemon.stage.sent_totals
         arenas = daemon.arenas
         shm_arenas = len(arenas.arenas) if arenas is not None else 0
         out: list[Sample] = []
@@ -107,15 +109,21 @@ class Snapshotter:
         def add(name: str, value: float, **labels: Any) -> None:
             out.append((name, tuple((k, str(v)) for k, v in labels.items()), float(value)))
 
-        ds = {"dataset": DATASET}
         add("loader_ready", 1 if ready else 0)
         add("loader_uptime_seconds", status["uptime_s"])
-        add("loader_batches_sent", batches, **ds)
-        add("loader_samples_sent", samples, **ds)
-        add("loader_bytes_sent", nbytes, **ds)
-        add("loader_samples_received", status["samples_in"], **ds)
-        add("loader_bytes_received", getattr(daemon, "bytes_received", 0), **ds)
-        add("loader_samples_per_second", status["samples_per_s"], **ds)
+        # Every dataset the daemon serves, read yet or not, so a dashboard sees each from the start.
+        names = dict.fromkeys([*daemon.datasets.by_name, *daemon.stage.traffic])
+        for name in names:
+            traffic = daemon.stage.traffic_of(name)
+            rate = self._rates.setdefault(name, RecentRate())
+            rate.record(now, traffic.samples_in)
+            ds = {"dataset": name}
+            add("loader_batches_sent", traffic.batches_sent, **ds)
+            add("loader_samples_sent", traffic.samples_sent, **ds)
+            add("loader_bytes_sent", traffic.bytes_sent, **ds)
+            add("loader_samples_received", traffic.samples_in, **ds)
+            add("loader_bytes_received", traffic.bytes_in, **ds)
+            add("loader_samples_per_second", round(rate.per_second(now, traffic.samples_in), 1), **ds)
         for session in daemon.stage.sessions.values():
             who = {"session": session.session_id, "rank": session.rank}
             add("loader_client_wait_seconds", session.wait_s, **who)

@@ -65,6 +65,17 @@ PACK_BYTES = 1024 * 1024
 MAX_LOGGED_ERROR_CHARS = 500
 
 
+@dataclass
+class Traffic:
+    """One dataset's totals since the daemon started: what its metrics (label ``dataset``) export."""
+
+    batches_sent: int = 0
+    samples_sent: int = 0
+    bytes_sent: int = 0  # of BATCH messages to clients
+    samples_in: int = 0  # rows of the epoch's order, from workers (after de-duplication)
+    bytes_in: int = 0  # of data messages from workers holding one of its leases
+
+
 @dataclass(frozen=True)
 class StreamSettings:
     """How one dataset's streams are shuffled and batched (a session reads one dataset)."""
@@ -144,6 +155,7 @@ class Stream:
     samples_sent: dict[int, int] = field(default_factory=dict)  # rank -> samples sent it
     arrived: dict[int, int] = field(default_factory=dict)  # file -> records that reached the stage from its lease
     chunk_rows: int = 0  # the most records one chunk of this stream has brought (its bound must hold one)
+    dataset: str = "default"  # the dataset its job reads (the metrics count traffic per dataset)
 
     @property
     def input_done(self) -> bool:
@@ -225,6 +237,7 @@ class Stage:
         self.samples_in = 0
         self.dropped_duplicates = 0
         self.sent_totals = [0, 0, 0]
+        self.traffic: dict[str, Traffic] = {}  # dataset -> its totals (``traffic_of``)
         self.refs = RefKeeper(arenas)
 
     # -- sessions -----------------------------------------------------------
@@ -331,6 +344,7 @@ class Stage:
         prefetch: int,
         position: int = 0,
         anchor: Anchor = (0, 0, 0),
+        dataset: str = "default",
     ) -> Stream:
         """A stream reading ``order`` (file indexes, the epoch's order) from ``position`` / ``anchor``."""
         window, order_index, record = anchor
@@ -346,6 +360,7 @@ class Stage:
             shuffle=WindowShuffle(settings.shuffle_buffer, settings.seed, epoch, anchor),
             cutter=StepCutter(world_size, settings.batch_size, settings.drop_last, skip=skip),
             prefetch=prefetch,
+            dataset=dataset,
         )
         stream.sequencer.reorder_rows = self.buffer_limit_rows(stream)
         self.streams[stream.stream_id] = stream
@@ -464,7 +479,9 @@ class Stage:
     def _feed(self, stream: Stream, tagged: list[Tagged]) -> None:
         """Rows now in the epoch's order: through the shuffle and the cutter into steps."""
         for block, order_index, records in tagged:
-            self.samples_in += block_rows(block)
+            rows = block_rows(block)
+            self.samples_in += rows
+            self.traffic_of(stream.dataset).samples_in += rows
             out = stream.shuffle.add(block, order_index, records)
             self._free(stream, stream.cutter.extend(out))
         if tagged:
@@ -763,10 +780,21 @@ class Stage:
         self.sent_totals[0] += len(group)  # batches, samples, bytes to every client since the daemon started
         self.sent_totals[1] += n
         self.sent_totals[2] += nbytes
+        traffic = self.traffic_of(stream.dataset)
+        traffic.batches_sent += len(group)
+        traffic.samples_sent += n
+        traffic.bytes_sent += nbytes
         session.credits -= 1
         stream.samples_sent[session.rank] = stream.samples_sent.get(session.rank, 0) + n
         session.batches_sent += len(group)
         session.samples_sent += n
+
+    def traffic_of(self, dataset: str) -> Traffic:
+        """``dataset``'s totals (created at its first use)."""
+        traffic = self.traffic.get(dataset)
+        if traffic is None:
+            traffic = self.traffic[dataset] = Traffic()
+        return traffic
 
     def buffered_rows(self) -> int:
         return sum(stream.rows_buffered for stream in self.streams.values())
@@ -845,4 +873,4 @@ def _first_line(text: str, limit: int) -> str:
     return line if len(line) <= limit else line[:limit] + "..."
 
 
-__all__ = ["Stage", "Session", "Step", "Stream", "StreamSettings", "frames_nbytes"]
+__all__ = ["Stage", "Session", "Step", "Stream", "StreamSettings", "Traffic", "frames_nbytes"]
