@@ -6,6 +6,7 @@ import collections
 import urllib.error
 import urllib.request
 
+import numpy as np
 import pytest
 
 from loader import Client
@@ -179,3 +180,26 @@ def test_traffic_is_counted_per_dataset(tmp_path):
         assert value(after, "loader_bytes_sent", dataset=dataset) > len(ids) * 8  # int64 ids plus headers
         assert value(after, "loader_bytes_received", dataset=dataset) > len(ids) * 8
         assert value(after, "loader_samples_per_second", dataset=dataset) >= 0
+
+
+def test_records_that_do_not_fit_their_batch_count_as_rejected(tmp_path):
+    """``loader_records_rejected`` counts the records the daemon's checks refuse (it stayed 0)."""
+    np.save(tmp_path / "f000.npy", np.arange(40, dtype=np.int64).reshape(20, 2))
+    np.save(tmp_path / "f001.npy", np.arange(30, dtype=np.int64).reshape(10, 3))  # rows of another shape
+    config = make_config(
+        tmp_path,
+        pipeline={"batch_size": 4, "on_error": "skip"},
+        workers={"count": 1},
+        service={"metrics": "127.0.0.1:0"},
+    )
+    with running_daemon(config) as daemon:
+        address = daemon.metrics.address
+        with Client(daemon.endpoint, timeout_s=10) as client:
+            assert sum(len(batch["data"]) for batch in client.epoch()) == 20
+
+        def counted() -> bool:
+            return value(scrape(address), "loader_records_skipped") == 10
+
+        assert wait_until(counted, timeout_s=5)
+        assert value(scrape(address), "loader_records_rejected") == 10
+        assert query_status(daemon.endpoint)["rejected_records"] == 10

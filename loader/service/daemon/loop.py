@@ -492,6 +492,7 @@ class Daemon:
             "buffered_samples": self.stage.buffered_rows(),
             "duplicates_dropped": self.stage.dropped_duplicates,
             "skipped_records": self.stage.skipped_records,
+            "rejected_records": self.stage.rejected_records,  # did not fit their batch (under skip, also skipped)
             "rejected_messages": self.rejected_messages,
             "late_data_dropped": self.late_data,
             "shm_arenas": len(self.arenas.arenas) if self.arenas is not None else 0,

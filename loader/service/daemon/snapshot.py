@@ -63,7 +63,12 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("loader_leases", "counter", (), "file leases granted"),
     ("loader_re_leases", "counter", (), "leases handed back to the queue because their worker died"),
     ("loader_records_skipped", "counter", (), "bad records skipped (pipeline.on_error = 'skip')"),
-    ("loader_records_rejected", "counter", (), "records rejected by the daemon's checks"),
+    (
+        "loader_records_rejected",
+        "counter",
+        (),
+        "records rejected by the daemon's checks (they do not fit their batch; under skip also counted as skipped)",
+    ),
     ("loader_duplicates_dropped", "counter", (), "samples dropped as duplicates (a file re-read after a death)"),
     ("loader_messages_rejected", "counter", (), "malformed or misplaced messages dropped"),
     ("loader_stage_buffered_samples", "gauge", (), "samples held in the stage's shuffle buffers and batchers"),
@@ -154,7 +159,7 @@ class Snapshotter:
         add("loader_leases", daemon.coordinator.leases_granted)
         add("loader_re_leases", daemon.coordinator.re_leases)
         add("loader_records_skipped", status["skipped_records"])
-        add("loader_records_rejected", status.get("rejected_records", 0))
+        add("loader_records_rejected", status["rejected_records"])
         add("loader_duplicates_dropped", status["duplicates_dropped"])
         add("loader_messages_rejected", status["rejected_messages"])
         add("loader_stage_buffered_samples", status["buffered_samples"])

@@ -238,6 +238,7 @@ class Stage:
         self.dropped_duplicates = 0
         self.sent_totals = [0, 0, 0]
         self.traffic: dict[str, Traffic] = {}  # dataset -> its totals (``traffic_of``)
+        self.rejected_records = 0  # records refused because they do not fit their batch (``_misfit``)
         self.refs = RefKeeper(arenas)
 
     # -- sessions -----------------------------------------------------------
@@ -569,8 +570,10 @@ class Stage:
         if self.on_error == "skip":
             rows = stream.sequencer.skip(chunk.file, records)  # a later lease starts after them: counted once
             stream.rejected[chunk.file] = stream.rejected.get(chunk.file, 0) + rows
+            self.rejected_records = min(P.MAX_INT, self.rejected_records + rows)
             log.warning("skipping %d record(s) from record %d of %s: %s", rows, record, path, message)
             return
+        self.rejected_records = min(P.MAX_INT, self.rejected_records + max(1, len(records)))
         error = WorkerError("ShapeMismatchError", message, worker=chunk.worker, file=path, record=record)
         self.fail_file(stream.stream_id, chunk.file, error.to_dict())
 
