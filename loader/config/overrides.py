@@ -8,7 +8,10 @@ container images that share one config::
 
 An environment variable is ``LOADER_`` + section + ``__`` + key, in any case
 (``LOADER_SERVICE__METRICS``); a variable without a double underscore is not an
-override (``LOADER_ADDRESS`` is the client's daemon address). A value is read
+override (``LOADER_ADDRESS`` is the client's daemon address), except
+``LOADER_IMPORT_PATH`` for the one value outside the sections. A further
+dataset's value is ``datasets.NAME.SECTION.KEY`` (``--set
+datasets.eval.pipeline.batch_size=256``, ``LOADER_DATASETS__EVAL__PIPELINE__BATCH_SIZE``). A value is read
 as a TOML value (``64``, ``true``, ``"text"``, ``["a:b", "c:d"]``) and taken as
 a plain string when it is not one (``tcp://0.0.0.0:5555``). Precedence, lowest
 first: default, file, environment, ``--set`` (and ``--bind``/``--workers``).
@@ -37,6 +40,9 @@ from loader.errors import ConfigError
 
 ENV_PREFIX = "LOADER_"
 ENV_SEPARATOR = "__"
+# Values outside any section: ``--set import_path=[...]`` and ``LOADER_IMPORT_PATH`` set them. A further dataset's
+# values have a longer key: ``datasets.NAME.SECTION.KEY`` (``LOADER_DATASETS__NAME__SECTION__KEY``).
+UNSECTIONED = ("import_path",)
 _PLAIN = (str, int, float, bool)
 
 
@@ -71,7 +77,7 @@ def from_assignment(text: str, flag: str = "--set") -> Override:
     key, sep, raw = text.partition("=")
     key = key.strip()
     parts = key.split(".")
-    if not sep or len(parts) < 2 or not all(parts):
+    if not sep or (len(parts) < 2 and key not in UNSECTIONED) or not all(parts):
         raise ConfigError(f"{flag} {text!r} must look like SECTION.KEY=VALUE, e.g. {flag} pipeline.batch_size=64")
     return Override(key, parse_value(raw.strip()), f"{flag} {text}")
 
@@ -80,7 +86,13 @@ def from_environ(environ: Mapping[str, str]) -> list[Override]:
     """The ``LOADER_SECTION__KEY`` variables of ``environ``, sorted by name (so the order is stable)."""
     found = []
     for name in sorted(environ):
-        if not name.upper().startswith(ENV_PREFIX) or ENV_SEPARATOR not in name:
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        if name[len(ENV_PREFIX) :].lower() in UNSECTIONED:
+            key = name[len(ENV_PREFIX) :].lower()
+            found.append(Override(key, parse_value(environ[name]), f"environment variable {name}"))
+            continue
+        if ENV_SEPARATOR not in name:
             continue
         parts = name[len(ENV_PREFIX) :].lower().split(ENV_SEPARATOR)
         if len(parts) < 2 or not all(parts):
@@ -158,7 +170,22 @@ def leaves(final: Mapping[str, Any]) -> list[tuple[str, tuple[str, ...], Any]]:
 def culprits(message: str, overrides: Iterable[Override]) -> list[str]:
     """The sources of the overrides whose key an error message names (the last of each key: it won)."""
     last = {o.key: o.source for o in overrides}
-    return [source for key, source in last.items() if key in message]
+    return [source for key, source in last.items() if any(name in message for name in _names_in_errors(key))]
+
+
+def _names_in_errors(key: str) -> list[str]:
+    """How an error message may name the value ``key`` sets: a further dataset's checks say
+    ``datasets.NAME: section.key ...``, ``unknown key datasets.NAME.SECTION`` for a table it made up, or
+    ``datasets.NAME must be a table ...`` for a dataset that has none."""
+    parts = key.split(".")
+    if parts[0] != "datasets" or len(parts) < 3:
+        return [key]
+    return [
+        key,
+        f"datasets.{parts[1]}: {'.'.join(parts[2:])}",
+        f"datasets.{parts[1]} must be",
+        *(f"unknown key {'.'.join(parts[:n])}" for n in range(3, len(parts))),
+    ]
 
 
 def format_sources(config: Any) -> list[str]:

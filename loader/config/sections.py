@@ -602,7 +602,9 @@ def load_config(
     applied = collect_overrides(overrides, environ)
     try:
         config = LoaderConfig.from_dict(
-            apply_overrides(data, applied, _SECTIONS), origin=origin, base_dir=os.path.dirname(os.path.abspath(origin))
+            apply_overrides(data, applied, {*_SECTIONS, *_TOP_KEYS}),
+            origin=origin,
+            base_dir=os.path.dirname(os.path.abspath(origin)),
         )
     except ConfigError as exc:
         blamed = culprits(str(exc), applied)  # the message names the variable or flag, not the file

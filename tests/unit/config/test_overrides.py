@@ -144,3 +144,25 @@ def test_a_missing_file_is_blamed_on_the_flag_or_variable_that_named_it(tmp_path
     (tmp_path / "a.npy").unlink()
     with pytest.raises(ConfigError, match=rf"matched no files \({config}\)$"):  # the file's own value: the file
         load_config(config, environ={}).expand_files()
+
+
+def test_a_further_datasets_values_and_import_path_can_be_overridden_too(tmp_path):
+    """Every config value: ``datasets.NAME.SECTION.KEY`` and ``import_path`` were refused as unknown sections."""
+    (tmp_path / "a.npy").write_bytes(b"")
+    (tmp_path / "lib").mkdir()
+    path = tmp_path / "c.toml"
+    path.write_text('[source]\nfiles = ["*.npy"]\n[datasets.eval.source]\nfiles = ["*.npy"]\n')
+    env = {"LOADER_DATASETS__EVAL__PIPELINE__SEED": "5", "LOADER_IMPORT_PATH": '["lib"]'}
+    config = load_config(path, overrides=["datasets.eval.pipeline.batch_size=7"], environ=env)
+    assert config.dataset("eval").pipeline.batch_size == 7
+    assert config.dataset("eval").pipeline.seed == 5
+    assert config.import_path == (str(tmp_path / "lib"),)
+    assert config.sources["datasets.eval.pipeline.batch_size"] == "--set datasets.eval.pipeline.batch_size=7"
+    assert config.sources["datasets.eval.pipeline.seed"] == "environment variable LOADER_DATASETS__EVAL__PIPELINE__SEED"
+    assert config.sources["import_path"] == "environment variable LOADER_IMPORT_PATH"
+    assert load_config(path, overrides=['import_path=["."]'], environ={}).sources["import_path"].startswith("--set")
+    # A bad value names the variable or the flag that gave it, as for the sections.
+    with pytest.raises(ConfigError, match=r"LOADER_DATASETS__EVAL__PIPELINE__BATCH_SIZE\)"):
+        load_config(path, environ={"LOADER_DATASETS__EVAL__PIPELINE__BATCH_SIZE": "0"})
+    with pytest.raises(ConfigError, match=r"\(--set datasets.other.pipeline.batch_size=8\)"):
+        load_config(path, overrides=["datasets.other.pipeline.batch_size=8"], environ={})
