@@ -209,6 +209,7 @@ class fail_on_values:
 
 # Module-level instances, so a config can name them as "tests.helpers:NAME".
 slow_sample_2ms = slow_mapper(0.002)
+slow_sample_500ms = slow_mapper(0.5)
 fail_on_1234 = fail_on_values([1234])
 
 

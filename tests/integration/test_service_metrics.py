@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import threading
 import urllib.error
 import urllib.request
 
@@ -203,3 +204,26 @@ def test_records_that_do_not_fit_their_batch_count_as_rejected(tmp_path):
         assert wait_until(counted, timeout_s=5)
         assert value(scrape(address), "loader_records_rejected") == 10
         assert query_status(daemon.endpoint)["rejected_records"] == 10
+
+
+def test_a_wait_going_on_is_reported_while_it_lasts(tmp_path):
+    # A training loop blocked on its first batch (4 samples of 0.5 s each) shows its wait in the daemon's
+    # status before the batch comes: a stalled trainer is visible while it is stalled.
+    write_id_files(tmp_path, 1, 8)
+    config = make_config(
+        tmp_path, pipeline={"mappers": ["tests.helpers:slow_sample_500ms"], "batch_size": 4}, workers={"count": 1}
+    )
+    with running_daemon(config) as daemon, Client(daemon.endpoint, timeout_s=10) as client:
+        batches = client.epoch()
+        got: list = []
+        reader = threading.Thread(target=lambda: got.append(next(batches)), daemon=True)
+        reader.start()
+
+        def waited() -> float:
+            clients = query_status(daemon.endpoint)["clients"]
+            return clients[0]["wait_s"] if clients else 0.0
+
+        # got is looked at after the status came: empty then, the status was taken before the batch arrived.
+        assert wait_until(lambda: waited() >= 0.5 and not got, timeout_s=10)
+        reader.join(timeout=20)
+        assert got and client.stats()["wait_s"] >= 0.5

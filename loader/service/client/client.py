@@ -179,6 +179,8 @@ class Client:
         self._consumed = 0  # batches the consumer took
         self._messages_taken = 0  # BATCH messages all of whose batches the consumer took: what credits count
         self._wait_s = 0.0  # the consumer's time blocked on the next batch (stats(), and each credit)
+        self._waiting_since: float | None = None  # when the consumer's current wait began (None: not waiting)
+        self._wait_lock = threading.Lock()  # the two above change together; the receiver reads them (_wait_total)
         self._received = [0, 0]  # batches, samples: written by the receiver thread only
         self._gens = itertools.count(1)
         self._gen = 0  # the request of the newest epoch() call: an older epoch's iterator is over
@@ -283,6 +285,14 @@ class Client:
         keyword arguments win over them (see ``loader.service.client.env``)."""
         return cls(**overrides)
 
+    def _wait_total(self) -> float:
+        """Seconds the training loop has waited for batches, the wait going on now included: a loop blocked
+        for minutes shows it in the daemon's metrics while it lasts, not once its batch comes. Never less
+        than an earlier answer (a counter)."""
+        with self._wait_lock:
+            since = self._waiting_since
+            return self._wait_s + (time.perf_counter() - since if since is not None else 0.0)
+
     # -- consumer side ------------------------------------------------------
     def _check_usable(self) -> None:
         if self._closed:
@@ -294,9 +304,15 @@ class Client:
         while True:
             self._check_current(gen, epoch)
             started = time.perf_counter()
-            item = self._get(gen)
+            with self._wait_lock:
+                self._waiting_since = started
+            try:
+                item = self._get(gen)
+            finally:
+                with self._wait_lock:
+                    self._wait_s += time.perf_counter() - started
+                    self._waiting_since = None
             kind, item_gen, payload = item
-            self._wait_s += time.perf_counter() - started
             if kind == "fatal":
                 self._fatal = payload
                 raise payload
@@ -384,7 +400,7 @@ class Client:
         if now - state.last_ping >= self._ping_interval_s:
             # Never wait for room: a daemon that reads nothing is found by the silence check
             # below, within timeout_s, not after a blocked ping's timeout on top of it.
-            self._channel.try_send(P.encode(P.Ping(wait_s=round(self._wait_s, 6))), timeout_s=0.0)
+            self._channel.try_send(P.encode(P.Ping(wait_s=round(self._wait_total(), 6))), timeout_s=0.0)
             state.last_ping = now
         if now - state.last_heard > self.timeout_s:
             raise ServiceUnavailableError(
@@ -425,7 +441,7 @@ class Client:
         if owed > 0 and state.gen is not None:
             state.credited += owed
             state.allowed += owed
-            credit = P.Credit(n=owed, gen=state.gen, wait_s=round(self._wait_s, 6))
+            credit = P.Credit(n=owed, gen=state.gen, wait_s=round(self._wait_total(), 6))
             self._send(state, P.encode(credit))
 
     def _send(self, state: _ReceiverState, frames: list[Any]) -> None:

@@ -137,7 +137,7 @@ def client_stats(client: Any) -> dict[str, Any]:
         "batches": client._consumed,  # taken by the training loop
         "batches_received": batches_received,
         "samples_received": samples_received,
-        "wait_s": round(client._wait_s, 6),
+        "wait_s": round(client._wait_total(), 6),
     }
 
 
