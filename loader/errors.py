@@ -44,6 +44,10 @@ class ConfigError(LoaderError, ValueError):
     """A config file, key or value is wrong: the message names file, key and reason."""
 
 
+class FormatOptionError(ConfigError, TypeError):
+    """A file format was given an option it does not take (a TypeError too, as a wrong keyword is)."""
+
+
 class DataError(LoaderError, ValueError):
     """Input data is malformed: the message names what, where and why."""
 
@@ -249,6 +253,7 @@ def _rebuild_worker_error(cls: type[WorkerError], info: Mapping[str, Any]) -> Wo
 __all__ = [
     "LoaderError",
     "ConfigError",
+    "FormatOptionError",
     "DataError",
     "CorruptFileError",
     "ShapeMismatchError",

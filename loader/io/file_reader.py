@@ -17,15 +17,36 @@ whole file at once and hand out blocks).
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from loader.errors import ShapeMismatchError
+from loader.errors import FormatOptionError, ShapeMismatchError
 from loader.io.base import ReaderBase
 from loader.io.slots import DtypesArg, LodArg, ShapesArg, SlotChecker, default_slot_names
+
+
+def _check_options(cls: type[FileReader], path: str, options: dict[str, Any]) -> None:
+    """Options the format's ``_open`` does not take, refused in one line naming them and the ones it does
+    (``source.format_options = {foo = 1}`` surfaced as "_open() got an unexpected keyword argument")."""
+    if not options or cls._open is FileReader._open:
+        return  # no options, or FileReader itself: the registered format it opens checks them
+    parameters = inspect.signature(cls._open).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    takes = [
+        name for name, p in parameters.items() if name != "self" and p.kind is not inspect.Parameter.VAR_POSITIONAL
+    ]
+    unknown = sorted(set(options) - set(takes))
+    if unknown:
+        taken = ", ".join(takes) if takes else "none"
+        raise FormatOptionError(
+            f"{os.path.basename(path)}: {cls.__name__} takes no option {', '.join(map(repr, unknown))} "
+            f"(source.format_options; it takes: {taken})"
+        )
 
 
 class FileReader(ReaderBase):
@@ -51,6 +72,7 @@ class FileReader(ReaderBase):
         self._names: list[str] | None = None
         self._index = 0  # index in the file of the next record
         self._format: ReaderBase | None = None  # the registered reader doing the reading, when used directly
+        _check_options(type(self), self.path, options)
         self._open(**options)
 
     # -- for subclasses -------------------------------------------------------
