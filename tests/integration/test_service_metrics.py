@@ -91,6 +91,7 @@ def test_every_documented_metric_is_scraped_during_an_epoch_with_plausible_value
             assert value(during, "loader_workers", state="alive") == 1
             assert value(during, "loader_leases") >= 1
             assert 0.0 <= value(during, "loader_worker_utilisation") <= 1.0
+            assert 0 <= value(during, "loader_shm_used_bytes") <= value(during, "loader_shm_bytes")
 
             def settled() -> bool:
                 m = scrape(address)
@@ -227,3 +228,21 @@ def test_a_wait_going_on_is_reported_while_it_lasts(tmp_path):
         assert wait_until(lambda: waited() >= 0.5 and not got, timeout_s=10)
         reader.join(timeout=20)
         assert got and client.stats()["wait_s"] >= 0.5
+
+
+def test_shared_memory_use_shows_rows_no_client_has_read_yet(tmp_path):
+    # Rows of 128 KiB made by a mapper go through the arenas; a client that stops after one batch leaves
+    # its read-ahead there.
+    for i in range(4):
+        np.save(tmp_path / f"big-{i}.npy", np.full((32, 32 * 1024), i, dtype=np.float32))
+    config = make_config(
+        tmp_path,
+        pipeline={"mappers": ["tests.helpers:identity_mapper"], "batch_size": 4},
+        service={"metrics": "127.0.0.1:0"},
+    )
+    with running_daemon(config) as daemon, Client(daemon.endpoint, timeout_s=10) as client:
+        address = daemon.metrics.address
+        batches = client.epoch()
+        assert next(batches)["data"].shape == (4, 32 * 1024)
+        assert wait_until(lambda: value(scrape(address), "loader_shm_used_bytes") >= 128 * 1024, timeout_s=10)
+        assert value(scrape(address), "loader_shm_used_bytes") <= value(scrape(address), "loader_shm_bytes")
