@@ -204,6 +204,11 @@ class Loader:
         for _ in range(first, epochs) if epochs > 0 else itertools.count():
             yield from self.epoch()
 
+    def stats(self) -> dict[str, Any]:
+        """What its client has done (``Client.stats``): batches taken, batches and samples received, seconds
+        the training loop waited for data (near 0: the loader keeps up)."""
+        return self._client.stats()
+
     def status(self, timeout_s: float = STATUS_TIMEOUT_S) -> dict[str, Any]:
         """The daemon's status, answered by its loop thread (``ServiceUnavailableError`` after ``timeout_s``)."""
         return query_status(self._daemon.endpoint, timeout_s=timeout_s)

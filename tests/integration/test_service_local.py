@@ -25,6 +25,9 @@ def test_loader_iterates_configured_epochs_and_cleans_up(tmp_path, no_leaks):
     with loader.Loader(config) as local:
         got = collect_ids(local)
         assert local.endpoint.startswith("ipc://")
+        stats = local.stats()  # its client's, as Client.stats() gives them
+        assert stats["samples_received"] == len(ids) * 2 and stats["batches"] == stats["batches_received"]
+        assert stats["wait_s"] >= 0
     assert collections.Counter(got) == collections.Counter(ids * 2)
 
 
