@@ -50,13 +50,34 @@ _IMPORT_PATH: list[str] = []  # what add_import_path added, named by the not-fou
 
 def _not_found_hint(module_name: str, exc: BaseException) -> str:
     top = module_name.split(".")[0]
-    if not isinstance(exc, ModuleNotFoundError) or exc.name not in (top, module_name):
-        return ""  # found, but failed inside (its own import error, a bug at import time)
     searched = ", ".join(_IMPORT_PATH) or "(none)"
+    if not isinstance(exc, ModuleNotFoundError) or exc.name not in (top, module_name):
+        return _failed_inside_hint(module_name, exc, searched)
     return (
         f"; searched sys.path and the config's import_path: {searched}; "
         f"fix: put {top}.py (or the package {top}/) beside the config file, list its directory in the "
         f"config's top-level import_path, or add it to PYTHONPATH"
+    )
+
+
+def _failed_inside_hint(module_name: str, exc: BaseException, searched: str) -> str:
+    """Found, but failed inside (its own import of something missing, a bug at import time): the user
+    must see which file failed, where it was looked for and what to do, as for a module not found."""
+    top = module_name.split(".")[0]
+    try:  # the top-level name only: finding a submodule would run its broken package's code again
+        origin = getattr(importlib.util.find_spec(top), "origin", None)
+    except (ImportError, ValueError):
+        origin = None
+    where = module_name if not origin else origin if top == module_name else os.path.dirname(origin)
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        missing = exc.name.split(".")[0]
+        fix = f"install {missing} in this environment, or put {missing}.py beside the config file"
+        return (
+            f"; {where} imports {exc.name!r}, not found on sys.path or the config's import_path: {searched}; fix: {fix}"
+        )
+    return (
+        f"; the error is inside {where} (found on sys.path or the config's import_path: {searched}); "
+        "fix: correct it there (`loader check --debug CONFIG` shows the traceback)"
     )
 
 
@@ -102,7 +123,7 @@ def _refuse_the_script(module_name: str, spec: str, what: str) -> None:
         return  # already imported: whatever it is, importing it runs nothing again
     try:
         found = importlib.util.find_spec(module_name)
-    except (ImportError, ValueError):  # a parent package that fails to import: import_module says why
+    except Exception:  # a parent package that fails to import (any error): import_module says why, naming the module
         return
     origin = getattr(found, "origin", None)
     try:  # a script read from stdin ("<stdin>"), or moved since it started, is no file to compare

@@ -131,6 +131,44 @@ def test_a_broken_mapper_module_fails_the_script_with_its_error(tmp_path):
     assert "typo in my mapper module" in done.stderr and "my_maps" in done.stderr
 
 
+@pytest.mark.parametrize(
+    "name, source, says",
+    [
+        ("raising_maps", "raise RuntimeError('typo in my mapper module')\n", "RuntimeError: typo in my mapper module"),
+        ("needy_maps", "import surely_no_such_dependency_xyz\n", "install surely_no_such_dependency_xyz"),
+        ("unparsable_maps", "def double(:\n", "SyntaxError"),
+    ],
+)
+def test_a_broken_mapper_module_names_its_file_the_path_searched_and_the_fix(tmp_path, name, source, says):
+    # A module found but failing is an import failure too: the error names the file, the directories
+    # searched and a fix, as for a missing one. A name of its own per case: this process caches modules.
+    config_path = _project(tmp_path)
+    (config_path.parent / f"{name}.py").write_text(source)
+    config_path.write_text(config_path.read_text().replace("my_maps:double", f"{name}:double"))
+    with pytest.raises(ConfigError) as caught:
+        loader.Loader(loader.load_config(config_path))
+    message = str(caught.value)
+    assert says in message and name in message and "fix:" in message
+    assert str(config_path.parent / f"{name}.py") in message
+    assert f"import_path: {config_path.parent}" in message or f", {config_path.parent}" in message
+
+
+def test_a_mapper_in_a_broken_package_names_the_module(tmp_path):
+    # Before the module itself is imported, the check for the training script looks it up, which runs
+    # the package's __init__: its error escaped as itself, naming neither the module nor the config key.
+    config_path = _project(tmp_path)
+    package = config_path.parent / "broken_pkg_of_maps"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('typo in my package')\n")
+    (package / "maps.py").write_text("def double(sample):\n    return sample\n")
+    config_path.write_text(config_path.read_text().replace("my_maps:double", "broken_pkg_of_maps.maps:double"))
+    with pytest.raises(ConfigError) as caught:
+        loader.Loader(loader.load_config(config_path))
+    message = str(caught.value)
+    assert "pipeline.mappers" in message and "broken_pkg_of_maps.maps" in message
+    assert "typo in my package" in message and str(package) in message and "fix:" in message
+
+
 def _arena_files(pid: int) -> set[str]:
     """Shared-memory arena files made by the daemon in process ``pid``."""
     from loader.service.shm.arena import shm_directory
