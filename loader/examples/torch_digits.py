@@ -155,7 +155,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     make = commands.add_parser("prepare", help="write the digits as .npz shards and a config beside them")
-    make.add_argument("directory")
+    make.add_argument("directory", help="where to write the shards and digits.toml (created if missing)")
     make.add_argument("--shards", type=int, default=4, help="files to split the 1797 digits into (default 4)")
     make.add_argument("--epochs", type=int, default=2, help="the config's pipeline.epochs (default 2)")
     run = commands.add_parser("train", help="train, saving checkpoints; --resume goes on from one")

@@ -36,6 +36,21 @@ def test_every_argument_of_every_command_is_explained(name) -> None:
         assert action.help, f"loader {name}: {'/'.join(action.option_strings) or action.dest} has no help"
 
 
+def test_every_argument_of_the_digits_example_is_explained() -> None:
+    # The README sends newcomers to `python -m loader.examples.torch_digits prepare DIR`: a command too.
+    from loader.examples.torch_digits import _parser
+
+    parser = _parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in action.choices.items():
+        for argument in command._actions:
+            if isinstance(argument, argparse._HelpAction) or argument.help == argparse.SUPPRESS:
+                continue
+            assert argument.help, (
+                f"torch_digits {name}: {'/'.join(argument.option_strings) or argument.dest} has no help"
+            )
+
+
 def test_status_finds_the_daemon_from_host_port_a_config_or_nothing(tmp_path) -> None:
     assert daemon_address(None) == DEFAULT_BIND
     assert daemon_address("127.0.0.1:7001") == "tcp://127.0.0.1:7001"
