@@ -442,7 +442,12 @@ class LoaderConfig:
         self.add_import_path()
         with self._named():
             for name in self.dataset_names[1:]:
-                self.dataset(name)._check_dataset_imports()
+                try:
+                    self.dataset(name)._check_dataset_imports()
+                except ConfigError as exc:  # name the key as the file spells it: datasets.NAME.pipeline.mappers
+                    text = str(exc)
+                    where = f"datasets.{name}." if text.startswith(("source.", "pipeline.")) else f"datasets.{name}: "
+                    raise ConfigError(where + text) from exc
             self._check_dataset_imports()
 
     def expand_files(self) -> list[str]:

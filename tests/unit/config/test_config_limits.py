@@ -56,6 +56,13 @@ def test_import_errors_name_the_file(tmp_path):
         reader.check_imports()
 
 
+def test_a_further_datasets_import_error_names_its_key_as_the_file_spells_it(tmp_path):
+    files = [str(tmp_path / "a.npy")]
+    config = _config(tmp_path, datasets={"eval": {"source": {"files": files}, "pipeline": {"mappers": ["nope_x:f"]}}})
+    with pytest.raises(ConfigError, match=r"^datasets\.eval\.pipeline\.mappers: cannot import module 'nope_x'"):
+        config.check_imports()
+
+
 def test_a_directory_in_files_is_called_a_directory(tmp_path):
     (tmp_path / "data").mkdir()
     config = LoaderConfig.from_dict({"source": {"files": [str(tmp_path / "data")]}}, origin=ORIGIN)
