@@ -134,8 +134,11 @@ datagen.generate(sys.argv[1], files=4, samples=500, dim=16384)  # 64 KiB rows: t
 config = loader.load_config(sys.argv[2])
 with loader.Loader(config) as data:
     for batch in data:
-        # Ctrl-C twice, the second while the first one's shutdown stops the workers.
-        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+        # Ctrl-C twice, the second while the first one's shutdown stops the workers. A daemon timer: a shutdown
+        # done within 50 ms must not wait for it at exit (its Ctrl-C then lands in threading._shutdown).
+        second = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
+        second.daemon = True
+        second.start()
         os.kill(os.getpid(), signal.SIGINT)
 """
 
