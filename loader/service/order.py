@@ -97,11 +97,18 @@ def start_anchor() -> Anchor:
     return (0, 0, 0)
 
 
-def fingerprint(config: Any, files: list[str], seed: int, groups: list[list[int]] | None = None) -> dict[str, Any]:
+def fingerprint(
+    config: Any,
+    files: list[str],
+    seed: int,
+    groups: list[list[int]] | None = None,
+    sizes: list[int | None] | None = None,
+) -> dict[str, Any]:
     """What a checkpoint of this dataset must match, one entry per setting (small, JSON-able).
 
     ``config`` is the dataset's view of the daemon's config (its ``source`` and ``pipeline``); ``groups``
-    the files (by position) of each lease when leases may hold several (``lease_groups``).
+    the files (by position) of each lease when leases may hold several (``lease_groups``); ``sizes`` the
+    files' bytes (None: not a regular file), read once at start-up.
     """
     pipeline = config.pipeline
     source = _plain(config.source)
@@ -113,6 +120,10 @@ def fingerprint(config: Any, files: list[str], seed: int, groups: list[list[int]
     # Groups follow the files' sizes, read at start-up: a file grown past SMALL_FILE_BYTES, or one whose new size
     # moves a GROUP_BYTES boundary, regroups its neighbours, and an anchor's order index then names another group.
     grouped = {"lease_groups": _digest(groups)} if groups is not None and any(len(g) > 1 for g in groups) else {}
+    # The names are relative (a moved dataset is the same one), so without the sizes another dataset written
+    # under the same names (another directory, files rewritten) would be taken for it, and a resume would land
+    # on other samples.
+    sized = {"file_sizes": _digest(sizes)} if sizes is not None else {}
     return {
         "files": _digest(_relative(files)),
         "file_count": len(files),
@@ -125,6 +136,7 @@ def fingerprint(config: Any, files: list[str], seed: int, groups: list[list[int]
         "source": _digest(source),
         **batch,
         **grouped,
+        **sized,
     }
 
 
@@ -148,13 +160,20 @@ def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """The settings on which two fingerprints differ, in words."""
     out = []
     for key in sorted(set(saved) | set(current)):
+        if key in _LATER_KEYS and key not in saved:
+            continue  # a state saved before the key was recorded: it cannot say, so it is not refused for it
         if saved.get(key) != current.get(key):
             out.append(f"{key} ({saved.get(key)!r} in the state, {current.get(key)!r} now{_WHY.get(key, '')})")
     return out
 
 
 # What a difference means where its values (digests) do not say.
-_WHY = {"lease_groups": ": the files' sizes group the small files otherwise, so a file changed or was replaced"}
+_WHY = {
+    "lease_groups": ": the files' sizes group the small files otherwise, so a file changed or was replaced",
+    "file_sizes": ": the files' sizes differ, so these are other files (or they changed) under the same names",
+}
+# Keys fingerprints gained after states were first saved: a state without one still matches on the others.
+_LATER_KEYS = frozenset({"file_sizes"})
 
 
 def _plain(section: Any) -> Any:

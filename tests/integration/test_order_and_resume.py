@@ -304,6 +304,29 @@ def test_bad_states_are_refused_with_one_clear_error(data: Any, tmp_path: Any) -
             list(same.epoch())
 
 
+def test_a_state_of_other_files_under_the_same_names_is_refused(data: Any, tmp_path: Any) -> None:
+    """Other files (another directory, the same names, other sizes) are another config; the same files moved
+    elsewhere are not."""
+    small_only(data)
+    directory, _ = data
+    with loader.Loader(config(directory)) as first:
+        next(iter(first.epoch()))
+        state = first.state_dict()
+    others, moved = tmp_path / "others", tmp_path / "moved"
+    for made in (others, moved):
+        made.mkdir()
+        _KIND_OF[str(made)] = _KIND_OF[str(directory)]  # the same config but for where its files are
+    write_id_files(others, len(SIZES), [size + 1 for size in SIZES])  # f000.npy ... as in ``data``
+    with loader.Loader(config(others)) as other:
+        with pytest.raises(ConfigError, match="file_sizes .*other files"):
+            other.load_state_dict(state)
+    for path in directory.glob("*.npy"):
+        (moved / path.name).write_bytes(path.read_bytes())
+    with loader.Loader(config(moved)) as same:
+        same.load_state_dict(state)
+        assert [ids_of(b) for b in same.epoch()] == read_loader(config(directory))[1:]
+
+
 def test_state_is_small_and_json(data: Any) -> None:
     small_only(data)
     import json

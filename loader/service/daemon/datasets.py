@@ -45,6 +45,7 @@ class Dataset:
     offset: int
     seed: int
     leases: list[list[str]]  # the files of each lease, in reading order
+    sizes: list[int | None] | None = None  # bytes of each file at start-up (None: not a regular file)
 
     @property
     def settings(self) -> StreamSettings:
@@ -81,7 +82,11 @@ class Dataset:
         """What a checkpoint of this dataset must match (``order.fingerprint``)."""
         position = {path: i for i, path in enumerate(self.files)}
         return fingerprint(
-            self.config, self.files, self.seed, [[position[path] for path in lease] for lease in self.leases]
+            self.config,
+            self.files,
+            self.seed,
+            [[position[path] for path in lease] for lease in self.leases],
+            self.sizes,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -109,8 +114,9 @@ class DatasetTable:
             view = config.dataset(name)
             files = view.expand_files()  # ConfigError for no match / empty list, naming where the value came from
             seed = view.pipeline.seed if view.pipeline.seed is not None else random.SystemRandom().randrange(2**32)
-            leases = _leases(name, files, view, seed)
-            self.by_name[name] = Dataset(name, view, files, len(self.files), seed, leases)
+            sizes = [_size(path) for path in files]  # once: the fingerprint and the lease groups use them
+            leases = _leases(name, files, sizes, view, seed)
+            self.by_name[name] = Dataset(name, view, files, len(self.files), seed, leases, sizes)
             self.files.extend(group[0] for group in leases)
         self._offsets = [d.offset for d in self.by_name.values()]
         self._names = list(self.by_name)
@@ -135,14 +141,14 @@ class DatasetTable:
         return self.owner(file_index).lease_note(file_index) if 0 <= file_index < len(self.files) else ""
 
 
-def _leases(name: str, files: list[str], config: LoaderConfig, seed: int) -> list[list[str]]:
-    """``files`` grouped into leases as ``source.files_per_lease`` says (sizes read here, once)."""
+def _leases(name: str, files: list[str], sizes: list[int | None], config: LoaderConfig, seed: int) -> list[list[str]]:
+    """``files`` grouped into leases as ``source.files_per_lease`` says (``sizes``: their bytes)."""
     per_lease = config.source.files_per_lease
     if per_lease <= 1:
         _hint_small_files(name, files)
         return [[path] for path in files]
     shuffle = config.pipeline.shuffle_buffer > 0
-    groups = lease_groups([_size(path) for path in files], per_lease, SMALL_FILE_BYTES, seed, shuffle)
+    groups = lease_groups(sizes, per_lease, SMALL_FILE_BYTES, seed, shuffle)
     return [[files[i] for i in group] for group in groups]
 
 

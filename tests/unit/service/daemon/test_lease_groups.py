@@ -88,3 +88,17 @@ def test_the_grouping_is_in_the_checkpoint_fingerprint_only_when_files_share_lea
     assert fingerprint(config, files, 1, [[0], [1], [2]]) == alone, "checkpoints of one file per lease still match"
     paired = fingerprint(config, files, 1, [[0, 1], [2]])
     assert "lease_groups" in paired and paired != fingerprint(config, files, 1, [[0], [1, 2]])
+
+
+def test_the_files_sizes_are_in_the_fingerprint_and_a_state_saved_without_them_still_matches() -> None:
+    from loader.config import LoaderConfig
+    from loader.service.order import differences, fingerprint
+
+    config = LoaderConfig.from_dict({"source": {"files": ["x"]}})
+    files = ["/data/a.npy", "/data/b.npy"]
+    saved = fingerprint(config, files, 1, sizes=[128, 256])
+    assert differences(saved, fingerprint(config, ["/moved/a.npy", "/moved/b.npy"], 1, sizes=[128, 256])) == []
+    (changed,) = differences(saved, fingerprint(config, files, 1, sizes=[128, 264]))
+    assert changed.startswith("file_sizes (") and "other files" in changed
+    older = {key: value for key, value in saved.items() if key != "file_sizes"}
+    assert differences(older, fingerprint(config, files, 1, sizes=[128, 264])) == [], "states from before sizes"
