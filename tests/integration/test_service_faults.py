@@ -219,3 +219,19 @@ def test_a_client_replaced_by_another_of_its_job_and_rank_is_told_why(tmp_path):
                     list(first.epoch())
         finally:
             first.close()
+
+
+def test_a_rank_that_never_comes_is_named_when_the_epoch_stalls(tmp_path, monkeypatch):
+    # Rank 1 of 2 never connects: rank 0 reads its half of what the stage may hold, then waits. The stall's
+    # error names the missing rank, not "no record arrived" (records did arrive: they wait for rank 1).
+    import loader.service.daemon.stage as stage_module
+
+    monkeypatch.setattr(stage_module, "MIN_STALL_TIMEOUT_S", 1.0)
+    write_id_files(tmp_path, 4, 20_000)
+    config = make_config(
+        tmp_path, pipeline={"batch_size": 100, "shuffle_buffer": 0}, workers={"count": 1, "progress_timeout_s": 0.5}
+    )
+    with running_daemon(config) as daemon, Client(daemon.endpoint, rank=0, world_size=2, timeout_s=10) as client:
+        with pytest.raises(WorkerError, match=r"rank\(s\) 1 of world_size 2 never asked for this epoch"):
+            for _ in client.epoch():
+                pass

@@ -748,10 +748,20 @@ class Stage:
         if now - stream.starved_since < self.stall_timeout_s or stream.input_done:
             return
         waiting = len(stream.sequencer.incomplete)
-        message = (
-            f"epoch {stream.epoch} made no progress for {now - stream.starved_since:.0f}s: "
-            f"{waiting} file(s) still unread and no record arrived (see the daemon's log and `loader status`)"
-        )
+        missing = [rank for rank in range(stream.world_size) if rank not in stream.attached_ever]
+        if missing and stream.steps:
+            # The steps are cut for every rank and wait for the ones that never came: say so, not "no record".
+            shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+            message = (
+                f"epoch {stream.epoch} made no progress for {now - stream.starved_since:.0f}s: rank(s) {shown} of "
+                f"world_size {stream.world_size} never asked for this epoch, and the job's batches wait for every "
+                "rank (start a client for each rank, or give the clients the world_size that runs)"
+            )
+        else:
+            message = (
+                f"epoch {stream.epoch} made no progress for {now - stream.starved_since:.0f}s: "
+                f"{waiting} file(s) still unread and no record arrived (see the daemon's log and `loader status`)"
+            )
         self.fail_stream(stream, WorkerError("EpochStalledError", message).to_dict())
 
     def _send_batch(self, session: Session, stream: Stream, group: list[tuple[Step, Block]]) -> None:
