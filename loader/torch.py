@@ -38,7 +38,7 @@ from typing import Any, Protocol, cast
 
 from loader.config import LoaderConfig, load_config
 from loader.config.sections import ClientConfig
-from loader.device import import_torch
+from loader.device import Placer, import_torch
 
 STATE_KEYS = ("epoch", "resume", "reader")  # the keys of DataLoader.state_dict()
 
@@ -86,6 +86,9 @@ class DataLoader:
         import_torch("loader.torch.DataLoader")
         options = {"rank": rank, "world_size": world_size, "job": job, **client_kwargs}
         self._reader, self._owned = _open(source, device, dataset, options)
+        # A Client or Loader of your own may give numpy arrays (its device "cpu"): a torch DataLoader gives
+        # tensors, so those become CPU tensors here (torch.from_numpy: no copy); tensors pass as they are.
+        self._tensors = Placer("torch") if self._owned is None else None
         self._next_epoch = 0  # the epoch the next iteration runs, unless it continues an interrupted one
         self._loaded: dict[str, Any] | None = None  # a mid-epoch state loaded and not iterated yet
         self._open: Iterator[Any] | None = None  # the epoch being iterated, or opened ahead by len()
@@ -205,7 +208,11 @@ class DataLoader:
         self._open_started = self._open_done = False
 
     def _run(self, batches: Iterator[Any]) -> Iterator[Any]:
-        yield from batches
+        if self._tensors is None:
+            yield from batches
+        else:
+            for batch in batches:
+                yield self._tensors.place_now(batch)
         if self._open is batches:
             self._open_done = True
 

@@ -354,6 +354,20 @@ def test_a_field_torch_has_no_dtype_for_stays_numpy_and_the_rest_are_tensors(tmp
             assert sorted(int(x) for b in batches for x in b["data"]) == list(range(64))
 
 
+def test_a_loader_of_numpy_batches_given_as_it_is_gives_tensors(tmp_path, torch):
+    # loader.Loader(config) batches are numpy arrays (its client's device "cpu"): a torch DataLoader over it
+    # gave them as they were.
+    import numpy as np
+
+    import loader
+    from loader.torch import DataLoader
+
+    with loader.Loader(_npy_config(tmp_path, np.arange(64, dtype=np.float32))) as local:
+        batches = list(DataLoader(local))
+    assert len(batches) == 8 and all(isinstance(b[k], torch.Tensor) for b in batches for k in ("data", "label"))
+    assert sorted(int(x) for b in batches for x in b["data"]) == list(range(64))
+
+
 def test_a_state_between_epochs_replaces_a_position_loaded_before(tmp_path):
     # Over a real in-process Loader: whole epochs compared with an uninterrupted run's.
     import numpy as np
