@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -122,6 +123,24 @@ def test_bad_messages_on_both_endpoints_are_dropped_counted_and_the_daemon_serve
         assert wait_until(lambda: rejected(daemon) == before + 13, timeout_s=10), rejected(daemon) - before
     finally:
         push.close()
+    exact_epochs(daemon, ids)
+
+
+def test_hellos_of_another_version_are_logged_once_a_minute_per_peer_not_once_each(hostile, caplog):
+    """A refused hello is a bad message like any other: counted each time, logged at most once per peer per
+    minute (each refusal was logged as an ERROR line, so one peer could fill the daemon's log)."""
+    daemon, ids = hostile
+    before = rejected(daemon)
+    other = P.PROTOCOL_VERSION + 1
+    hellos = 10
+    with caplog.at_level(logging.INFO, logger="loader"), raw_peer(daemon.endpoint) as peer:
+        for _ in range(hellos):
+            for hello in (P.Hello(worker="old", pid=1, version=other), P.ClientHello(version=other)):
+                answer = ask(peer, P.encode(hello))
+                assert isinstance(answer, P.Error) and answer.refused == "version", answer
+        assert wait_until(lambda: rejected(daemon) == before + 2 * hellos, timeout_s=10), rejected(daemon) - before
+    lines = [r.getMessage() for r in caplog.records if f"speaks loader protocol {other}" in r.getMessage()]
+    assert len(lines) == 1, lines
     exact_epochs(daemon, ids)
 
 

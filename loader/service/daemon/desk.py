@@ -120,8 +120,7 @@ class ClientDesk:
     def hello(self, peer: bytes, hello: P.ClientHello) -> str | None:
         """CLIENT_HELLO: open a session (replacing this peer's old one) and answer CLIENT_WELCOME; or why not."""
         mismatch = P.version_mismatch(hello, "the client")
-        if mismatch is not None:
-            log.error("refused %s", mismatch)
+        if mismatch is not None:  # logged by the loop's ``Rejects``: once a minute per peer, not per hello
             return self._refuse(peer, mismatch, "version")
         rank, world_size = hello.rank, hello.world_size
         if world_size > P.MAX_WORLD_SIZE:

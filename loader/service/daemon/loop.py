@@ -436,7 +436,9 @@ class Daemon:
     def _on_control_message(self, peer: bytes, message: P.Message) -> None:
         worker = self.coordinator.by_peer(peer)
         if worker is not None:
-            self.pool.on_message(worker, message)
+            refused = self.pool.on_message(worker, message)
+            if refused:
+                self.rejects.reject(who_of(peer), refused)
             return
         session = self.stage.sessions.get(peer)
         if session is not None:

@@ -290,8 +290,7 @@ class WorkerPool:
         answer WELCOME; None, or why it was refused (the refusal is sent to the peer too)."""
         public = (hello.worker or "").partition(CLAIM_SEP)[0][:MAX_ID_PREFIX]
         mismatch = P.version_mismatch(hello, f"worker {public or peer.hex()} (pid {hello.pid})")
-        if mismatch is not None:
-            log.error("refused %s", mismatch)
+        if mismatch is not None:  # logged by the loop's ``Rejects``: once a minute per peer, not per hello
             self._send(peer, P.encode(P.Error(refused="version", message=mismatch)))
             return mismatch
         record = known if known is not None else self._admit(peer, hello)
@@ -352,7 +351,8 @@ class WorkerPool:
         self._arena_of[record.worker_id] = arena.arena_id
         return {**self._arenas.describe(), "arena": arena.arena_id}
 
-    def on_message(self, worker: WorkerRecord, message: P.Message) -> None:
+    def on_message(self, worker: WorkerRecord, message: P.Message) -> str | None:
+        """Act on a control message of an admitted worker; why it was refused, or None."""
         worker.last_seen = time.monotonic()
         if isinstance(message, P.LeaseRequest):
             # Capped at what a worker may hold: a peer asking in a loop cannot make the daemon owe it more.
@@ -364,7 +364,8 @@ class WorkerPool:
             self.gone(worker, "said goodbye")
         elif isinstance(message, P.Hello):  # the same connection again: the worker lost its welcome
             assert worker.peer is not None
-            self.hello(worker.peer, message, known=worker)
+            return self.hello(worker.peer, message, known=worker)
+        return None
 
     # -- leases -------------------------------------------------------------
     def dispatch(self) -> None:
