@@ -43,3 +43,22 @@ def test_an_unreadable_daemon_key_is_refused_by_check(tmp_path, capsys) -> None:
     capsys.readouterr()
     assert cli_main(["check", _config(tmp_path, service), "--no-batch"]) == 1
     assert "daemon.key_secret" in capsys.readouterr().err
+
+
+def test_unreadable_key_files_name_their_key_and_the_config_file(tmp_path, capsys) -> None:
+    # Before: "cannot read CURVE key file ..." and "authorized keys directory ... does not exist", naming neither.
+    keys = tmp_path / "keys"
+    assert cli_main(["keys", str(keys)]) == 0
+    (tmp_path / "empty").mkdir()
+    cases = {
+        "service.daemon_key": f'daemon_key = "missing.key_secret"\nauthorized_keys = "{keys}/authorized"\n',
+        "service.authorized_keys": f'daemon_key = "{keys}/daemon.key_secret"\nauthorized_keys = "nowhere"\n',
+    }
+    cases["service.authorized_keys "] = f'daemon_key = "{keys}/daemon.key_secret"\nauthorized_keys = "empty"\n'
+    for key, service in cases.items():
+        capsys.readouterr()
+        cfg = _config(tmp_path, service)
+        assert cli_main(["check", cfg, "--no-batch"]) == 1, service
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"loader: error: {key.strip()}: ") and "\n" not in err, err
+        assert err.endswith(f"({cfg})"), err

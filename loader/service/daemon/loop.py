@@ -59,10 +59,19 @@ WORKER_JOIN_TIMEOUT_S = 2.0
 MAX_CONTROL_MESSAGE_BYTES = 1024 * 1024
 
 
-def _bind_source(config: Any) -> str:
-    """Where ``service.bind`` came from: the file, a variable, ``--bind`` or ``--set`` (a default: the file)."""
-    source = config.sources.get("service.bind", "default")
+def _source(config: Any, key: str) -> str:
+    """Where ``key`` (``"service.bind"``) came from: the file, a variable, ``--bind`` or ``--set`` (a default:
+    the file)."""
+    source = config.sources.get(key, "default")
     return config.origin if source == "default" else source
+
+
+# The [service] keys whose failures at start-up name where their value came from (``_sources``).
+_NAMED_KEYS = ("service.bind", "service.data_port", "service.daemon_key", "service.authorized_keys", "service.metrics")
+
+
+def _sources(config: Any) -> dict[str, str]:
+    return {key: _source(config, key) for key in _NAMED_KEYS}
 
 
 def check_service(config: Any) -> None:
@@ -70,10 +79,19 @@ def check_service(config: Any) -> None:
     loopback without authentication (unless ``insecure``), and key files it cannot read."""
     service = config.service
     if service.authenticated:
-        assert service.daemon_key is not None and service.authorized_keys is not None
-        auth.server_keys(service.daemon_key, service.authorized_keys)
+        _server_keys(service, _sources(config))
     else:
-        _refuse_unauthenticated(service, {"service.bind": _bind_source(config)})
+        _refuse_unauthenticated(service, _sources(config))
+
+
+def _server_keys(service: ServiceConfig, sources: Mapping[str, str]) -> auth.CurveServer:
+    """The daemon's CURVE keys; a key file it cannot read is a ``ConfigError`` naming the key and its file."""
+    assert service.daemon_key is not None and service.authorized_keys is not None
+    try:
+        return auth.server_keys(service.daemon_key, service.authorized_keys)
+    except ConfigError as exc:  # "service.daemon_key: ..." or "service.authorized_keys: ..."
+        key = str(exc).partition(":")[0]
+        raise ConfigError(f"{exc} ({sources.get(key, service.origin)})") from None
 
 
 def _refuse_unauthenticated(service: ServiceConfig, sources: Mapping[str, str]) -> None:
@@ -103,25 +121,39 @@ def _authentication(
                 service.origin,
             )
         return None, None
-    assert service.daemon_key is not None and service.authorized_keys is not None
-    keys = auth.server_keys(service.daemon_key, service.authorized_keys)
+    keys = _server_keys(service, sources)
     own_public, own_secret = sockets.curve_keypair()  # the daemon's own workers: a pair made for them alone
     server = sockets.AuthServer(keys.admitting(own_public))
     return server, auth.CurveClient(keys.public, own_public, own_secret)
 
 
-def _open_sources(transport_kind: str, service: ServiceConfig, server: Any) -> tuple[Any, Any, Any]:
-    """(router, data source, worker links or None) for ``config.workers.transport``."""
-    router = transport.Router(service.bind, server=server, max_message_bytes=MAX_CONTROL_MESSAGE_BYTES)
+def _open_sources(
+    transport_kind: str, service: ServiceConfig, server: Any, sources: Mapping[str, str] | None = None
+) -> tuple[Any, Any, Any]:
+    """(router, data source, worker links or None) for ``config.workers.transport``; a socket that cannot
+    bind is a ``TransportError`` naming the key that chose its address and where that came from."""
+    sources = sources or {}
+
+    def where(key: str) -> str:
+        return f"{key} from {sources.get(key, service.origin)}"
+
+    try:
+        router = transport.Router(service.bind, server=server, max_message_bytes=MAX_CONTROL_MESSAGE_BYTES)
+    except TransportError as exc:  # a port in use is a config problem: say where the value came from
+        raise TransportError(f"{exc} ({where('service.bind')})") from exc
     try:
         if transport_kind in links.MP_TRANSPORTS:
             worker_links = links.WorkerLinks(transport_kind)
             return links.SplitRouter(router, worker_links.control), worker_links.data, worker_links
-        data = transport.pull(
-            transport.data_endpoint_for(router.endpoint, service.data_port),
-            server=server,
-            max_message_bytes=service.max_message_mib * 1024 * 1024,
-        )
+        try:
+            data = transport.pull(
+                transport.data_endpoint_for(router.endpoint, service.data_port),
+                server=server,
+                max_message_bytes=service.max_message_mib * 1024 * 1024,
+            )
+        except TransportError as exc:  # a fixed data port in use is that key's problem, not service.bind's
+            key = "service.data_port" if service.data_port else "service.bind"
+            raise TransportError(f"{exc} ({where(key)})") from exc
         return router, data, None
     except BaseException:
         router.close()
@@ -152,15 +184,16 @@ class Daemon:
         # First: a launcher that needs a missing package (Ray) fails before anything is bound.
         launcher = make_launcher(config)
         raise_open_files_limit()  # a socket per peer connection: the default soft limit is small
-        self._auth, own_keys = _authentication(config.service, {"service.bind": _bind_source(config)})
+        sources = _sources(config)
+        self._auth, own_keys = _authentication(config.service, sources)
         try:
             # Bind first: a daemon that cannot bind (port in use) touches nothing in /dev/shm.
-            self._router, self._data, worker_links = _open_sources(workers.transport, config.service, self._auth)
-        except BaseException as exc:
+            self._router, self._data, worker_links = _open_sources(
+                workers.transport, config.service, self._auth, sources
+            )
+        except BaseException:
             if self._auth is not None:
                 self._auth.close()
-            if isinstance(exc, TransportError):  # a port in use is a config problem: say where the value came from
-                raise TransportError(f"{exc} (service.bind from {_bind_source(config)})") from exc
             raise
         try:
             self.arenas = open_pool(workers.shm_arena_mib * 1024 * 1024)
@@ -240,7 +273,10 @@ class Daemon:
         self._pump_logged_at = -LOG_EVERY_S  # when a batch that could not be sent was last logged (``_pump``)
         try:
             if config.service.metrics:
-                self.metrics = start_metrics(config.service.metrics)
+                try:
+                    self.metrics = start_metrics(config.service.metrics)
+                except ConfigError as exc:  # a port in use: name the file (or flag) the address came from
+                    raise ConfigError(f"{exc} ({sources['service.metrics']})") from None
             for _ in range(workers.count if start_workers else 0):
                 self.pool.launch()
         except BaseException:

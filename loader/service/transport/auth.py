@@ -108,8 +108,16 @@ def server_keys(daemon_key: str, authorized_keys: str) -> CurveServer:
     """The daemon's keys: its secret key file and a directory of admitted public keys (``*.key``)."""
     from loader.service.transport.sockets import load_public_keys
 
-    public, secret = _secret(daemon_key)
-    return CurveServer(public, secret, load_public_keys(authorized_keys))
+    # Each failure starts with its key, so the daemon can say where that key's value came from.
+    try:
+        public, secret = _secret(daemon_key)
+    except ConfigError as exc:
+        raise ConfigError(f"service.daemon_key: {exc}") from None
+    try:
+        allowed = load_public_keys(authorized_keys)
+    except ConfigError as exc:
+        raise ConfigError(f"service.authorized_keys: {exc}") from None
+    return CurveServer(public, secret, allowed)
 
 
 __all__ = [
