@@ -16,8 +16,11 @@ admits only the listed public keys; a peer's DEALER and PUSH sockets are CURVE
 clients when given keys (or when ``LOADER_PEER_KEY`` and
 ``LOADER_DAEMON_PUBLIC_KEY`` name key files). A peer without an admitted key
 never completes the handshake: not one of its messages reaches the daemon.
-Every daemon socket has a maximum inbound message size (``MAXMSGSIZE``): a
-peer that sends more is disconnected by zmq before the daemon buffers it.
+Every daemon socket has a maximum inbound message part size (``MAXMSGSIZE``): a
+peer that sends a bigger part is disconnected by zmq before the daemon buffers it.
+zmq bounds parts, not whole messages (it delivers a multipart message only whole),
+so many parts each under the bound are all buffered: only CURVE keeps such a peer
+out (docs/security.md, "Exhaustion").
 """
 
 from __future__ import annotations
