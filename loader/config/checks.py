@@ -38,10 +38,14 @@ class Check:
             self.fail(key, f"must be an integer, got {show(value)}")
         if minimum is not None and value < minimum:
             self.fail(key, f"must be >= {minimum}, got {value}")
+        if minimum is not None and value < minimum:
+            self.fail(key, f"must be >= {minimum:g}, got {value:g}")
         if maximum is not None and value > maximum:
             self.fail(key, f"must be <= {maximum}, got {value}")
 
-    def number(self, key: str, *, positive: bool = True, maximum: float | None = None) -> None:
+    def number(
+        self, key: str, *, positive: bool = True, minimum: float | None = None, maximum: float | None = None
+    ) -> None:
         value = getattr(self.obj, key)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.fail(key, f"must be a number, got {show(value)}")
@@ -49,6 +53,8 @@ class Check:
             self.fail(key, f"must be a finite number, got {value}")
         if positive and not value > 0:
             self.fail(key, f"must be > 0, got {value}")
+        if minimum is not None and value < minimum:
+            self.fail(key, f"must be >= {minimum:g}, got {value:g}")
         if maximum is not None and value > maximum:
             self.fail(key, f"must be <= {maximum:g}, got {value:g}")
         self.set(key, float(value))

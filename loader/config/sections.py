@@ -75,6 +75,7 @@ MAX_ARENA_MIB = 64 * 1024  # per worker, in /dev/shm
 MAX_SEED = (1 << 63) - 1
 MAX_EPOCHS = 1 << 31
 MAX_INTERVAL_S = 3600.0  # heartbeats
+MIN_HEARTBEAT_INTERVAL_S = 0.01  # below it, pings are a busy loop
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # progress and client timeouts: a week
 MAX_CLIENTS = 4096
 MAX_MESSAGE_MIB = 4096  # one data frame; a bigger one is a sample no batch should hold
@@ -192,7 +193,8 @@ class WorkersConfig:
                 f"got {self.transport!r}",
             )
         check.integer("samples_per_message", minimum=1, maximum=MAX_SAMPLES_PER_MESSAGE)
-        check.number("heartbeat_interval_s", maximum=MAX_INTERVAL_S)
+        # A microsecond interval had every worker and client ping in a busy loop.
+        check.number("heartbeat_interval_s", minimum=MIN_HEARTBEAT_INTERVAL_S, maximum=MAX_INTERVAL_S)
         check.number("heartbeat_timeout_s", maximum=MAX_INTERVAL_S)
         check.number("progress_timeout_s", maximum=MAX_TIMEOUT_S)
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:

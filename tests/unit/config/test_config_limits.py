@@ -25,6 +25,7 @@ def _config(tmp_path, **sections):
         ("pipeline", {"batch_size": 2**63 - 1}, "pipeline.batch_size must be <="),
         ("pipeline", {"shuffle_buffer": 2**40}, "pipeline.shuffle_buffer must be <="),
         ("workers", {"heartbeat_timeout_s": math.inf}, "workers.heartbeat_timeout_s must be a finite number"),
+        ("workers", {"heartbeat_interval_s": 1e-6}, "workers.heartbeat_interval_s must be >= 0.01"),
         ("workers", {"progress_timeout_s": math.nan}, "workers.progress_timeout_s must be a finite number"),
         ("client", {"timeout_s": math.inf}, "client.timeout_s must be a finite number"),
         ("workers", {"shm_arena_mib": 10**8}, "workers.shm_arena_mib must be <="),
