@@ -147,6 +147,9 @@ def run(quick: bool = False) -> list[dict]:
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):  # the docstring is the usage; run nothing
+        print(__doc__)
+        sys.exit(0)
     for row in run(quick="--quick" in sys.argv[1:]):
         print(
             f"{row['name']:<48} ours={row['ours']:.4g} peer={row['peer']:.4g} {row['unit']} "

@@ -29,6 +29,9 @@ def serve(cfg, q):
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):  # the docstring is the usage; run nothing
+        print(__doc__)
+        sys.exit(0)
     from loader import Client
     from loader.errors import ServiceUnavailableError
 

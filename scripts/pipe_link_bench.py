@@ -79,4 +79,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):  # the docstring is the usage; run nothing
+        print(__doc__)
+        sys.exit(0)
     main(sys.argv[1:])
