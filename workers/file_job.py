@@ -41,7 +41,7 @@ from workers.columns import (
 )
 from workers.mapping import BatchMappers, SampleMappers
 from workers.sample_check import SampleCheck
-from workers.sources import FileSource, GroupSource
+from workers.sources import FileSource, GroupSource, PieceSource, Source
 
 log = logging.getLogger("loader.worker")
 
@@ -71,7 +71,7 @@ class FileJob:
         self._send_data, self._check = send_data, check
         self._batch = BatchMappers((), ())  # bound in run()
         self._file_rows = False  # large rows go as references into the leased file (decided in run())
-        self._group: GroupSource | None = None  # a lease of several files: where a record came from
+        self._opened: Source | None = None  # the lease's file, group or piece: where a record came from
         # What a message may carry inline: the usual bounds, or half the daemon's largest message when that is
         # smaller (``service.max_message_mib``), so a chunk never outgrows what the daemon accepts.
         self._largest_message = config.service.max_message_mib * 1024 * 1024
@@ -108,12 +108,18 @@ class FileJob:
         if counts is not None:
             self._done(*counts)
 
-    def _open(self) -> FileSource | GroupSource:
-        """The lease's file, or its group of files (a fresh reader each call)."""
-        if self.lease.more:
-            self._group = GroupSource(self.config, self.lease.paths)
-            return self._group
-        return FileSource(self.config, self.lease.path)
+    def _open(self) -> Source:
+        """The lease's file, its group of files or its piece of a file (a fresh reader each call)."""
+        lease = self.lease
+        source: Source
+        if lease.more:
+            source = GroupSource(self.config, lease.paths)
+        elif lease.piece:
+            source = PieceSource(self.config, lease.path, *lease.piece)
+        else:
+            source = FileSource(self.config, lease.path)
+        self._opened = source
+        return source
 
     def _tag(self) -> dict[str, Any]:
         """The fields every message about this lease's file carries."""
@@ -133,8 +139,8 @@ class FileJob:
         """Report a failure at ``record``; True when it and the ``count - 1`` records after it are skipped
         (on_error = "skip")."""
         path = self.lease.path
-        if self._group is not None and record is not None:
-            path, record = self._group.locate(record)
+        if self._opened is not None and record is not None:
+            path, record = self._opened.locate(record)  # a group's file, a piece's record in its file
         error = WorkerError.from_exception(exc, worker=self.worker_id, file=path, record=record)
         if self.config.pipeline.on_error == "skip":
             if record is None:  # the file could not be opened (it counts as one record)
@@ -152,7 +158,7 @@ class FileJob:
         self._send_data(P.encode(P.FileError(**self._tag(), error=error.to_dict())))
         return False
 
-    def _send_blocks(self, source: FileSource | GroupSource) -> tuple[int, int] | None:
+    def _send_blocks(self, source: Source) -> tuple[int, int] | None:
         wanted = self.config.workers.samples_per_message
         batch_size = self.config.pipeline.batch_size
         # A first block of one row tells the row size, so big rows never make a huge first message; a reader
@@ -163,7 +169,7 @@ class FileJob:
         if known is not None and not self._batch:
             rows = rows_for_bytes(known, wanted, batch_size, self._block_bytes, self._chunk_bytes_at_most)
         done = _Progress(record=0)
-        fresh: FileSource | GroupSource | None = None  # a reader reopened to salvage a failed block (closed here)
+        fresh: Source | None = None  # a reader reopened to salvage a failed block (closed here)
         if self.lease.start:
             # Records before the lease's start were taken from an earlier lease (a cut or resumed file).
             try:
@@ -204,7 +210,7 @@ class FileJob:
             if fresh is not None:
                 fresh.close()
 
-    def _salvage(self, first: int, rows: int) -> tuple[FileSource | GroupSource | None, _Progress]:
+    def _salvage(self, first: int, rows: int) -> tuple[Source | None, _Progress]:
         """A block starting at record ``first`` failed (``on_error = "skip"``): read it again one record
         at a time on a fresh reader, send the good records, skip the bad one. Returns the reader to go
         on with, or None when the rest of the file cannot be read."""
@@ -249,7 +255,7 @@ class FileJob:
             source.close()
             raise
 
-    def _send_samples(self, source: FileSource | GroupSource, mappers: SampleMappers) -> tuple[int, int] | None:
+    def _send_samples(self, source: Source, mappers: SampleMappers) -> tuple[int, int] | None:
         # Rows that go through the arena need no room in the message: a chunk of them may hold a batch of
         # decoded images. At most a quarter of the arena, so a few chunks are in flight at once, and half the
         # daemon's largest message, so the chunk still fits one when the arena is full and it travels inline.
@@ -388,7 +394,8 @@ class FileJob:
         arena = self._arena()
         refs: dict[str, Any] = {}
         if arena is not None and self._file_rows and P.INDEX_COLUMN not in columns:
-            refs = arena.put_file_rows(columns, record)
+            # File rows name rows of the file: a piece's records begin at its first.
+            refs = arena.put_file_rows(columns, record + (self.lease.piece[0] if self.lease.piece else 0))
         in_arena, written = arena.put(columns, placed) if arena is not None else ({}, [])
         refs.update(in_arena)
         chunk = P.Chunk(**self._tag(), record=record, count=count, sample_kind=sample_kind, refs=refs or None)
@@ -457,7 +464,7 @@ class _Progress:
         self.record, self.sent, self.skipped = record, 0, 0
 
 
-def _skip_records(source: FileSource | GroupSource, count: int) -> None:
+def _skip_records(source: Source, count: int) -> None:
     """Read past the first ``count`` records of a freshly opened source (already sent)."""
     while count > 0:
         try:

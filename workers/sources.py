@@ -14,6 +14,8 @@ block is already columnar, so a worker does no per-sample Python work at all.
 
 A lease of several small files (``source.files_per_lease``) is a ``GroupSource``:
 its files' samples one file after the other, numbered on as one file's records.
+A lease of a piece of a large file (``source.records_per_lease``) is a
+``PieceSource``: that piece's records, numbered from 0 as one file's records.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from loader.service.blocks import block_rows
+
+SKIP_BLOCK_ROWS = 1 << 20  # rows per read while skipping to a piece's first record (views: nothing is copied)
 
 
 class FileSource:
@@ -75,11 +79,26 @@ class FileSource:
             and self.path.lower().endswith((".npy", ".npz"))
         )
 
+    def locate(self, record: int) -> tuple[str, int | None]:
+        """The file a record came from, and its number there (``GroupSource.locate``, ``PieceSource.locate``)."""
+        return self.path, record
+
     def samples(self) -> Iterator[Any]:
         """Samples one by one (tuples of slot arrays for file readers)."""
         if self._reader is None:
             return iter(self._samples)
         return _reader_instances(self._reader)
+
+    def skip(self, count: int) -> int:
+        """Read past up to ``count`` records in blocks of the reader's own (views of a mapped file are never
+        copied, as ``read_block``'s contiguous copies may be); the records passed, fewer at the end of the file."""
+        passed = 0
+        while passed < count:
+            arrays = self._reader.read_block(min(count - passed, SKIP_BLOCK_ROWS))
+            if not arrays:
+                break
+            passed += len(arrays[0])
+        return passed
 
     def read_block(self, max_rows: int) -> dict[str, np.ndarray] | None:
         """Up to ``max_rows`` samples as columns, or None at the end of the file."""
@@ -106,6 +125,84 @@ def _refuse_shuffled_names(path: str, fields: list[str], slots: list[str]) -> No
                 f"{slots}: {given!r} would name slot {position} ({slot!r}), not the slot called {given!r}; list "
                 f"the names in the file's own order (or leave source.fields out to keep them)"
             )
+
+
+class PieceSource:
+    """Records ``first .. first + count - 1`` of one file (``source.records_per_lease``) read as a file of
+    ``count`` records, numbered from 0; ``locate`` gives a record's number in the file.
+
+    Only files whose headers give their record count are cut into pieces (``.npy``, ``.npz``), so the
+    reader is a built-in one, which reads in blocks and skips to ``first`` without copying a row.
+    """
+
+    def __init__(self, config: Any, path: str, first: int, count: int) -> None:
+        self.path, self.first = path, first
+        self._file = FileSource(config, path)
+        self.fields = self._file.fields
+        self._left = count  # records of the piece not read yet
+        try:
+            passed = self._file.skip(first)
+            if passed < first:
+                raise EOFError(f"{path} has {passed} records, fewer than the {first} before this lease's piece")
+        except BaseException:
+            self._file.close()
+            raise
+
+    @property
+    def can_read_blocks(self) -> bool:
+        return self._file.can_read_blocks
+
+    @property
+    def row_bytes(self) -> int | None:
+        return self._file.row_bytes
+
+    @property
+    def reads_array_file(self) -> bool:
+        return self._file.reads_array_file
+
+    def locate(self, record: int) -> tuple[str, int | None]:
+        return self.path, self.first + record
+
+    def samples(self) -> Iterator[Any]:
+        return _piece_samples(self, self._file.samples())
+
+    def read_block(self, max_rows: int) -> dict[str, np.ndarray] | None:
+        """Up to ``max_rows`` records of the piece as columns, or None after its last record."""
+        if self._left <= 0:
+            return None
+        block = self._file.read_block(min(max_rows, self._left))
+        if block is not None:
+            self._left -= block_rows(block)
+        return block
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class _piece_samples:
+    """A ``PieceSource``'s samples. Not a generator, for the reason ``_reader_instances`` is not one."""
+
+    def __init__(self, piece: PieceSource, samples: Iterator[Any]) -> None:
+        self._piece, self._samples = piece, samples
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        piece = self._piece
+        if piece._left <= 0:
+            raise StopIteration
+        try:
+            sample = next(self._samples)
+        except StopIteration:
+            raise
+        except Exception as exc:
+            # A reader that stepped past damage says how many records it lost; those were the piece's too.
+            lost = getattr(exc, "records_skipped", None)
+            piece._left -= lost if isinstance(lost, int) and lost >= 1 else 1
+            raise
+        piece._left -= 1
+        return sample
 
 
 class _reader_instances:
@@ -275,6 +372,9 @@ class GroupSource:
             current.close()
 
 
+Source = FileSource | GroupSource | PieceSource  # what a lease is read from (``FileJob._open``)
+
+
 def _same_columns(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
     """Whether two blocks' columns can be concatenated: the same names, dtypes and row shapes."""
     return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and a[k].shape[1:] == b[k].shape[1:] for k in a)
@@ -304,4 +404,4 @@ def _open_file_reader(path: str, source: Any) -> Any:
     return create_file_reader(path, format=source.format, **source.file_reader_options())
 
 
-__all__ = ["FileSource", "GroupSource"]
+__all__ = ["FileSource", "GroupSource", "PieceSource", "Source"]

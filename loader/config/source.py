@@ -19,6 +19,8 @@ from loader.errors import ConfigError
 from loader.runtime.imports import import_object
 
 MAX_FILES_PER_LEASE = 1024
+# A bound on ``records_per_lease`` far past any file, so every record number a lease names stays in int64.
+MAX_RECORDS_PER_LEASE = 1 << 40
 # Only files smaller than this are leased together (``files_per_lease``): a larger one is worth a round trip,
 # and its rows may go as file rows, which name one file.
 SMALL_FILE_BYTES = 1 << 20
@@ -40,6 +42,9 @@ class SourceConfig:
     # Small files leased together, up to this many per lease (one round trip, one message stream for them
     # all); 1: one file per lease. Files of over SMALL_FILE_BYTES always go alone (``DatasetTable``).
     files_per_lease: int = 1
+    # Large files cut into leases of this many consecutive records, so several workers read one file at once;
+    # 0: whole files. Only files whose headers give their record count (.npy, .npz) are cut (``DatasetTable``).
+    records_per_lease: int = 0
     origin: str = origin_field()
 
     def __post_init__(self) -> None:
@@ -55,6 +60,7 @@ class SourceConfig:
         check.spec("provider", self.provider)
         check.texts("fields", optional=True)
         check.integer("files_per_lease", minimum=1, maximum=MAX_FILES_PER_LEASE)
+        check.integer("records_per_lease", minimum=0, maximum=MAX_RECORDS_PER_LEASE)
         if not isinstance(self.format_options, Mapping):
             check.fail("format_options", f"must be a table, got {show(self.format_options)}")
         check.set("format_options", plain_copy(dict(self.format_options), "source.format_options", self.origin))
@@ -101,6 +107,24 @@ class SourceConfig:
             check.fail("format", f"has no effect with source.{custom}: remove one of them")
         if custom and self.format_options:
             check.fail("format_options", f"has no effect with source.{custom}: remove one of them")
+        self._check_lease_shape(check, custom)
+
+    def _check_lease_shape(self, check: Check, custom: str | None) -> None:
+        """``records_per_lease`` cuts large files, ``files_per_lease`` joins small ones: one or the other."""
+        if not self.records_per_lease:
+            return
+        if self.files_per_lease > 1:
+            check.fail(
+                "records_per_lease",
+                f"and source.files_per_lease = {self.files_per_lease} are exclusive: cut large files into "
+                "leases of records, or join small files into leases, not both",
+            )
+        if custom:
+            check.fail(
+                "records_per_lease",
+                f"has no effect with source.{custom}, whose files' records are not counted before reading: "
+                "remove one of them",
+            )
 
     def expand_files(self) -> list[str]:
         """The files to read: sorted absolute paths, one per real file (``globbing``: no symlink loop is walked).

@@ -186,26 +186,34 @@ def count_samples(source: Any, paths: list[str], budget_s: float | None = None) 
     """Samples in each of ``paths`` from the files' headers (``.npy``, ``.npz``); None where a format
     cannot tell without reading everything (a reader, a provider, recordio, text), or when reading the
     headers takes longer than ``budget_s`` (None: no limit)."""
-    if source.reader is not None or source.provider is not None:
-        return None
-    from loader.io.formats_numpy import ArrayFileReader
-    from loader.io.registry import create_file_reader
-
-    source.register_formats()
     counts = []
     deadline = None if budget_s is None else monotonic() + budget_s
     for path in paths:
         if deadline is not None and monotonic() > deadline:
             return None
-        if not os.path.isfile(path):
-            # Replaced since the list was expanded (by a FIFO, whose open would wait for a writer: this
-            # runs in the daemon's loop) or gone: the workers will report it; the count is unknown.
+        rows = header_rows(source, path)
+        if rows is None:
             return None
-        with create_file_reader(path, format=source.format, **source.file_reader_options()) as reader:
-            if not isinstance(reader, ArrayFileReader):
-                return None
-            counts.append(reader.rows)
+        counts.append(rows)
     return counts
+
+
+def header_rows(source: Any, path: str) -> int | None:
+    """Samples in ``path`` from its headers alone (the ``.npy``/``.npz`` readers); None where its format
+    cannot tell without reading everything (a reader, a provider, recordio, text) or it is not a file.
+    A file that cannot be opened raises its reader's error."""
+    if source.reader is not None or source.provider is not None:
+        return None
+    if not os.path.isfile(path):
+        # Replaced since the list was expanded (by a FIFO, whose open would wait for a writer: this
+        # runs in the daemon's loop) or gone: the workers will report it; the count is unknown.
+        return None
+    from loader.io.formats_numpy import ArrayFileReader
+    from loader.io.registry import create_file_reader
+
+    source.register_formats()
+    with create_file_reader(path, format=source.format, **source.file_reader_options()) as reader:
+        return reader.rows if isinstance(reader, ArrayFileReader) else None
 
 
 def _survey_blocks(result: Survey, path: str, source: Any, names: list[str] | None) -> None:
@@ -256,4 +264,4 @@ def _name(names: list[str] | None, index: int) -> str:
     return names[index] if names and index < len(names) else str(index)
 
 
-__all__ = ["survey", "count_samples", "shown", "Survey", "FieldSummary", "Mismatch"]
+__all__ = ["survey", "count_samples", "header_rows", "shown", "Survey", "FieldSummary", "Mismatch"]

@@ -6,7 +6,9 @@ run, worker count and transport:
 1. its files in ``file_order(n, seed, epoch, shuffle)``, each file's records in
    record order (records skipped under ``on_error = "skip"`` left out); with
    ``source.files_per_lease`` above 1, "file" here means a lease group of small
-   files (``lease_groups``), read as one file;
+   files (``lease_groups``), read as one file; with ``source.records_per_lease``
+   above 0, a piece of a large file (``lease_pieces``), numbered from its first
+   record as if it were a file;
 2. shuffled by ``batching.WindowShuffle``: the sequence is cut into *windows*
    of ``window_rows(shuffle_buffer)`` rows, each shuffled on its own by a
    buffer of ``shuffle_buffer`` rows seeded by (seed, epoch, window, round);
@@ -87,6 +89,24 @@ def lease_groups(sizes: list[int | None], per_lease: int, small: int, seed: int,
     return groups
 
 
+Piece = tuple[int, int]  # (first record in its file, records): consecutive records of one file leased as one
+
+
+def lease_pieces(counts: list[int | None], per_lease: int) -> list[tuple[int, Piece | None]]:
+    """Files (by position, with their record counts; None: unknown) cut into leases of ``per_lease`` records.
+
+    One ``(file, piece)`` per lease, in list order: a file's pieces are consecutive, the last one shorter.
+    A file of unknown count, or of at most ``per_lease`` records, is one lease with no piece (read whole).
+    """
+    leases: list[tuple[int, Piece | None]] = []
+    for i, count in enumerate(counts):
+        if count is None or count <= per_lease:
+            leases.append((i, None))
+            continue
+        leases.extend((i, (first, min(per_lease, count - first))) for first in range(0, count, per_lease))
+    return leases
+
+
 def window_rows(shuffle_buffer: int) -> int:
     """Rows of one shuffle window."""
     return WINDOW_ROUNDS * shuffle_buffer if shuffle_buffer > 0 else UNSHUFFLED_WINDOW_ROWS
@@ -103,23 +123,33 @@ def fingerprint(
     seed: int,
     groups: list[list[int]] | None = None,
     sizes: list[int | None] | None = None,
+    pieces: list[tuple[int, Piece | None]] | None = None,
 ) -> dict[str, Any]:
     """What a checkpoint of this dataset must match, one entry per setting (small, JSON-able).
 
     ``config`` is the dataset's view of the daemon's config (its ``source`` and ``pipeline``); ``groups``
     the files (by position) of each lease when leases may hold several (``lease_groups``); ``sizes`` the
-    files' bytes (None: not a regular file), read once at start-up.
+    files' bytes (None: not a regular file), read once at start-up; ``pieces`` each lease's file and piece
+    when leases may be pieces of files (``lease_pieces``).
     """
     pipeline = config.pipeline
     source = _plain(config.source)
     source.pop("files", None)  # the patterns: the files they matched are what counts (below)
     if source.get("files_per_lease") == 1:
         del source["files_per_lease"]  # the default: checkpoints from before the setting existed still match
+    # Named on its own (when set), so a state of other pieces says which setting differs.
+    per_lease = source.pop("records_per_lease", 0)
     # Only when set, so checkpoints from before batch mappers existed still match a config without them.
     batch = {"batch_mappers": _digest(list(pipeline.batch_mappers))} if pipeline.batch_mappers else {}
     # Groups follow the files' sizes, read at start-up: a file grown past SMALL_FILE_BYTES, or one whose new size
     # moves a GROUP_BYTES boundary, regroups its neighbours, and an anchor's order index then names another group.
-    grouped = {"lease_groups": _digest(groups)} if groups is not None and any(len(g) > 1 for g in groups) else {}
+    leases = {"lease_groups": _digest(groups)} if groups is not None and any(len(g) > 1 for g in groups) else {}
+    if per_lease:
+        leases["records_per_lease"] = per_lease
+    # Pieces follow the files' record counts, read at start-up: a file that grew or shrank is cut otherwise, and
+    # an anchor's order index and record would then name other records.
+    if pieces is not None and any(piece is not None for _, piece in pieces):
+        leases["lease_pieces"] = _digest([[i, *piece] if piece else [i] for i, piece in pieces])
     # The names are relative (a moved dataset is the same one), so without the sizes another dataset written
     # under the same names (another directory, files rewritten) would be taken for it, and a resume would land
     # on other samples.
@@ -135,7 +165,7 @@ def fingerprint(
         "mappers": _digest(list(pipeline.mappers)),
         "source": _digest(source),
         **batch,
-        **grouped,
+        **leases,
         **sized,
     }
 
@@ -171,6 +201,8 @@ def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
 _WHY = {
     "lease_groups": ": the files' sizes group the small files otherwise, so a file changed or was replaced",
     "file_sizes": ": the files' sizes differ, so these are other files (or they changed) under the same names",
+    "lease_pieces": ": the files are cut into other pieces, so source.records_per_lease or a file's record count "
+    "changed",
 }
 # Keys fingerprints gained after states were first saved: a state without one still matches on the others.
 _LATER_KEYS = frozenset({"file_sizes"})
@@ -198,6 +230,7 @@ def _digest(value: Any) -> str:
 
 __all__ = [
     "Anchor",
+    "Piece",
     "STATE_VERSION",
     "WINDOW_ROUNDS",
     "differences",

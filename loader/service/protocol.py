@@ -40,7 +40,8 @@ from loader.service.frames import Columns, Frame, buffer_of, column_frames, obje
 # Bump it on any change a peer of the old version would misread. Peers from before the check sent none: 1.
 # 3: packed batches (``Epoch.pack``, ``Batch.parts``) and file rows (``Batch.files``, negative reference ids).
 # 4: leases of several small files (``Lease.more``): a worker of 3 would read only the first.
-PROTOCOL_VERSION = 4
+# 5: leases of a piece of a file (``Lease.piece``): a worker of 4 would read the whole file, once per piece.
+PROTOCOL_VERSION = 5
 # Name of the optional per-sample record index column of a Chunk.
 INDEX_COLUMN = "__idx__"
 # Bounds of what a peer may claim: ids and counts fit in int64, text stays short.
@@ -145,6 +146,11 @@ def _more_paths(value: Any) -> bool:
     return isinstance(value, list) and 0 < len(value) < MAX_LEASE_FILES and all(_path(v) for v in value)
 
 
+def _piece(value: Any) -> bool:
+    """``[first record, records]``: the records of its file a lease reads (``Lease.piece``), at least one."""
+    return isinstance(value, list) and len(value) == 2 and _count(value[0]) and _positive(value[1])
+
+
 def _optional(check: Check) -> Check:
     return lambda value: value is None or check(value)
 
@@ -247,6 +253,9 @@ class Lease(Message):
     # A lease of several small files (``source.files_per_lease``): the files after ``path``, read after it in
     # this order as one file whose records are numbered on from one file to the next.
     more: list[str] | None = wire("more", _optional(_more_paths), None)
+    # A lease of a piece of a large file (``source.records_per_lease``): ``[first, count]``, its records
+    # ``first .. first + count - 1``, read as one file whose records are numbered from 0 (``start`` too).
+    piece: list[int] | None = wire("piece", _optional(_piece), None)
 
     @property
     def paths(self) -> list[str]:

@@ -4,7 +4,9 @@ Every dataset shares the daemon's workers and its coordinator: the coordinator
 leases from one list, the datasets' leases one after the other, so an index in it
 (a "file index" to the coordinator and the stage) names its dataset
 (``DatasetTable.owner``). A lease is one file, or with ``source.files_per_lease``
-above 1 a group of small files read as one (``order.lease_groups``). Each dataset has its own
+above 1 a group of small files read as one (``order.lease_groups``), or with
+``source.records_per_lease`` above 0 a piece of a large file: consecutive records
+read as one file numbered from 0 (``order.lease_pieces``). Each dataset has its own
 files, seed, epochs and stream settings (batch size, drop_last, shuffle buffer);
 a client reads one dataset (``Client(address, dataset="eval")``).
 """
@@ -13,17 +15,19 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import os
 import random
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from loader.config import DEFAULT_DATASET, LoaderConfig
 from loader.config.source import SMALL_FILE_BYTES
 from loader.errors import ConfigError
+from loader.io.survey import header_rows
 from loader.service.daemon.stage import StreamSettings
-from loader.service.order import file_order, fingerprint, lease_groups
+from loader.service.order import Piece, file_order, fingerprint, lease_groups, lease_pieces
 
 log = logging.getLogger("loader.daemon")
 
@@ -33,6 +37,10 @@ HINT_FILES = 512
 HINT_FILE_BYTES = 256 << 10
 HINT_SAMPLE = 32  # files whose size the hint looks at (evenly spaced: start-up stays cheap)
 NOTE_FILES = 4  # files of a lease an error names (``Dataset.lease_note``)
+# A dataset of fewer leases than workers gets a hint suggesting ``records_per_lease``: pieces enough for each
+# worker to have this many (a slow piece at the end of an epoch then keeps the others idle for less) ...
+HINT_PIECES_PER_WORKER = 4
+HINT_MIN_PIECE_RECORDS = 256  # ... unless a piece would hold fewer records than this (a dataset too small to care)
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,8 @@ class Dataset:
     offset: int
     seed: int
     leases: list[list[str]]  # the files of each lease, in reading order
+    # Per lease, the piece of its file it reads (None: the whole file); empty when no lease is a piece.
+    pieces: list[Piece | None] = field(default_factory=list)
     sizes: list[int | None] | None = None  # bytes of each file at start-up (None: not a regular file)
 
     @property
@@ -57,17 +67,41 @@ class Dataset:
         shuffle = self.config.pipeline.shuffle_buffer > 0
         return [self.offset + i for i in file_order(len(self.leases), self.seed, epoch, shuffle)]
 
+    def piece(self, file_index: int) -> Piece | None:
+        """The piece of its file that lease ``file_index`` (of the daemon's list) reads; None: the whole file."""
+        return self.pieces[file_index - self.offset] if self.pieces else None
+
     def lease_fields(self, file_index: int) -> dict[str, Any]:
-        """What a lease of ``file_index`` (of the daemon's list) says of its dataset and of its other files."""
+        """What a lease of ``file_index`` (of the daemon's list) says of its dataset, its other files, its piece."""
         key = file_index - self.offset
         more = self.leases[key][1:]
-        return {"dataset": self.name, "seed": self.seed, "file_key": key, **({"more": more} if more else {})}
+        piece = self.piece(file_index)
+        return {
+            "dataset": self.name,
+            "seed": self.seed,
+            "file_key": key,
+            **({"more": more} if more else {}),
+            **({"piece": list(piece)} if piece else {}),
+        }
+
+    def file_record(self, file_index: int, record: int) -> int:
+        """Record ``record`` of lease ``file_index`` as its number in the lease's (first) file."""
+        piece = self.piece(file_index)
+        return record + piece[0] if piece else record
 
     def lease_note(self, file_index: int) -> str:
         """For an error the daemon itself finds in a lease of several files (a worker that died, a chunk that
         does not fit), which it names by the lease's first file and the lease's record: what that lease is.
-        Only a worker knows where one file of the lease ends, and its own errors name the file."""
+        Only a worker knows where one file of the lease ends, and its own errors name the file. For a piece
+        of a file, which records it holds (the daemon names records by their number in the file)."""
         files = self.leases[file_index - self.offset]
+        piece = self.piece(file_index)
+        if piece:
+            first, count = piece
+            return (
+                f"; the lease was records {first} to {first + count - 1} of {os.path.basename(files[0])} "
+                "(source.records_per_lease)"
+            )
         if len(files) == 1:
             return ""
         shown = (
@@ -81,13 +115,9 @@ class Dataset:
     def fingerprint(self) -> dict[str, Any]:
         """What a checkpoint of this dataset must match (``order.fingerprint``)."""
         position = {path: i for i, path in enumerate(self.files)}
-        return fingerprint(
-            self.config,
-            self.files,
-            self.seed,
-            [[position[path] for path in lease] for lease in self.leases],
-            self.sizes,
-        )
+        groups = [[position[path] for path in lease] for lease in self.leases]
+        pieces = [(group[0], piece) for group, piece in zip(groups, self.pieces)] if self.pieces else None
+        return fingerprint(self.config, self.files, self.seed, groups, sizes=self.sizes, pieces=pieces)
 
     def describe(self) -> dict[str, Any]:
         """This dataset's part of ``status()``."""
@@ -115,8 +145,8 @@ class DatasetTable:
             files = view.expand_files()  # ConfigError for no match / empty list, naming where the value came from
             seed = view.pipeline.seed if view.pipeline.seed is not None else random.SystemRandom().randrange(2**32)
             sizes = [_size(path) for path in files]  # once: the fingerprint and the lease groups use them
-            leases = _leases(name, files, sizes, view, seed)
-            self.by_name[name] = Dataset(name, view, files, len(self.files), seed, leases, sizes)
+            leases, pieces = _leases(name, files, sizes, view, seed)
+            self.by_name[name] = Dataset(name, view, files, len(self.files), seed, leases, pieces, sizes)
             self.files.extend(group[0] for group in leases)
         self._offsets = [d.offset for d in self.by_name.values()]
         self._names = list(self.by_name)
@@ -140,16 +170,80 @@ class DatasetTable:
         """``Dataset.lease_note`` of the dataset ``file_index`` belongs to ("" for an index of no dataset)."""
         return self.owner(file_index).lease_note(file_index) if 0 <= file_index < len(self.files) else ""
 
+    def file_record(self, file_index: int, record: int) -> int:
+        """``Dataset.file_record`` of the dataset ``file_index`` belongs to (``record`` for an index of none)."""
+        return self.owner(file_index).file_record(file_index, record) if 0 <= file_index < len(self.files) else record
 
-def _leases(name: str, files: list[str], sizes: list[int | None], config: LoaderConfig, seed: int) -> list[list[str]]:
-    """``files`` grouped into leases as ``source.files_per_lease`` says (``sizes``: their bytes)."""
-    per_lease = config.source.files_per_lease
-    if per_lease <= 1:
-        _hint_small_files(name, files)
-        return [[path] for path in files]
-    shuffle = config.pipeline.shuffle_buffer > 0
-    groups = lease_groups(sizes, per_lease, SMALL_FILE_BYTES, seed, shuffle)
-    return [[files[i] for i in group] for group in groups]
+
+def _leases(
+    name: str, files: list[str], sizes: list[int | None], config: LoaderConfig, seed: int
+) -> tuple[list[list[str]], list[Piece | None]]:
+    """``files`` cut or grouped into leases as ``source.records_per_lease`` or ``files_per_lease`` says (the
+    files' headers read here, once; ``sizes``: their bytes): the files of each lease, and each lease's piece
+    (empty: none)."""
+    source = config.source
+    if source.records_per_lease > 0:
+        counts = [_records(source, path) for path in files]
+        _note_uncounted(name, files, counts)
+        cut = lease_pieces(counts, source.records_per_lease)
+        return [[files[i]] for i, _ in cut], [piece for _, piece in cut]
+    if source.files_per_lease > 1:
+        shuffle = config.pipeline.shuffle_buffer > 0
+        groups = lease_groups(sizes, source.files_per_lease, SMALL_FILE_BYTES, seed, shuffle)
+        return [[files[i] for i in group] for group in groups], []
+    _hint_small_files(name, files)
+    _hint_large_files(name, files, config)
+    return [[path] for path in files], []
+
+
+def _records(source: Any, path: str) -> int | None:
+    """Records of ``path`` from its headers (``survey.header_rows``); None where they do not say."""
+    try:
+        return header_rows(source, path)
+    except Exception:  # leased whole: the worker that opens it reports why, naming it
+        return None
+
+
+def _note_uncounted(name: str, files: list[str], counts: list[int | None]) -> None:
+    """Log once that files whose headers give no record count are leased whole despite ``records_per_lease``."""
+    uncounted = [path for path, count in zip(files, counts) if count is None]
+    if uncounted:
+        log.info(
+            "dataset %r: %d of %d files (%s first) give no record count in their headers: leased whole "
+            "(source.records_per_lease cuts .npy and .npz files)",
+            name,
+            len(uncounted),
+            len(files),
+            os.path.basename(uncounted[0]),
+        )
+
+
+def _hint_large_files(name: str, files: list[str], config: LoaderConfig) -> None:
+    """Log once that a dataset of fewer files than workers would keep more of them busy cut into pieces of
+    records (``records_per_lease``); only where the files' headers count their records (few files: cheap)."""
+    workers = max(config.workers.count, config.workers.max)
+    if len(files) >= workers:
+        return
+    counts = [_records(config.source, path) for path in files]
+    if any(count is None for count in counts):
+        return
+    records = sum(count or 0 for count in counts)
+    suggested = math.ceil(records / (HINT_PIECES_PER_WORKER * workers))
+    # Pieces read ahead of the head one wait in the reorder window: each worker's should fit its share.
+    record_bytes = sum(_size(path) or 0 for path in files) / max(1, records)
+    window = config.service.reorder_window_mib << 20
+    suggested = min(suggested, int(window / (workers * max(1.0, record_bytes))))
+    if suggested < HINT_MIN_PIECE_RECORDS:
+        return
+    log.info(
+        "dataset %r: %d file(s) for %d workers, one lease each, so at most %d read at once: "
+        "source.records_per_lease = %d would cut them into pieces that every worker reads",
+        name,
+        len(files),
+        workers,
+        len(files),
+        suggested,
+    )
 
 
 def _hint_small_files(name: str, files: list[str]) -> None:

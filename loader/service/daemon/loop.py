@@ -225,6 +225,7 @@ class Daemon:
             stall_timeout_s=(HUNG_FILE_ATTEMPTS + 1) * workers.progress_timeout_s,
             reorder_bytes=config.service.reorder_window_mib * 1024 * 1024,
             lease_note=self.datasets.lease_note,
+            file_record=self.datasets.file_record,
         )
         self.stage.refs.allow_files = workers.file_rows
         self.coordinator = Coordinator(
@@ -248,7 +249,7 @@ class Daemon:
             arenas=self.arenas,
             lease_fields=lambda file_index: self.datasets.owner(file_index).lease_fields(file_index),
             lease_note=self.datasets.lease_note,
-            next_record=self.stage.next_record,
+            next_record=self._next_file_record,
             max_workers=config.service.max_workers,
             max_arenas=2 * (config.service.max_workers + workers.count),
             own_keys=own_keys,
@@ -437,6 +438,12 @@ class Daemon:
                 who, f"a chunk of file {message.file} (stream {message.stream}) is malformed: {refused}"
             )
 
+    def _next_file_record(self, stream_id: int, file_index: int) -> int | None:
+        """The first record of a lease the stream lacks, numbered in its file (a piece's begin past 0), for
+        the errors of the workers it loses."""
+        record = self.stage.next_record(stream_id, file_index)
+        return None if record is None else self.datasets.file_record(file_index, record)
+
     def _on_file_message(self, message: P.FileMessage, columns: P.Columns) -> str | None:
         """Hand a data message to the stage; why a chunk was refused, or None."""
         if isinstance(message, P.Chunk):
@@ -446,7 +453,9 @@ class Daemon:
                 return refused
             job = self.coordinator.leased_job(message.worker, message.lease)  # file rows name this file only
             path, seen = (job.path, job.file_identities) if job is not None else (None, None)
-            self.stage.refs.check_owned(message.refs, columns, self.pool.arena_of(message.worker), message, path, seen)
+            first = self.datasets.file_record(message.file, 0)  # a piece's rows begin past record 0 of its file
+            arena = self.pool.arena_of(message.worker)
+            self.stage.refs.check_owned(message.refs, columns, arena, message, path, seen, first)
         # The coordinator only notes the time: a worker that sends (acceptable) data is not hung.
         self.coordinator.progressed(message.worker, message.lease)
         if isinstance(message, P.Chunk):
@@ -514,7 +523,8 @@ class Daemon:
             "uptime_s": round(elapsed, 3),
             "files": {
                 "total": sum(len(d.files) for d in self.datasets.by_name.values()),
-                "leases": len(self.files),  # entries of the lease list: fewer than files with lease groups
+                # Entries of the lease list: fewer than files with lease groups, more with pieces of files.
+                "leases": len(self.files),
                 "granted": self.coordinator.leases_granted,
                 "leased": self.coordinator.leased(),
                 "queued": self.coordinator.queued(),

@@ -216,12 +216,14 @@ class Stage:
         stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
         reorder_bytes: int = DEFAULT_REORDER_BYTES,
         lease_note: Callable[[int], str] = lambda file_index: "",
+        file_record: Callable[[int, int], int] = lambda file_index, record: record,
     ) -> None:
         """``files`` are the daemon's file paths by index (errors name them; ``lease_note`` says more of a lease
-        of several files); ``on_error`` and ``batch_format`` are the pipeline's (a sample that does not fit its
-        batch fails or is skipped)."""
+        of several files or of a piece of one, ``file_record`` a lease's record's number in its file);
+        ``on_error`` and ``batch_format`` are the pipeline's (a sample that does not fit its batch fails or is
+        skipped)."""
         self.on_error, self.batch_format, self.files = on_error, batch_format, list(files)
-        self.lease_note = lease_note
+        self.lease_note, self.file_record = lease_note, file_record
         self.stall_timeout_s = max(MIN_STALL_TIMEOUT_S, stall_timeout_s)
         self.reorder_bytes = reorder_bytes
         self.settings = StreamSettings(batch_size, drop_last, shuffle_buffer, seed)
@@ -566,7 +568,7 @@ class Stage:
 
     def _misfit(self, stream: Stream, chunk: P.Chunk, records: np.ndarray, message: str) -> None:
         path = self._path(chunk.file)
-        record = int(records[0]) if len(records) else chunk.record
+        record = self.file_record(chunk.file, int(records[0]) if len(records) else chunk.record)
         if self.on_error == "skip":
             rows = stream.sequencer.skip(chunk.file, records)  # a later lease starts after them: counted once
             stream.rejected[chunk.file] = stream.rejected.get(chunk.file, 0) + rows
@@ -594,7 +596,7 @@ class Stage:
                 f"the worker sent {done.sent} record(s) of this file in chunks but {arrived} arrived "
                 f"(a chunk was lost on the way; the daemon's log says why){self.lease_note(done.file)}"
             )
-            record = state.next_record if state is not None else None
+            record = self.file_record(done.file, state.next_record) if state is not None else None
             error = WorkerError("LostDataError", message, worker=done.worker, file=self._path(done.file), record=record)
             self.fail_file(
                 stream.stream_id, done.file, error.to_dict(), lost=max(1, done.sent - arrived) + done.skipped

@@ -31,9 +31,11 @@ def bind_file_rows(
     chunk: P.Chunk | None,
     path: str | None,
     seen: dict[str, Identity] | None = None,
+    first: int = 0,
 ) -> np.ndarray:
     """A worker's file-row column as references to the leased file's source; ``ArenaError`` unless its
-    rows are exactly the chunk's records, inside the file, of the header's dtype and row shape.
+    rows are exactly the chunk's records (from ``first`` on in the file, for a lease of a piece of it),
+    inside the file, of the header's dtype and row shape.
 
     ``seen`` (the lease's, kept by the coordinator) pins each file to its identity at the grant, or for a
     companion at its first rows: the worker goes on reading the file it opened, so a path replaced since (a
@@ -48,6 +50,7 @@ def bind_file_rows(
         expected = np.asarray(index, dtype=np.int64)
     else:
         expected = np.arange(chunk.record, chunk.record + chunk.count, dtype=np.int64)
+    expected = expected + first
     if not np.array_equal(values[:, 1], expected):
         raise ArenaError(f"reference column {name!r} names file rows other than its chunk's records")
     ref_id, layout = files.resolve(path, name)  # FileRowsError (an ArenaError) names the file

@@ -86,9 +86,11 @@ class RefKeeper:
         chunk: P.Chunk | None = None,
         path: str | None = None,
         seen: dict[str, Identity] | None = None,
+        first: int = 0,
     ) -> None:
         """``ArenaError`` unless every reference of a chunk is a run of blocks its sender may hand over, or
-        rows of the file leased for it (``path``; ``seen``: the lease's files so far, ``bind_file_rows``),
+        rows of the file leased for it (``path``; ``seen``: the lease's files so far; ``first``: the file's
+        record where a lease of a piece of it begins; ``bind_file_rows``),
         see the module docstring; marks those blocks held and turns file rows into references to the
         stage's sources."""
         if not described:
@@ -106,7 +108,7 @@ class RefKeeper:
             if len(values) and np.any(values[:, 0] == F.FILE_ROWS):
                 if not self.allow_files:
                     raise ArenaError(f"reference column {name!r} names file rows, which workers.file_rows turns off")
-                bound[name] = bind_file_rows(self.files, name, values, specs, columns, chunk, path, seen)
+                bound[name] = bind_file_rows(self.files, name, values, specs, columns, chunk, path, seen, first)
                 continue
             if np.any(values[:, 0] != own_arena):
                 raise ArenaError(f"reference column {name!r} names an arena that is not its sender's")

@@ -32,6 +32,7 @@ ANCHOR = "anchor"
 FILES = "files"
 PARTS = "parts"
 MORE = "more"
+PIECE = "piece"
 VERSIONED = {"v": COUNT, "lv": TEXT}
 FILE = {"s": COUNT, "f": COUNT, "l": COUNT, "w": TEXT, "t": TEXT}
 FIELDS: dict[type[P.Message], dict[str, str]] = {
@@ -50,6 +51,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
         "seed": COUNT,
         "fk": COUNT,
         "more": MORE + "?",
+        "piece": PIECE + "?",
     },
     P.Heartbeat: {},
     P.Cancel: {"lease": COUNT},
@@ -145,6 +147,7 @@ EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
             seed=5,
             file_key=3,
             more=["/data/part-0012.npy", "/data/part-0013.npy"],
+            piece=[4096, 1024],
         ),
         {},
     ),
@@ -243,6 +246,7 @@ BAD: dict[str, list] = {
         {"x": {0: ["x" * (P.MAX_TEXT + 1), [4]]}},
     ],
     MORE: [[], "/data/f", ["/data/f", ""], ["/data/f", 5], ["/f"] * P.MAX_LEASE_FILES, {"0": "/f"}, [None]],
+    PIECE: [[], [0], [0, 0], [-1, 5], [0, 5, 1], [0, 1.5], [True, 1], [0, P.MAX_INT], "0 5", {"0": 5}],
     FILES: [
         [],
         5,
@@ -390,7 +394,12 @@ def test_error_dicts_travel_in_messages():
 # one batch, an old daemon refuses a worker's file rows as forged) instead of refusing it in one line.
 # A version may have several schemas when a later one only adds a key older peers ignore (decode skips keys
 # it does not know): 4 then ``Ping.wait_s``, which a daemon of the first 4 reads as a plain ping.
-SCHEMA_OF_VERSION = {2: ("08569ee2d0ba2c2c",), 3: ("eab8ef5e470bcbc9",), 4: ("4e3c87399b323b09", "e422ebcfbae7ec7c")}
+SCHEMA_OF_VERSION = {
+    2: ("08569ee2d0ba2c2c",),
+    3: ("eab8ef5e470bcbc9",),
+    4: ("4e3c87399b323b09", "e422ebcfbae7ec7c"),
+    5: ("2dd09cd992105c38",),
+}
 
 
 def _schema_digest() -> str:

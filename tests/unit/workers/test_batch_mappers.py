@@ -229,6 +229,9 @@ class _DamagedSource:
     def __init__(self, config: Any, path: str) -> None:
         self.path = path
 
+    def locate(self, record: int) -> tuple[str, int]:
+        return self.path, record
+
     def samples(self) -> Any:
         class Reading:
             def __init__(self) -> None:
