@@ -150,6 +150,12 @@ def id_line(line: str) -> Any:
     return None if line.startswith("#") else {"data": np.int64(int(line))}
 
 
+def id_lines_source(directory: Any, **source: Any) -> dict[str, Any]:
+    """A ``[source]`` of the directory's ``.txt`` files of one id a line (``id_line``)."""
+    parser = "tests.integration.test_lease_groups:id_line"
+    return {"files": [str(directory / "*.txt")], "format": "text", "format_options": {"parser": parser}, **source}
+
+
 def test_a_resume_after_the_small_files_were_grouped_otherwise_is_refused(tmp_path: Any) -> None:
     # Groups follow the files' sizes: an anchor's order index would name another group, and the resumed
     # epoch would repeat some samples and miss others without a word.
@@ -157,12 +163,7 @@ def test_a_resume_after_the_small_files_were_grouped_otherwise_is_refused(tmp_pa
         (tmp_path / f"f{i:03d}.txt").write_text("".join(f"{i * 100 + r}\n" for r in range(5)))
     cfg = make_config(
         tmp_path,
-        source={
-            "files": [str(tmp_path / "*.txt")],
-            "format": "text",
-            "format_options": {"parser": "tests.integration.test_lease_groups:id_line"},
-            "files_per_lease": 3,
-        },
+        source=id_lines_source(tmp_path, files_per_lease=3),
         pipeline={"batch_size": 4, "shuffle_buffer": 2, "seed": 1},
         workers={"count": 1},
     )

@@ -25,16 +25,21 @@ pytestmark = pytest.mark.integration
 SIZES = [37, 120, 5, 64, 200, 1, 90, 143]  # uneven files: chunks, files and steps never line up
 
 
-# Every property runs over four kinds of data: small rows (inline frames); 64 KiB rows (the id
+# Every property runs over six kinds of data: small rows (inline frames); 64 KiB rows (the id
 # repeated), which travel as references into the files themselves or through the shared-memory arenas;
-# and small rows in small files leased three at a time (``source.files_per_lease``).
+# small rows in small files leased three at a time (``source.files_per_lease``); and files cut into
+# leases of PIECE records (``source.records_per_lease``), of small rows and of 64 KiB file rows.
+PIECE = 24
 ROW_KINDS: dict[str, dict[str, dict[str, Any]]] = {
     "small": {},
     "file_rows": {"workers": {"file_rows": True}},
     "arena": {"workers": {"file_rows": False}},
     "lease_groups": {"source": {"files_per_lease": 3}},
+    "pieces": {"source": {"records_per_lease": PIECE}},
+    "piece_file_rows": {"source": {"records_per_lease": PIECE}, "workers": {"file_rows": True}},
 }
-BIG_ROW_KINDS = ("file_rows", "arena")
+BIG_ROW_KINDS = ("file_rows", "arena", "piece_file_rows")
+SLOW_KINDS = ("lease_groups", "pieces", "piece_file_rows")  # few records a lease: workers kill tests slow down
 BIG_ROW_VALUES = 8192  # int64: 64 KiB, the smallest row sent by reference
 _KIND_OF: dict[str, str] = {}  # data directory -> its kind
 
@@ -173,7 +178,8 @@ def test_drop_last_drops_the_incomplete_step_on_every_rank(data: Any) -> None:
 
 
 def tick_1ms(sample: Any) -> Any:
-    """Slow enough an epoch of lease groups (three leases) that a worker holds one when it is killed."""
+    """Slow enough an epoch of lease groups (three leases), or of pieces of PIECE records, that a worker
+    holds one when it is killed."""
     time.sleep(0.001)
     return sample
 
@@ -182,7 +188,7 @@ def test_killing_workers_mid_epoch_changes_nothing(data: Any) -> None:
     directory, _ = data
     slow = (
         {"mappers": ["tests.integration.test_order_and_resume:tick_1ms"]}
-        if _KIND_OF[str(directory)] == "lease_groups"
+        if _KIND_OF[str(directory)] in SLOW_KINDS
         else {}
     )
     reference = read_loader(config(directory, workers=1, **slow))
@@ -364,11 +370,12 @@ def test_mappers_with_rng_draw_from_seed_epoch_file_and_record(data: Any, tmp_pa
         pytest.skip("with lease groups the generator's file and record are the group's (tested in test_lease_groups)")
     directory, _ = data
     (tmp_path / "rng_mappers.py").write_text(RNG_MAPPERS)
+    per_lease = sections_of(directory).get("source", {}).get("records_per_lease", 0)
 
     def cfg(workers: int) -> Any:
         return loader.config.LoaderConfig.from_dict(
             {
-                "source": {"files": [str(directory / "*.npy")]},
+                "source": {"files": [str(directory / "*.npy")], "records_per_lease": per_lease},
                 "pipeline": {
                     "batch_size": 8,
                     "shuffle_buffer": 50,
@@ -381,11 +388,16 @@ def test_mappers_with_rng_draw_from_seed_epoch_file_and_record(data: Any, tmp_pa
             }
         )
 
-    where: dict[int, tuple[int, int]] = {}  # id -> (file key, record), from how write_id_files lays ids out
-    start = 0
-    for key, size in enumerate(SIZES):
-        for record in range(size):
-            where[start + record] = (key, record)
+    # id -> (lease key, record in the lease), from how write_id_files lays ids out: a file of more than
+    # records_per_lease records is leases of that many, each numbered from 0.
+    where: dict[int, tuple[int, int]] = {}
+    start, key = 0, 0
+    for size in SIZES:
+        per = per_lease if 0 < per_lease < size else size
+        for first in range(0, size, per):
+            for record in range(first, min(size, first + per)):
+                where[start + record] = (key, record - first)
+            key += 1
         start += size + 1000
 
     def rows(batches: Any) -> list[list[list[int]]]:
@@ -416,8 +428,9 @@ def test_a_daemon_killed_mid_epoch_is_resumed_on_a_new_one_with_other_workers(da
     full = read_loader(config(directory))
     toml = tmp_path / "train.toml"
     grouped = sections_of(directory).get("source", {}).get("files_per_lease", 1)
+    pieces = sections_of(directory).get("source", {}).get("records_per_lease", 0)
     toml.write_text(
-        f'[source]\nfiles = ["{directory}/*.npy"]\nfiles_per_lease = {grouped}\n'
+        f'[source]\nfiles = ["{directory}/*.npy"]\nfiles_per_lease = {grouped}\nrecords_per_lease = {pieces}\n'
         "[pipeline]\nbatch_size = 8\nshuffle_buffer = 50\nseed = 11\n"
         "[workers]\nsamples_per_message = 16\nheartbeat_timeout_s = 2.0\n"
     )
@@ -461,7 +474,8 @@ def bad(sample, rng):
 """
 
 
-def test_records_skipped_by_leases_that_were_cut_are_counted_once(tmp_path: Any) -> None:
+@pytest.mark.parametrize("per_lease", [0, 64], ids=["files", "pieces"])
+def test_records_skipped_by_leases_that_were_cut_are_counted_once(tmp_path: Any, per_lease: int) -> None:
     sizes = [500, 37, 400, 1, 250, 300, 90, 400]
     ids = write_id_files(tmp_path, len(sizes), sizes)
     (tmp_path / "skipping.py").write_text(SKIPPING_MAPPER)
@@ -469,7 +483,7 @@ def test_records_skipped_by_leases_that_were_cut_are_counted_once(tmp_path: Any)
     def run(workers: int) -> tuple[list[list[int]], int]:
         cfg = loader.config.LoaderConfig.from_dict(
             {
-                "source": {"files": [str(tmp_path / "*.npy")]},
+                "source": {"files": [str(tmp_path / "*.npy")], "records_per_lease": per_lease},
                 "pipeline": {"batch_size": 8, "seed": 3, "mappers": ["skipping:bad"], "on_error": "skip"},
                 "workers": {"count": workers, "samples_per_message": 4},
                 "service": {"bind": "tcp://127.0.0.1:*", "reorder_window_mib": 0},  # a small window: many cuts

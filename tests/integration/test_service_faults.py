@@ -28,10 +28,12 @@ from tests.integration.conftest import (
 pytestmark = pytest.mark.integration
 
 
-def test_killed_worker_is_replaced_and_epoch_is_exactly_once(tmp_path):
+@pytest.mark.parametrize("per_lease", [0, 150], ids=["files", "pieces"])  # source.records_per_lease
+def test_killed_worker_is_replaced_and_epoch_is_exactly_once(tmp_path, per_lease):
     ids = write_id_files(tmp_path, 4, 400)
     config = make_config(
         tmp_path,
+        source={"files": [str(tmp_path / "*.npy")], "records_per_lease": per_lease},
         pipeline={"mappers": ["tests.helpers:slow_sample_2ms"], "batch_size": 40},
         workers={"samples_per_message": 16},
     )

@@ -1,4 +1,5 @@
-"""Every record exactly once per epoch across worker counts, shuffle on/off, and two ranks."""
+"""Every record exactly once per epoch across worker counts, shuffle on/off, whole files or pieces of them,
+and two ranks."""
 
 from __future__ import annotations
 
@@ -23,10 +24,12 @@ SIZES = [97, 0, 250, 31, 180, 1, 64]
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
 @pytest.mark.parametrize("shuffle", [0, 64])
-def test_exactly_once(tmp_path, workers, shuffle):
+@pytest.mark.parametrize("per_lease", [0, 40], ids=["files", "pieces"])  # source.records_per_lease
+def test_exactly_once(tmp_path, workers, shuffle, per_lease):
     ids = write_id_files(tmp_path, len(SIZES), SIZES)
     config = make_config(
         tmp_path,
+        source={"files": [str(tmp_path / "*.npy")], "records_per_lease": per_lease},
         pipeline={"batch_size": 17, "shuffle_buffer": shuffle},
         workers={"count": workers, "samples_per_message": 23},
     )

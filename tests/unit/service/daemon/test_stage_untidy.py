@@ -133,6 +133,23 @@ def test_a_file_done_whose_chunks_did_not_all_arrive_fails_the_file_instead_of_l
     assert "sent 8 record(s)" in error["message"] and "4 arrived" in error["message"]
 
 
+def test_errors_the_stage_finds_in_a_piece_of_a_file_name_the_record_in_the_file():
+    # Lease 1 is records 1000.. of its file (source.records_per_lease): its records are numbered from 0.
+    stage = _stage(Recorder(), file_record=lambda file_index, record: record + 1000 * file_index)
+    _, stream = _open(stage, [0, 1])
+    stage.on_chunk(*_chunk(stream, 0, 0, np.zeros((5, 4), np.float32)))
+    stage.on_chunk(*_chunk(stream, 1, 7, np.zeros((5, 3), np.float32)))
+    [misfit] = [e.error for e in stage.events if isinstance(e, StreamFailed)]
+    assert (misfit["file"], misfit["record"]) == ("/data/b.npy", 1007)
+    stage = _stage(Recorder(), file_record=lambda file_index, record: record + 1000 * file_index)
+    _, stream = _open(stage, [1, 0])
+    stage.lease_start(stream.stream_id, 1)
+    stage.on_chunk(*_chunk(stream, 1, 0, np.arange(4)))
+    stage.on_done(P.FileDone(stream=stream.stream_id, file=1, lease=1, worker="w1", sent=8))
+    [lost] = [e.error for e in stage.events if isinstance(e, StreamFailed)]
+    assert (lost["type"], lost["file"], lost["record"]) == ("LostDataError", "/data/b.npy", 1004)
+
+
 def test_a_new_lease_counts_its_own_chunks():
     rec = Recorder()
     stage = _stage(rec)
