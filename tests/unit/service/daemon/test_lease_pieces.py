@@ -59,9 +59,9 @@ def test_the_fingerprint_holds_the_setting_and_the_pieces(tmp_path: Any) -> None
     config = LoaderConfig.from_dict({"source": {"files": ["x"]}})
     files = ["a", "b"]
     whole = fingerprint(config, files, 1, [[0], [1]])
-    assert fingerprint(config, files, 1, [[0], [1]], [(0, None), (1, None)]) == whole, "leased whole: as before"
-    cut = fingerprint(config, files, 1, [[0], [0], [1]], [(0, (0, 10)), (0, (10, 5)), (1, None)])
-    other = fingerprint(config, files, 1, [[0], [0], [1]], [(0, (0, 10)), (0, (10, 6)), (1, None)])
+    assert fingerprint(config, files, 1, [[0], [1]], pieces=[(0, None), (1, None)]) == whole, "leased whole: as before"
+    cut = fingerprint(config, files, 1, [[0], [0], [1]], pieces=[(0, (0, 10)), (0, (10, 5)), (1, None)])
+    other = fingerprint(config, files, 1, [[0], [0], [1]], pieces=[(0, (0, 10)), (0, (10, 6)), (1, None)])
     assert "lease_pieces" in cut and cut["lease_pieces"] != other["lease_pieces"]
     [why] = differences(cut, other)
     assert why.startswith("lease_pieces") and "a file's record count changed" in why
