@@ -103,12 +103,9 @@ class DataFeeder:
     def feed_names(self) -> list[str]:
         return [f.name for f in self.fields]
 
-    def feed(self, minibatch: Iterable[Sequence[Any]] | None = None, *, iterable: Any = None) -> dict[str, Any]:
-        """One dict ``name -> LoDTensor`` (with ``return_arrays``: array for lod_level 0) for a list of samples.
-
-        ``iterable=`` is fluid's name for the argument, accepted as such.
-        """
-        return self._feed_on(_one_argument("feed", "minibatch", minibatch, iterable), self.placer)
+    def feed(self, minibatch: Iterable[Sequence[Any]]) -> dict[str, Any]:
+        """One dict ``name -> LoDTensor`` (with ``return_arrays``: array for lod_level 0) for a list of samples."""
+        return self._feed_on(minibatch, self.placer)
 
     def _wrap(self, value: Any) -> Any:
         if isinstance(value, LoDTensor) or self.return_arrays:
@@ -153,15 +150,13 @@ class DataFeeder:
             self._device_placers[index] = Placer(f"{self.placer.library}:cuda:{index}")
         return self._device_placers[index]
 
-    def feed_parallel(
-        self, minibatches: Iterable[Any] | None = None, num_places: int | None = None, *, iterable: Any = None
-    ) -> list[dict[str, Any]]:
+    def feed_parallel(self, minibatches: Iterable[Any], num_places: int | None = None) -> list[dict[str, Any]]:
         """One ``feed`` result per place (mini-batch i goes to device i on a CUDA place).
 
         The number of mini-batches must equal the number of places; this is checked
-        before anything is converted. ``iterable=`` is fluid's name for ``minibatches``.
+        before anything is converted.
         """
-        batches = list(_one_argument("feed_parallel", "minibatches", minibatches, iterable))
+        batches = list(minibatches)
         count = self._num_places(num_places)
         if len(batches) != count:
             raise ValueError(
@@ -206,13 +201,6 @@ class DataFeeder:
                 )
 
         return grouped
-
-
-def _one_argument(method: str, name: str, given: Any, iterable: Any) -> Any:
-    """The samples given as ``name`` or as fluid's ``iterable=`` (exactly one of them)."""
-    if (given is None) == (iterable is None):
-        raise TypeError(f"DataFeeder.{method}() takes the samples once: as {name} or as iterable=")
-    return given if iterable is None else iterable
 
 
 __all__ = ["DataFeeder", "Field", "LoDTensor", "place_name", "resolve_field"]

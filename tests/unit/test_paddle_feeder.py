@@ -290,15 +290,3 @@ def test_paddle3_values_without_lod_level_flatten_the_batch():
 def test_loader_exports_are_the_same_objects(paddle):
     fluid = importlib.import_module("paddle.fluid")
     assert fluid.DataFeeder is loader.DataFeeder and fluid.LoDTensor is loader.LoDTensor
-
-
-def test_feed_takes_fluids_argument_name_iterable_too():
-    feeder = DataFeeder([Field("x", [-1, 2])], return_arrays=True)
-    samples = [([1, 2],), ([3, 4],)]
-    assert feeder.feed(iterable=samples)["x"].tolist() == feeder.feed(samples)["x"].tolist() == [[1, 2], [3, 4]]
-    assert feeder.feed(minibatch=samples)["x"].shape == (2, 2)
-    assert [r["x"].shape for r in feeder.feed_parallel(iterable=[samples], num_places=1)] == [(2, 2)]
-    with pytest.raises(TypeError, match="as minibatch or as iterable="):
-        feeder.feed(samples, iterable=samples)
-    with pytest.raises(TypeError, match="as minibatches or as iterable="):
-        feeder.feed_parallel()
