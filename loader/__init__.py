@@ -17,6 +17,7 @@ from loader.errors import (
     ConfigError,
     CorruptFileError,
     DataError,
+    FormatOptionError,
     LoaderError,
     MalformedMessageError,
     MessageTooLargeError,
@@ -113,6 +114,7 @@ __all__ = [
     # the exception tree (loader.errors)
     "LoaderError",
     "ConfigError",
+    "FormatOptionError",
     "DataError",
     "CorruptFileError",
     "ShapeMismatchError",

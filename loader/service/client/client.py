@@ -30,6 +30,7 @@ the file's header and identity itself.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import queue
@@ -206,6 +207,7 @@ class Client:
         self._thread = threading.Thread(target=_receive, args=(weakref.ref(self),), name="loader-client", daemon=True)
         self._finalizer = weakref.finalize(self, _stop_receiver, self._stop, self._waker, self._thread)
         self._thread.start()
+        _LIVE.add(self)
 
     # -- public -------------------------------------------------------------
     def epoch(self, epoch: int | None = None) -> EpochBatches:
@@ -640,17 +642,26 @@ def _receive(client_ref: weakref.ReferenceType[Client]) -> None:
             waker.close()  # nobody can wake it any more (``close()`` closes it otherwise)
 
 
+# Clients not closed yet. At interpreter exit the receiver threads (daemon threads) die before they say BYE,
+# and the daemon would keep each session until its silence timeout: close() them first, which waits (bounded)
+# for the goodbye. Only at exit: a join in the finalizer would run wherever garbage collection happens to.
+_LIVE: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_clients() -> None:
+    for client in list(_LIVE):
+        try:
+            client.close()
+        except Exception:  # best effort on the way out
+            pass
+
+
 def _stop_receiver(stop: threading.Event, waker: Any, thread: threading.Thread) -> None:
     """A client was collected unclosed: stop its receiver thread (which closes the rest), or, when that thread
     had ended already (a fatal error), close what it left to the client."""
     stop.set()
     waker.wake()
-    # Wait for its goodbye (as close() does): at interpreter exit, where this runs as an atexit hook for a
-    # client still referenced, the daemon thread would otherwise die before it sent BYE, and the daemon
-    # kept the session until its silence timeout. Not from the receiver thread itself (it may drop the last
-    # reference).
-    if thread is not threading.current_thread():
-        thread.join(THREAD_JOIN_TIMEOUT_S)
     if not thread.is_alive():
         waker.close()
 
