@@ -18,6 +18,12 @@ the table's first row (or the ideal), so a ratio reads as "how much worse than t
   (~0.3 ms per sample, on both sides of ``bench_service``); efficiency is rate(N) over the ideal,
   N x rate(1) up to the core count and (cores) x rate(1) beyond it, where more workers only share
   the same cores. The target (0.9) applies up to the core count.
+* **one file**: the workers table's samples in one ``.npy`` file, 1 and 2 workers: leased whole
+  (one worker reads the file at a time, whatever the count) and cut into 16 leases of records
+  (``source.records_per_lease``) that every worker reads; compared with each other and with 2 x
+  the 1-worker rate. The client reads without ``read_ahead``: with it, a whole file keeps two
+  workers busy (one on the epoch being read, one on the next), which on these 2 cores hides that
+  it keeps no more than two busy on a machine of many.
 * **memory**: RSS of the daemon, of each worker and of the client, from ``/proc/PID/status``
   (VmHWM, the peak, compared; VmRSS now and its parts RssAnon, the process's own memory, and
   RssFile/RssShmem, mapped pages that belong to the page cache or to shared memory, in the
@@ -323,6 +329,50 @@ def bench_workers(work: str, size: Sizes) -> list[dict[str, Any]]:
     return rows
 
 
+def bench_one_file(work: str, size: Sizes) -> list[dict[str, Any]]:
+    """One file for 1 and 2 workers: leased whole (one worker reads it at a time), then cut into pieces of
+    records (``source.records_per_lease``) that every worker reads."""
+    samples = 4 * size.heavy_files * size.heavy_samples  # epochs of about a second: one read at a time
+    files = datagen.generate(os.path.join(work, "one"), format="npy", files=1, samples=samples)
+    per_lease = max(1, samples // 16)
+    heavy = ["loader.examples:cpu_heavy"]
+    rates: dict[tuple[int, int], float] = {}
+    for workers in (1, 2):
+        for pieces in (0, per_lease):
+            rates[workers, pieces], _ = ours_rate(
+                work,
+                files,
+                batch_size=BATCH,
+                workers=workers,
+                epochs=size.epochs,
+                mappers=heavy,
+                records_per_lease=pieces,
+            )
+    one = rates[1, per_lease]
+    what = f"1 .npy file of {samples:,} samples, loader.examples:cpu_heavy, batch {BATCH}"
+    return [
+        row(
+            "one_file_2_workers_pieces_vs_whole",
+            rates[2, per_lease],
+            rates[2, 0],
+            "samples/s",
+            "> 1.0",
+            rates[2, per_lease] > rates[2, 0],
+            f"{what}; source.records_per_lease = {per_lease:,} against whole-file leases "
+            f"(1 worker: {rates[1, per_lease]:,.0f} and {rates[1, 0]:,.0f}/s)",
+        ),
+        row(
+            "one_file_2_workers_pieces_of_ideal",
+            rates[2, per_lease],
+            2 * one,
+            "samples/s",
+            ">= 0.9x ideal",
+            rates[2, per_lease] >= 0.9 * 2 * one,
+            f"{what}; peer = ideal = 2 x the 1-worker rate with pieces ({one:,.0f}/s)",
+        ),
+    ]
+
+
 # -- memory -----------------------------------------------------------------------------------
 
 
@@ -455,6 +505,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         rows += file_rows
         rows += bench_clients(work, size)
         rows += bench_workers(work, size)
+        rows += bench_one_file(work, size)
         rows += bench_memory(work, size, file_runs)
         rows += bench_cold_read(work)
     return rows

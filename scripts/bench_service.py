@@ -152,6 +152,7 @@ def stream_rate(epochs: Callable[[], Iterable[Any]], count: int) -> tuple[float,
 CONFIG = """\
 [source]
 files = [{files}]
+records_per_lease = {records_per_lease}
 
 [pipeline]
 batch_size = {batch_size}
@@ -186,6 +187,7 @@ class Daemon:
         samples_per_message: int = 4096,
         ipc: bool = False,
         metrics: bool = False,
+        records_per_lease: int = 0,
     ) -> None:
         name = f"bench-{os.getpid()}-{time.monotonic_ns()}"
         self.address = f"ipc://{work}/{name}.sock" if ipc else f"tcp://127.0.0.1:{free_port()}"
@@ -202,6 +204,7 @@ class Daemon:
                     samples_per_message=samples_per_message,
                     bind=self.address,
                     metrics=self.metrics,
+                    records_per_lease=records_per_lease,
                 )
             )
         self.proc = start_daemon(config)
@@ -277,12 +280,19 @@ def ours_first_batch(work: str, files: list[str], **kwargs: Any) -> tuple[float,
 
 
 def ours_rate_here(
-    work: str, files: list[str], *, batch_size: int, workers: int, epochs: int, **daemon_options: Any
+    work: str,
+    files: list[str],
+    *,
+    batch_size: int,
+    workers: int,
+    epochs: int,
+    read_ahead: bool = True,
+    **daemon_options: Any,
 ) -> tuple[float, str]:
     from loader.service.client.client import Client
 
     with Daemon(work, files, batch_size=batch_size, workers=workers, **daemon_options) as daemon:
-        with Client(daemon.address, timeout_s=CLIENT_TIMEOUT_S) as client:
+        with Client(daemon.address, timeout_s=CLIENT_TIMEOUT_S, read_ahead=read_ahead) as client:
             stream_rate(client.epoch, 1)  # warm-up: workers import, open files, page cache
             scraper = Scraper(daemon.metrics) if daemon.metrics else None
             split = CpuSplit(daemon.proc.pid)
