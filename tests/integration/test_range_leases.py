@@ -18,8 +18,11 @@ import pytest
 
 import loader
 from loader.errors import ConfigError, WorkerError
+from loader.service import protocol as P
 from loader.service.client.client import Client, query_status
-from tests.integration.conftest import make_config, running_daemon, write_id_files
+from tests.helpers import wait_until
+from tests.integration.conftest import collect_ids, connected_workers, make_config, running_daemon, write_id_files
+from tests.integration.test_hostile_peers import FakeWorker
 from tests.integration.test_lease_groups import id_lines_source, ids_of, read_loader
 
 pytestmark = pytest.mark.integration
@@ -141,3 +144,33 @@ def test_files_whose_headers_give_no_record_count_are_leased_whole(tmp_path: Any
         "dataset 'default': 1 of 1 files (f001.txt first) give no record count in their headers: leased whole "
         "(source.records_per_lease cuts .npy and .npz files)"
     ]
+
+
+def test_chunks_of_records_past_a_piece_are_refused(tmp_path: Any) -> None:
+    # The daemon knows a piece's record count: a worker that sends records past it (file rows of the next
+    # piece pass the file's own checks) would give those records twice, or start a re-lease past the piece.
+    ids = write_id_files(tmp_path, 1, 300)
+    cfg = config(tmp_path, workers=1, shuffle=0)
+    with running_daemon(cfg) as daemon:
+        assert wait_until(lambda: connected_workers(daemon.endpoint) >= 1, timeout_s=30)
+        fake = FakeWorker(daemon.endpoint)
+        try:
+            before = query_status(daemon.endpoint)["rejected_messages"]
+            with Client(daemon.endpoint, timeout_s=30) as client:
+                fake.ask_lease()
+                batches = client.epoch(0)
+                got = collect_ids([next(batches)])
+                lease = fake.lease()
+                assert lease.piece is not None
+                first, count = lease.piece
+                tag = {"stream": lease.stream, "file": lease.file, "lease": lease.lease, "worker": fake.welcome.worker}
+                spec = {"data": {0: ["<i8", []]}}  # the id files hold int64 scalars
+                for record in range(count + 3):  # the piece's records, then 3 of the next piece's as file rows
+                    chunk = P.Chunk(**tag, token=lease.token, record=record, count=1, refs=spec)
+                    fake.data.send(P.encode(chunk, {"data": np.array([[-2, first + record, 0]], dtype=np.int64)}))
+                assert wait_until(lambda: query_status(daemon.endpoint)["rejected_messages"] >= before + 3)
+                # The fake sends nothing more: its lease goes to the real worker from the piece's end.
+                got += collect_ids(batches)
+        finally:
+            fake.close()
+    assert got == ids

@@ -444,11 +444,29 @@ class Daemon:
         record = self.stage.next_record(stream_id, file_index)
         return None if record is None else self.datasets.file_record(file_index, record)
 
+    def _past_piece(self, chunk: P.Chunk, columns: P.Columns) -> str | None:
+        """Why a chunk of a lease of a piece names records past the piece's end (None when it does not). Those
+        are the next pieces' records (file rows of them pass ``bind_file_rows``, which sees only the file): taken
+        here, they would come twice, and a re-lease would start past the piece."""
+        piece = self.datasets.owner(chunk.file).piece(chunk.file)
+        if piece is None:
+            return None
+        index = columns.get(P.INDEX_COLUMN)  # ``chunk_problem`` checked it rises from ``chunk.record``
+        last = chunk.record + chunk.count - 1 if index is None else int(index.max())
+        if last < piece[1]:
+            return None
+        return (
+            f"it names record {last} of a lease of {piece[1]} records (a piece of its file: source.records_per_lease)"
+        )
+
     def _on_file_message(self, message: P.FileMessage, columns: P.Columns) -> str | None:
         """Hand a data message to the stage; why a chunk was refused, or None."""
         if isinstance(message, P.Chunk):
             # Before its references are marked held: a refused chunk must leave no trace.
             refused = self.stage.chunk_problem(message, columns)
+            if refused is not None:
+                return refused
+            refused = self._past_piece(message, columns)
             if refused is not None:
                 return refused
             job = self.coordinator.leased_job(message.worker, message.lease)  # file rows name this file only
