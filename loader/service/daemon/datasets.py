@@ -14,6 +14,7 @@ a client reads one dataset (``Client(address, dataset="eval")``).
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import math
 import os
@@ -40,6 +41,7 @@ NOTE_FILES = 4  # files of a lease an error names (``Dataset.lease_note``)
 # A dataset of fewer leases than workers gets a hint suggesting ``records_per_lease``: pieces enough for each
 # worker to have this many (a slow piece at the end of an epoch then keeps the others idle for less) ...
 HINT_PIECES_PER_WORKER = 4
+MAX_PIECE_LEASES = 100_000  # leases a dataset's files may be cut into (the lease list lives in the daemon's loop)
 HINT_MIN_PIECE_RECORDS = 256  # ... unless a piece would hold fewer records than this (a dataset too small to care)
 
 
@@ -114,6 +116,12 @@ class Dataset:
 
     def fingerprint(self) -> dict[str, Any]:
         """What a checkpoint of this dataset must match (``order.fingerprint``)."""
+        return dict(self._fingerprint)
+
+    @functools.cached_property
+    def _fingerprint(self) -> dict[str, Any]:
+        # Once: every client's hello asks for it in the daemon's loop, and digesting the lease list of many
+        # files or pieces took seconds (workers take a daemon silent for 5 s for dead).
         position = {path: i for i, path in enumerate(self.files)}
         groups = [[position[path] for path in lease] for lease in self.leases]
         pieces = [(group[0], piece) for group, piece in zip(groups, self.pieces)] if self.pieces else None
@@ -185,6 +193,7 @@ def _leases(
     if source.records_per_lease > 0:
         counts = [_records(source, path) for path in files]
         _note_uncounted(name, files, counts)
+        _refuse_too_many_pieces(name, counts, source.records_per_lease)
         cut = lease_pieces(counts, source.records_per_lease)
         return [[files[i]] for i, _ in cut], [piece for _, piece in cut]
     if source.files_per_lease > 1:
@@ -194,6 +203,27 @@ def _leases(
     _hint_small_files(name, files)
     _hint_large_files(name, files, config)
     return [[path] for path in files], []
+
+
+def _refuse_too_many_pieces(name: str, counts: list[int | None], per_lease: int) -> None:
+    """A ``records_per_lease`` that would cut the files into more than MAX_PIECE_LEASES leases, refused in one
+    line with the smallest value that would not (2 million pieces took 1.2 GB and seconds of the daemon's loop)."""
+
+    def leases_of(per: int) -> int:
+        return sum(1 if c is None or c <= per else -(-c // per) for c in counts)
+
+    leases = leases_of(per_lease)
+    if leases <= MAX_PIECE_LEASES:
+        return
+    low, high = per_lease + 1, max(c for c in counts if c is not None)  # at ``high`` every file is one lease
+    while low < high:  # the fewest records a lease that fit: leases_of only falls as ``per`` grows
+        middle = (low + high) // 2
+        low, high = (low, middle) if leases_of(middle) <= MAX_PIECE_LEASES else (middle + 1, high)
+    needed = low
+    raise ConfigError(
+        f"dataset {name!r}: source.records_per_lease = {per_lease} cuts its files into {leases:,} leases, more than "
+        f"{MAX_PIECE_LEASES:,}: give at least {needed:,}"
+    )
 
 
 def _records(source: Any, path: str) -> int | None:

@@ -123,3 +123,26 @@ def test_the_setting_is_checked_in_one_line(source: dict[str, Any], message: str
     with pytest.raises(ConfigError) as info:
         LoaderConfig.from_dict({"source": {"files": ["x.npy"], **source}})
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_too_many_pieces_are_refused_naming_the_smallest_value_that_fits(tmp_path: Any, monkeypatch: Any) -> None:
+    # 2 million pieces of one record took 1.2 GB and seconds of the daemon's loop: a cap, and the value to give.
+    import loader.service.daemon.datasets as datasets
+
+    monkeypatch.setattr(datasets, "MAX_PIECE_LEASES", 10)
+    with pytest.raises(
+        ConfigError, match=r"records_per_lease = 20 cuts its files into 15 leases, more than 10: give at least 30"
+    ):
+        table(tmp_path, [250, 30], records_per_lease=20)  # 13 pieces and 2
+    assert len(table(tmp_path, [250, 30], records_per_lease=30).default.leases) == 10  # 9 and 1
+    with pytest.raises(ConfigError, match="give at least 30"):
+        table(tmp_path, [250, 30], records_per_lease=29)  # 9 and 2
+
+
+def test_the_fingerprint_is_digested_once(tmp_path: Any, monkeypatch: Any) -> None:
+    import loader.service.daemon.datasets as datasets
+
+    dataset = table(tmp_path, [250, 30]).default
+    first = dataset.fingerprint()
+    monkeypatch.setattr(datasets, "fingerprint", lambda *a, **k: pytest.fail("digested again"))
+    assert dataset.fingerprint() == first and dataset.fingerprint() is not dataset.fingerprint()
