@@ -251,11 +251,16 @@ def cmd_check(args: argparse.Namespace) -> int:
             name = next((name for name in config.dataset_names if name not in batches), config.dataset_names[0])
             print(f"loader: error: dataset {name}, first batch: {_error_line(exc)}", file=sys.stderr)
             return EXIT_ERROR
+    from loader.service.daemon.datasets import DatasetTable
+
+    # The leases `loader serve` would make: too many pieces is refused here too, and its hints are logged.
+    leases = {name: dataset.leases for name, dataset in DatasetTable(config).by_name.items()}
     workers = config.workers.count
     print(f"{args.config}: ok, {workers} worker{'s' if workers != 1 else ''}, bind {config.service.bind}")
     for name, found in surveys:
         samples = "samples not counted (a provider)" if found.samples is None else f"{found.samples} samples"
-        print(f"dataset {name}: {found.files} file{'s' if found.files != 1 else ''}, {samples}")
+        files = f"{found.files} file{'s' if found.files != 1 else ''}{_leased(config, name, leases)}"
+        print(f"dataset {name}: {files}, {samples}")
         if found.fields:
             rows = [{"field": f.name, "shape": f.shape, "dtype": f.dtype} for f in found.fields]
             print("\n".join(_table(rows, "  ")))
@@ -273,6 +278,15 @@ def cmd_check(args: argparse.Namespace) -> int:
     print("settings (value, and where it came from):")
     print("\n".join(format_sources(config)))
     return EXIT_OK
+
+
+def _leased(config: Any, name: str, leases: dict[str, list[list[str]]]) -> str:
+    """How ``loader check`` says a dataset's files are leased, where it is not one file a lease."""
+    source = config.dataset(name).source
+    if len(leases[name]) == len({path for lease in leases[name] for path in lease}):
+        return ""
+    key = "records_per_lease" if source.records_per_lease > 0 else "files_per_lease"
+    return f" in {len(leases[name])} leases (source.{key} = {getattr(source, key)})"
 
 
 def _judge_survey(pipeline: Any, dataset: str, found: Any, errors: list[str], warnings: list[str]) -> None:

@@ -112,6 +112,17 @@ def test_check_reports_files(tmp_path) -> None:
     assert result.returncode == 0 and "dataset default: 3 files" in result.stdout
 
 
+def test_check_shows_the_pieces_and_refuses_too_many_as_serve_does(tmp_path) -> None:
+    import numpy as np
+
+    np.save(tmp_path / "big.npy", np.zeros(100_001, dtype=np.int8))
+    cfg = write_config(tmp_path / "c.toml", '[source]\nfiles = ["big.npy"]\nrecords_per_lease = 25000\n')
+    result = loader_cmd("check", cfg, "--no-batch")
+    assert result.returncode == 0 and "1 file in 5 leases (source.records_per_lease = 25000)" in result.stdout
+    result = loader_cmd("check", cfg, "--no-batch", "--set", "source.records_per_lease=1")
+    assert_one_line_error(result, "cuts its files into 100,001 leases, more than 100,000: give at least 2")
+
+
 def test_check_of_a_broken_file_prints_only_the_error_naming_it(tmp_path) -> None:
     datagen.generate(str(tmp_path), files=2, samples=2)
     (tmp_path / "part-00001.npy").write_bytes(b"")
