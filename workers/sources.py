@@ -21,12 +21,12 @@ A lease of a piece of a large file (``source.records_per_lease``) is a
 from __future__ import annotations
 
 import bisect
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
+from loader.io.survey import refuse_shuffled_names
 from loader.service.blocks import block_rows
 
 SKIP_BLOCK_ROWS = 1 << 20  # rows per read while skipping to a piece's first record (views: nothing is copied)
@@ -55,7 +55,7 @@ class FileSource:
             if self.fields is None:
                 self.fields = list(self._reader.slot_names)
             else:
-                _refuse_shuffled_names(path, self.fields, list(self._reader.slot_names))
+                refuse_shuffled_names(path, self.fields, list(self._reader.slot_names))
 
     @property
     def can_read_blocks(self) -> bool:
@@ -112,19 +112,6 @@ class FileSource:
         close = getattr(self._reader, "close", None) or getattr(self._samples, "close", None)
         if close is not None:
             close()
-
-
-def _refuse_shuffled_names(path: str, fields: list[str], slots: list[str]) -> None:
-    """``source.fields`` renames a reader's slots by position: a name of one of the file's own slots given at
-    another position would hand that slot's name to another slot's data (``fields = ["label", "x"]`` for an
-    .npz saved with x then label swaps them), silently."""
-    for given, (position, slot) in zip(fields, enumerate(slots)):
-        if given != slot and given in slots:
-            raise ValueError(
-                f"source.fields names the slots of {os.path.basename(path)} by position, and its slots are "
-                f"{slots}: {given!r} would name slot {position} ({slot!r}), not the slot called {given!r}; list "
-                f"the names in the file's own order (or leave source.fields out to keep them)"
-            )
 
 
 class PieceSource:

@@ -216,12 +216,27 @@ def header_rows(source: Any, path: str) -> int | None:
         return reader.rows if isinstance(reader, ArrayFileReader) else None
 
 
+def refuse_shuffled_names(path: str, fields: list[str], slots: list[str]) -> None:
+    """``source.fields`` renames a reader's slots by position: a name of one of the file's own slots given at
+    another position would hand that slot's name to another slot's data (``fields = ["label", "x"]`` for an
+    .npz saved with x then label swaps them), silently. The workers and ``loader check`` refuse it alike."""
+    for given, (position, slot) in zip(fields, enumerate(slots)):
+        if given != slot and given in slots:
+            raise ValueError(
+                f"source.fields names the slots of {os.path.basename(path)} by position, and its slots are "
+                f"{slots}: {given!r} would name slot {position} ({slot!r}), not the slot called {given!r}; list "
+                f"the names in the file's own order (or leave source.fields out to keep them)"
+            )
+
+
 def _survey_blocks(result: Survey, path: str, source: Any, names: list[str] | None) -> None:
     from loader.io.registry import create_file_reader
 
     source.register_formats()
     samples, width = 0, 0
     with create_file_reader(path, format=source.format, **source.file_reader_options()) as reader:
+        if names:
+            refuse_shuffled_names(path, names, list(reader.slot_names))
         slot_names = names or list(reader.slot_names)
         while True:
             block = reader.read_block(SURVEY_BLOCK_ROWS)

@@ -32,3 +32,14 @@ def test_new_names_and_the_own_names_in_place_rename_by_position(tmp_path, field
         source.close()
     assert block is not None and list(block) == fields
     assert block[fields[0]].dtype == np.float32 and block[fields[1]].tolist() == [0, 1, 2, 3]
+
+
+def test_loader_check_refuses_the_own_names_in_another_order_without_reading_a_batch(tmp_path) -> None:
+    # `loader check --no-batch` surveys the files in the daemon's process: it listed 'aa' as the float column.
+    from loader.io.survey import survey
+
+    path = tmp_path / "part-0.npz"
+    np.savez(path, zz=np.arange(8, dtype=np.float32).reshape(4, 2), aa=np.arange(4, dtype=np.int64))
+    config = LoaderConfig.from_dict({"source": {"files": [str(path)], "fields": ["aa", "zz"]}})
+    with pytest.raises(ValueError, match=r"'aa' would name slot 0 \('zz'\)"):
+        survey(config.source)
