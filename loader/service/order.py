@@ -193,8 +193,14 @@ def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
         if key in _LATER_KEYS and key not in saved:
             continue  # a state saved before the key was recorded: it cannot say, so it is not refused for it
         if saved.get(key) != current.get(key):
-            out.append(f"{key} ({saved.get(key)!r} in the state, {current.get(key)!r} now{_WHY.get(key, '')})")
+            then, now = _shown(saved, key), _shown(current, key)
+            out.append(f"{key} ({then} in the state, {now} now{_WHY.get(key, '')})")
     return out
+
+
+def _shown(fingerprint: dict[str, Any], key: str) -> str:
+    # A key a fingerprint leaves out is a setting at its default (lease groups, pieces): "None" read as a value.
+    return repr(fingerprint[key]) if key in fingerprint else "unset"
 
 
 # What a difference means where its values (digests) do not say.

@@ -146,3 +146,10 @@ def test_the_fingerprint_is_digested_once(tmp_path: Any, monkeypatch: Any) -> No
     first = dataset.fingerprint()
     monkeypatch.setattr(datasets, "fingerprint", lambda *a, **k: pytest.fail("digested again"))
     assert dataset.fingerprint() == first and dataset.fingerprint() is not dataset.fingerprint()
+
+
+def test_a_setting_left_at_its_default_is_called_unset_in_a_refusal() -> None:
+    config = LoaderConfig.from_dict({"source": {"files": ["x"]}})
+    cut = LoaderConfig.from_dict({"source": {"files": ["x"], "records_per_lease": 10}})
+    saved, now = fingerprint(config, ["a"], 1), fingerprint(cut, ["a"], 1)
+    assert "records_per_lease (unset in the state, 10 now)" in differences(saved, now)
