@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from loader.io.survey import refuse_shuffled_names
+from loader.io.survey import names_known, refuse_shuffled_names
 from loader.service.blocks import block_rows
 
 SKIP_BLOCK_ROWS = 1 << 20  # rows per read while skipping to a piece's first record (views: nothing is copied)
@@ -55,7 +55,7 @@ class FileSource:
             if self.fields is None:
                 self.fields = list(self._reader.slot_names)
             else:
-                refuse_shuffled_names(path, self.fields, list(self._reader.slot_names))
+                refuse_shuffled_names(path, self.fields, names_known(self._reader))
 
     @property
     def can_read_blocks(self) -> bool:

@@ -216,6 +216,14 @@ def header_rows(source: Any, path: str) -> int | None:
         return reader.rows if isinstance(reader, ArrayFileReader) else None
 
 
+def names_known(reader: Any) -> list[str]:
+    """The slot names a reader has before reading a record (an .npz's keys), else none. Not ``slot_names``:
+    a format that learns its names from the first record reads it there, and a bad first record then failed
+    the whole file at open, even under on_error = "skip" (the records after it lost)."""
+    names = getattr(reader, "_names", None)
+    return list(names) if names is not None else []
+
+
 def refuse_shuffled_names(path: str, fields: list[str], slots: list[str]) -> None:
     """``source.fields`` renames a reader's slots by position: a name of one of the file's own slots given at
     another position would hand that slot's name to another slot's data (``fields = ["label", "x"]`` for an

@@ -6,6 +6,9 @@ import numpy as np
 import pytest
 
 from loader.config import LoaderConfig
+from loader.recordio import Compressor, Writer
+from loader.service import protocol as P
+from tests.unit.workers.file_jobs import run_file_job
 from workers.sources import FileSource
 
 
@@ -43,3 +46,27 @@ def test_loader_check_refuses_the_own_names_in_another_order_without_reading_a_b
     config = LoaderConfig.from_dict({"source": {"files": [str(path)], "fields": ["aa", "zz"]}})
     with pytest.raises(ValueError, match=r"'aa' would name slot 0 \('zz'\)"):
         survey(config.source)
+
+
+def _recordio(path, samples: list[list[np.ndarray]]) -> bytes:
+    with Writer(str(path), Compressor.NONE, max_num_records=3) as writer:
+        for sample in samples:
+            writer.write(sample)
+    return path.read_bytes()
+
+
+def test_a_damaged_first_chunk_is_skipped_alone_when_fields_are_given(tmp_path) -> None:
+    # The check must not read a record to learn the file's names: a RecordIO file whose first chunk fails its
+    # checksum failed to open (the whole file skipped), where the reader steps past that chunk's 3 records.
+    first = bytearray(_recordio(tmp_path / "a.recordio", [[np.array([i]), np.array([-i])] for i in range(3)]))
+    first[-3] ^= 0xFF  # the chunk's payload: its checksum fails, the framing holds
+    rest = _recordio(tmp_path / "b.recordio", [[np.array([i]), np.array([-i])] for i in range(3, 9)])
+    path = tmp_path / "part-0.recordio"
+    path.write_bytes(bytes(first) + rest)
+    source = {"files": [str(path)], "fields": ["a", "b"]}
+    config = LoaderConfig.from_dict({"source": source, "pipeline": {"batch_size": 2, "on_error": "skip"}})
+    lease = P.Lease(lease=1, stream=1, epoch=0, file=0, path=str(path), start=0)
+    messages = [P.decode(frames) for frames in run_file_job(lease, config)]
+    done = messages[-1][0]
+    assert isinstance(done, P.FileDone) and (done.sent, done.skipped) == (6, 3)
+    assert [int(v) for _, columns in messages[:-1] for v in np.ravel(columns["a"])] == list(range(3, 9))
