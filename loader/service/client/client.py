@@ -260,6 +260,10 @@ class Client:
 
     def close(self) -> None:
         """Say goodbye, stop the receiver thread (bounded wait) and close the socket. Idempotent."""
+        self._close(THREAD_JOIN_TIMEOUT_S)
+
+    def _close(self, join_s: float) -> None:
+        """``close()``, waiting at most ``join_s`` for the receiver thread's goodbye."""
         if self._closed:
             return
         self._closed = True
@@ -267,7 +271,7 @@ class Client:
         self._stop.set()
         self._waker.wake()
         if self._thread is not threading.current_thread():
-            self._thread.join(THREAD_JOIN_TIMEOUT_S)
+            self._thread.join(join_s)
         if not self._thread.is_alive():
             self._waker.close()
 
@@ -650,9 +654,17 @@ _LIVE: weakref.WeakSet[Client] = weakref.WeakSet()
 
 @atexit.register
 def _close_live_clients() -> None:
-    for client in list(_LIVE):
+    clients = list(_LIVE)
+    # Every receiver told to stop first, then one deadline for them all: each close() waiting its own
+    # THREAD_JOIN_TIMEOUT_S added that much per client to the exit of a process whose daemon had died
+    # (each receiver stuck in a send waiting for room).
+    for client in clients:
+        client._stop.set()
+        client._waker.wake()
+    deadline = time.monotonic() + THREAD_JOIN_TIMEOUT_S
+    for client in clients:
         try:
-            client.close()
+            client._close(max(0.0, deadline - time.monotonic()))
         except Exception:  # best effort on the way out
             pass
 

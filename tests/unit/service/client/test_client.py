@@ -300,3 +300,21 @@ def test_a_batch_naming_one_arena_row_many_times_ends_the_client_with_one_line_n
             Client._gather(receiver, described, columns, {})  # type: ignore[arg-type]
         with pytest.raises(TransportError, match="reference column 'y' from tcp://daemon:1 is missing"):
             Client._gather(receiver, {"y": described["x"]}, {"x": refs}, {})  # type: ignore[arg-type]
+
+
+def test_clients_closed_at_exit_share_one_wait_for_their_receivers(monkeypatch):
+    # A process whose daemon died: each receiver is stuck (in a send waiting for room). The exit waits for
+    # their goodbyes once, not THREAD_JOIN_TIMEOUT_S per client.
+    from loader.service.client import client as client_module
+
+    monkeypatch.setattr(client_module, "THREAD_JOIN_TIMEOUT_S", 0.5)
+    made = [_client(batches=1) for _ in range(4)]
+    for client, _ in made:
+        client._receive_once = lambda state, poller: time.sleep(3.0)  # type: ignore[method-assign]
+    time.sleep(2 * client_module.RECEIVER_POLL_S)  # every receiver in its stuck round
+    started = time.monotonic()
+    client_module._close_live_clients()
+    assert time.monotonic() - started < 1.2
+    assert all(client._closed for client, _ in made)
+    for _, daemon in made:
+        daemon.stop.set()
