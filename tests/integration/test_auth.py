@@ -273,3 +273,17 @@ def test_a_client_and_loader_status_given_a_config_take_its_keys(secured, keys, 
     )
     with pytest.raises(ConfigError, match="service.daemon_public_key"):
         Client(str(config), timeout_s=1.0)
+
+
+def test_no_answer_to_keys_from_a_config_blames_the_keys_not_the_environment(keys, monkeypatch, tmp_path, capsys):
+    # The config gave this side its keys: "set LOADER_PEER_KEY" sent the user after keys they already have.
+    _as(monkeypatch, keys, None)
+    config = tmp_path / "peer.toml"
+    config.write_text(
+        '[source]\nfiles = ["*.npy"]\n[service]\nbind = "ipc://' + str(tmp_path / "nobody") + '"\n'
+        f'peer_key = "{keys["client"]}"\ndaemon_public_key = "{keys["daemon_public"]}"\n'
+    )
+    with pytest.raises(ServiceUnavailableError, match="This side has CURVE keys"):
+        Client(str(config), timeout_s=0.2)
+    assert cli_main(["status", str(config), "--timeout", "0.2"]) != 0
+    assert "This side has CURVE keys" in capsys.readouterr().err

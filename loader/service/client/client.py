@@ -169,9 +169,10 @@ class Client:
         self.progress_timeout_s = _seconds("progress_timeout_s", progress_timeout_s)
         self.read_ahead = read_ahead
         self._placer = Placer(device)
-        self._channel: Channel = (
-            channel if channel is not None else transport.dealer(address, curve=peer_for(self._given_address))
-        )
+        curve = peer_for(self._given_address) if channel is None else None
+        # Keys from a config file: "no daemon answered" must not tell the user to set the environment's.
+        self._keyed: bool | None = True if curve is not None else None  # None: LOADER_PEER_KEY says
+        self._channel: Channel = channel if channel is not None else transport.dealer(address, curve=curve)
         self._closed = False
         self._out: queue.Queue[tuple[str, int | None, Any]] = queue.Queue()
         self._commands: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -379,7 +380,8 @@ class Client:
         if answer is None:
             origin = address_origin(self._given_address)
             raise ServiceUnavailableError(
-                f"no loader daemon answered at {self.address} within {self.timeout_s:g}s{no_answer_hint()}{origin}"
+                f"no loader daemon answered at {self.address} within {self.timeout_s:g}s"
+                f"{no_answer_hint(self._keyed)}{origin}"
             )
         if isinstance(answer, P.Error):
             error = {"version": ProtocolVersionError, "dataset": ConfigError}.get(answer.refused or "", LoaderError)
@@ -703,7 +705,8 @@ def query_status(address: str, timeout_s: float = 5.0, curve: CurveClient | None
     finally:
         channel.close()
     if not isinstance(answer, P.Status):
-        raise ServiceUnavailableError(f"no loader daemon answered at {address} within {timeout_s:g}s{no_answer_hint()}")
+        hint = no_answer_hint(True if curve is not None else None)
+        raise ServiceUnavailableError(f"no loader daemon answered at {address} within {timeout_s:g}s{hint}")
     return dict(answer.status or {})
 
 
