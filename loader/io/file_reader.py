@@ -37,9 +37,9 @@ def _check_options(cls: type[FileReader], path: str, options: dict[str, Any]) ->
     parameters = inspect.signature(cls._open).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return
-    takes = [
-        name for name, p in parameters.items() if name != "self" and p.kind is not inspect.Parameter.VAR_POSITIONAL
-    ]
+    # Only what a keyword can fill: a positional-only parameter passed the check and then failed the call.
+    by_keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    takes = [name for name, p in parameters.items() if name != "self" and p.kind in by_keyword]
     unknown = sorted(set(options) - set(takes))
     if unknown:
         taken = ", ".join(takes) if takes else "none"
