@@ -105,6 +105,12 @@ class FileReader(ReaderBase):
     def _set_slot_names(self, names: Sequence[str]) -> None:
         self._names = list(names)
 
+    @property
+    def known_slot_names(self) -> list[str] | None:
+        """The slot names known without reading a record (a format's headers), else None; ``slot_names``
+        reads the first record of a format whose records carry the names."""
+        return list(self._names) if self._names is not None else None
+
     # -- ReaderBase -----------------------------------------------------------
     @property
     def slot_names(self) -> list[str]:

@@ -220,7 +220,7 @@ def names_known(reader: Any) -> list[str]:
     """The slot names a reader has before reading a record (an .npz's keys), else none. Not ``slot_names``:
     a format that learns its names from the first record reads it there, and a bad first record then failed
     the whole file at open, even under on_error = "skip" (the records after it lost)."""
-    names = getattr(reader, "_names", None)
+    names = getattr(reader, "known_slot_names", None)  # a FileReader's; a user's ReaderBase may have none
     return list(names) if names is not None else []
 
 

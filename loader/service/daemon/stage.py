@@ -238,7 +238,6 @@ class Stage:
         self._failures_logged = _RateLimit(FAILED_EPOCH_LOG_EVERY_S)
         self.samples_in = 0
         self.dropped_duplicates = 0
-        self.sent_totals = [0, 0, 0]
         self.traffic: dict[str, Traffic] = {}  # dataset -> its totals (``traffic_of``)
         self.rejected_records = 0  # records refused because they do not fit their batch (``_misfit``)
         self.refs = RefKeeper(arenas)
@@ -792,9 +791,6 @@ class Stage:
         self.send(session.peer, frames)
         nbytes = frames_nbytes(frames)
         session.bytes_sent += nbytes
-        self.sent_totals[0] += len(group)  # batches, samples, bytes to every client since the daemon started
-        self.sent_totals[1] += n
-        self.sent_totals[2] += nbytes
         traffic = self.traffic_of(stream.dataset)
         traffic.batches_sent += len(group)
         traffic.samples_sent += n
