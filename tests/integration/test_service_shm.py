@@ -328,7 +328,9 @@ def test_auto_prefetch_reads_more_big_batches_ahead_after_the_first_epoch(tmp_pa
     # 80 KiB rows, batch 8: 640 KiB messages. With a 4 MiB budget "auto" reads 6 ahead from epoch 1 on
     # (the first epoch, sizes unknown, reads DEFAULT_PREFETCH); the stage's buffer follows the credit.
     monkeypatch.setattr(client_mod, "AUTO_PREFETCH_BYTES", 4 * 1024 * 1024)
-    ids = write_large_files(tmp_path, 2, 24)
+    # 12 batches an epoch, more than the 6 read ahead: the stream is still the session's when the test looks
+    # (with 6, the daemon could send the whole epoch first and drop it: a flaky None).
+    ids = write_large_files(tmp_path, 2, 48)
     config = make_config(tmp_path, pipeline={"batch_size": 8}, workers={"count": 1, "samples_per_message": 8})
     with running_daemon(config) as daemon:
         with (
