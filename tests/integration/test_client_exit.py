@@ -34,3 +34,41 @@ def test_a_client_unclosed_at_interpreter_exit_says_goodbye(tmp_path):
         ended = time.monotonic()
         assert wait_until(lambda: not query_status(daemon.endpoint)["clients"], timeout_s=SILENCE_TIMEOUT_S / 3)
         assert time.monotonic() - ended < SILENCE_TIMEOUT_S / 3
+
+
+_FORK_SCRIPT = """
+import os, sys, time
+from loader import Client
+from loader.errors import ClosedError
+client = Client({address!r}, timeout_s=10)
+first = [int(i) for b in client.epoch() for i in b["data"]]
+pid = os.fork()
+if pid == 0:  # the child: one clear error, and an exit that does not wait on the parent's client
+    try:
+        next(iter(client.epoch()))
+        print("child read a batch")
+    except ClosedError as exc:
+        print("child:", exc)
+    sys.stdout.flush()
+    sys.exit(0)
+started = time.monotonic()
+_, status = os.waitpid(pid, 0)
+print("child exited", status, "in", round(time.monotonic() - started, 1))
+second = [int(i) for b in client.epoch() for i in b["data"]]
+print("parent epochs", sorted(first) == sorted(second) == {ids!r})
+client.close()
+"""
+
+
+def test_a_forked_copy_of_a_client_says_so_and_the_parent_reads_on(tmp_path):
+    ids = write_id_files(tmp_path, 2, 100)
+    config = make_config(tmp_path, pipeline={"batch_size": 10})
+    with running_daemon(config) as daemon:
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        code = _FORK_SCRIPT.format(address=daemon.endpoint, ids=sorted(ids))
+        done = subprocess.run([sys.executable, "-c", code], env=env, timeout=60, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("child: this Client was made in process ") and "forked from it" in lines[0], lines
+    assert lines[1].startswith("child exited 0 in "), lines
+    assert lines[2] == "parent epochs True", lines

@@ -174,6 +174,7 @@ class Client:
         self._keyed: bool | None = True if curve is not None else None  # None: LOADER_PEER_KEY says
         self._channel: Channel = channel if channel is not None else transport.dealer(address, curve=curve)
         self._closed = False
+        self._pid = os.getpid()  # a forked copy has the socket but not the receiver thread: _check_usable
         self._out: queue.Queue[tuple[str, int | None, Any]] = queue.Queue()
         self._commands: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._waker = transport.Waker()
@@ -269,6 +270,8 @@ class Client:
             return
         self._closed = True
         self._finalizer.detach()
+        if self._pid != os.getpid():
+            return  # a forked copy: the thread and the waker's other end are the parent's, left as they are
         self._stop.set()
         self._waker.wake()
         if self._thread is not threading.current_thread():
@@ -304,6 +307,15 @@ class Client:
     def _check_usable(self) -> None:
         if self._closed:
             raise ClosedError("the client is closed")
+        if self._pid != os.getpid():
+            # Without this check the forked copy's first batch waited for a receiver thread that was never
+            # there and ended in "the client's receiver stopped", saying nothing of the fork.
+            raise ClosedError(
+                f"this Client was made in process {self._pid} and cannot be used in process {os.getpid()}, "
+                "forked from it (its socket and receiver thread stay with the parent): make a Client in the "
+                "process that reads (over a Client, torch's DataLoader takes num_workers=0: the daemon's "
+                "workers do the reading)"
+            )
         if self._fatal is not None:
             raise self._fatal
 
@@ -656,7 +668,8 @@ _LIVE: weakref.WeakSet[Client] = weakref.WeakSet()
 
 @atexit.register
 def _close_live_clients() -> None:
-    clients = list(_LIVE)
+    # A forked child's copies are not its own: their sockets and threads belong to the parent.
+    clients = [client for client in _LIVE if client._pid == os.getpid()]
     # Every receiver told to stop first, then one deadline for them all: each close() waiting its own
     # THREAD_JOIN_TIMEOUT_S added that much per client to the exit of a process whose daemon had died
     # (each receiver stuck in a send waiting for room).
