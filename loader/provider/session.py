@@ -205,7 +205,15 @@ class ProviderSession:
         """Run ``process`` on one file: normalize, check and weigh each sample."""
         settings = self.settings
         source = self.provider.process(settings, filename)
-        generator = iter(source)
+        try:
+            generator = iter(source)
+        except TypeError:
+            # A process that returns instead of yielding (a forgotten ``yield``) would fail here with
+            # "'NoneType' object is not iterable", naming neither the provider nor the file.
+            raise TypeError(
+                f"provider {self.provider.__name__}: process(settings, {filename!r}) returned "
+                f"{type(source).__name__}, not an iterable of samples (write it as a generator that yields them)"
+            ) from None
         try:
             for index, raw in _noted(generator, filename):
                 try:

@@ -257,3 +257,14 @@ def test_an_error_in_process_names_the_file_and_the_sample_it_was_making():
     with pytest.raises(ValueError, match="invalid literal") as info:
         list(process.batch_reader(["train-00017.txt"], 8, is_train=False)())
     assert "(in process(settings, 'train-00017.txt'), making sample 1)" in info.value.__notes__
+
+
+def test_a_process_that_returns_no_samples_is_named_with_its_file():
+    @provider(input_types=[dense_vector(2)])
+    def forgot_to_yield(settings, filename):
+        return None
+
+    with pytest.raises(TypeError) as info:
+        list(forgot_to_yield.reader(["part-3.txt"])())
+    text = str(info.value)
+    assert "forgot_to_yield" in text and "'part-3.txt'" in text and "NoneType" in text and "\n" not in text
