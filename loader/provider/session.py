@@ -237,7 +237,12 @@ class ProviderSession:
         calc = self.settings.calc_batch_size
         if calc is None:
             return 1
-        weight = calc(sample)
+        try:
+            weight = calc(sample)
+        except Exception as exc:
+            # The user's own error keeps its type; the note says which sample it was weighing.
+            add_note(exc, f"(in calc_batch_size, weighing sample {index} of {filename!r})")
+            raise
         # numpy integers are accepted (operator.index), bools and floats are not.
         if isinstance(weight, bool) or not hasattr(weight, "__index__") or operator.index(weight) < 0:
             raise DataError(f"{filename}: sample {index}: calc_batch_size returned {weight!r}, not an int >= 0")

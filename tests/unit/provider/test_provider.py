@@ -268,3 +268,15 @@ def test_a_process_that_returns_no_samples_is_named_with_its_file():
         list(forgot_to_yield.reader(["part-3.txt"])())
     text = str(info.value)
     assert "forgot_to_yield" in text and "'part-3.txt'" in text and "NoneType" in text and "\n" not in text
+
+
+def test_an_error_in_calc_batch_size_names_the_file_and_sample():
+    @provider(input_types=[dense_vector(2)], calc_batch_size=lambda sample: sample[3])
+    def weighed(settings, filename):
+        yield [1.0, 2.0]
+
+    with pytest.raises(IndexError) as info:
+        list(weighed.batch_reader(["part-5.txt"], 4)())
+    assert any(
+        "calc_batch_size" in note and "sample 0" in note and "'part-5.txt'" in note for note in info.value.__notes__
+    )
