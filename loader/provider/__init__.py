@@ -55,8 +55,9 @@ Memory
 ------
 Without shuffling, files are read one after another. With shuffling, the file order is
 shuffled and samples are drawn from a random one of at most ``max_open_files`` (8) open
-files, into a pool refilled to ``min_pool_size`` samples (1000 when -1, capped by
-``pool_size``) from which each next sample is drawn at random. So at most the pool and
+files, into a pool refilled to ``min_pool_size`` samples (capped by ``pool_size``; when -1,
+``pool_size`` samples, or 1000 when ``pool_size`` is -1 too) from which each next sample
+is drawn at random. So at most the pool and
 the open files are in memory; the original kept one generator per file and, by
 default, pooled the whole data set. ``CACHE_PASS_IN_MEM`` keeps every sample of the
 first complete pass (that is what it is for) and serves later passes from it.

@@ -16,7 +16,7 @@ from loader.provider.check import InvalidSample, check_sample, normalize
 from loader.provider.settings import ProviderLike, Settings
 from loader.provider.types import CacheType, DataType, SequenceType
 
-# Shuffle granularity when min_pool_size is -1. The original then pooled the whole data
+# Shuffle granularity when min_pool_size and pool_size are both -1. The original then pooled the whole data
 # set before the first batch (PaddlePaddle issue #4030: memory grew with the data); a fixed default keeps memory bounded.
 DEFAULT_MIN_POOL_SIZE = 1000
 # Files read at once when shuffling: samples are drawn from a random one of them.
@@ -176,9 +176,13 @@ class ProviderSession:
 
     def _pool(self, stream: Items, rng: random.Random) -> Items:
         """Random draws from a pool refilled to the shuffle granularity before each draw."""
-        target = self.settings.min_pool_size if self.settings.min_pool_size > 0 else DEFAULT_MIN_POOL_SIZE
-        if self.settings.pool_size > 0:
-            target = min(target, self.settings.pool_size)
+        pool_size, min_pool_size = self.settings.pool_size, self.settings.min_pool_size
+        if min_pool_size > 0:
+            target = min(min_pool_size, pool_size) if pool_size > 0 else min_pool_size
+        else:
+            # -1 meant "as much as the pool holds" (the original's min(pool_size, min_pool_size)): pool_size when
+            # the user bounded the pool, the fixed default only when nothing bounds it (issue #4030).
+            target = pool_size if pool_size > 0 else DEFAULT_MIN_POOL_SIZE
         pool: list[Item] = []
         held = 0  # weights, counting a weight-0 sample as 1 so the pool stays bounded
         exhausted = False

@@ -185,3 +185,22 @@ def test_input_types_required_and_kwargs_may_not_clash():
         untyped.reader(["f"])
     with pytest.raises(ValueError, match="clash"):
         fx.numbered.reader(["f"], logger=None)
+
+
+def test_a_bounded_pool_is_the_shuffle_granularity_when_min_pool_size_is_left_at_minus_one():
+    # The original's min_pool_size = min(pool_size, -1 as unbounded) = pool_size: a pool of 3000 is filled to
+    # 3000 before the first draw, so some of the first 100 samples out come from past the first 1000 read.
+    @provider(input_types=[integer_value(10**6)], pool_size=3000)
+    def counted(settings, filename):
+        for i in range(5000):
+            fx.COUNTER.produced += 1
+            yield i
+
+    out = []
+    peak = 0
+    for sample in counted.reader(["only"], is_train=True, seed=2)():
+        out.append(sample[0])
+        peak = max(peak, fx.COUNTER.produced - len(out))
+    assert sorted(out) == list(range(5000))
+    assert peak == 2999  # filled to pool_size (3000) before each draw, never beyond
+    assert max(out[:100]) >= 1000
