@@ -75,7 +75,8 @@ values); sequences: lists at each nesting level. A bad sample raises ``DataError
 naming the file, the sample (0-based index in its file), the slot and the problem;
 with ``check_fail_continue`` it is dropped and counted, and the count is logged (warning
 on ``settings.logger``, ``"loader.provider"``) at the end of the pass. Without
-``check``, the slot count and dict-vs-list shape are still enforced.
+``check``, the slot count and dict-vs-list shape are still enforced, and a batch refuses
+sparse column ids that are not ints in ``[0, dim)`` (they would make a broken CSR batch).
 """
 
 from __future__ import annotations

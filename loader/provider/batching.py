@@ -94,14 +94,28 @@ def _base_column(values: Any, input_type: InputType) -> Any:
     np.cumsum(counts, out=offsets[1:])
     nnz = int(offsets[-1])
     if kind == DataType.SparseNonValue:
-        indices = np.fromiter(itertools.chain.from_iterable(values), dtype=np.int64, count=nnz)
+        ids: Sequence[Any] = list(itertools.chain.from_iterable(values))
         weights = np.ones(nnz, dtype=np.float32)
     else:
         pairs = list(itertools.chain.from_iterable(values))
         ids, vals = zip(*pairs) if pairs else ((), ())
-        indices = np.asarray(ids, dtype=np.int64)
         weights = np.asarray(vals, dtype=np.float32)
-    return SparseBatch(indices, weights, offsets, dim)
+    return SparseBatch(_column_ids(ids, dim), weights, offsets, dim)
+
+
+def _column_ids(ids: Sequence[Any], dim: int) -> np.ndarray:
+    """Sparse column ids as int64, refusing what is not an int in ``[0, dim)``.
+
+    Checked even without ``check=True``: a cast to int64 made 1.7 a 1 and "7" a 7, and an id outside
+    the ``dim`` columns made a CSR batch that breaks whatever reads it (``to_dense`` included)."""
+    array = np.asarray(ids) if len(ids) else np.zeros(0, dtype=np.int64)
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        bad = next((v for v in ids if isinstance(v, bool) or not isinstance(v, (int, np.integer))), ids[0])
+        raise ValueError(f"column ids must be ints, got {bad!r} ({type(bad).__name__})")
+    outside = (array < 0) | (array >= dim)
+    if outside.any():
+        raise ValueError(f"column id {int(array[outside][0])} out of range [0, {dim})")
+    return array.astype(np.int64, copy=False)
 
 
 __all__ = ["SparseBatch", "assemble", "slot_column"]

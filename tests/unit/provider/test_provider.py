@@ -18,6 +18,8 @@ from loader.provider import (
     integer_value_sub_sequence,
     iter_file_samples,
     provider,
+    sparse_binary_vector,
+    sparse_binary_vector_sequence,
     sparse_vector,
 )
 from tests.unit.provider import fixtures as fx
@@ -280,3 +282,23 @@ def test_an_error_in_calc_batch_size_names_the_file_and_sample():
     assert any(
         "calc_batch_size" in note and "sample 0" in note and "'part-5.txt'" in note for note in info.value.__notes__
     )
+
+
+@pytest.mark.parametrize(
+    "input_type, sample, words",
+    [
+        (sparse_binary_vector(5), [1, 7], ["column id 7", "[0, 5)"]),
+        (sparse_binary_vector(5), [-1], ["column id -1", "[0, 5)"]),
+        (sparse_vector(5), [(1.7, 0.5)], ["must be ints", "1.7"]),
+        (sparse_binary_vector(5), ["2"], ["must be ints", "'2'"]),
+        (sparse_binary_vector_sequence(5), [[0], [9]], ["column id 9"]),
+    ],
+)
+def test_sparse_column_ids_are_ints_in_range_even_without_check(input_type, sample, words):
+    @provider(input_types=[input_type])
+    def unchecked(settings, filename):
+        yield sample
+
+    with pytest.raises(DataError) as info:
+        list(unchecked.batch_reader(["f"], 2)())
+    assert "slot0" in str(info.value) and all(word in str(info.value) for word in words)
