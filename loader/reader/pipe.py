@@ -11,6 +11,8 @@ Compared with the original (1.x ``paddle.reader.PipeReader``):
   across two reads is fine; ``gzip`` decodes every member of a multi-member
   stream;
 * a last line without a trailing line break is yielded;
+* output that is not valid gzip (for ``file_type="gzip"``) or not UTF-8 raises
+  ``DataError`` naming the command and the byte offset;
 * a non-zero exit status raises ``WorkerDiedError`` naming the command and the
   code, after all output was yielded;
 * a bad ``file_type`` raises ``ValueError`` at construction.
@@ -34,17 +36,25 @@ PROCESS_KILL_TIMEOUT_S = 2.0
 
 
 class _GzipStream:
-    """Incremental gunzip that continues into the next member of a multi-member stream."""
+    """Incremental gunzip that continues into the next member of a multi-member stream.
+
+    Bytes that do not inflate set ``error``; ``feed`` still returns the members inflated before them.
+    """
 
     def __init__(self) -> None:
         self._dec = zlib.decompressobj(32 + zlib.MAX_WBITS)  # 32: accept gzip or zlib headers
         self._started = False
+        self.error: zlib.error | None = None
 
     def feed(self, data: bytes) -> bytes:
         out = []
         while data:
             self._started = True
-            out.append(self._dec.decompress(data))
+            try:
+                out.append(self._dec.decompress(data))
+            except zlib.error as exc:
+                self.error = exc
+                break
             if not self._dec.eof:
                 break
             data = self._dec.unused_data
@@ -54,7 +64,7 @@ class _GzipStream:
 
     def finish(self) -> bytes:
         if self._started and not self._dec.eof:
-            raise DataError("gzip stream from the command ends in the middle of a member")
+            raise DataError("the stream ends in the middle of a gzip member")
         return self._dec.flush()
 
 
@@ -110,20 +120,86 @@ class PipeReader:
             raise WorkerDiedError(f"command {shlex.join(self.args)!r}", code, said="(its standard error says why)")
 
     def _decode(self, proc: subprocess.Popen) -> Iterator[str]:
-        text = codecs.getincrementaldecoder("utf-8")()
-        gz = _GzipStream() if self.file_type == "gzip" else None
+        output = _OutputDecoder(shlex.join(self.args), gzipped=self.file_type == "gzip")
         assert proc.stdout is not None
         while True:
             # A blocking read: the consumer waits for the command as for any source.
             raw = proc.stdout.read(self.bufsize)
             if not raw:
                 break
-            decoded = text.decode(gz.feed(raw) if gz else raw)
+            decoded = output.decode(raw)
             if decoded:
                 yield decoded
-        tail = text.decode(gz.finish() if gz else b"", final=True)
+            output.raise_failure()
+        tail = output.finish()
         if tail:
             yield tail
+        output.raise_failure()
+
+
+class _OutputDecoder:
+    """A command's output bytes -> text (gunzipped first for ``file_type="gzip"``).
+
+    Output that does not decode is a ``DataError`` naming the command and the byte
+    offset: zlib's and the codec's own errors name neither (and a ``zlib.error`` is
+    not even a ``ValueError``), so a long pipeline failed with no hint of which
+    command's output was bad, or where. The text before the damage is still given
+    (then :meth:`raise_failure` raises), as ``text_file`` gives every line before
+    a bad one.
+    """
+
+    def __init__(self, command: str, gzipped: bool) -> None:
+        self._command = command
+        self._text = codecs.getincrementaldecoder("utf-8")()
+        self._gz = _GzipStream() if gzipped else None
+        self._read = 0  # bytes of output taken from the command
+        self._text_bytes = 0  # bytes handed to the UTF-8 decoder (after gunzip)
+        self._failure: DataError | None = None
+
+    def decode(self, raw: bytes) -> str:
+        self._read += len(raw)
+        return self._utf8(self._gunzip(raw), final=False)
+
+    def finish(self) -> str:
+        return self._utf8(self._gunzip(None), final=True)
+
+    def raise_failure(self) -> None:
+        """Raise the error found by the last call, once the text before it was given."""
+        if self._failure is not None:
+            raise self._failure
+
+    def _gunzip(self, raw: bytes | None) -> bytes:
+        if self._gz is None:
+            return raw or b""
+        try:
+            data = self._gz.finish() if raw is None else self._gz.feed(raw)
+        except DataError as exc:
+            self._failure = self._not_gzip(exc)
+            return b""
+        if self._gz.error is not None:
+            self._failure = self._not_gzip(self._gz.error)  # after the text of the members before it
+        return data
+
+    def _not_gzip(self, why: Exception) -> DataError:
+        return DataError(
+            f"PipeReader: the output of command {self._command!r} is not valid gzip "
+            f"(in its first {self._read} bytes: {why})"
+        )
+
+    def _utf8(self, data: bytes, final: bool) -> str:
+        pending = len(self._text.getstate()[0])  # bytes of a character started in the last call
+        try:
+            return self._text.decode(data, final=final)
+        except UnicodeDecodeError as exc:
+            offset = self._text_bytes - pending + exc.start
+            where = "of its gunzipped output" if self._gz is not None else "of its output"
+            self._failure = DataError(  # replaces a gzip error: this byte came before it
+                f"PipeReader: the output of command {self._command!r} is not UTF-8 text "
+                f"(byte {exc.object[exc.start]:#04x} at offset {offset} {where}: {exc.reason})"
+            )
+            return bytes(exc.object[: exc.start]).decode("utf-8")  # the good text before it
+        finally:
+            self._text_bytes += len(data)
 
 
 def _reap(proc: subprocess.Popen, finished: bool) -> int | None:

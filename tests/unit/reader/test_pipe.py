@@ -40,8 +40,33 @@ def test_multi_member_gzip(tmp_path, no_leaks):
 def test_truncated_gzip_is_an_error(tmp_path, no_leaks):
     path = tmp_path / "cut.gz"
     path.write_bytes(gzip.compress(b"x\n" * 1000)[:-12])
-    with pytest.raises(DataError):
+    with pytest.raises(DataError, match=r"command 'cat .*cut\.gz' is not valid gzip .*middle of a gzip member"):
         list(reader.PipeReader(["cat", str(path)], file_type="gzip").get_line())
+
+
+def test_output_that_is_not_gzip_is_a_data_error_naming_the_command(tmp_path, no_leaks):
+    # zlib's own error named neither the command nor where, and is not even a ValueError.
+    path = tmp_path / "plain.gz"
+    path.write_bytes(gzip.compress(b"a\n") + b"not a gzip member\n")
+    got = []
+    with pytest.raises(DataError) as info:
+        for line in reader.PipeReader(["cat", str(path)], file_type="gzip").get_line():
+            got.append(line)
+    assert got == ["a"]  # the member before the damage
+    size = path.stat().st_size
+    assert f"output of command 'cat {path}' is not valid gzip (in its first {size} bytes: Error -3" in str(info.value)
+
+
+@pytest.mark.parametrize("bufsize", [1, 2, 4096])
+def test_output_that_is_not_utf8_is_a_data_error_naming_the_command_and_offset(tmp_path, no_leaks, bufsize):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("h\u00e9llo\n".encode() * 3 + b"caf\xe9\n")  # 21 good bytes, then Latin-1
+    got = []
+    with pytest.raises(DataError) as info:
+        for line in reader.PipeReader(["cat", str(path)], bufsize=bufsize).get_line():
+            got.append(line)
+    assert got == ["h\u00e9llo"] * 3
+    assert f"command 'cat {path}' is not UTF-8 text (byte 0xe9 at offset 24 of its output" in str(info.value)
 
 
 def test_utf8_split_across_chunks(tmp_path, no_leaks):
