@@ -56,8 +56,21 @@ class Writer:
         self.num_records = 0  # records accepted so far
 
     def write(self, sample: Any) -> None:
-        """Encode ``sample`` with :func:`loader.runtime.codec.pack` and append it as one record."""
-        self.write_raw(codec.pack(sample))
+        """Encode ``sample`` with :func:`loader.runtime.codec.pack` and append it as one record.
+
+        A sample the codec cannot encode (it never pickles) raises ``TypeError`` naming the file,
+        the record and the part that failed; nothing is appended.
+        """
+        try:
+            record = codec.pack(sample)
+        except TypeError as exc:
+            # The codec's own message names only the type: with convert_reader_to_recordio_file
+            # the caller never saw the writer, so say which file and which record.
+            raise TypeError(
+                f"RecordIO writer for {self.name}: record {self.num_records} cannot be written: {exc} "
+                f"(a record holds {codec.KEPT_TYPES}; nothing is pickled)"
+            ) from None
+        self.write_raw(record)
 
     def write_raw(self, record: bytes | bytearray | memoryview) -> None:
         """Append one record of raw bytes."""

@@ -208,6 +208,17 @@ def test_objects_are_never_pickled(tmp_path):
             writer.write(object())
 
 
+def test_a_sample_that_cannot_be_written_names_the_file_and_record(tmp_path):
+    path = tmp_path / "bad.recordio"
+    samples = [1, 2, (3, {4, 5}), 6]
+    with pytest.raises(TypeError) as info:
+        convert_reader_to_recordio_file(path, ListReader(samples))
+    message = str(info.value)
+    assert f"RecordIO writer for {path}: record 2 cannot be written" in message
+    assert "type set" in message and "numpy arrays" in message
+    assert [sample for sample in Scanner(path)] == [1, 2]  # the records before it are kept
+
+
 def test_convert_reader_to_recordio_file(tmp_path):
     path = tmp_path / "conv.recordio"
     count = convert_reader_to_recordio_file(path, RangeReader(2500), Compressor.ZLIB, max_num_records=1000)
