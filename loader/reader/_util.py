@@ -36,15 +36,20 @@ def check_reader(reader: Any, who: str) -> None:
         raise TypeError(f"{who}: a reader must be a zero-argument callable, got {type(reader).__name__}")
 
 
-def as_count(value: Any) -> int:
+def as_count(value: Any, name: str) -> int:
     """An integer size or count; an integral float such as ``2.0`` is accepted.
 
-    Anything else that is not an integer raises ``TypeError`` (the original let
-    floats through to ``Queue`` or ``==`` comparisons, with odd results).
+    Anything else that is not an integer raises ``TypeError`` naming the argument,
+    ``name`` (``"buffered: size"``): ``operator.index``'s own message names only the
+    type. (The original let floats through to ``Queue`` or ``==`` comparisons, with
+    odd results.)
     """
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    return operator.index(value)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
 
 
 __all__ = ["Reader", "close_quietly", "open_source", "check_reader", "as_count"]

@@ -71,7 +71,7 @@ def buffered(reader: Reader, size: int) -> Reader:
     the thread.
     """
     check_reader(reader, "buffered")
-    size = as_count(size)
+    size = as_count(size, "buffered: size")
 
     def buffered_reader() -> Iterator[Any]:
         pipeline = ThreadPipeline(size, name="buffered")
@@ -175,7 +175,7 @@ def shuffle(reader: Reader, buf_size: int, seed: int | str | None = None) -> Rea
     repeats, whatever else draws from ``random``.
     """
     check_reader(reader, "shuffle")
-    buf_size = as_count(buf_size)
+    buf_size = as_count(buf_size, "shuffle: buf_size")
     epochs = itertools.count()
     lock = threading.Lock()
 
@@ -211,7 +211,7 @@ def firstn(reader: Reader, n: int) -> Reader:
     float such as ``2.0`` is accepted); anything else raises ``TypeError`` here.
     """
     check_reader(reader, "firstn")
-    n = as_count(n)
+    n = as_count(n, "firstn: n")
 
     def firstn_reader() -> Iterator[Any]:
         source = open_source(reader)
@@ -251,7 +251,7 @@ class Fake:
 
     def __call__(self, reader: Reader, data_num: int) -> Reader:
         check_reader(reader, "Fake")
-        data_num = as_count(data_num)
+        data_num = as_count(data_num, "Fake: data_num")
         first: list[Any] = []
         lock = threading.Lock()
 
@@ -273,7 +273,7 @@ def fake(reader: Reader, data_num: int) -> Reader:
     ``RuntimeError`` from inside the generator).
     """
     check_reader(reader, "fake")
-    data_num = as_count(data_num)
+    data_num = as_count(data_num, "fake: data_num")
 
     def fake_reader() -> Iterator[Any]:
         item = _first_item(reader)

@@ -218,7 +218,7 @@ def multiprocess_reader(readers: Sequence[Reader], use_pipe: bool = True, queue_
         raise NotImplementedError("multiprocess_reader needs the fork start method, which Windows lacks")
     _check_readers(readers)
     readers = list(readers)
-    queue_size = as_count(queue_size)
+    queue_size = as_count(queue_size, "multiprocess_reader: queue_size")
     credit_count = 0 if use_pipe else queue_size
 
     def merged_reader() -> Iterator[Any]:

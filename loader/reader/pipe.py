@@ -89,7 +89,7 @@ class PipeReader:
 
     def __init__(self, command: str | Sequence[str], bufsize: int = 8192, file_type: str = "plain") -> None:
         self.args = _split_command(command)
-        self.bufsize = as_count(bufsize)
+        self.bufsize = as_count(bufsize, "PipeReader: bufsize")
         if self.bufsize < 1:
             raise ValueError(f"PipeReader: bufsize must be >= 1, got {bufsize}")
         if file_type not in FILE_TYPES:

@@ -113,8 +113,8 @@ def xmap_readers(
     ``process_num < 1`` raises ``ValueError`` here (the original hung).
     """
     check_reader(reader, "xmap_readers")
-    process_num = as_count(process_num)
-    buffer_size = as_count(buffer_size)
+    process_num = as_count(process_num, "xmap_readers: process_num")
+    buffer_size = as_count(buffer_size, "xmap_readers: buffer_size")
     if process_num < 1:
         raise ValueError(f"xmap_readers needs process_num >= 1, got {process_num}")
 

@@ -219,6 +219,27 @@ def test_firstn_negative_and_short_sources():
         reader.firstn(RangeReader(5), 2.5)
 
 
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda: reader.buffered(RangeReader(3), 2.5), "buffered: size must be an integer, got 2.5 (float)"),
+        (lambda: reader.shuffle(RangeReader(3), "8"), "shuffle: buf_size must be an integer, got '8' (str)"),
+        (lambda: reader.firstn(RangeReader(3), None), "firstn: n must be an integer, got None (NoneType)"),
+        (lambda: reader.xmap_readers(abs, RangeReader(3), 1.5, 1), "xmap_readers: process_num must be an integer"),
+        (lambda: reader.xmap_readers(abs, RangeReader(3), 1, "2"), "xmap_readers: buffer_size must be an integer"),
+        (lambda: reader.multiprocess_reader([RangeReader(3)], False, 0.5), "multiprocess_reader: queue_size must"),
+        (lambda: reader.Fake()(RangeReader(3), "3"), "Fake: data_num must be an integer, got '3' (str)"),
+        (lambda: reader.fake(RangeReader(3), [3]), "fake: data_num must be an integer, got [3] (list)"),
+        (lambda: reader.PipeReader("true", bufsize=1.5), "PipeReader: bufsize must be an integer, got 1.5 (float)"),
+    ],
+)
+def test_a_size_that_is_not_an_integer_is_named(make, named):
+    # operator.index's own message ("'float' object cannot be interpreted as an integer") named no argument.
+    with pytest.raises(TypeError) as info:
+        make()
+    assert named in str(info.value)
+
+
 def test_firstn_closes_source():
     closed = []
 
