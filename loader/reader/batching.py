@@ -22,7 +22,11 @@ def batch(
     copied; each batch is a new ``list``.
     """
     check_reader(reader, "batch")
-    size = int(batch_size)
+    try:
+        size = int(batch_size)
+    except (TypeError, ValueError) as exc:
+        # int()'s own message ("invalid literal for int() with base 10: 'many'") names no argument.
+        raise type(exc)(f"batch_size should be a positive integer value, but got batch_size={batch_size!r}") from None
     if size <= 0:
         raise ValueError(f"batch_size should be a positive integer value, but got batch_size={size}")
     drop = bool(drop_last)

@@ -40,9 +40,10 @@ def test_bad_batch_size_raises_when_made(size):
 
 
 def test_non_numeric_batch_size():
-    with pytest.raises(ValueError):  # int("many")
+    # The types int() raises, with a message naming batch_size (int()'s own named no argument).
+    with pytest.raises(ValueError, match=r"positive integer value, but got batch_size='many'$"):
         loader.batch(RangeReader(3), "many")
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"positive integer value, but got batch_size=None$"):
         loader.batch(RangeReader(3), None)
 
 
