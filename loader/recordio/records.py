@@ -71,7 +71,9 @@ def decode_record(
         return tensors.decode(raw)
     except tensors.NotTensors:
         pass
-    raise chunk_error(name, chunk_offset, f"record {index} cannot be decoded ({ours})") from ours
+    # Some msgpack errors have no message (FormatError()): name the error's type, so the reason is never "()".
+    why = str(ours) or type(ours).__name__
+    raise chunk_error(name, chunk_offset, f"record {index} cannot be decoded ({why})") from ours
 
 
 __all__ = ["PickledRecordError", "decode_record", "opt_in_hint"]
