@@ -77,6 +77,11 @@ def _child_main(reader: Reader, conn: Any, inherited: list[Any], credits: Any, n
     """Body of one child: send every sample of ``reader()``, then an end (or error) message."""
     for other in inherited:
         other.close()  # read ends copied by fork; holding them would hide a dead parent
+    # Started as a daemon (so the parent's exit never waits on it), but a daemon may not start processes:
+    # a reader that does (a nested multiprocess_reader, a Pool) failed with multiprocessing's bare
+    # AssertionError. The original's children were not daemons. This child's own children are still
+    # stopped when it ends: by its reader's cleanup, or by multiprocessing's exit handler.
+    multiprocessing.current_process().daemon = False
     parent_pid = os.getppid()
     try:
         for sample in reader():

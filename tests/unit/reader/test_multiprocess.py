@@ -186,6 +186,17 @@ def test_queue_size_bounds_samples_in_flight(no_leaks):
     assert list(it) == list(range(1, 1000))
 
 
+@pytest.mark.parametrize("use_pipe", MODES)
+def test_a_reader_in_a_child_may_start_processes(use_pipe, no_leaks):
+    # The children were daemons, which multiprocessing forbids to start processes: a nested
+    # multiprocess_reader failed with a bare AssertionError (the original's children were not daemons).
+    inner = reader.multiprocess_reader([RangeReader(50), RangeReader(160, start=100)], use_pipe=use_pipe)
+    outer = reader.multiprocess_reader([inner, RangeReader(1005, start=1000)], use_pipe=not use_pipe)
+    assert sorted(outer()) == [*range(50), *range(100, 160), *range(1000, 1005)]
+    one_by_one = reader.multiprocess_reader([reader.multiprocess_reader([RangeReader(300)], use_pipe)], use_pipe)
+    assert list(one_by_one()) == list(range(300))
+
+
 def test_abandoned_iterations_leave_no_processes_or_fds(no_leaks):
     children, fds = child_pids(), open_fd_count()
     for i in range(100):
