@@ -133,12 +133,14 @@ class FileReader(ReaderBase):
         instance = self._read_instance()
         if instance is None:
             return []
+        # The record is read whether or not it passes the check: counted first, so a caller that reads on
+        # past a refused record gets the next record's own index (every later error named one too few).
+        index = self._index
+        self._index += 1
         if not instance:
             # An empty list would read as the end of the data: refuse it loudly.
-            raise ShapeMismatchError(f"{self.path}: record {self._index} has no slots")
-        checked = self._checker.check(instance, self.path, self._index, self._names)
-        self._index += 1
-        return checked
+            raise ShapeMismatchError(f"{self.path}: record {index} has no slots")
+        return self._checker.check(instance, self.path, index, self._names)
 
     def _reinit_impl(self) -> None:
         self._index = 0

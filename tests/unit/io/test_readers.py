@@ -255,6 +255,22 @@ def test_every_fixed_size_is_checked_not_only_the_rank(tmp_path):
     assert "(5,)" in message and "[-1, 4]" in message
 
 
+def test_reading_on_past_a_refused_record_names_each_later_record_by_its_own_index(tmp_path):
+    sizes = [2, 3, 2, 3, 2]  # records 1 and 3 do not fit [-1, 2]
+    path = _recordio(tmp_path / "r.recordio", [[np.full(n, i, np.int64)] for i, n in enumerate(sizes)])
+    reader = lio.FileReader(path, [[-1, 2]], ["int64"])
+    outcomes = []
+    for _ in sizes:
+        try:
+            outcomes.append(int(reader.read_next()[0][0]))
+        except ShapeMismatchError as exc:
+            outcomes.append(re.search(r"record \d+", str(exc)).group())
+        assert reader.record_index == len(outcomes), "the refused record is read, so the next one follows it"
+    assert outcomes == [0, "record 1", 2, "record 3", 4]
+    assert reader.read_next() == []
+    reader.close()
+
+
 def test_instance_may_carry_a_leading_one(tmp_path):
     path = _recordio(tmp_path / "l.recordio", [[np.zeros((1, 4), np.float32)], [np.zeros(4, np.float32)]])
     got = _drain(lio.create_file_reader(path, shapes=[[-1, 4]], dtypes=["float32"]))
