@@ -84,9 +84,9 @@ class FromReader(ReaderBase):
             self.has_next()
         return list(self._names) if self._names is not None else default_slot_names(len(self._peeked or []))
 
-    def _convert(self, sample: Any) -> list[np.ndarray]:
+    def _convert(self, sample: Any, index: int) -> list[np.ndarray]:
         if sample is None:
-            raise DataError(f"{self._where}: sample {self._index} is None")
+            raise DataError(f"{self._where}: sample {index} is None")
         values = list(sample.values()) if isinstance(sample, dict) else sample
         if isinstance(sample, dict) and self._names is None:
             self._names = [str(k) for k in sample]
@@ -105,10 +105,13 @@ class FromReader(ReaderBase):
             sample = next(self._iterator)
         except StopIteration:
             return []
-        instance = self._checker.check(self._convert(sample), self._where, self._index, self._names)
-        if not instance:
-            raise DataError(f"{self._where}: sample {self._index} has no slots")
+        # Counted before it is checked: a caller that reads on past a refused sample gets the next
+        # sample's own index (every later error named one too few).
+        index = self._index
         self._index += 1
+        instance = self._checker.check(self._convert(sample, index), self._where, index, self._names)
+        if not instance:
+            raise DataError(f"{self._where}: sample {index} has no slots")
         return instance
 
     def _drop_iterator(self) -> None:

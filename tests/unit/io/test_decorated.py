@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import loader.io as lio
-from loader.errors import ClosedError, ShapeMismatchError
+from loader.errors import ClosedError, DataError, ShapeMismatchError
 from tests.helpers import Boom, ListReader, RangeReader, raise_on, wait_until
 
 OVERLAP_TIMEOUT_S = 10.0  # only reached when the double buffer does not read ahead
@@ -265,6 +265,25 @@ def test_from_reader_dict_samples_and_errors():
     assert failing.read_next()[0] == 0 and failing.read_next()[0] == 1
     with pytest.raises(Boom):
         failing.read_next()
+
+
+def test_from_reader_read_on_past_a_refused_sample_names_each_later_sample_by_its_own_index():
+    samples = [
+        (np.zeros(2, np.int64),),
+        (np.zeros(3, np.int64),),
+        None,
+        (np.zeros(3, np.int64),),
+        (np.ones(2, np.int64),),
+    ]
+    source = lio.from_reader(ListReader(samples), [[-1, 2]], ["int64"])
+    outcomes = []
+    for _ in samples:
+        try:
+            outcomes.append(source.read_next()[0].tolist())
+        except DataError as exc:  # ShapeMismatchError is one
+            outcomes.append(str(exc).split(": ")[1].split(",")[0])
+    assert outcomes == [[0, 0], "record 1", "sample 2 is None", "record 3", [1, 1]]
+    assert source.read_next() == []
 
 
 def test_the_toolkits_compose_both_ways():
