@@ -143,17 +143,27 @@ class BatchReader(DecoratedReader):
         if len(blocks) == 1:
             # Own the memory: a block may be a view of a file or of a reader's buffer.
             return [part if part.flags.owndata else np.array(part) for part in blocks[0]]
-        return [self._join([b[slot] for b in blocks], slot, sequence=True) for slot in range(len(blocks[0]))]
+        # A block ends before an instance of another shape or dtype, so a mismatch lies between blocks:
+        # name it by the instance where its block starts, with instance shapes (not the blocks').
+        starts = np.cumsum([0] + [len(b[0]) for b in blocks[:-1]]).tolist()
+        return [
+            self._join([b[slot] for b in blocks], slot, sequence=True, starts=starts) for slot in range(len(blocks[0]))
+        ]
 
-    def _join(self, parts: list[np.ndarray], slot: int, sequence: bool) -> np.ndarray:
+    def _join(self, parts: list[np.ndarray], slot: int, sequence: bool, starts: list[int] | None = None) -> np.ndarray:
+        """``parts`` stacked (instances), or concatenated (sequences; or blocks of instances, ``starts``
+        then giving the index in the batch of each block's first instance)."""
         first = parts[0]
         for k, part in enumerate(parts):
             same = part.shape[1:] == first.shape[1:] if sequence else part.shape == first.shape
             if not same or part.dtype != first.dtype or (sequence and part.ndim == 0):
                 name = self.reader.slot_names[slot] if slot < len(self.reader.slot_names) else f"slot{slot}"
+                item, shape, first_shape = k, part.shape, first.shape
+                if starts is not None:
+                    item, shape, first_shape = starts[k], part.shape[1:], first.shape[1:]
                 raise ShapeMismatchError(
-                    f"BatchReader: slot {slot} ({name!r}): item {k} of the batch has shape {part.shape} "
-                    f"dtype {part.dtype}, the first has shape {first.shape} dtype {first.dtype}"
+                    f"BatchReader: slot {slot} ({name!r}): item {item} of the batch has shape {shape} "
+                    f"dtype {part.dtype}, the first has shape {first_shape} dtype {first.dtype}"
                 )
         return np.concatenate(parts) if sequence else np.stack(parts)
 

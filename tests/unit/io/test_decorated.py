@@ -101,6 +101,15 @@ def test_batch_of_mismatched_instances_names_the_slot():
         lio.BatchReader(source, 2).read_next()
 
 
+def test_batch_mismatch_names_the_instance_and_its_own_shape_not_a_block_of_them():
+    sizes = [2, 2, 2, 3]  # the odd instance comes after a run of three that are read as one block
+    source = lio.from_reader(ListReader([np.zeros(n, np.int64) for n in sizes]), [[-1, -1]], ["int64"])
+    with pytest.raises(ShapeMismatchError) as info:
+        lio.BatchReader(source, 4).read_next()
+    message = str(info.value)
+    assert "item 3 of the batch has shape (3,)" in message and "the first has shape (2,)" in message, message
+
+
 def test_batch_is_a_copy_not_a_view_of_the_file(tmp_path):
     array = np.arange(12, dtype=np.int32).reshape(6, 2)
     np.save(tmp_path / "a.npy", array)
