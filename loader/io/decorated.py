@@ -16,6 +16,10 @@ slots (so data slot ``i`` of a batch is slot ``i`` of its instances).
 ``lod_level > 1`` is refused. Instances of one slot must agree in dtype and in
 shape (after the first axis for sequences): ``ShapeMismatchError`` otherwise.
 
+A failure of the underlying reader reaches the consumer at once; the instances the shuffle and batch
+readers read before it are kept for their next read, so a consumer that reads on past the failure (a
+file reader steps past a bad record) gets every good instance once.
+
 ``MultiPassReader(reader, pass_num)``: ``pass_num`` passes over the underlying
 reader, re-initialising it at each end. Unlike the original, an underlying
 reader that is empty after ``reinit`` ends the data at once instead of
@@ -32,9 +36,12 @@ from loader.errors import ShapeMismatchError
 from loader.io.base import DecoratedReader, ReaderBase
 
 
-def _read_up_to(reader: ReaderBase, count: int) -> list[list[np.ndarray]]:
-    """Up to ``count`` items of ``reader``; fewer only at the end of its data."""
-    items: list[list[np.ndarray]] = []
+def _read_up_to(reader: ReaderBase, count: int, items: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    """``items`` filled up to ``count`` items of ``reader``; fewer only at the end of its data.
+
+    The caller keeps ``items`` across a failure of ``reader``: what was read before it stays there for
+    the next call, so a caller that reads on past the failure (a file reader steps past a bad record)
+    loses none of the good items read before it."""
     while len(items) < count:
         item = reader.read_next()
         if not item:
@@ -60,10 +67,12 @@ class ShuffleReader(DecoratedReader):
         self._rng = np.random.default_rng([self._seed, self._pass])
         self._buffer: list[list[np.ndarray]] = []
         self._pos = 0
+        self._filling: list[list[np.ndarray]] = []  # the next buffer, kept across a failure below (_read_up_to)
 
     def _read_next_impl(self) -> list[np.ndarray]:
         if self._pos >= len(self._buffer):
-            buffer = _read_up_to(self.reader, self.buffer_size)
+            buffer = _read_up_to(self.reader, self.buffer_size, self._filling)
+            self._filling = []
             if not buffer:
                 return []
             order = self._rng.permutation(len(buffer))
@@ -79,6 +88,10 @@ class ShuffleReader(DecoratedReader):
         self._pass += 1
         self._start_pass()
 
+    def _close_impl(self) -> None:
+        self._buffer, self._filling = [], []
+        super()._close_impl()
+
 
 class BatchReader(DecoratedReader):
     """Batches of ``batch_size`` instances (see the module docstring for LoD slots)."""
@@ -93,6 +106,8 @@ class BatchReader(DecoratedReader):
         if any(level > 1 for level in levels):
             raise ValueError(f"BatchReader supports lod_level 0 and 1, got lod_levels={list(levels)}")
         self._seq_slots = [i for i, level in enumerate(levels) if level == 1]
+        # The next batch's instances (or blocks), kept across a failure below (see _read_up_to).
+        self._pending: list[list[np.ndarray]] = []
 
     @property
     def slot_names(self) -> list[str]:
@@ -117,7 +132,8 @@ class BatchReader(DecoratedReader):
     def _read_next_impl(self) -> list[np.ndarray]:
         if not self._seq_slots:
             return self._read_stacked()
-        items = _read_up_to(self.reader, self.batch_size)
+        items = _read_up_to(self.reader, self.batch_size, self._pending)
+        self._pending = []
         if not items or (self.drop_last and len(items) < self.batch_size):
             return []
         out = []
@@ -131,13 +147,15 @@ class BatchReader(DecoratedReader):
     def _read_stacked(self) -> list[np.ndarray]:
         # No sequences: take whole blocks from the underlying reader (slices of
         # memory-mapped files, or blocks handed over by open_files) and join them.
-        blocks, count = [], 0
+        blocks = self._pending
+        count = sum(len(block[0]) for block in blocks)
         while count < self.batch_size:
-            block = self.reader.read_block(self.batch_size - count)
+            block = self.reader.read_block(self.batch_size - count)  # a failure keeps the blocks read
             if not block:
                 break
             blocks.append(block)
             count += len(block[0])
+        self._pending = []
         if not blocks or (self.drop_last and count < self.batch_size):
             return []
         if len(blocks) == 1:
@@ -166,6 +184,14 @@ class BatchReader(DecoratedReader):
                     f"dtype {part.dtype}, the first has shape {first_shape} dtype {first.dtype}"
                 )
         return np.concatenate(parts) if sequence else np.stack(parts)
+
+    def _reinit_impl(self) -> None:
+        self._pending = []
+        super()._reinit_impl()
+
+    def _close_impl(self) -> None:
+        self._pending = []
+        super()._close_impl()
 
 
 class MultiPassReader(DecoratedReader):

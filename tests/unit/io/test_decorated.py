@@ -110,6 +110,41 @@ def test_batch_mismatch_names_the_instance_and_its_own_shape_not_a_block_of_them
     assert "item 3 of the batch has shape (3,)" in message and "the first has shape (2,)" in message, message
 
 
+@pytest.mark.parametrize(
+    "decorate, lod_level",
+    [
+        (lambda r: lio.ShuffleReader(r, 10, seed=0), 0),
+        (lambda r: lio.BatchReader(r, 5), 0),
+        (lambda r: lio.BatchReader(r, 5), 1),  # sequences: instances read one by one, not in blocks
+    ],
+    ids=["shuffle", "batch", "batch-of-sequences"],
+)
+def test_instances_read_before_a_failure_below_are_not_lost(tmp_path, decorate, lod_level):
+    path = tmp_path / "lines.txt"
+    path.write_text("".join(("bad" if i == 7 else str(i)) + "\n" for i in range(20)))
+    source = lio.create_file_reader(
+        path,
+        shapes=[[-1, 1]],
+        dtypes=["int64"],
+        lod_levels=[lod_level],
+        parser=lambda line: [np.full((1, 1), int(line))],
+    )
+    reader = decorate(source)
+    got, failures = [], 0
+    while True:
+        try:
+            item = reader.read_next()
+        except ValueError:  # the parser's, at line 8: the text reader steps past it
+            failures += 1
+            continue
+        if not item:
+            break
+        got += item[0].ravel().tolist()
+    assert failures == 1
+    assert sorted(got) == [i for i in range(20) if i != 7]
+    reader.close()
+
+
 def test_batch_is_a_copy_not_a_view_of_the_file(tmp_path):
     array = np.arange(12, dtype=np.int32).reshape(6, 2)
     np.save(tmp_path / "a.npy", array)
