@@ -38,15 +38,17 @@ class ReaderBase:
         self._closed = False
 
     # -- to implement ---------------------------------------------------------
+    # A subclass that overrides only the public read_next()/reinit() (the names users see) gets a bare
+    # NotImplementedError from has_next() or a decorator otherwise: these say what to implement.
     @property
     def slot_names(self) -> list[str]:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} must define the slot_names property (a ReaderBase subclass)")
 
     def _read_next_impl(self) -> list[np.ndarray]:
-        raise NotImplementedError
+        raise NotImplementedError(_unimplemented(self, "_read_next_impl", "read_next(), has_next() and iteration"))
 
     def _reinit_impl(self) -> None:
-        raise NotImplementedError
+        raise NotImplementedError(_unimplemented(self, "_reinit_impl", "reinit()"))
 
     def _close_impl(self) -> None:
         """Release resources; called once by ``close()``."""
@@ -157,6 +159,13 @@ class ReaderBase:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _unimplemented(reader: ReaderBase, method: str, callers: str) -> str:
+    return (
+        f"{type(reader).__name__} does not implement {method}(), which {callers} call: a ReaderBase subclass "
+        "implements _read_next_impl() and _reinit_impl() rather than overriding read_next() and reinit()"
+    )
 
 
 def _check_block_size(max_instances: int) -> None:

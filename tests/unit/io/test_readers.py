@@ -306,6 +306,21 @@ def test_no_declared_shapes_skips_the_checks(tmp_path):
 # -- ReaderBase contract -------------------------------------------------------
 
 
+def test_a_subclass_overriding_only_read_next_is_told_what_to_implement():
+    class OnlyReadNext(lio.ReaderBase):
+        def read_next(self):
+            return []
+
+    reader = OnlyReadNext()
+    assert list(reader) == []  # iteration goes through the override
+    with pytest.raises(NotImplementedError, match=r"OnlyReadNext does not implement _read_next_impl\(\)"):
+        reader.has_next()
+    with pytest.raises(NotImplementedError, match=r"_reinit_impl\(\)"):
+        reader.reinit()
+    with pytest.raises(NotImplementedError, match="slot_names"):
+        _ = reader.slot_names
+
+
 def test_has_next_reinit_close_and_read_block(tmp_path):
     path = _recordio(tmp_path / "r.recordio", [[np.array([i])] for i in range(5)] + [[np.array([9, 9])]])
     reader = lio.create_file_reader(path)
