@@ -7,7 +7,8 @@ with the format registry, and put its instances into the channel in *blocks*
 because one queue hand-over costs several microseconds, more than reading one
 small instance. ``buffer_size`` bounds the number of blocks in the channel; a
 block holds at most ``BLOCK_MAX_INSTANCES`` instances and about
-``BLOCK_TARGET_BYTES`` bytes. ``read_next`` still returns one instance.
+``BLOCK_TARGET_BYTES`` bytes, and takes about ``BLOCK_TARGET_S`` to read at most
+(so ``close()`` is prompt over slow readers). ``read_next`` still returns one instance.
 
 Every instance of every file is delivered exactly once per pass. Records of one
 file keep their order; with several threads, files interleave in whatever order
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -42,6 +44,9 @@ from loader.runtime.threads import StopRequested, ThreadPipeline
 BLOCK_FIRST_INSTANCES = 16  # before the instance size of a file is known
 BLOCK_MAX_INSTANCES = 256
 BLOCK_TARGET_BYTES = 256 * 1024
+# A block takes about this long to read, at most (after a file's first): close() waits for the blocks being
+# read, so a slow reader (a decoder at 30 ms an instance) must not read 256 instances at a time.
+BLOCK_TARGET_S = 0.01
 
 
 class _FileQueue:
@@ -109,7 +114,11 @@ def _first_slot_names(filenames: Sequence[str], spec: dict) -> list[str]:
 def _put_blocks(pipe: ThreadPipeline, reader: ReaderBase, order: list[int] | None) -> None:
     count = BLOCK_FIRST_INSTANCES
     while True:
+        if pipe.stopping:  # not one more block for a consumer that has gone
+            raise StopRequested
+        started = time.monotonic()
         block = reader.read_block(count)
+        seconds = time.monotonic() - started
         if not block:
             return
         if order is not None:
@@ -117,7 +126,8 @@ def _put_blocks(pipe: ThreadPipeline, reader: ReaderBase, order: list[int] | Non
         pipe.put(block)
         rows = len(block[0])
         per_instance = max(1, sum(a.nbytes for a in block) // rows)
-        count = max(1, min(BLOCK_MAX_INSTANCES, BLOCK_TARGET_BYTES // per_instance))
+        by_time = int(BLOCK_TARGET_S * rows / seconds) if seconds > 0 else BLOCK_MAX_INSTANCES
+        count = max(1, min(BLOCK_MAX_INSTANCES, BLOCK_TARGET_BYTES // per_instance, by_time))
 
 
 class MultiFileReader(ReaderBase):
@@ -242,4 +252,4 @@ def open_files(
     return reader
 
 
-__all__ = ["MultiFileReader", "open_files", "BLOCK_MAX_INSTANCES", "BLOCK_TARGET_BYTES"]
+__all__ = ["MultiFileReader", "open_files", "BLOCK_MAX_INSTANCES", "BLOCK_TARGET_BYTES", "BLOCK_TARGET_S"]

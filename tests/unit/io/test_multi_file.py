@@ -237,6 +237,48 @@ def test_close_mid_pass_stops_every_thread_promptly(workdir, no_leaks):
     reader.close()
 
 
+class SlowFormat(lio.FileReader):
+    """A decoder-like format: every instance costs ``SECONDS_PER_INSTANCE`` of work; records the block sizes asked."""
+
+    SECONDS_PER_INSTANCE = 0.03
+    asked: list[tuple[str, int]] = []
+
+    def _open(self):
+        self.i = 0
+
+    def _read_instance(self):
+        time.sleep(self.SECONDS_PER_INSTANCE)  # the cost of decoding one instance, not a wait for anything
+        self.i += 1
+        return [np.array([self.i])] if self.i <= 10_000 else None
+
+    def read_block(self, max_instances):
+        SlowFormat.asked.append((self.path, max_instances))
+        return super().read_block(max_instances)
+
+    def _rewind(self):
+        self.i = 0
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+def test_close_is_prompt_over_a_slow_format_and_leaves_no_thread_reading(workdir, no_leaks):
+    paths = [os.path.join(workdir, f"f{i}.slowfmt") for i in range(2)]
+    lio.register_file_reader("slowfmt", SlowFormat)
+    SlowFormat.asked = []
+    try:
+        reader = lio.open_files(paths, [[-1, 1]], ["int64"], thread_num=2, buffer_size=1)
+        for _ in range(40):  # past both files' first blocks
+            assert reader.read_next()
+        start = time.perf_counter()
+        reader.close()
+        took = time.perf_counter() - start
+    finally:
+        lio.unregister_file_reader("slowfmt")
+    # A block of 256 slow instances took 7.7 s: close() gave up after 5 s and left the threads reading.
+    after_first = [count for path in paths for count in [c for p, c in SlowFormat.asked if p == path][1:]]
+    assert after_first and max(after_first) == 1, SlowFormat.asked
+    assert took < 1.0
+
+
 @pytest.mark.timeout(TIMEOUT_S)
 def test_abandoned_iteration_then_close(workdir, no_leaks):
     paths = _write_files(workdir, [300] * 4)
