@@ -36,10 +36,13 @@ dtypes torch takes is asked of the installed torch (``torch.from_numpy``, once p
 torch versions have no uint16/uint32/uint64 tensors, so there those stay numpy too. A leaf that stays numpy
 is never an error: the batch arrives with that field as the numpy array it was read as.
 
+Fluid's place objects are taken too: ``CPUPlace()`` and ``CUDAPinnedPlace()`` are ``"cpu"``,
+``CUDAPlace(i)`` is ``"cuda:i"``, and None (fluid's default) is ``"cpu"``.
+
 torch and cupy are imported lazily, inside the functions that need them, so the
-package imports and runs on the CPU without either. A place that needs a missing
-library, a missing CUDA device or that cannot be parsed raises ``ValueError`` at
-construction.
+package imports and runs on the CPU without either. A place that cannot be parsed,
+a CUDA place without torch or cupy, or without that device, raises ``ValueError`` at
+construction; ``"torch"``/``"torch:cpu"`` without torch raises ``MissingDependencyError``.
 """
 
 from __future__ import annotations
@@ -82,9 +85,26 @@ def import_torch(needed_by: str) -> Any:
     return torch
 
 
+def place_name(place: Any) -> Any:
+    """A fluid place object (``CPUPlace()``, ``CUDAPinnedPlace()``, ``CUDAPlace(i)``) or None (fluid's
+    "no place": the host) as a place string; anything else as given."""
+    if place is None:
+        return "cpu"
+    kind = type(place).__name__
+    if kind in ("CPUPlace", "CUDAPinnedPlace"):
+        return "cpu"
+    if kind in ("CUDAPlace", "GPUPlace"):
+        index = place.get_device_id() if hasattr(place, "get_device_id") else getattr(place, "device_id", 0)
+        return f"cuda:{int(index)}"
+    return place
+
+
 def _parse_place(place: Any) -> tuple[str, str, int | None]:
     """(library, kind, device index): library in {numpy, torch, cupy, auto}, kind in {cpu, cuda}; the index
     is None for a CUDA place that names no device (resolved by ``_check_cuda_library``), 0 on the CPU."""
+    # Fluid's place objects everywhere a place is taken (DoubleBufferReader, Client), not only in DataFeeder:
+    # paddle code passes CPUPlace(), CUDAPlace(0) or double_buffer's default None.
+    place = place_name(place)
     if type(place).__module__.startswith("torch") and hasattr(place, "type"):
         library, kind = "torch", str(place.type)
         if kind not in ("cpu", "cuda"):

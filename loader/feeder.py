@@ -56,22 +56,9 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from loader.device import Placer, device_count
+from loader.device import Placer, device_count, place_name
 from loader.fields import Field, FieldConverter, as_field, declared_field, program_field
 from loader.lod_tensor import LoDTensor
-
-
-def place_name(place: Any) -> Any:
-    """A fluid place object (``CPUPlace()``, ``CUDAPlace(i)``) as a place string; anything else as given."""
-    if place is None:
-        return "cpu"
-    kind = type(place).__name__
-    if kind in ("CPUPlace", "CUDAPinnedPlace"):
-        return "cpu"
-    if kind in ("CUDAPlace", "GPUPlace"):
-        index = place.get_device_id() if hasattr(place, "get_device_id") else getattr(place, "device_id", 0)
-        return f"cuda:{int(index)}"
-    return place
 
 
 def resolve_field(entry: Any, program: Any) -> Field:

@@ -371,3 +371,21 @@ def test_torch_alone_means_torch_tensors_on_the_cpu() -> None:
 
     assert _parse_place("torch") == _parse_place("torch:cpu") == ("torch", "cpu", 0)
     assert _parse_place("cpu") == ("numpy", "cpu", 0)
+
+
+def test_fluid_places_and_none_are_taken_wherever_a_place_is():
+    # Paddle code passes CPUPlace(), CUDAPinnedPlace() or double_buffer's default None to readers too, not only
+    # to DataFeeder: each is the host (a CUDAPlace is "cuda:i", checked with the CUDA places above).
+    from loader.io import DoubleBufferReader
+    from loader.io.bridge import from_reader
+    from tests.paddle_shim import CPUPlace, CUDAPlace
+
+    class CUDAPinnedPlace:
+        pass
+
+    for place in (CPUPlace(), CUDAPinnedPlace(), None):
+        assert Placer(place).place == "cpu"
+        reader = DoubleBufferReader(from_reader(lambda: iter([[np.arange(3)]]), None, None), place=place)
+        assert [int(v) for v in reader.read_next()[0]] == [0, 1, 2]
+        reader.close()
+    assert device_mod.place_name(CUDAPlace(3)) == "cuda:3"
