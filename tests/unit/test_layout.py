@@ -203,3 +203,50 @@ def test_the_checks_leave_a_type_annotation_alone():
     # reader/pipe.py imports subprocess for Popen's type and TimeoutExpired: that starts nothing.
     source = "import subprocess\ndef reap(proc: subprocess.Popen) -> None:\n    proc.wait(1)\n"
     assert process_starts(ast.parse(source)) == []
+
+
+# -- the map: docs/architecture.md's table of packages ----------------------------------------------------
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+# Rows that list their package's modules one by one (the others describe theirs by what they hold): a module
+# added there without its line in the map fails here.
+ROWS_LISTING_MODULES = {
+    "loader/",
+    "loader/config/",
+    "loader/runtime/",
+    "loader/service/",
+    "loader/service/transport/",
+    "loader/service/shm/",
+    "loader/service/daemon/",
+    "loader/service/client/",
+    "workers/",
+}
+
+
+def _package_rows() -> dict[str, str]:
+    """Package folder -> its row's text, from the table under "## Packages"."""
+    rows = {}
+    for line in ARCHITECTURE.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 2:
+            rows[cells[0].split("`")[1]] = cells[1]
+    return rows
+
+
+def _packages_on_disk() -> set[str]:
+    return {
+        path.parent.relative_to(ROOT).as_posix() + "/"
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("__init__.py")
+    }
+
+
+def test_the_map_has_a_row_for_each_package_and_no_other():
+    assert set(_package_rows()) == _packages_on_disk()
+
+
+@pytest.mark.parametrize("package", sorted(ROWS_LISTING_MODULES))
+def test_the_map_names_every_module_of_a_row_that_lists_them(package):
+    row = _package_rows()[package]
+    modules = sorted(path.stem for path in (ROOT / package).glob("*.py") if not path.stem.startswith("_"))
+    missing = [name for name in modules if f"`{name}`" not in row and f"`{name}.py`" not in row]
+    assert not missing, f"docs/architecture.md: the row of {package} does not name {missing}"
