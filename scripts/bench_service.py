@@ -75,7 +75,7 @@ SERVE_START_TIMEOUT_S = 30.0
 CLIENT_TIMEOUT_S = 60.0
 CHILD_TIMEOUT_S = 300.0
 MIB = 1024 * 1024
-SMALL_TARGET_RATE = 2_000_000  # samples/s of 64 float32 + label (issue 15: bytes, not Python, should bound it)
+SMALL_TARGET_RATE = 2_000_000  # samples/s of 64 float32 + label (the goal: bytes, not Python, bound it)
 
 
 @dataclass(frozen=True)

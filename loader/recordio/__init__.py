@@ -25,9 +25,11 @@ zlib). A Snappy payload is what the original wrote through hoxnox/snappystream:
 the magic ``"snappy\0"``, then blocks of at most 32 KiB, each a raw Snappy
 block or stored bytes, with a masked CRC32C of its contents. Snappy and CRC32C
 are implemented here in pure Python (numpy for the CRC), so files written by
-Paddle read without a third-party codec. They run at Python speed (compressible
-chunks decode at roughly 10-35 MB/s, zlib inflates at over 150), so prefer
-``NONE`` or ``ZLIB`` for files that only this package reads.
+Paddle read without a third-party codec; with the ``snappy`` extra installed
+(cramjam and google-crc32c, ``native``) the C codecs do the same work, giving
+the same bytes. The pure-Python path runs at Python speed (compressible chunks
+decode at roughly 10-35 MB/s, zlib inflates at over 150), so without the extra
+prefer ``NONE`` or ``ZLIB`` for files that only this package reads.
 
 Records written by :meth:`Writer.write` are samples encoded with
 :mod:`loader.runtime.codec` (msgpack, numpy arrays as dtype + shape + bytes), never
@@ -45,7 +47,7 @@ Modules: ``chunks`` (header layouts, compressors, one chunk packed and unpacked)
 ``paddle_convert`` (``loader recordio convert``),
 ``writer`` (``Writer``), ``scanner`` (``Scanner``), ``convert`` (reader ->
 files), and the Snappy codec: ``snappystream`` (the block stream), ``snappy``
-(raw Snappy blocks), ``crc32c`` (the checksum). The names in ``__all__`` below
+(raw Snappy blocks), ``crc32c`` (the checksum), ``native`` (their C forms, when installed). The names in ``__all__`` below
 are importable from ``loader.recordio``; the codec modules are internal.
 """
 

@@ -1,1 +1,1 @@
-"""Private runtime helpers: threads, processes, imports by name, and the sample codec."""
+"""Private runtime helpers: threads, processes, imports by name, the sample codec, worker memory and file limits."""

@@ -124,7 +124,7 @@ def _file_sources(value: Any) -> bool:
 
 
 def _anchor(value: Any) -> bool:
-    """``[window, order index, record]``: where the input of a shuffle window begins (``daemon/order.py``)."""
+    """``[window, order index, record]``: where the input of a shuffle window begins (``service/order.py``)."""
     return isinstance(value, list) and len(value) == 3 and all(_count(v) for v in value)
 
 
@@ -364,7 +364,7 @@ class ClientWelcome(Versioned):
     # Batches in each epoch of this session, where the daemon could count them from file headers.
     batches: int | None = wire("batches", _optional(_count), None)
     samples: int | None = wire("samples", _optional(_count), None)  # samples of an epoch, where counted
-    # What a checkpoint's state must match (``daemon/order.py``: files, seed, batch size, shuffle, ...).
+    # What a checkpoint's state must match (``service/order.py``: files, seed, batch size, shuffle, ...).
     fingerprint: dict[str, Any] | None = wire("fp", _optional(_mapping), None)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import functools
 import pathlib
+import re
 from collections.abc import Callable
 
 import pytest
@@ -250,3 +251,21 @@ def test_the_map_names_every_module_of_a_row_that_lists_them(package):
     modules = sorted(path.stem for path in (ROOT / package).glob("*.py") if not path.stem.startswith("_"))
     missing = [name for name in modules if f"`{name}`" not in row and f"`{name}.py`" not in row]
     assert not missing, f"docs/architecture.md: the row of {package} does not name {missing}"
+
+
+# -- paths named in the source ----------------------------------------------------------------------------
+# Files of other projects that comments name by their own paths.
+OTHER_PROJECTS = {"multiprocessing/connection.py", "numpy/random/bit_generator.py"}
+
+
+def test_every_path_a_docstring_or_comment_names_exists():
+    # A module moved without its references updated leaves readers looking for a file that is not there.
+    ours = {path.relative_to(ROOT).as_posix() for path in ROOT.rglob("*.py") if ".venv" not in path.parts}
+    stale = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                for named in re.findall(r"\b[A-Za-z_][\w/]*/\w+\.py\b", line):
+                    if named not in OTHER_PROJECTS and not any(f"/{p}".endswith(f"/{named}") for p in ours):
+                        stale.append(f"{path.relative_to(ROOT)}:{number}: {named}")
+    assert not stale, "\n".join(stale)

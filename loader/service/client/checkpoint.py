@@ -1,7 +1,7 @@
 """A client's place in training as a checkpoint state: a small JSON-able dict, and its checks.
 
 The state names the epoch, the global sample position the training loop has
-reached in it, and the anchor of that position (``daemon/order.py``), plus the
+reached in it, and the anchor of that position (``service/order.py``), plus the
 fingerprint of the dataset's config it was taken under. It does not depend on
 the rank, the world size, the worker count or the transport, so any client of
 a daemon serving the same dataset can resume from it, with any world size.

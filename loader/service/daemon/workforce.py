@@ -1,7 +1,7 @@
 """The daemon's workers: starting them, their control messages, leases, liveness and replacement.
 
-``WorkerPool`` is the worker-facing half of the daemon (``daemon.Daemon`` is
-the loop and the client-facing half). It talks to workers through the
+``WorkerPool`` is the worker-facing half of the daemon (``loop.Daemon`` is
+the loop, ``desk.ClientDesk`` the client-facing half). It talks to workers through the
 daemon's router (``send(peer, frames) -> bool``) and owns the processes it
 started: a dead or hung one (``Coordinator.find_dead``) is stopped, its
 files are re-leased and a replacement is started. Workers are reached by the
