@@ -24,15 +24,15 @@ from typing import Any
 from loader.errors import TransportError
 from loader.service import protocol as P
 from loader.service import transport
+from loader.service.transport import Channel, ChannelOpener
 
 LINK_JOIN_TIMEOUT_S = 2.0
 
 
-def open_channels(connect: Any) -> tuple[Any, Any, str]:
+def open_channels(connect: str | transport.Dial | ChannelOpener) -> tuple[Channel, Channel | None, str]:
     """(control channel, data channel or None, address) for a daemon address or a pipe link."""
-    opener = getattr(connect, "open_channels", None)
-    if opener is not None:
-        control, data = opener()
+    if isinstance(connect, ChannelOpener):
+        control, data = connect.open_channels()
         return control, data, str(connect)
     # Over zmq the data endpoint is learnt from WELCOME; a Dial carries the address and the worker's CURVE keys.
     if isinstance(connect, transport.Dial):
@@ -43,7 +43,7 @@ def open_channels(connect: Any) -> tuple[Any, Any, str]:
 class ControlLink:
     """Owns ``channel`` on a thread from ``start()`` to ``close()`` (which also closes the channel)."""
 
-    def __init__(self, channel: Any, interval_s: float, timeout_s: float) -> None:
+    def __init__(self, channel: Channel, interval_s: float, timeout_s: float) -> None:
         self._channel = channel
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self._inbox: queue.Queue[P.Message] = queue.Queue()

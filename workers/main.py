@@ -35,6 +35,7 @@ from loader.errors import ConfigError, ProtocolVersionError, TransportError
 from loader.runtime.memory import keep_freed_memory
 from loader.service import protocol as P
 from loader.service import transport
+from loader.service.transport import ChannelOpener
 from workers.arena_writer import ArenaWriter
 from workers.control import ControlLink, open_channels
 from workers.file_job import FileJob
@@ -58,7 +59,7 @@ class _Cancelled(Exception):
 
 
 def run_worker(
-    connect: Any,
+    connect: str | transport.Dial | ChannelOpener,
     *,
     worker_id: str | None = None,
     stop_event: threading.Event | None = None,
@@ -79,7 +80,7 @@ def run_worker(
 class Worker:
     def __init__(
         self,
-        connect: Any,
+        connect: str | transport.Dial | ChannelOpener,
         worker_id: str,
         stop_event: threading.Event | None,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,

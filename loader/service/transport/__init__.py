@@ -1,7 +1,7 @@
 """Transport: the channel protocol, ZeroMQ sockets (the one zmq import), worker pipe links and their framing."""
 
 from loader.service.transport.auth import CurveClient, CurveServer, Dial
-from loader.service.transport.channel import Channel, Frames, RouterLike
+from loader.service.transport.channel import Channel, ChannelOpener, Frames, RouterLike
 from loader.service.transport.inproc import FakeChannel, Waker
 from loader.service.transport.sockets import (
     AuthServer,
@@ -21,6 +21,7 @@ __all__ = [
     "CurveServer",
     "Dial",
     "Channel",
+    "ChannelOpener",
     "Frames",
     "RouterLike",
     "FakeChannel",

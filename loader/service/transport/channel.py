@@ -2,13 +2,14 @@
 
 ZeroMQ sockets (``sockets``), the in-process fake (``inproc``) and the worker
 pipe links (``pipes``, ``links``) all satisfy these, so the client, the worker
-and the daemon loop are written once against them.
+and the daemon loop are written once against them; a worker's pipe link is a
+``ChannelOpener``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 Frames = list[Any]
 
@@ -37,6 +38,15 @@ class Channel(Protocol):
         ...
 
 
+@runtime_checkable
+class ChannelOpener(Protocol):
+    """What a worker is given in place of an address: the worker's end of a pipe link (``links.WorkerEnd``)."""
+
+    def open_channels(self) -> tuple[Channel, Channel]:
+        """(control, data) channels, opened in the worker's own process."""
+        ...
+
+
 class RouterLike(Protocol):
     """The daemon's well-known endpoint: many peers, each addressed by its identity."""
 
@@ -55,4 +65,4 @@ class RouterLike(Protocol):
         ...
 
 
-__all__ = ["Channel", "RouterLike", "Frames"]
+__all__ = ["Channel", "ChannelOpener", "RouterLike", "Frames"]
