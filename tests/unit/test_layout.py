@@ -269,3 +269,24 @@ def test_every_path_a_docstring_or_comment_names_exists():
                     if named not in OTHER_PROJECTS and not any(f"/{p}".endswith(f"/{named}") for p in ours):
                         stale.append(f"{path.relative_to(ROOT)}:{number}: {named}")
     assert not stale, "\n".join(stale)
+
+
+# -- tests mirror the source ------------------------------------------------------------------------------
+UNIT_TESTS = ROOT / "tests" / "unit"
+
+
+def test_unit_test_folders_mirror_the_packages():
+    packages = {package.removeprefix("loader/").rstrip("/") for package in _packages_on_disk()} - {"loader"}
+    folders = {path.parent.relative_to(UNIT_TESTS).as_posix() for path in UNIT_TESTS.rglob("test_*.py")} - {"."}
+    assert folders <= packages, f"tests/unit folders with no package of that name: {sorted(folders - packages)}"
+
+
+def test_a_subpackages_tests_live_in_its_folder():
+    # tests/unit/test_examples_images.py tested loader/examples/images.py: its place is tests/unit/examples/.
+    subpackages = {path.parent.name for path in (ROOT / "loader").glob("*/__init__.py")} | {"workers"}
+    misplaced = [
+        path.name
+        for path in UNIT_TESTS.glob("test_*.py")
+        if path.stem.removeprefix("test_").split("_")[0] in subpackages
+    ]
+    assert not misplaced, f"move these under tests/unit/<package>/: {misplaced}"
