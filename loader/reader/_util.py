@@ -52,4 +52,21 @@ def as_count(value: Any, name: str) -> int:
         raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
 
 
-__all__ = ["Reader", "close_quietly", "open_source", "check_reader", "as_count"]
+# The passes of the multiprocess_readers this process was forked for, summed (0 outside their children). A
+# seeded shuffle's pass counter lives in the parent's memory and a child gets a fresh copy each pass, so
+# without this every pass of a child shuffled alike; with it, pass k of the merged reader shuffles as the
+# k-th call would in one process.
+_forked_pass = 0
+
+
+def forked_pass() -> int:
+    return _forked_pass
+
+
+def enter_forked_pass(number: int) -> None:
+    """In a multiprocess_reader's child: this process reads pass ``number`` of it."""
+    global _forked_pass
+    _forked_pass += number
+
+
+__all__ = ["Reader", "close_quietly", "open_source", "check_reader", "as_count", "forked_pass", "enter_forked_pass"]

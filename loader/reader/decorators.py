@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from loader.errors import ComposeNotAligned, DataError
-from loader.reader._util import Reader, as_count, check_reader, close_quietly, open_source
+from loader.reader._util import Reader, as_count, check_reader, close_quietly, forked_pass, open_source
 from loader.reader.multiprocess import multiprocess_reader
 from loader.reader.pipe import PipeReader
 from loader.reader.xmap import xmap_readers
@@ -172,7 +172,8 @@ def shuffle(reader: Reader, buf_size: int, seed: int | str | None = None) -> Rea
     the output is reproducible on its own: the first call of the returned
     reader uses ``random.Random(seed)``, call ``k`` a generator seeded by
     ``(seed, k)``, so every pass is shuffled differently yet the whole run
-    repeats, whatever else draws from ``random``.
+    repeats, whatever else draws from ``random``. Inside a ``multiprocess_reader``
+    child, call ``k`` of the merged reader counts as the ``k``-th call.
     """
     check_reader(reader, "shuffle")
     buf_size = as_count(buf_size, "shuffle: buf_size")
@@ -184,7 +185,7 @@ def shuffle(reader: Reader, buf_size: int, seed: int | str | None = None) -> Rea
             mix: Callable[[list[Any]], None] = random.shuffle  # looked up per call: random.seed() may follow
         else:
             with lock:  # calls from several threads still get distinct epochs
-                mix = _epoch_rng(seed, next(epochs)).shuffle
+                mix = _epoch_rng(seed, next(epochs) + forked_pass()).shuffle
         source = open_source(reader)
         buf: list[Any] = []
         try:

@@ -32,6 +32,7 @@ A ``None`` sample is delivered like any other: the original refused it
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing.connection
 import os
 import pickle
@@ -40,7 +41,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from loader.errors import WorkerDiedError, WorkerError
-from loader.reader._util import Reader, as_count, check_reader
+from loader.reader._util import Reader, as_count, check_reader, enter_forked_pass
 from loader.runtime import codec
 from loader.runtime.processes import PROCESS_JOIN_TIMEOUT_S, context, start_process, stop_process, terminate_now
 from loader.runtime.threads import POLL_INTERVAL_S  # idle wait between checks; also the child's credit poll
@@ -73,10 +74,11 @@ def _send_credit_wait(credits: Any, parent_pid: int) -> None:
             raise SystemExit("multiprocess_reader: parent process went away")
 
 
-def _child_main(reader: Reader, conn: Any, inherited: list[Any], credits: Any, name: str) -> None:
-    """Body of one child: send every sample of ``reader()``, then an end (or error) message."""
+def _child_main(reader: Reader, conn: Any, inherited: list[Any], credits: Any, name: str, number: int) -> None:
+    """Body of one child, for pass ``number``: send every sample of ``reader()``, then an end (or error) message."""
     for other in inherited:
         other.close()  # read ends copied by fork; holding them would hide a dead parent
+    enter_forked_pass(number)  # a seeded shuffle in here shuffles each pass anew (_util.forked_pass)
     # Started as a daemon (so the parent's exit never waits on it), but a daemon may not start processes:
     # a reader that does (a nested multiprocess_reader, a Pool) failed with multiprocessing's bare
     # AssertionError. The original's children were not daemons. This child's own children are still
@@ -103,8 +105,9 @@ def _child_main(reader: Reader, conn: Any, inherited: list[Any], credits: Any, n
 class _Children:
     """The processes behind one iteration, their pipes, and how to read them."""
 
-    def __init__(self, readers: Sequence[Reader], credit_count: int) -> None:
+    def __init__(self, readers: Sequence[Reader], credit_count: int, number: int = 0) -> None:
         ctx = context("fork")
+        self._number = number  # which pass of the merged reader this is
         self._credits = ctx.Semaphore(credit_count) if credit_count > 0 else None
         self._conns: list[Any] = []
         self._procs: list[Any] = []
@@ -121,7 +124,7 @@ class _Children:
         read_end, write_end = ctx.Pipe(duplex=False)
         self._conns.append(read_end)
         try:
-            args = (reader, write_end, list(self._conns), self._credits, self._names[index])
+            args = (reader, write_end, list(self._conns), self._credits, self._names[index], self._number)
             self._procs.append(start_process(_child_main, args, name=self._names[index], method="fork"))
         finally:
             # Only the child may hold the write end, so its death reads as end-of-file here.
@@ -225,9 +228,10 @@ def multiprocess_reader(readers: Sequence[Reader], use_pipe: bool = True, queue_
     readers = list(readers)
     queue_size = as_count(queue_size, "multiprocess_reader: queue_size")
     credit_count = 0 if use_pipe else queue_size
+    passes = itertools.count()  # next() is atomic under the GIL: calls from threads get distinct numbers
 
     def merged_reader() -> Iterator[Any]:
-        children = _Children(readers, credit_count)
+        children = _Children(readers, credit_count, next(passes))
         try:
             yield from (_round_robin(children) if use_pipe else _as_ready(children))
         finally:

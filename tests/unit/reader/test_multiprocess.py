@@ -209,3 +209,17 @@ def test_abandoned_iterations_leave_no_processes_or_fds(no_leaks):
             del it
     assert child_pids() == children
     assert open_fd_count() <= fds
+
+
+@pytest.mark.parametrize("use_pipe", [True, False], ids=["pipe", "queue"])
+def test_a_seeded_shuffle_in_a_child_shuffles_each_pass_as_it_would_in_one_process(use_pipe):
+    # The shuffle's pass counter lives in the parent, which never calls it: every pass of the child shuffled
+    # alike. Pass k of the merged reader now shuffles as the k-th call in one process, run after run.
+    def shuffled():
+        return reader.shuffle(lambda: iter(range(30)), 30, seed=5)
+
+    merged = reader.multiprocess_reader([shuffled()], use_pipe=use_pipe)
+    in_children = [list(merged()) for _ in range(3)]
+    alone = shuffled()
+    assert in_children == [list(alone()) for _ in range(3)]
+    assert len({tuple(p) for p in in_children}) == 3
