@@ -41,7 +41,7 @@ Fluid's place objects are taken too: ``CPUPlace()`` and ``CUDAPinnedPlace()`` ar
 
 torch and cupy are imported lazily, inside the functions that need them, so the
 package imports and runs on the CPU without either. A place that cannot be parsed,
-a CUDA place without torch or cupy, or without that device, raises ``ValueError`` at
+a CUDA place without torch or cupy, or without that device, raises ``ConfigError`` (a ``ValueError``) at
 construction; ``"torch"``/``"torch:cpu"`` without torch raises ``MissingDependencyError``.
 """
 
@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from loader.errors import MissingDependencyError
+from loader.errors import ConfigError, MissingDependencyError
 
 # What a place may be (as ``config.sections.DEVICE_FORMS`` says of client.device, plus torch.device objects).
 PLACE_FORMS = (
@@ -108,24 +108,24 @@ def _parse_place(place: Any) -> tuple[str, str, int | None]:
     if type(place).__module__.startswith("torch") and hasattr(place, "type"):
         library, kind = "torch", str(place.type)
         if kind not in ("cpu", "cuda"):
-            raise ValueError(f"unsupported place {place!r}: only cpu and cuda devices are supported")
+            raise ConfigError(f"unsupported place {place!r}: only cpu and cuda devices are supported")
         if kind == "cpu":
             return library, kind, 0
         return library, kind, None if place.index is None else int(place.index)
     if not isinstance(place, str):
-        raise ValueError(f"unsupported place {place!r}: use {PLACE_FORMS}")
+        raise ConfigError(f"unsupported place {place!r}: use {PLACE_FORMS}")
     text = place.strip().lower()
     if text in ("torch", "cupy"):  # the library alone: torch tensors on the CPU (cupy has no CPU place)
         text += ":cpu"
     match = _PLACE_RE.match(text)
     if match is None:
-        raise ValueError(f"unsupported place {place!r}: use {PLACE_FORMS}")
+        raise ConfigError(f"unsupported place {place!r}: use {PLACE_FORMS}")
     library, kind = match.group(1), match.group(2)
     index = None if match.group(3) is None else int(match.group(3))
     kind = "cuda" if kind == "gpu" else kind
     if kind == "cpu":
         if match.group(3) is not None:
-            raise ValueError(f"unsupported place {place!r}: a cpu place takes no device index")
+            raise ConfigError(f"unsupported place {place!r}: a cpu place takes no device index")
         return (library or "numpy"), "cpu", 0
     return (library or "auto"), "cuda", index
 
@@ -165,10 +165,10 @@ def _check_cuda_library(library: str, index: int | None, text: str) -> tuple[str
         if index is None:
             index = 0  # no device at all: said as "no device 0" below
         if index >= count:
-            raise ValueError(f"place {text!r}: {name} sees {count} CUDA device(s), no device {index}")
+            raise ConfigError(f"place {text!r}: {name} sees {count} CUDA device(s), no device {index}")
         return name, index
     wanted = " or ".join(candidates)
-    raise ValueError(f"place {text!r} needs {wanted} installed for device placement; only 'cpu' is available")
+    raise ConfigError(f"place {text!r} needs {wanted} installed for device placement; only 'cpu' is available")
 
 
 def map_leaves(obj: Any, fn: Callable[[np.ndarray], Any]) -> Any:
@@ -248,7 +248,7 @@ class Placer:
                 f"place {place!r} needs torch: pip install torch (or use 'cpu' for numpy arrays)"
             )
         elif library == "cupy":
-            raise ValueError(f"unsupported place {place!r}: cupy arrays live on a CUDA device, use 'cupy:cuda:N'")
+            raise ConfigError(f"unsupported place {place!r}: cupy arrays live on a CUDA device, use 'cupy:cuda:N'")
         self.library, self.kind, self.index = library, kind, index
         self.place = "cpu" if library == "numpy" else (f"{library}:cpu" if kind == "cpu" else f"cuda:{index}")
         self._lock = threading.Lock()

@@ -16,6 +16,7 @@ import pytest
 from loader import LoDTensor
 from loader import device as device_mod
 from loader.device import Placer, map_leaves
+from loader.errors import ConfigError
 
 
 def test_cpu_is_the_identity():
@@ -27,14 +28,14 @@ def test_cpu_is_the_identity():
 
 @pytest.mark.parametrize("place", ["tpu", "cuda:x", "cpu:1", "", "cupy:cpu", 3])
 def test_unparseable_place_is_a_value_error(place):
-    with pytest.raises(ValueError, match="place"):
+    with pytest.raises(ConfigError, match="place"):  # the project's error for a bad setting, and a ValueError
         Placer(place)
 
 
 @pytest.mark.parametrize("place", ["cuda", "cuda:0", "gpu:1", "torch:cuda:0", "cupy:cuda"])
 def test_device_place_without_torch_or_cupy_fails_at_construction(monkeypatch, place):
     monkeypatch.setattr(device_mod, "_try_import", lambda name: None)
-    with pytest.raises(ValueError, match="needs .*installed") as info:
+    with pytest.raises(ConfigError, match="needs .*installed") as info:
         Placer(place)
     assert "\n" not in str(info.value)
 
