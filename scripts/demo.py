@@ -5,7 +5,7 @@
 2. start ``loader serve`` on them (a config written next to the data, a free port);
 3. train a small numpy model (softmax regression) for two epochs on batches from
    ``loader.Client``, printing per epoch: batches, samples, the mean loss and accuracy, the
-   epoch's wall time, and the part of it the training loop spent waiting for data;
+   epoch's wall time and samples/s, and the part of it the training loop spent waiting for data;
 4. print ``loader status`` as a trainer's operator would see it;
 5. stop the daemon with SIGTERM and check that it exits 0.
 
@@ -138,9 +138,10 @@ def report(epoch: int, measured: dict[str, Any]) -> None:
     trained = ""
     if samples:
         trained = f", loss {measured['loss'] / samples:.3f}, accuracy {measured['correct'] / samples:.1%}"
+    rate = samples / seconds if seconds > 0 else 0.0
     print(
         f"epoch {epoch}: {measured['batches']} batches, {samples} samples{trained}; "
-        f"{seconds:.2f} s, of which {measured['waited']:.2f} s waiting for data"
+        f"{seconds:.2f} s ({rate:,.0f} samples/s), of which {measured['waited']:.2f} s waiting for data"
     )
 
 

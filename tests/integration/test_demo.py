@@ -33,6 +33,8 @@ def test_demo_serves_two_epochs_and_stops_cleanly() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     epochs = re.findall(r"^epoch (\d): (\d+) batches, (\d+) samples", result.stdout, re.M)
     assert epochs == [("0", "47", "6000"), ("1", "47", "6000")], result.stdout
+    # The issue: the demo "prints samples/s and batches per epoch".
+    assert len(re.findall(r"^epoch \d: .*\([0-9,]+ samples/s\)", result.stdout, re.M)) == 2, result.stdout
     assert_loss_falls(result.stdout)
     assert "workers:" in result.stdout  # the loader status table
     assert "exit code 0" in result.stdout
