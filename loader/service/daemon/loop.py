@@ -572,6 +572,9 @@ class Daemon:
                     "job": s.job,
                     "credits": s.credits,
                     "epoch": s.current.epoch if s.current else None,
+                    # Files of the epoch it reads, and how many are read completely (what is left: the rest).
+                    "epoch_files": progress[1] if (progress := s.epoch_progress()) else None,
+                    "epoch_files_done": progress[2] if progress else None,
                     "batches_sent": s.batches_sent,
                     "samples_sent": s.samples_sent,
                     "wait_s": round(s.wait_s, 3),

@@ -134,13 +134,7 @@ class Snapshotter:
             who = {"session": session.session_id, "rank": session.rank}
             add("loader_client_wait_seconds", session.wait_s, **who)
             add("loader_client_credits", session.credits, **who)
-            stream = session.current
-            if stream is not None:
-                files = len(stream.sequencer.order)
-                done, sent = files - len(stream.sequencer.incomplete), stream.samples_sent.get(session.rank, 0)
-                epoch: tuple[int, int, int, int] | None = (stream.epoch, files, done, sent)
-            else:
-                epoch = session.finished  # all sent; the client may still be reading it
+            epoch = session.epoch_progress()  # after its END: the epoch the client may still be reading
             if epoch is not None:
                 mine = {"dataset": session.dataset}
                 add("loader_epoch", epoch[0], **mine, **who)

@@ -122,6 +122,16 @@ class Session:
     # still be reading it, so the loader_epoch* gauges go on showing it until the next epoch starts.
     finished: tuple[int, int, int, int] | None = None
 
+    def epoch_progress(self) -> tuple[int, int, int, int] | None:
+        """(epoch, files, files done, samples sent to this rank) of the epoch it reads, else of the one it was
+        sent last: what `loader status` and the loader_epoch* gauges show of its epoch."""
+        stream = self.current
+        if stream is None:
+            return self.finished
+        files = len(stream.sequencer.order)
+        done = files - len(stream.sequencer.incomplete)
+        return (stream.epoch, files, done, stream.samples_sent.get(self.rank, 0))
+
 
 @dataclass
 class Stream:
