@@ -506,12 +506,18 @@ def decode(frames: Sequence[Frame]) -> tuple[Message, Columns]:
     return message, columns
 
 
+def printable(text: str) -> str:
+    """``text`` a peer chose, fit for one log line: each character ``str.isprintable`` refuses (newlines,
+    terminal escapes) becomes ``?``, so a name cannot forge log lines of its own."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
+
+
 def version_mismatch(message: Versioned, peer: str) -> str | None:
     """None when ``message`` speaks this protocol version, else one line saying why not."""
     if message.version == PROTOCOL_VERSION:
         return None
     return (
-        f"{peer} speaks loader protocol {message.version} (loader {message.package}), this side speaks "
+        f"{peer} speaks loader protocol {message.version} (loader {printable(message.package[:64])}), this side speaks "
         f"{PROTOCOL_VERSION} (loader {_package_version()}): run the same loader version on both sides"
     )
 
@@ -545,6 +551,7 @@ __all__ = [
     "encode",
     "decode",
     "version_mismatch",
+    "printable",
     "object_array",
     "Columns",
     "Frame",

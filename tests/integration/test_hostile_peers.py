@@ -144,6 +144,32 @@ def test_hellos_of_another_version_are_logged_once_a_minute_per_peer_not_once_ea
     exact_epochs(daemon, ids)
 
 
+def test_text_a_peer_chooses_cannot_forge_log_lines(hostile, caplog):
+    """A worker's name and a peer's package version reach the daemon's log: a newline in them wrote a
+    line of the peer's choosing (a forged ERROR), an escape sequence reached the operator's terminal."""
+    daemon, ids = hostile
+    forged = "x\n2026-01-01 00:00:00,000 ERROR loader.daemon: forged\x1b[2J"
+    other = P.PROTOCOL_VERSION + 1
+    hellos = (
+        P.Hello(worker=forged, pid=1),
+        P.Hello(worker=forged, pid=1, version=other, package=forged),
+        P.ClientHello(version=other, package=forged),
+    )
+    with caplog.at_level(logging.INFO, logger="loader"):
+        for hello in hellos:
+            with raw_peer(daemon.endpoint) as peer:  # a peer each: refusals are logged once a minute per peer
+                answer = ask(peer, P.encode(hello))
+                assert isinstance(answer, P.Welcome if hello.version == P.PROTOCOL_VERSION else P.Error), answer
+                if isinstance(answer, P.Welcome):
+                    assert answer.worker.isprintable() and answer.worker.startswith("x?2026"), answer.worker
+                    peer.send(P.encode(P.Bye()))
+                    assert wait_until(lambda name=answer.worker: name not in live_worker_ids(daemon), timeout_s=5)
+    lines = [r.getMessage() for r in caplog.records if "forged" in r.getMessage()]
+    assert len(lines) >= 4, lines  # joined, left, and the two refusals
+    assert all(line.isprintable() for line in lines), lines
+    exact_epochs(daemon, ids)
+
+
 # -- 12: data is accepted only from the worker holding the lease, with its token --------------------------------
 def _forgery(kind: str, stream: int, file: int, lease: int, worker: str) -> list[Any]:
     tag = {"stream": stream, "file": file, "lease": lease, "worker": worker}

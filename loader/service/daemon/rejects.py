@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import time
 
+from loader.service.protocol import printable
+
 log = logging.getLogger("loader.daemon")
 
 LOG_EVERY_S = 60.0
@@ -35,7 +37,13 @@ class Rejects:
         if last is None and len(self._logged_at) >= MAX_REMEMBERED_PEERS:
             del self._logged_at[next(iter(self._logged_at))]
         self._logged_at[peer] = now
-        log.warning("dropping a message from %s: %s (further ones within %.0fs are not logged)", peer, why, LOG_EVERY_S)
+        # ``why`` may quote what the peer wrote: one line whatever it holds.
+        log.warning(
+            "dropping a message from %s: %s (further ones within %.0fs are not logged)",
+            peer,
+            printable(why),
+            LOG_EVERY_S,
+        )
 
 
 __all__ = ["Rejects", "LOG_EVERY_S"]

@@ -288,7 +288,7 @@ class WorkerPool:
     def hello(self, peer: bytes, hello: P.Hello, known: WorkerRecord | None = None) -> str | None:
         """Admit a worker (``known``: one already admitted on this connection, saying hello again) and
         answer WELCOME; None, or why it was refused (the refusal is sent to the peer too)."""
-        public = (hello.worker or "").partition(CLAIM_SEP)[0][:MAX_ID_PREFIX]
+        public = P.printable((hello.worker or "").partition(CLAIM_SEP)[0][:MAX_ID_PREFIX])
         mismatch = P.version_mismatch(hello, f"worker {public or peer.hex()} (pid {hello.pid})")
         if mismatch is not None:  # logged by the loop's ``Rejects``: once a minute per peer, not per hello
             self._send(peer, P.encode(P.Error(refused="version", message=mismatch)))
@@ -329,12 +329,13 @@ class WorkerPool:
         if hand_started >= self._max_workers:
             return f"the daemon has {hand_started} workers started by hand, its cap (service.max_workers)"
         # The name asked for only while no record has it: a HELLO naming a live worker gets a fresh id,
-        # never its record (so never its leases, and its BYE ends only itself).
-        name = public[:MAX_ID_PREFIX]
+        # never its record (so never its leases, and its BYE ends only itself). Printable: the id is logged.
+        asked = P.printable(public[:MAX_ID_PREFIX])
+        name = asked
         if not name or name in self.coordinator.workers:
-            name = f"{name or 'worker'}~{next(self._issued)}"
+            name = f"{asked or 'worker'}~{next(self._issued)}"
             while name in self.coordinator.workers:
-                name = f"{public[:MAX_ID_PREFIX] or 'worker'}~{next(self._issued)}"
+                name = f"{asked or 'worker'}~{next(self._issued)}"
         return self.coordinator.add_worker(name)
 
     def arena_of(self, worker_id: str) -> int | None:
