@@ -170,6 +170,35 @@ def test_text_a_peer_chooses_cannot_forge_log_lines(hostile, caplog):
     exact_epochs(daemon, ids)
 
 
+def test_a_peer_saying_hello_and_goodbye_in_a_loop_gets_a_log_line_a_minute(tmp_path, caplog):
+    """Attaching, detaching, joining and leaving are routine INFO lines, written for each message: one peer
+    saying hello in a loop wrote two lines a message (4,000 lines, 400 KB, a second). A daemon of its own:
+    each worker hello retires an arena, and retired arenas count against the cap for a while."""
+    ids = write_id_files(tmp_path, len(FILES), FILES)
+    rounds = 30
+    with running_daemon(_config(tmp_path)) as daemon, caplog.at_level(logging.INFO, logger="loader"):
+        _ready(daemon)
+        with raw_peer(daemon.endpoint) as peer:
+            for _ in range(rounds):
+                assert isinstance(ask(peer, P.encode(P.ClientHello(prefetch=1))), P.ClientWelcome)
+            assert isinstance(ask(peer, P.encode(P.Status())), P.Status)
+            peer.send(P.encode(P.Bye()))
+        with raw_peer(daemon.endpoint) as peer:
+            for _ in range(rounds):
+                welcome = ask(peer, P.encode(P.Hello(pid=1)))
+                assert isinstance(welcome, P.Welcome), welcome
+                peer.send(P.encode(P.Bye()))  # its record goes; the next hello is a new worker on this connection
+            assert wait_until(lambda: welcome.worker not in live_worker_ids(daemon), timeout_s=5)
+        said = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+        clients = [
+            kind for line in said if line.startswith("client ") for kind in ("attached", "detached") if kind in line
+        ]
+        workers = [kind for line in said if "(pid 1)" in line for kind in ("joined", "left") if kind in line]
+        lines = collections.Counter(clients + workers)
+        assert lines == {"attached": 1, "detached": 1, "joined": 1, "left": 1}, lines
+        exact_epochs(daemon, ids)
+
+
 # -- 12: data is accepted only from the worker holding the lease, with its token --------------------------------
 def _forgery(kind: str, stream: int, file: int, lease: int, worker: str) -> list[Any]:
     tag = {"stream": stream, "file": file, "lease": lease, "worker": worker}

@@ -38,6 +38,7 @@ from loader.io.survey import count_samples
 from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator
 from loader.service.daemon.datasets import Dataset, DatasetTable
+from loader.service.daemon.rejects import PeerLines
 from loader.service.daemon.stage import FileComplete, FileCut, Session, Stage, Stream
 from loader.service.daemon.workforce import WorkerPool
 from loader.service.order import Anchor, epoch_batches, start_anchor, window_rows
@@ -91,6 +92,7 @@ class ClientDesk:
         # Samples of an epoch of each dataset, counted at its first client (it reads file headers); None: unknown.
         self._samples: dict[str, int | None] = {}
         self.heartbeat_timeout_s = float(config.workers.heartbeat_timeout_s)
+        self._lines = PeerLines()  # a peer saying hello and goodbye in a loop gets a line a minute
 
     def _epoch_samples(self, dataset: Dataset) -> int | None:
         if dataset.name not in self._samples:
@@ -144,7 +146,8 @@ class ClientDesk:
         session = self.stage.open_session(peer, rank, world_size, hello.prefetch)
         session.dataset, session.settings = dataset.name, dataset.settings
         self._join_job(session, dataset, hello.job)
-        log.info(
+        log.log(
+            self._lines.level(peer, "attached"),
             "client %d attached (dataset %s, rank %d of %d, job %r)",  # %r: a client names its job, newlines too
             session.session_id,
             dataset.name,
@@ -304,7 +307,7 @@ class ClientDesk:
 
     def drop(self, session: Session, why: str) -> None:
         """Forget a client: free its rows; streams its job no longer needs are dropped."""
-        log.info("client %d detached: %s", session.session_id, why)
+        log.log(self._lines.level(session.peer, "detached"), "client %d detached: %s", session.session_id, why)
         self.stage.close_session(session)
         job = self.jobs.get(session.job)
         if job is None:

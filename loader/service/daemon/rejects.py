@@ -20,6 +20,29 @@ LOG_EVERY_S = 60.0
 MAX_REMEMBERED_PEERS = 1024  # peers whose last log line is remembered (a flood of peers forgets the oldest)
 
 
+class PeerLines:
+    """Routine log lines a peer can make the daemon write at will (a client attaching and detaching, a worker
+    joining and saying goodbye): each kind at most once per peer per ``LOG_EVERY_S`` at its level, the rest
+    at DEBUG. A peer saying hello in a loop wrote two INFO lines a message, 400 KB of log a second."""
+
+    def __init__(self) -> None:
+        self._logged_at: dict[tuple[bytes, str], float] = {}
+
+    def level(self, peer: bytes | None, kind: str, level: int = logging.INFO) -> int:
+        """``level`` for this peer's line of this ``kind`` now, or DEBUG when it had one lately."""
+        if peer is None:
+            return level
+        now = time.monotonic()
+        key = (peer, kind)
+        last = self._logged_at.get(key)
+        if last is not None and now - last < LOG_EVERY_S:
+            return logging.DEBUG
+        if last is None and len(self._logged_at) >= MAX_REMEMBERED_PEERS:
+            del self._logged_at[next(iter(self._logged_at))]
+        self._logged_at[key] = now
+        return level
+
+
 class Rejects:
     """The daemon's count of refused messages and its rate-limited log of them."""
 
@@ -46,4 +69,4 @@ class Rejects:
         )
 
 
-__all__ = ["Rejects", "LOG_EVERY_S"]
+__all__ = ["Rejects", "PeerLines", "LOG_EVERY_S"]

@@ -43,7 +43,7 @@ from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator, Job, WorkerRecord
 from loader.service.daemon.launcher import CLAIM_SEP, Launcher, LocalLauncher
 from loader.service.daemon.records import EXITED, HUNG, SILENT
-from loader.service.daemon.rejects import LOG_EVERY_S
+from loader.service.daemon.rejects import LOG_EVERY_S, PeerLines
 from loader.service.shm.pool import ArenaPool
 from loader.service.transport.auth import CurveClient, Dial
 from loader.service.transport.links import WorkerLinks
@@ -135,6 +135,7 @@ class WorkerPool:
         self._issued = itertools.count(1)
         self._max_workers, self._max_arenas = max_workers, max_arenas
         self._cap_logged_at = -LOG_EVERY_S
+        self._lines = PeerLines()  # a peer saying hello and goodbye in a loop gets a line a minute
         self._own_keys = own_keys  # the CURVE keys of the workers this daemon starts (None: no authentication)
         self.closing = False
         # The daemon's stop event (``Daemon.serve``): once set, the loop ends after this turn. A stop by a signal
@@ -214,7 +215,9 @@ class WorkerPool:
         while the daemon stops (a stop signalled to the process group reaches every worker too) or while it
         held no lease (nothing to read again). SIGTERM from outside to a worker holding a lease is a warning."""
         level = logging.WARNING
-        if why in ("said goodbye", RETIRED_IDLE):  # a peer's own goodbye; the autoscaler's own choice
+        if why == "said goodbye":  # a peer's own goodbye, which it may send in a loop
+            level = self._lines.level(record.peer, "left")
+        elif why == RETIRED_IDLE:  # the autoscaler's own choice
             level = logging.INFO
         elif sigterm and (stopping or not record.leases):
             level = logging.INFO
@@ -298,7 +301,7 @@ class WorkerPool:
             self._send(peer, P.encode(P.Error(refused="worker", message=record)))
             return record
         record.peer, record.pid, record.last_seen = peer, hello.pid, time.monotonic()
-        log.info("worker %s (pid %s) joined", record.worker_id, hello.pid)
+        log.log(self._lines.level(peer, "joined"), "worker %s (pid %s) joined", record.worker_id, hello.pid)
         shm = None
         if self._arenas is not None:
             self._arenas.retire(self._arena_of.pop(record.worker_id, None))
