@@ -199,6 +199,46 @@ def test_a_peer_saying_hello_and_goodbye_in_a_loop_gets_a_log_line_a_minute(tmp_
         exact_epochs(daemon, ids)
 
 
+@pytest.mark.slow
+def test_a_flood_of_epoch_requests_over_many_leases_stops_no_worker_and_fails_no_epoch(tmp_path):
+    """An EPOCH costs the loop O(leases) (a stream and a queued lease of each): 0.3 s for 20,000. The loop
+    took 64 control messages a turn whatever they cost, so one client asking for epoch after epoch of a
+    large dataset held worker data unread for seconds: honest workers were stopped as hung and another
+    client's epoch failed. Control messages now stop for the turn once they took ``CONTROL_DRAIN_BUDGET_S``."""
+    ids = write_id_files(tmp_path, len(FILES), FILES)
+    big = tmp_path / "big"
+    big.mkdir()
+    np.save(big / "big.npy", np.arange(20_000, dtype=np.int64))
+    datasets = {"big": {"source": {"files": [str(big / "big.npy")], "records_per_lease": 1}}}
+    with running_daemon(_config(tmp_path, datasets=datasets)) as daemon:
+        _ready(daemon)
+        restarts = query_status(daemon.endpoint)["worker_restarts"]
+        stop, sent, failures = threading.Event(), [0], []
+
+        def flood() -> None:
+            try:
+                with raw_peer(daemon.endpoint) as peer:
+                    assert isinstance(ask(peer, P.encode(P.ClientHello(dataset="big"))), P.ClientWelcome)
+                    while not stop.is_set():
+                        request = P.Epoch(epoch=sent[0], gen=sent[0] + 1, credit=1, ahead=False)
+                        sent[0] += peer.try_send(P.encode(request), timeout_s=0.1)
+                        while peer.recv(0) is not None:
+                            pass
+            except BaseException as exc:  # reaches the assertion below
+                failures.append(exc)
+
+        flooder = threading.Thread(target=flood, name="epoch-flood", daemon=True)
+        flooder.start()
+        try:
+            assert wait_until(lambda: sent[0] >= 100, timeout_s=10)
+            exact_epochs(daemon, ids)
+        finally:
+            stop.set()
+            flooder.join(FORGER_JOIN_TIMEOUT_S)
+        assert not flooder.is_alive() and not failures, failures
+        assert query_status(daemon.endpoint)["worker_restarts"] == restarts
+
+
 # -- 12: data is accepted only from the worker holding the lease, with its token --------------------------------
 def _forgery(kind: str, stream: int, file: int, lease: int, worker: str) -> list[Any]:
     tag = {"stream": stream, "file": file, "lease": lease, "worker": worker}

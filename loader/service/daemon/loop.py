@@ -54,6 +54,10 @@ log = logging.getLogger("loader.daemon")
 POLL_INTERVAL_S = 0.05
 HOUSEKEEPING_INTERVAL_S = 0.1
 MAX_DRAIN_MESSAGES = 64  # per socket per loop turn, so one busy socket cannot starve the other
+# ... and control messages stop for the turn once they took this long: a message may cost the loop O(files) (an
+# EPOCH makes a stream of every lease), and 64 of them from one client held worker data unread for seconds, so
+# honest workers were stopped as hung and their clients' epochs failed.
+CONTROL_DRAIN_BUDGET_S = 0.05
 WORKER_JOIN_TIMEOUT_S = 2.0
 # Largest control message the daemon takes (hellos, epochs, credits are tiny; nothing there carries columns).
 MAX_CONTROL_MESSAGE_BYTES = 1024 * 1024
@@ -336,11 +340,14 @@ class Daemon:
                     break
                 self._on_data(frames)
         if self._router in ready:
+            budget_ends = time.monotonic() + CONTROL_DRAIN_BUDGET_S
             for _ in range(MAX_DRAIN_MESSAGES):
                 got = self._router.recv(0)
                 if got is None:
                     break
                 self._on_control(*got)
+                if time.monotonic() >= budget_ends:
+                    break  # the rest waits a turn (zmq queues it fairly per peer): worker data goes first
         self.clients.handle_events()
         for session in list(self.stage.sessions.values()):
             self._pump(session)
