@@ -292,6 +292,34 @@ def test_forged_data_messages_change_nothing(hostile, kind):
     exact_epochs(daemon, ids)
 
 
+def test_columns_of_a_message_nobody_may_send_are_never_decoded(hostile, monkeypatch):
+    """An object column costs many times its bytes to decode: a 64 MiB frame of small integers took the
+    daemon 1.1 GiB and over 8 s, and its own workers, hearing nothing, left. Such a frame came from anyone
+    who reached the data endpoint, decoded before the daemon asked whether the sender held the lease; and
+    on the control endpoint, where no message with columns belongs."""
+    daemon, ids = hostile
+    decoded: list[int] = []
+    real = P.read_columns
+    monkeypatch.setattr(
+        P, "read_columns", lambda described, frames: decoded.append(len(frames)) or real(described, frames)
+    )
+    rows = 100_000  # a frame of 100,000 one-byte integers: 100,000 Python objects, and an object array of them
+    values = P.object_array([0] * rows)
+    tag = {"stream": 1, "file": 0, "lease": 1, "worker": live_worker_ids(daemon)[0], "token": "0" * 32}
+    before = rejected(daemon)
+    push = transport.push(daemon.data_endpoint)
+    try:
+        push.send(P.encode(P.Chunk(**tag, count=rows), {"data": values}))
+        with raw_peer(daemon.endpoint) as peer:
+            peer.send(P.encode(P.Batch(epoch=0, count=rows), {"data": values}))
+            assert wait_until(lambda: rejected(daemon) == before + 2, timeout_s=10), rejected(daemon) - before
+    finally:
+        push.close()
+    assert decoded == []
+    monkeypatch.undo()
+    exact_epochs(daemon, ids)
+
+
 # -- 14: a HELLO cannot take over a live worker -----------------------------------------------------------------
 def test_hello_with_a_live_workers_id_gets_its_own_record_and_its_bye_ends_only_that(hostile):
     daemon, ids = hostile

@@ -418,7 +418,7 @@ class Daemon:
         nbytes = frames_nbytes(frames)
         self.bytes_received += nbytes
         try:
-            message, columns = P.decode(frames)
+            message, head = P.decode_head(frames)
         except MalformedMessageError as exc:  # the data endpoint cannot name its sender
             self.rejects.reject("the data endpoint", f"malformed: {exc}")
             return
@@ -426,11 +426,18 @@ class Daemon:
             self.rejects.reject("the data endpoint", f"a {message.KIND} message has no business there")
             return
         who = f"data from worker {message.worker[:64]!r}"
+        # Before its columns are decoded: anyone may send to this endpoint, and an object column costs many
+        # times its bytes to decode (``P.decode_head``).
         if not self.coordinator.owns(message.worker, message.lease, message.token, message.stream, message.file):
             if self.coordinator.was_owned(message.worker, message.lease, message.token):
                 self.late_data += 1  # its lease ended meanwhile (cancelled, re-leased, finished): routine
                 return
             self.rejects.reject(who, f"lease {message.lease} (stream {message.stream}, file {message.file}) is not its")
+            return
+        try:
+            columns = P.decode_columns(message, head, frames)
+        except MalformedMessageError as exc:
+            self.rejects.reject(who, f"malformed: {exc}")
             return
         stream = self.stage.streams.get(message.stream)
         if stream is not None:  # bytes per dataset: only what a lease of its streams brought
@@ -494,7 +501,10 @@ class Daemon:
     def _on_control(self, peer: bytes, frames: list[Any]) -> None:
         who = who_of(peer)
         try:
-            message, _ = P.decode(frames)
+            message, head = P.decode_head(frames)
+            if message.HAS_COLUMNS:  # data: never sent here, so its columns (costly) are not decoded
+                raise MalformedMessageError(f"a {message.KIND} message has no business on the control endpoint")
+            P.decode_columns(message, head, frames)  # none: refuses extra frames
         except MalformedMessageError as exc:
             self.rejects.reject(who, f"malformed: {exc}")
             return
