@@ -320,6 +320,37 @@ def test_columns_of_a_message_nobody_may_send_are_never_decoded(hostile, monkeyp
     exact_epochs(daemon, ids)
 
 
+def test_a_data_message_header_over_its_cap_is_never_unpacked(hostile, monkeypatch):
+    """A data message's header is unpacked before anything else is checked, and the data endpoint takes
+    messages of up to ``service.max_message_mib`` (256 MiB by default): 64 MiB of small msgpack integers in
+    a header cost the daemon 0.6 GiB. Honest headers take a few KiB."""
+    from loader.service.daemon import loop
+
+    daemon, ids = hostile
+    cap = 64 * 1024  # the fixture's data messages stop at 1 MiB
+    monkeypatch.setattr(loop, "MAX_DATA_HEAD_BYTES", cap, raising=False)
+    unpacked: list[int] = []  # sizes of the headers unpacked over the cap
+    real = P.decode_head
+
+    def spy(frames: Any) -> Any:
+        if len(P.buffer_of(frames[0])) > cap:
+            unpacked.append(len(P.buffer_of(frames[0])))
+        return real(frames)
+
+    monkeypatch.setattr(P, "decode_head", spy, raising=False)
+    tag = {"k": "chunk", "s": 1, "f": 0, "l": 1, "w": live_worker_ids(daemon)[0], "t": "0" * 32, "n": 0}
+    before = rejected(daemon)
+    push = transport.push(daemon.data_endpoint)
+    try:
+        push.send([msgpack.packb({**tag, "pad": [0] * 100_000}, use_bin_type=True)])
+        assert wait_until(lambda: rejected(daemon) == before + 1, timeout_s=10), rejected(daemon) - before
+    finally:
+        push.close()
+    assert unpacked == []
+    monkeypatch.undo()
+    exact_epochs(daemon, ids)
+
+
 # -- 14: a HELLO cannot take over a live worker -----------------------------------------------------------------
 def test_hello_with_a_live_workers_id_gets_its_own_record_and_its_bye_ends_only_that(hostile):
     daemon, ids = hostile

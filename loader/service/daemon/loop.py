@@ -61,6 +61,9 @@ CONTROL_DRAIN_BUDGET_S = 0.05
 WORKER_JOIN_TIMEOUT_S = 2.0
 # Largest control message the daemon takes (hellos, epochs, credits are tiny; nothing there carries columns).
 MAX_CONTROL_MESSAGE_BYTES = 1024 * 1024
+# Largest header (frame 0) of a data message: a chunk's fields and column descriptions take a few KiB. A header
+# is unpacked before anything else is checked, and 64 MiB of small msgpack integers cost 0.6 GiB to unpack.
+MAX_DATA_HEAD_BYTES = 1024 * 1024
 
 
 def _source(config: Any, key: str) -> str:
@@ -417,6 +420,9 @@ class Daemon:
     def _on_data(self, frames: list[Any]) -> None:
         nbytes = frames_nbytes(frames)
         self.bytes_received += nbytes
+        if frames and frames_nbytes(frames[:1]) > MAX_DATA_HEAD_BYTES:
+            self.rejects.reject("the data endpoint", f"a message header over {MAX_DATA_HEAD_BYTES} bytes")
+            return
         try:
             message, head = P.decode_head(frames)
         except MalformedMessageError as exc:  # the data endpoint cannot name its sender
