@@ -155,11 +155,25 @@ class SourceConfig:
             found.extend(matches)
         # One entry per real file: a symlink, or a file both listed and matched, is read once.
         files = sorted(set(unique_files(found)) | set(others))
+        for name in files:
+            self._check_name_is_text(name)
         if self.format in (None, "npy"):
             from loader.io.formats_numpy import drop_companions  # read with their main file, never alone
 
             return drop_companions(files)
         return files
+
+    def _check_name_is_text(self, name: str) -> None:
+        """``ConfigError`` for a file name that is not UTF-8 text (its bytes kept as surrogates by ``os``):
+        every message of the service carries file names as UTF-8, and such a name failed to encode inside
+        the daemon's loop, which stopped it with a traceback and left its clients waiting for their timeout."""
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(
+                f"source.files: the file name {name!r} is not UTF-8 text (bytes "
+                f"{os.fsencode(os.path.basename(name))!r}); rename the file to a UTF-8 name ({self.origin})"
+            ) from None
 
     def _read_list_file(self) -> list[str]:
         path = os.path.expanduser(str(self.list_file))

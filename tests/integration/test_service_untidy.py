@@ -139,6 +139,18 @@ def test_recursive_glob_through_a_symlink_loop_reads_each_file_once(tmp_path):
         _assert_alive_and_exact(daemon, ids)
 
 
+def test_a_file_name_that_is_not_utf8_is_a_config_error_not_a_stopped_daemon(tmp_path):
+    import loader
+
+    write_id_files(tmp_path, 2, 40)
+    np.save(os.path.join(str(tmp_path), os.fsdecode(b"bad\xfe.npy")), np.arange(8, dtype=np.int64))
+    config = make_config(tmp_path, client={"timeout_s": 5.0})
+    # It failed to encode in the daemon's first LEASE: the loop stopped and the client waited out its timeout.
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text .*rename"):
+        with loader.Loader(config) as data:
+            collect_ids(data.epoch())
+
+
 # -- item 5: skip keeps every good record ---------------------------------------------------------
 
 

@@ -372,6 +372,17 @@ def test_expand_files_names_what_is_missing(tmp_path) -> None:
         SourceConfig(files=(str(tmp_path / "nope.npy"),)).expand_files()
 
 
+def test_expand_files_refuses_a_file_name_that_is_not_utf8_naming_its_bytes(tmp_path) -> None:
+    # The daemon's messages carry names as UTF-8: such a name stopped the daemon's loop at the first lease.
+    _touch(tmp_path / "good.npy")
+    bad = os.fsdecode(b"bad\xff.npy")
+    _touch(tmp_path / bad)
+    source = SourceConfig(files=(str(tmp_path / "*.npy"),), origin="x.toml")
+    with pytest.raises(ConfigError, match=r"source.files: the file name '.*bad\\udcff.npy' is not UTF-8") as info:
+        source.expand_files()
+    assert "b'bad\\xff.npy'" in str(info.value) and "rename" in str(info.value) and "(x.toml)" in str(info.value)
+
+
 def test_list_file(tmp_path) -> None:
     a = _touch(tmp_path / "data" / "a.rec")
     b = _touch(tmp_path / "data" / "b.rec")
