@@ -53,6 +53,11 @@ SMALL_MEMBER_BYTES = 256 * 1024
 _NPY_MAGIC = b"\x93NUMPY"
 # numpy's own limit on a header's length (read_array_header's max_header_size): a longer one is refused.
 _MAX_HEADER_BYTES = 10000
+# The most bytes a file's compressed .npz members may inflate to, together. They are inflated whole into memory
+# (zip members cannot be mapped), in every worker reading the file, with nothing else bounding them: deflate
+# shrinks a run of zeros ~1000x, so a 4 MB archive whose headers honestly claim 4 GiB would take 4 GiB of memory.
+# Stored members (np.savez) are memory-mapped and need no such bound, which is the way out the error names.
+MAX_INFLATED_BYTES = 1 << 30
 _COMPANION = re.compile(r"^(?P<main>.+)\.(?P<field>[A-Za-z_][A-Za-z0-9_-]*)\.npy$")
 
 
@@ -226,6 +231,7 @@ class NpzFileReader(ArrayFileReader):
 
     def _open(self) -> None:  # type: ignore[override] # a format takes only its own options
         names, metas, sources = [], [], []
+        self._inflated_bytes = 0  # what the compressed members will take in memory, from their headers
         try:
             with open(self.path, "rb") as raw, zipfile.ZipFile(raw) as archive:
                 for info in archive.infolist():
@@ -235,6 +241,8 @@ class NpzFileReader(ArrayFileReader):
                     names.append(info.filename[: -len(".npy")])
                     metas.append(meta)
                     sources.append(source)
+        except DataError:
+            raise  # says what it is already
         except (zipfile.BadZipFile, ValueError, EOFError) as exc:
             raise DataError(f"{self.path}: not a readable .npz archive ({exc})") from exc
         self._use_arrays(names, metas, sources)
@@ -274,6 +282,14 @@ class NpzFileReader(ArrayFileReader):
                 self._map(path)
             return (shape, dtype), lambda: np.memmap(
                 path, dtype=dtype, mode="r", offset=offset, shape=shape, order=order
+            )
+        self._inflated_bytes += math.prod(shape) * dtype.itemsize
+        if self._inflated_bytes > MAX_INFLATED_BYTES:
+            raise DataError(
+                f"{path}: member {name!r} is compressed, and the file's compressed members would be inflated "
+                f"into memory whole, {self._inflated_bytes} bytes, over the limit of {MAX_INFLATED_BYTES} "
+                "(formats_numpy.MAX_INFLATED_BYTES, per worker); store the arrays uncompressed (np.savez, not "
+                "np.savez_compressed), which are memory-mapped instead, or split them into smaller files"
             )
         return (shape, dtype), lambda: _inflate(path, name)
 

@@ -533,3 +533,27 @@ def test_a_mapped_file_replaced_by_rename_keeps_reading_the_old_one(tmp_path):
     np.save(str(tmp_path / "new.npy"), np.zeros((5, 4), np.float32))
     os.replace(str(tmp_path / "new.npy"), path)  # the safe way to regenerate a file
     assert reader.read_block(1000)[0].sum() == 90 * 4
+
+
+def test_compressed_npz_members_claiming_more_than_the_inflate_bound_are_refused_at_open(tmp_path):
+    from loader.io.formats_numpy import MAX_INFLATED_BYTES
+
+    # A bomb by its claims alone: a header of 2 GiB of float64 and a zip directory saying the member inflates to
+    # that much, as a real 2 MB bomb would (the stream itself is short, so nothing near it is ever allocated).
+    path = tmp_path / "bomb.npz"
+    shape = (MAX_INFLATED_BYTES // 4,)
+    member = _npy_bytes(shape, b"\0" * 4096).replace(b"'<f4'", b"'<f8'")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("x.npy", member)
+    raw = bytearray(path.read_bytes())
+    directory = raw.find(b"PK\x01\x02")
+    header_len = member.index(b"\n") + 1
+    raw[directory + 24 : directory + 28] = (header_len + 2 * MAX_INFLATED_BYTES).to_bytes(4, "little")
+    path.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=r"bomb.npz: member 'x.npy' is compressed.* over the limit") as info:
+        lio.create_file_reader(str(path))  # it was opened, and the first read allocated the 2 GiB
+    assert "np.savez, not np.savez_compressed" in str(info.value)
+    # Stored, the same claim is mapped, never held in memory: only the compressed members count.
+    small = tmp_path / "ok.npz"
+    np.savez_compressed(small, a=np.zeros((1000, 10), np.float32), b=np.arange(1000))
+    assert lio.create_file_reader(str(small)).read_block(1000)[0].shape == (1000, 10)
