@@ -237,6 +237,12 @@ class NpzFileReader(ArrayFileReader):
                 for info in archive.infolist():
                     if not info.filename.endswith(".npy"):
                         continue
+                    if info.filename[: -len(".npy")] in names:
+                        # Two fields of one name: a batch (a dict by field) kept the last and dropped the other.
+                        raise DataError(
+                            f"{self.path}: the archive holds two members named {info.filename!r}, so two fields "
+                            f"named {info.filename[: -len('.npy')]!r}; write it again with each key once"
+                        )
                     meta, source = self._member(raw, archive, info)
                     names.append(info.filename[: -len(".npy")])
                     metas.append(meta)

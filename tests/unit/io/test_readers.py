@@ -557,3 +557,22 @@ def test_compressed_npz_members_claiming_more_than_the_inflate_bound_are_refused
     small = tmp_path / "ok.npz"
     np.savez_compressed(small, a=np.zeros((1000, 10), np.float32), b=np.arange(1000))
     assert lio.create_file_reader(str(small)).read_block(1000)[0].shape == (1000, 10)
+
+
+def test_an_npz_with_two_members_of_one_name_is_refused_naming_it(tmp_path):
+    import io
+    import warnings
+
+    def npy(array):
+        out = io.BytesIO()
+        np.save(out, array)
+        return out.getvalue()
+
+    path = tmp_path / "dup.npz"
+    with warnings.catch_warnings(), zipfile.ZipFile(path, "w") as archive:
+        warnings.simplefilter("ignore")  # zipfile warns of the duplicate name, and writes it
+        archive.writestr("x.npy", npy(np.arange(8)))
+        archive.writestr("x.npy", npy(np.arange(8) * 10.0))
+    # Both were read as fields named 'x'; a batch kept the float one and dropped the ints without a word.
+    with pytest.raises(DataError, match=r"dup.npz: the archive holds two members named 'x.npy'"):
+        lio.create_file_reader(str(path))
