@@ -116,7 +116,11 @@ def _tensor(reader: _Reader) -> Any:
         raise NotTensors("Tensor version is not 0")
     dtype, dims = _desc(reader.take(reader.unpack(_I32)))
     count = math.prod(dims)  # exact: a damaged dims list must fail the length check, not overflow
-    array = np.frombuffer(reader.take(count * dtype.itemsize), dtype=dtype).reshape(dims).copy()
+    data = reader.take(count * dtype.itemsize)
+    try:
+        array = np.frombuffer(data, dtype=dtype).reshape(dims).copy()
+    except ValueError as exc:  # dims numpy cannot hold with no data at all: more than 64, or (0, 2**62)
+        raise NotTensors(f"TensorDesc dims {dims[:8]}{'...' if len(dims) > 8 else ''}: {exc}") from None
     if not lod:
         return array
     tensor = LoDTensor(array)

@@ -258,3 +258,16 @@ def test_convert_keeps_lod_as_lengths(tmp_path):
     with Scanner(dst) as scanner:
         (item,) = list(scanner)
     assert item[0]["recursive_sequence_lengths"] == [[1, 2]] and item[0]["data"].shape == (3, 1)
+
+
+@pytest.mark.parametrize("dims", [[0, 2**62], [0] * 100])
+def test_tensor_dims_numpy_cannot_hold_are_a_corrupt_record_naming_the_file(tmp_path, dims):
+    # No data bytes to check them by: numpy's reshape raised a bare ValueError, naming neither file nor record.
+    desc = b"\x08\x05" + b"".join(b"\x10" + fluid_tensors._encode_varint(d) for d in dims)
+    record = struct.pack("<I", 1) + struct.pack("<IQ", 0, 0) + struct.pack("<Ii", 0, len(desc)) + desc
+    with pytest.raises(fluid_tensors.NotTensors, match="TensorDesc dims"):
+        fluid_tensors.decode(record)
+    path = str(tmp_path / "dims.recordio")
+    files.write_fluid(path, [record], files.NONE)
+    with pytest.raises(CorruptFileError, match=r"dims.recordio: corrupt chunk at byte offset 0: record 0 cannot"):
+        list(Scanner(path))
