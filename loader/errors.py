@@ -228,6 +228,13 @@ class WorkerDiedError(WorkerError):
         return (_rebuild_died, (self.who, self.exitcode, self.worker, self.file, self.record, self.said))
 
 
+def stepped_past(exc: BaseException, records: int = 1) -> BaseException:
+    """Mark ``exc`` as raised by a reader that already stepped past the ``records`` bad records it is about
+    (``exc.records_skipped``, which readers of a file under ``on_error = "skip"`` read on after); ``exc``."""
+    exc.records_skipped = records  # type: ignore[attr-defined]
+    return exc
+
+
 def add_note(exc: BaseException, note: str) -> None:
     """``exc.add_note(note)`` (PEP 678); on Python 3.10, which lacks it, the same ``__notes__`` list."""
     if sys.version_info >= (3, 11):

@@ -130,7 +130,13 @@ class FileReader(ReaderBase):
         return self._index - (1 if self._peeked else 0)
 
     def _read_next_impl(self) -> list[np.ndarray]:
-        instance = self._read_instance()
+        try:
+            instance = self._read_instance()
+        except Exception as exc:
+            lost = getattr(exc, "records_skipped", None)
+            if isinstance(lost, int) and lost >= 1:
+                self._index += lost  # the format stepped past them: later records keep their own numbers
+            raise
         if instance is None:
             return []
         # The record is read whether or not it passes the check: counted first, so a caller that reads on

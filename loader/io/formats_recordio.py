@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from loader.errors import DataError, stepped_past
 from loader.io.file_reader import FileReader
 from loader.io.slots import DictSlots, as_instance
 from loader.recordio import Scanner
@@ -28,9 +29,16 @@ class RecordIOFileReader(FileReader):
         found, sample = self._scanner.next_sample()
         if not found:
             return None
-        if isinstance(sample, dict):
-            return self._from_dict(sample)
-        arrays, _ = as_instance(sample)
+        # The record was read whatever it holds: a sample that makes no arrays fails alone (stepped_past).
+        try:
+            if isinstance(sample, dict):
+                return self._from_dict(sample)
+            arrays, _ = as_instance(sample)
+        except DataError as exc:
+            stepped_past(exc)
+            raise
+        except ValueError as exc:  # np.asarray of a ragged nest of lists
+            raise stepped_past(DataError(f"{self.path}: record {self._index} makes no arrays ({exc})")) from exc
         return arrays
 
     def _from_dict(self, sample: dict[Any, Any]) -> list[np.ndarray]:

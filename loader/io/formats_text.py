@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from loader.errors import DataError, add_note
+from loader.errors import DataError, add_note, stepped_past
 from loader.io.file_reader import FileReader
 from loader.io.slots import DictSlots, as_instance
 
@@ -58,20 +58,33 @@ class TextFileReader(FileReader):
             if not line:
                 return None
             self._line_no += 1
-            refuse_undecoded(line, self.path, self._line_no, self._encoding, "set the format option encoding")
+            # A line that fails is one record, read and passed (stepped_past): the next read parses the next line.
+            try:
+                refuse_undecoded(line, self.path, self._line_no, self._encoding, "set the format option encoding")
+            except DataError as exc:
+                stepped_past(exc)
+                raise
             try:
                 sample = self._parser(line[:-1] if line.endswith("\n") else line)
             except Exception as exc:
                 add_note(exc, f"while parsing line {self._line_no} of {self.path}")
+                stepped_past(exc)
                 raise
             if sample is None:
                 continue
-            if isinstance(sample, dict):  # joined by key, not by each dict's own order
-                arrays = self._dicts.arrays(sample, f"{self.path}: line {self._line_no}")
-                if self._names is None:
-                    self._set_slot_names(self._dicts.names)
-                return arrays
-            arrays, _ = as_instance(sample)
+            try:
+                if isinstance(sample, dict):  # joined by key, not by each dict's own order
+                    arrays = self._dicts.arrays(sample, f"{self.path}: line {self._line_no}")
+                    if self._names is None:
+                        self._set_slot_names(self._dicts.names)
+                    return arrays
+                arrays, _ = as_instance(sample)
+            except DataError as exc:
+                stepped_past(exc)
+                raise
+            except ValueError as exc:  # np.asarray of a ragged nest of lists
+                error = DataError(f"{self.path}: line {self._line_no} parses to no arrays ({exc})")
+                raise stepped_past(error) from exc
             return arrays
 
     def _rewind(self) -> None:

@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from loader.errors import ClosedError, CorruptFileError
+from loader.errors import ClosedError, CorruptFileError, stepped_past
 from loader.recordio.chunks import (
     HEADER,
     MAX_PAYLOAD_BYTES,
@@ -94,14 +94,20 @@ class Scanner:
         raw = self._next_view()  # decoded straight from the chunk: no copy of the record
         if raw is None:
             return False, None
-        sample = decode_record(
-            raw,
-            name=self.name,
-            chunk_offset=self._chunk_offset,
-            index=self.record_index - 1,
-            layout=self.layout or Layout.FLUID,
-            allow_pickle=self.allow_pickle,
-        )
+        try:
+            sample = decode_record(
+                raw,
+                name=self.name,
+                chunk_offset=self._chunk_offset,
+                index=self.record_index - 1,
+                layout=self.layout or Layout.FLUID,
+                allow_pickle=self.allow_pickle,
+            )
+        except Exception as exc:
+            # One record's bytes, read and passed: the next call reads the next record. Said on the error, so a
+            # reader skipping bad records goes on (it took any other failure for the end of the file).
+            stepped_past(exc)
+            raise
         return True, sample
 
     def raw_records(self) -> Iterator[bytes]:

@@ -187,6 +187,36 @@ def test_skip_keeps_every_good_record_of_a_file_that_fails_mid_file(tmp_path, ma
             assert query_status(daemon.endpoint)["skipped_records"] == len(lost) * (epoch + 1)
 
 
+@pytest.mark.parametrize("mappers", [[], ["tests.helpers:identity_mapper"]])
+@pytest.mark.parametrize("bad", ["ragged", "pickle", "garbage"])
+def test_skip_keeps_every_good_record_after_one_that_does_not_decode(tmp_path, mappers, bad):
+    import pickle
+
+    from loader.recordio import Writer
+
+    ids = list(range(200))
+    with Writer(tmp_path / "a.recordio", max_num_records=64) as writer:
+        for value in ids:
+            if value == 77:
+                if bad == "ragged":
+                    writer.write([[1, [2, 3]], "a"])  # no array
+                else:
+                    writer.write_raw(pickle.dumps((value,)) if bad == "pickle" else b"\xc1")
+            else:
+                writer.write((np.int64(value),))
+    config = make_config(
+        tmp_path,
+        source={"files": [str(tmp_path / "*.recordio")]},
+        pipeline={"on_error": "skip", "batch_size": 16, "mappers": mappers},
+    )
+    # The reader had stepped past the record, but its error was taken for the end of the file: the 122 records
+    # after it never came, and the count said one was skipped.
+    with running_daemon(config) as daemon, Client(daemon.endpoint, timeout_s=10, read_ahead=False) as client:
+        got = [int(v) for batch in client.epoch() for v in np.asarray(next(iter(batch.values()))).reshape(-1)]
+        assert collections.Counter(got) == collections.Counter(i for i in ids if i != 77)
+        assert query_status(daemon.endpoint)["skipped_records"] == 1
+
+
 def test_a_file_that_kills_its_worker_is_skipped_under_skip(tmp_path):
     ids = write_id_files(tmp_path, 3, 200)
     poison = tmp_path / "poison.npy"

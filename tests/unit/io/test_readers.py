@@ -576,3 +576,58 @@ def test_an_npz_with_two_members_of_one_name_is_refused_naming_it(tmp_path):
     # Both were read as fields named 'x'; a batch kept the float one and dropped the ints without a word.
     with pytest.raises(DataError, match=r"dup.npz: the archive holds two members named 'x.npy'"):
         lio.create_file_reader(str(path))
+
+
+def test_a_recordio_record_that_makes_no_arrays_fails_alone_naming_the_file_and_record(tmp_path):
+    # A ragged nest raised numpy's bare ValueError, and a reader skipping bad records took it for the end of
+    # the file: the records after it were lost, counted as one.
+    samples = [(np.int64(i),) for i in range(8)]
+    samples[4] = [[1, [2, 3]], "a"]
+    reader = lio.create_file_reader(_recordio(tmp_path / "r.recordio", samples))
+    got = [int(reader.read_next()[0]) for _ in range(4)]
+    with pytest.raises(DataError, match=r"r.recordio: record 4 makes no arrays") as info:
+        reader.read_next()
+    assert info.value.records_skipped == 1
+    got += [int(item[0]) for item in reader]
+    assert got == [0, 1, 2, 3, 5, 6, 7]
+
+
+def test_a_recordio_record_that_does_not_decode_is_stepped_past_and_later_records_keep_their_numbers(tmp_path):
+    path = tmp_path / "u.recordio"
+    with Writer(path) as writer:
+        writer.write({"a": np.int64(0)})
+        writer.write_raw(b"\xc1")  # never valid msgpack, nor a pickle, nor tensors
+        writer.write({"a": np.int64(2)})
+        writer.write({"b": np.int64(3)})
+        writer.write({"a": np.int64(4)})
+    reader = lio.create_file_reader(str(path))
+    assert int(reader.read_next()[0]) == 0
+    with pytest.raises(CorruptFileError, match="record 1 cannot be decoded") as info:
+        reader.read_next()
+    assert info.value.records_skipped == 1
+    assert int(reader.read_next()[0]) == 2
+    with pytest.raises(ShapeMismatchError, match=r"record 3: .*lacks \['a'\]"):  # its own number, not 2
+        reader.read_next()
+    assert int(reader.read_next()[0]) == 4 and reader.read_next() == []
+
+
+def test_a_text_line_the_parser_refuses_fails_alone(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_bytes(b"1\nx\n3\n\xff\n5\n[1, [2]]\n7\n")
+
+    def parse(line):
+        return [int(line)] if not line.startswith("[") else [[1, [2]]]
+
+    reader = lio.create_file_reader(path, parser=parse)
+    got, failures = [], []
+    while True:
+        try:
+            item = reader.read_next()
+        except (ValueError, DataError) as exc:
+            assert exc.records_skipped == 1
+            failures.append(type(exc).__name__)
+            continue
+        if not item:
+            break
+        got.append(int(item[0]))
+    assert got == [1, 3, 5, 7] and failures == ["ValueError", "DataError", "DataError"]
