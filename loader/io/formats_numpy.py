@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import glob
 import io
+import lzma
 import math
 import os
 import re
@@ -58,6 +59,19 @@ _MAX_HEADER_BYTES = 10000
 # shrinks a run of zeros ~1000x, so a 4 MB archive whose headers honestly claim 4 GiB would take 4 GiB of memory.
 # Stored members (np.savez) are memory-mapped and need no such bound, which is the way out the error names.
 MAX_INFLATED_BYTES = 1 << 30
+# What zipfile and its decompressors raise for a hostile or damaged archive, besides BadZipFile: an encrypted
+# member (RuntimeError), an unknown method or strong encryption (NotImplementedError), a damaged deflate, LZMA or
+# bzip2 stream (zlib.error, LZMAError, OSError). Each escaped as itself, naming neither the file nor the member.
+_ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    ValueError,
+    EOFError,
+    OSError,
+    RuntimeError,
+    NotImplementedError,
+    zlib.error,
+    lzma.LZMAError,
+)
 _COMPANION = re.compile(r"^(?P<main>.+)\.(?P<field>[A-Za-z_][A-Za-z0-9_-]*)\.npy$")
 
 
@@ -230,10 +244,17 @@ class NpzFileReader(ArrayFileReader):
     """Rows of the arrays of one ``.npz`` archive: one slot per key."""
 
     def _open(self) -> None:  # type: ignore[override] # a format takes only its own options
-        names, metas, sources = [], [], []
+        names: list[str] = []
+        metas: list[Any] = []
+        sources: list[_ArraySource] = []
         self._inflated_bytes = 0  # what the compressed members will take in memory, from their headers
+        with open(self.path, "rb") as raw:  # a missing or unreadable file raises its OSError, as for .npy
+            self._read_members(raw, names, metas, sources)
+        self._use_arrays(names, metas, sources)
+
+    def _read_members(self, raw: Any, names: list[str], metas: list[Any], sources: list[_ArraySource]) -> None:
         try:
-            with open(self.path, "rb") as raw, zipfile.ZipFile(raw) as archive:
+            with zipfile.ZipFile(raw) as archive:
                 for info in archive.infolist():
                     if not info.filename.endswith(".npy"):
                         continue
@@ -249,9 +270,8 @@ class NpzFileReader(ArrayFileReader):
                     sources.append(source)
         except DataError:
             raise  # says what it is already
-        except (zipfile.BadZipFile, ValueError, EOFError) as exc:
+        except _ZIP_ERRORS as exc:
             raise DataError(f"{self.path}: not a readable .npz archive ({exc})") from exc
-        self._use_arrays(names, metas, sources)
 
     def _member(
         self, raw: Any, archive: zipfile.ZipFile, info: zipfile.ZipInfo
@@ -284,6 +304,9 @@ class NpzFileReader(ArrayFileReader):
                     raise ValueError(f"member {info.filename!r}: {len(data)} of its {nbytes} bytes are in the file")
                 array = np.frombuffer(data, dtype=dtype).reshape(shape, order=order)  # read-only, like a mapping
                 return (shape, dtype), functools.partial(_same, array)
+            present = os.fstat(raw.fileno()).st_size - offset
+            if present < nbytes:  # else np.memmap refused it at the first read, naming neither file nor member
+                raise ValueError(f"member {info.filename!r}: {max(0, present)} of its {nbytes} bytes are in the file")
             if not self._mapped:
                 self._map(path)
             return (shape, dtype), lambda: np.memmap(
@@ -336,7 +359,7 @@ def _inflate(path: str, member: str) -> np.ndarray:
     try:
         with zipfile.ZipFile(path) as archive, archive.open(member) as fh:
             return np.lib.format.read_array(fh, allow_pickle=False)
-    except (ValueError, EOFError, OSError, zipfile.BadZipFile, zlib.error) as exc:  # a damaged member
+    except _ZIP_ERRORS as exc:  # a damaged member
         raise DataError(f"{path}: member {member!r} of the .npz archive does not read ({exc})") from exc
 
 

@@ -631,3 +631,43 @@ def test_a_text_line_the_parser_refuses_fails_alone(tmp_path):
             break
         got.append(int(item[0]))
     assert got == [1, 3, 5, 7] and failures == ["ValueError", "DataError", "DataError"]
+
+
+def _hostile_npz(path, kind):
+    """An archive zipfile itself refuses or cannot inflate, each in its own way."""
+    import io
+    import struct
+
+    out = io.BytesIO()
+    np.save(out, np.arange(40000, dtype=np.int64))  # over SMALL_MEMBER_BYTES: a stored one is mapped
+    member = out.getvalue()
+    method = {"lzma": zipfile.ZIP_LZMA, "bzip2": zipfile.ZIP_BZIP2, "deflate": zipfile.ZIP_DEFLATED}.get(kind, 0)
+    with zipfile.ZipFile(path, "w", method) as archive:
+        archive.writestr("x.npy", member)
+    raw = bytearray(path.read_bytes())
+    local, central = raw.find(b"PK\x03\x04"), raw.find(b"PK\x01\x02")
+    if kind == "encrypted":  # flag bit 0: zipfile raised RuntimeError (a password is needed)
+        raw[local + 6] |= 1
+        raw[central + 8] |= 1
+    elif kind == "method 99":  # NotImplementedError
+        struct.pack_into("<H", raw, local + 8, 99)
+        struct.pack_into("<H", raw, central + 10, 99)
+    elif kind == "stored past the end":  # np.memmap's bare ValueError at the first read
+        del raw[central - 1000 : central]
+        eocd = raw.find(b"PK\x05\x06")
+        struct.pack_into("<I", raw, eocd + 16, central - 1000)
+    else:  # a damaged stream: zlib.error, LZMAError or bzip2's OSError, at open (the header) or the first read
+        start = local + 30 + len("x.npy") + (5 if kind == "deflate" else len(raw) // 3)
+        raw[start : start + 40] = b"\xff" * 40
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("kind", ["encrypted", "method 99", "deflate", "lzma", "bzip2", "stored past the end"])
+def test_an_npz_zipfile_cannot_read_is_a_data_error_naming_the_file(tmp_path, kind):
+    path = tmp_path / "bad.npz"
+    _hostile_npz(path, kind)
+    with pytest.raises(DataError, match=r"bad.npz: .*(not a readable .npz archive|does not read)"):
+        reader = lio.create_file_reader(str(path))
+        reader.read_block(10)
+    with pytest.raises(FileNotFoundError):  # a missing file is still its own OSError, as for .npy
+        lio.create_file_reader(str(tmp_path / "missing.npz"))
