@@ -671,3 +671,27 @@ def test_an_npz_zipfile_cannot_read_is_a_data_error_naming_the_file(tmp_path, ki
         reader.read_block(10)
     with pytest.raises(FileNotFoundError):  # a missing file is still its own OSError, as for .npy
         lio.create_file_reader(str(tmp_path / "missing.npz"))
+
+
+def test_opening_many_npy_files_of_one_directory_lists_it_once_and_sees_a_new_companion(tmp_path, monkeypatch):
+    import os
+    import time
+
+    from loader.io import formats_numpy
+
+    for i in range(50):
+        np.save(tmp_path / f"f{i:03d}.npy", np.arange(3) + 3 * i)
+    np.save(tmp_path / "f007.label.npy", np.arange(3))
+    settled = time.time() - 10  # a listing taken just after a change could miss a file of the same mtime tick
+    os.utime(tmp_path, (settled, settled))
+    listed = []
+    scandir = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path=".": listed.append(path) or scandir(path))
+    monkeypatch.setattr(formats_numpy, "_LISTINGS", {}, raising=False)
+    readers = [lio.create_file_reader(str(tmp_path / f"f{i:03d}.npy")) for i in range(50)]
+    # Each open listed the whole directory (glob): opening n files of a directory cost O(n) each.
+    assert len(listed) == 1
+    assert [r.slot_names for r in readers[6:9]] == [["data"], ["data", "label"], ["data"]]
+    np.save(tmp_path / "f009.label.npy", np.arange(3))  # the directory changes: listed again
+    assert lio.create_file_reader(str(tmp_path / "f009.npy")).slot_names == ["data", "label"]
+    assert len(listed) == 2
