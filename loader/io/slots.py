@@ -54,6 +54,10 @@ class DictSlots:
     def arrays(self, sample: dict[Any, Any], where: str) -> list[np.ndarray]:
         """The values of ``sample`` in slot order (``where``: "FILE: line N", for the error)."""
         if self.keys is None:
+            names = [str(key) for key in sample]
+            if len(set(names)) != len(names):
+                # Fields are named by str(key): {1: a, "1": b} made two fields named "1", and a batch kept one.
+                raise ShapeMismatchError(f"{where}: the keys {list(sample)} name fields alike as text ({names})")
             self.keys = list(sample)
         elif len(sample) != len(self.keys) or any(key not in sample for key in self.keys):
             missing = [k for k in self.keys if k not in sample]

@@ -695,3 +695,12 @@ def test_opening_many_npy_files_of_one_directory_lists_it_once_and_sees_a_new_co
     np.save(tmp_path / "f009.label.npy", np.arange(3))  # the directory changes: listed again
     assert lio.create_file_reader(str(tmp_path / "f009.npy")).slot_names == ["data", "label"]
     assert len(listed) == 2
+
+
+def test_dict_keys_that_name_one_field_as_text_are_refused(tmp_path):
+    path = tmp_path / "k.recordio"
+    with Writer(path) as writer:
+        writer.write({1: np.arange(3), "1": np.arange(3) * 10})
+    # Both became fields named "1": a batch (a dict by field) kept one and dropped the other without a word.
+    with pytest.raises(ShapeMismatchError, match=r"k.recordio: record 0: the keys \[1, '1'\] name fields alike"):
+        lio.create_file_reader(str(path)).read_next()
