@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from loader.config import LoaderConfig, load_config
+from loader.errors import ServiceUnavailableError
 from loader.reader.batches import batch_reader
 from loader.service.client.client import Client, EpochBatches, query_status
 from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
@@ -106,6 +107,15 @@ def _interrupts_deferred() -> Iterator[None]:
             previous(signal.SIGINT, None)
 
 
+def _serve(daemon: Daemon, stop: threading.Event) -> None:
+    """The daemon thread's body. A failure of the loop was logged and told to the client (``Daemon.serve``),
+    which raises it in the training loop: not a second time here as a traceback on stderr."""
+    try:
+        daemon.serve(stop)
+    except ServiceUnavailableError:
+        pass
+
+
 class Loader:
     """Coordinator + stage + workers in this process, iterated like a ``Client``. Context manager.
 
@@ -140,7 +150,7 @@ class Loader:
         try:
             self._daemon = parts.daemon = Daemon(config, worker_entry=worker_entry)
             parts.thread = threading.Thread(
-                target=self._daemon.serve, args=(parts.stop,), name="loader-daemon", daemon=True
+                target=_serve, args=(self._daemon, parts.stop), name="loader-daemon", daemon=True
             )
             parts.thread.start()
             client = config.client

@@ -163,3 +163,26 @@ def test_a_second_ctrl_c_while_a_loader_closes_leaves_nothing_behind(tmp_path):
     # Before: the workers' join was interrupted and the arenas stayed in /dev/shm until another daemon swept them.
     left = [name for name in os.listdir(shm_directory()) if name.startswith("loader-") and f"-{pid}-" in name]
     assert left == []
+
+
+def test_a_fault_of_the_daemon_loop_reaches_the_training_loop_at_once_and_stops_the_workers(tmp_path, no_leaks):
+    # A bug in the daemon's own loop (not a peer's message or a file): the thread ended with a traceback on
+    # stderr, and the training loop waited out client.timeout_s for a daemon that was gone, workers left up.
+    write_id_files(tmp_path, 2, 100)
+    config = make_config(tmp_path, pipeline={"batch_size": 10}, client={"timeout_s": 120.0})
+    with loader.Loader(config) as local:
+        batches = iter(local.epoch())
+        next(batches)
+
+        def dispatch() -> None:
+            raise RuntimeError("a fault in the loop")
+
+        local._daemon.pool.dispatch = dispatch
+        with pytest.raises(
+            loader.ServiceUnavailableError, match=r"the daemon failed: RuntimeError: a fault in the loop"
+        ):
+            for _ in batches:  # the fault comes at the daemon's next turn: this epoch or the next ends in it
+                pass
+            for _ in local.epoch():
+                pass
+        assert local._daemon._closed

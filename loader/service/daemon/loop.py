@@ -32,7 +32,7 @@ from typing import Any
 
 from loader.config import LoaderConfig
 from loader.config.sections import ServiceConfig
-from loader.errors import ConfigError, MalformedMessageError, TransportError, WorkerError
+from loader.errors import ConfigError, MalformedMessageError, ServiceUnavailableError, TransportError, WorkerError
 from loader.runtime.limits import raise_open_files_limit
 from loader.service import protocol as P
 from loader.service import transport
@@ -296,16 +296,26 @@ class Daemon:
         """Run until ``stop_event`` is set (forever without one)."""
         stop_event = stop_event or threading.Event()
         self.pool.stop_requested = stop_event  # workers that leave once it is set are not replaced (``WorkerPool``)
-        while not stop_event.is_set() and not self._closed:
-            self.step(POLL_INTERVAL_S)
+        try:
+            while not stop_event.is_set() and not self._closed:
+                self.step(POLL_INTERVAL_S)
+        except Exception as exc:
+            # A fault of the daemon itself (a peer's message or a file fails only its sender or its file): every
+            # client is told why at once and the workers stop, instead of the clients waiting out their timeout
+            # on a loop that is gone (in a Loader the thread just ended, with a traceback on stderr).
+            reason = f"the daemon failed: {type(exc).__name__}: {exc}"
+            log.error("%s; stopping (the traceback is logged at DEBUG)", reason)
+            log.debug("the daemon's loop failed", exc_info=True)
+            self.close(reason)
+            raise ServiceUnavailableError(reason) from exc
 
-    def close(self) -> None:
-        """Say BYE to workers and clients, stop our worker processes, close sockets. Idempotent."""
+    def close(self, reason: str = "daemon stopping") -> None:
+        """Say BYE (with ``reason``) to clients, stop our worker processes, close sockets. Idempotent."""
         if self._closed:
             return
         self._closed = True
         try:
-            bye = P.encode(P.Bye(reason="daemon stopping"))
+            bye = P.encode(P.Bye(reason=reason))
             for session in list(self.stage.sessions.values()):
                 self._router.send(session.peer, bye)
             self.pool.close(WORKER_JOIN_TIMEOUT_S)
