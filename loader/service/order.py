@@ -205,7 +205,8 @@ def _shown(fingerprint: dict[str, Any], key: str) -> str:
 
 # What a difference means where its values (digests) do not say.
 _WHY = {
-    "lease_groups": ": the files' sizes group the small files otherwise, so a file changed or was replaced",
+    "lease_groups": ": the small files are grouped otherwise, so source.files_per_lease changed, or a file changed "
+    "or was replaced (the files' sizes group them)",
     "file_sizes": ": the files' sizes differ, so these are other files (or they changed) under the same names",
     "lease_pieces": ": the files are cut into other pieces, so source.records_per_lease or a file's record count "
     "changed",

@@ -90,6 +90,20 @@ def test_the_grouping_is_in_the_checkpoint_fingerprint_only_when_files_share_lea
     assert "lease_groups" in paired and paired != fingerprint(config, files, 1, [[0], [1, 2]])
 
 
+def test_a_state_of_another_files_per_lease_says_the_setting_may_be_why() -> None:
+    # The groups' difference is all the state can show when only source.files_per_lease changed (the source
+    # digest names no key): its reason must not blame the files alone.
+    from loader.config import LoaderConfig
+    from loader.service.order import differences, fingerprint
+
+    files = ["a", "b", "c", "d"]
+    three = LoaderConfig.from_dict({"source": {"files": ["x"], "files_per_lease": 3}})
+    two = LoaderConfig.from_dict({"source": {"files": ["x"], "files_per_lease": 2}})
+    saved, now = fingerprint(three, files, 1, [[0, 1, 2], [3]]), fingerprint(two, files, 1, [[0, 1], [2, 3]])
+    [groups] = [why for why in differences(saved, now) if why.startswith("lease_groups")]
+    assert "source.files_per_lease" in groups and "a file changed" in groups, groups
+
+
 def test_the_files_sizes_are_in_the_fingerprint_and_a_state_saved_without_them_still_matches() -> None:
     from loader.config import LoaderConfig
     from loader.service.order import differences, fingerprint
