@@ -72,7 +72,7 @@ def records_and_values(chunks: list[tuple[int, dict[str, np.ndarray]]]) -> list[
 
 @pytest.fixture
 def text_group(tmp_path: Any) -> list[str]:
-    """a.txt fails at its record 3 (the reader cannot go on); b.txt follows with ten good records."""
+    """a.txt fails at its record 3 (the reader steps past the line); b.txt follows with ten good records."""
     (tmp_path / "a.txt").write_text("1\n2\n3\nbad\n5\n6\n")
     (tmp_path / "b.txt").write_text("".join(f"{i}\n" for i in range(10, 20)))
     return [str(tmp_path / "a.txt"), str(tmp_path / "b.txt")]
@@ -85,10 +85,11 @@ TEXT = {"format": "text", "format_options": {"parser": f"{HERE}:parse"}}
 def test_a_lease_from_inside_a_group_reads_what_the_first_lease_numbered(text_group: list[str], mappers: Any) -> None:
     chunks, done = run_group(text_group, TEXT, mappers=mappers)
     whole = records_and_values(chunks)
-    # a's rows 0..2, its failure is record 3 (the rest of a is lost), b's rows from record 4 on.
-    assert whole == [(0, 1), (1, 2), (2, 3)] + [(4 + i, 10 + i) for i in range(10)]
-    assert (done.sent, done.skipped) == (13, 1)
-    for start in (3, 4, 6, 13):  # a cut or re-lease of the group: the records from ``start`` on, once each
+    # a's rows 0..2, its failure is record 3 (the reader reads on: a's last two lines are 4 and 5), b's rows
+    # from record 6 on.
+    assert whole == [(0, 1), (1, 2), (2, 3), (4, 5), (5, 6)] + [(6 + i, 10 + i) for i in range(10)]
+    assert (done.sent, done.skipped) == (15, 1)
+    for start in (3, 4, 6, 8, 15):  # a cut or re-lease of the group: the records from ``start`` on, once each
         chunks, done = run_group(text_group, TEXT, start=start, mappers=mappers)
         assert records_and_values(chunks) == [(r, v) for r, v in whole if r >= start], start
         assert (done.sent, done.skipped) == (len([r for r, _ in whole if r >= start]), 1 if start <= 3 else 0)
@@ -162,8 +163,8 @@ def test_a_mapper_failing_inside_a_group_names_its_file_and_record_there(text_gr
     assert isinstance(failure, P.FileError) and failure.error["type"] == "ValueError"
     assert (failure.error["file"], failure.error["record"]) == (text_group[1], 2)
     chunks, done = run_group(text_group, TEXT, mappers=(f"{HERE}:fail_on_12",))
-    assert [v for _, v in records_and_values(chunks)] == [1, 2, 3, 10, 11] + list(range(13, 20))
-    assert (done.sent, done.skipped) == (12, 2)
+    assert [v for _, v in records_and_values(chunks)] == [1, 2, 3, 5, 6, 10, 11] + list(range(13, 20))
+    assert (done.sent, done.skipped) == (14, 2)
 
 
 def fail_on_odd(sample: Any) -> Any:
