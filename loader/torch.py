@@ -238,6 +238,14 @@ def _open(source: Source, device: Any, dataset: str, options: dict[str, Any]) ->
         return cast(Reader, source), None
     if isinstance(source, LoaderConfig):
         return _local(source, device, dataset, options)
+    if source is not None and not isinstance(source, (str, bytes, os.PathLike)):
+        # A torch Dataset (or a list of samples), as torch's DataLoader takes: it failed deep in load_config with
+        # "expected str, bytes or os.PathLike object", saying nothing of what this class reads.
+        raise TypeError(
+            f"loader.torch.DataLoader reads a loader daemon's address, a config (a TOML path or LoaderConfig) or a "
+            f"loader Client/Loader, not a {type(source).__name__}: the config's [source] names the files, which "
+            "the daemon's workers read (README: Your data)"
+        )
     if source is not None and _is_config_file(source):
         return _local(load_config(source), device, dataset, options)
     from loader.service.client.client import Client  # the service stack (zmq) only when used

@@ -437,3 +437,16 @@ def test_without_torch_the_module_imports_and_using_it_says_how_to_install(runs_
     assert done.stdout.startswith("MissingDependencyError True ")
     assert "pip install torch" in done.stdout
     assert issubclass(MissingDependencyError, LoaderError)
+
+
+@pytest.mark.parametrize("kind", ["dataset", "list"])
+def test_a_torch_dataset_as_the_source_says_what_the_source_is(torch, kind):
+    # What a torch user passes first: it failed inside load_config with "expected str, bytes or os.PathLike
+    # object, not TensorDataset", naming neither this class nor what it reads.
+    from loader.torch import DataLoader
+
+    source = torch.utils.data.TensorDataset(torch.arange(8)) if kind == "dataset" else [1, 2, 3]
+    with pytest.raises(TypeError, match=r"reads a loader daemon's address, a config .* not a (TensorDataset|list)"):
+        DataLoader(source)
+    with pytest.raises(TypeError, match="config's \\[source\\] names the files"):
+        DataLoader(source, batch_size=4)  # the source is what is wrong, before the torch argument
