@@ -38,7 +38,7 @@ from typing import Any, Protocol, cast
 
 from loader.config import LoaderConfig, load_config
 from loader.config.sections import ClientConfig
-from loader.device import Placer, import_torch
+from loader.device import Placer, import_torch, place_name
 
 STATE_KEYS = ("epoch", "resume", "reader")  # the keys of DataLoader.state_dict()
 
@@ -63,7 +63,7 @@ class DataLoader:
     ``None`` for ``LOADER_ADDRESS``), of a config run in this process (a ``LoaderConfig`` or a TOML path:
     a ``loader.Loader``), or of a ``Client``/``Loader`` you made (used as it is, and not closed here).
 
-    ``device``: ``"torch"``/``"cpu"`` CPU tensors, ``"cuda"``/``"cuda:N"``/a ``torch.device`` GPU tensors; one
+    ``device``: ``"torch"``/``"cpu"``/None CPU tensors, ``"cuda"``/``"cuda:N"``/a ``torch.device`` GPU tensors; one
     without an index (``"cuda"``, ``torch.device("cuda")``) is ``cuda:LOCAL_RANK`` under torchrun, else the
     current device (``torch.cuda.set_device``), whether ``source`` is an address or a config. A field torch has
     no dtype for (strings, datetimes, long double) stays a numpy array.
@@ -318,7 +318,8 @@ def _local(config: LoaderConfig, device: Any, dataset: str, options: dict[str, A
         raise TypeError(
             f"with a config, DataLoader takes the [client] options {sorted(known)}, not {unknown}{_hints(unknown)}"
         )
-    place = _torch_place(device if isinstance(device, str) else str(device))
+    place = _torch_place(device)
+    place = place if isinstance(place, str) else str(place)  # a torch.device as client.device's text
     # As an override, so that a bad value is blamed on these arguments, not on the config file.
     arguments = ", ".join(f"{key}={value!r}" for key, value in {**options, "device": device}.items())
     changes = {f"client.{key}": value for key, value in {**options, "device": place}.items()}
@@ -332,7 +333,9 @@ def _local(config: LoaderConfig, device: Any, dataset: str, options: dict[str, A
 
 
 def _torch_place(device: Any) -> Any:
-    """``device`` as a ``Client`` place of torch tensors: ``"cpu"`` means CPU tensors here, as in torch."""
+    """``device`` as a ``Client`` place of torch tensors: ``"cpu"`` means CPU tensors here, as in torch, and so
+    do None (torch's "the default device") and fluid's ``CPUPlace()``, which a ``Client`` reads as numpy."""
+    device = place_name(device)  # None and fluid's places as place strings
     if isinstance(device, str):
         text = device.strip().lower()
         if text == "cpu":

@@ -450,3 +450,21 @@ def test_a_torch_dataset_as_the_source_says_what_the_source_is(torch, kind):
         DataLoader(source)
     with pytest.raises(TypeError, match="config's \\[source\\] names the files"):
         DataLoader(source, batch_size=4)  # the source is what is wrong, before the torch argument
+
+
+def test_device_none_gives_cpu_tensors_over_a_daemon_and_over_a_config(tmp_path, torch):
+    # torch's "device=None" (the default device): over an address it gave numpy arrays (a Client reads None as
+    # fluid's "no place"), over a config a ConfigError "got 'None'".
+    import numpy as np
+
+    from loader.service.local import Loader
+    from loader.torch import DataLoader
+
+    config = _npy_config(tmp_path, np.arange(16, dtype=np.float32))
+    with DataLoader(config, device=None) as data:
+        batch = next(iter(data))
+        assert isinstance(batch["data"], torch.Tensor) and batch["data"].device.type == "cpu"
+    with Loader(config) as daemon:
+        with DataLoader(daemon.endpoint, device=None) as data:  # its daemon's address
+            batch = next(iter(data))
+            assert isinstance(batch["label"], torch.Tensor) and batch["label"].device.type == "cpu"
