@@ -8,7 +8,8 @@ Contract used by ``DoubleBufferReader``, ``DataFeeder`` and the service client::
     batch = placer.place_now(batch) # both steps at once, on the calling thread
 
 ``batch`` is any nest of lists, tuples, dicts and dataclass instances (e.g.
-``loader.LoDTensor``) whose leaves are numpy arrays; other leaves pass through.
+``loader.LoDTensor``) whose leaves are numpy arrays; numpy scalars (a sample's scalar fields in a
+``batch_format = "list"`` batch) are placed as 0-d arrays; other leaves pass through.
 
 Places:
 
@@ -172,9 +173,16 @@ def _check_cuda_library(library: str, index: int | None, text: str) -> tuple[str
 
 
 def map_leaves(obj: Any, fn: Callable[[np.ndarray], Any]) -> Any:
-    """Apply ``fn`` to every numpy array in a nest of lists, tuples, dicts and dataclasses."""
+    """Apply ``fn`` to every numpy array in a nest of lists, tuples, dicts and dataclasses; a numpy scalar is
+    given to ``fn`` as a 0-d array, and stays the scalar it was where ``fn`` returns that array unchanged."""
     if isinstance(obj, np.ndarray):
         return fn(obj)
+    if isinstance(obj, np.generic):
+        # A sample's label in a batch_format = "list" batch is np.int64(3), not an array: it stayed numpy (and on
+        # the host, with device="cuda") while the sample's arrays beside it became tensors.
+        array = np.asarray(obj)
+        placed = fn(array)
+        return obj if placed is array else placed
     if isinstance(obj, dict):
         return type(obj)((key, map_leaves(value, fn)) for key, value in obj.items())
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple

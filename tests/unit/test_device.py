@@ -300,6 +300,12 @@ def test_torch_cpu_place_gives_tensors():
     assert isinstance(out["x"], torch.Tensor) and out["x"].tolist() == [0, 1, 2]
     assert out["r"].tolist() == [0, 2]
     assert Placer(torch.device("cpu")).place == "torch:cpu"
+    # numpy scalars (a "list" batch's sample fields) are 0-d tensors; a string scalar stays as it was
+    label, flag, word = Placer("torch").place_now((np.int64(3), np.bool_(True), np.str_("w")))
+    assert isinstance(label, torch.Tensor) and label.shape == () and label.dtype == torch.int64 and int(label) == 3
+    assert isinstance(flag, torch.Tensor) and flag.dtype == torch.bool and bool(flag)
+    assert type(word) is np.str_ and word == "w"
+    assert type(map_leaves(np.float16(0.5), lambda a: a)) is np.float16  # unchanged by fn: the scalar itself
 
 
 @pytest.mark.skipif(not _HAS_TORCH, reason="torch is not installed")

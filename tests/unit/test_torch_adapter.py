@@ -468,3 +468,24 @@ def test_device_none_gives_cpu_tensors_over_a_daemon_and_over_a_config(tmp_path,
         with DataLoader(daemon.endpoint, device=None) as data:  # its daemon's address
             batch = next(iter(data))
             assert isinstance(batch["label"], torch.Tensor) and batch["label"].device.type == "cpu"
+
+
+def test_a_list_batch_gives_the_scalar_fields_of_its_samples_as_tensors_too(tmp_path, torch):
+    # With batch_format = "list" a sample's scalar fields (the label) are numpy scalars: they stayed numpy
+    # (np.int64) beside the tensors of its array fields, so torch.stack of the labels failed.
+    import numpy as np
+
+    from loader.torch import DataLoader
+
+    config = _npy_config(tmp_path, np.arange(24, dtype=np.float32).reshape(12, 2))
+    config = config.override({"pipeline.batch_format": "list"})
+    np.save(tmp_path / "f0.word.npy", np.array([f"w{i}" for i in range(12)]))  # a third field, of strings
+    with DataLoader(config) as data:
+        samples = [sample for batch in data for sample in batch]
+    assert len(samples) == 12
+    for features, label, word in samples:
+        assert isinstance(features, torch.Tensor) and features.shape == (2,) and features.dtype == torch.float32
+        assert isinstance(label, torch.Tensor) and label.shape == () and label.dtype == torch.int64
+        assert isinstance(word, np.str_)  # torch has no strings: as it was
+        assert int(features[0]) == 2 * int(label) and str(word) == f"w{int(label)}"
+    assert sorted(torch.stack([label for _, label, _ in samples]).tolist()) == list(range(12))
