@@ -210,7 +210,10 @@ def test_a_flood_of_epoch_requests_over_many_leases_stops_no_worker_and_fails_no
     big.mkdir()
     np.save(big / "big.npy", np.arange(20_000, dtype=np.int64))
     datasets = {"big": {"source": {"files": [str(big / "big.npy")], "records_per_lease": 1}}}
-    with running_daemon(_config(tmp_path, datasets=datasets)) as daemon:
+    # Heartbeats wait their turn behind the flood's EPOCHs (0.3 s each, more on a loaded machine): 8 s of
+    # silence, not the test config's 2, counts as hung. The old loop stalled 19 s a turn (64 EPOCHs).
+    config = _config(tmp_path, datasets=datasets, workers={"heartbeat_timeout_s": 8.0})
+    with running_daemon(config) as daemon:
         _ready(daemon)
         restarts = query_status(daemon.endpoint)["worker_restarts"]
         stop, sent, failures = threading.Event(), [0], []
