@@ -42,7 +42,12 @@ class TextFileReader(FileReader):
         self, parser: Callable[[str], Any] | None = None, encoding: str = "utf-8"
     ) -> None:
         if parser is None or not callable(parser):
-            raise ValueError("the text format needs parser=callable(line) -> sample")
+            # open_files passes no format options: say how a parser reaches it there, too.
+            raise ValueError(
+                "the text format needs parser=callable(line) -> sample: create_file_reader(path, parser=...), "
+                "[source] format_options in a config, or for open_files a format of your own, "
+                "loader.io.register_file_reader(NAME, functools.partial(loader.io.formats_text.TextFileReader, parser=...), ['.txt'])"
+            )
         self._parser = parser
         # Universal newlines: \r\n reads as \n. Bytes that do not decode are kept (surrogateescape) and
         # refused with their line: a strict decode failed in readline's buffer, 2,000 lines before the bad

@@ -704,3 +704,26 @@ def test_dict_keys_that_name_one_field_as_text_are_refused(tmp_path):
     # Both became fields named "1": a batch (a dict by field) kept one and dropped the other without a word.
     with pytest.raises(ShapeMismatchError, match=r"k.recordio: record 0: the keys \[1, '1'\] name fields alike"):
         lio.create_file_reader(str(path)).read_next()
+
+
+def test_a_text_file_through_open_files_is_told_how_a_parser_reaches_it(tmp_path):
+    # open_files passes no format options, so "needs parser=..." alone left its user with nothing to pass.
+    import functools
+
+    from loader.io import open_files, register_file_reader, unregister_file_reader
+    from loader.io.formats_text import TextFileReader
+
+    (tmp_path / "a.ints").write_text("1\n2\n")
+    register_file_reader("ints_plain", TextFileReader, [".ints"])
+    try:
+        with pytest.raises(ValueError, match=r"for open_files a format of your own, loader\.io\.register_file_reader"):
+            open_files([str(tmp_path / "a.ints")], None, None).read_next()
+        # What the message says to do, done: the parser reaches the reader.
+        register_file_reader(
+            "ints_plain", functools.partial(TextFileReader, parser=lambda line: (int(line),)), [".ints"]
+        )
+        reader = open_files([str(tmp_path / "a.ints")], None, None, is_test=True)
+        assert [int(reader.read_next()[0]), int(reader.read_next()[0])] == [1, 2]
+        reader.close()
+    finally:
+        unregister_file_reader("ints_plain")
