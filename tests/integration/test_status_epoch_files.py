@@ -25,4 +25,6 @@ def test_status_shows_each_clients_epoch_files_and_files_done(tmp_path) -> None:
         assert taken == len(ids)
         after = query_status(daemon.endpoint)
     assert (after["clients"][0]["epoch_files"], after["clients"][0]["epoch_files_done"]) == (4, 4)
+    # The epoch whose END was sent is still the client's (it said "-" while the gauge said 0).
+    assert after["clients"][0]["epoch"] == 0
     assert "EPOCH_FILES_DONE" in format_status(after)

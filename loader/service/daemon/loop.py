@@ -604,9 +604,11 @@ class Daemon:
                     "world_size": s.world_size,
                     "job": s.job,
                     "credits": s.credits,
-                    "epoch": s.current.epoch if s.current else None,
-                    # Files of the epoch it reads, and how many are read completely (what is left: the rest).
-                    "epoch_files": progress[1] if (progress := s.epoch_progress()) else None,
+                    # The epoch it reads, else the one it was sent last and may still be reading (as the
+                    # loader_epoch gauge shows it; "-" while the daemon had sent a whole epoch ahead).
+                    "epoch": progress[0] if (progress := s.epoch_progress()) else None,
+                    # Files of that epoch, and how many are read completely (what is left: the rest).
+                    "epoch_files": progress[1] if progress else None,
                     "epoch_files_done": progress[2] if progress else None,
                     "batches_sent": s.batches_sent,
                     "samples_sent": s.samples_sent,
