@@ -292,6 +292,28 @@ def test_a_file_changed_under_its_file_rows_fails_with_one_clear_error(tmp_path)
             assert len(list(client.epoch(1))) == 8
 
 
+def test_a_file_replaced_before_the_padded_repeat_of_its_rows_fails_that_epoch_not_the_daemon(tmp_path):
+    # Under on_error = "skip" the housekeeping skips a file whose workers hang; that ended this epoch's input, and
+    # its last step, short of world_size rows, was padded with a repeat of f000's file row, copied there. f000
+    # was replaced meanwhile: the copy raised out of the loop ("the daemon failed: FileRowsError") and the
+    # daemon stopped serving every client.
+    write_large_files(tmp_path, 2, 1)
+    config = make_config(
+        tmp_path, pipeline={"on_error": "skip", "batch_size": 1}, workers={"count": 2, "progress_timeout_s": 1.0}
+    )
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, rank=0, world_size=2, job="j", timeout_s=30, read_ahead=False) as client:
+            os.remove(tmp_path / "f001.npy")
+            os.mkfifo(tmp_path / "f001.npy")  # opening it waits for a writer: every worker leased it hangs
+            batches = client.epoch()
+            assert wait_until(lambda: query_status(daemon.endpoint)["clients"][0]["epoch_files_done"] == 1, 20)
+            write_large_files(tmp_path, 1, 1)  # f000 rewritten: the stage's file row of it names another file
+            with pytest.raises(Exception, match="changed") as failed:
+                list(batches)
+            assert not isinstance(failed.value, loader.ServiceUnavailableError), failed.value
+            assert not daemon._closed and query_status(daemon.endpoint)["clients"]
+
+
 def test_stored_npz_members_go_as_file_rows_and_compressed_ones_through_the_arena(tmp_path):
     ids = []
     for i in range(3):

@@ -184,17 +184,22 @@ class RefKeeper:
 
     def duplicate(self, refs: np.ndarray) -> np.ndarray:
         """Copies of rows another batch sends too (a padded repeat) as local rows, so that freeing
-        one batch's rows never frees the other's."""
-        rows: list[Any] = []
-        for arena_id, start, spec_id in refs.tolist():
+        one batch's rows never frees the other's. File rows stay references to the same rows: nothing
+        frees them, and reading them here (in the loop's turn that ends an epoch's input, which a worker's
+        death can take) would fail the daemon when the file changed since, not the batch that carries them."""
+        out = np.array(refs, dtype=np.int64, copy=True)
+        for i, (arena_id, start, spec_id) in enumerate(refs.tolist()):
+            if F.is_file_id(arena_id):
+                continue
             if arena_id == R.LOCAL_ARENA:
                 # Local rows are never written to: sharing one is safe, and a row that is not an array (an
                 # object column's value) must stay what it is (``materialize``).
-                rows.append(self.local[start])
+                row = self.local[start]
             else:
                 one = np.array([[arena_id, start, spec_id]], dtype=np.int64)
-                rows.append(R.gather(one, self.specs.specs, self.arena_of, free=False)[0])
-        return self._to_local(rows)
+                row = R.gather(one, self.specs.specs, self.arena_of, free=False)[0]
+            out[i] = self._to_local([row])[0]
+        return out
 
     def row_layouts(self, refs: np.ndarray) -> set[tuple[str, tuple[int, ...]] | None]:
         """The (dtype, shape) of the rows a reference column names (None for an object row): what the
