@@ -300,6 +300,8 @@ class Daemon:
             while not stop_event.is_set() and not self._closed:
                 self.step(POLL_INTERVAL_S)
         except Exception as exc:
+            if self._closed:
+                return  # closed from another thread mid-turn (a Loader whose join timed out): not a fault
             # A fault of the daemon itself (a peer's message or a file fails only its sender or its file): every
             # client is told why at once and the workers stop, instead of the clients waiting out their timeout
             # on a loop that is gone (in a Loader the thread just ended, with a traceback on stderr).
