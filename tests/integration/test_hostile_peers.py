@@ -331,7 +331,7 @@ def test_a_data_message_header_over_its_cap_is_never_unpacked(hostile, monkeypat
 
     daemon, ids = hostile
     cap = 64 * 1024  # the fixture's data messages stop at 1 MiB
-    monkeypatch.setattr(loop, "MAX_DATA_HEAD_BYTES", cap, raising=False)
+    monkeypatch.setattr(loop, "MAX_DATA_HEAD_BYTES", cap)
     unpacked: list[int] = []  # sizes of the headers unpacked over the cap
     real = P.decode_head
 
@@ -340,7 +340,7 @@ def test_a_data_message_header_over_its_cap_is_never_unpacked(hostile, monkeypat
             unpacked.append(len(P.buffer_of(frames[0])))
         return real(frames)
 
-    monkeypatch.setattr(P, "decode_head", spy, raising=False)
+    monkeypatch.setattr(P, "decode_head", spy)
     tag = {"k": "chunk", "s": 1, "f": 0, "l": 1, "w": live_worker_ids(daemon)[0], "t": "0" * 32, "n": 0}
     before = rejected(daemon)
     push = transport.push(daemon.data_endpoint)

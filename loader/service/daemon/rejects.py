@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Hashable
 
 from loader.service.protocol import printable
 
@@ -22,13 +23,13 @@ MAX_REMEMBERED_PEERS = 1024  # peers whose last log line is remembered (a flood 
 
 class PeerLines:
     """Routine log lines a peer can make the daemon write at will (a client attaching and detaching, a worker
-    joining and saying goodbye): each kind at most once per peer per ``LOG_EVERY_S`` at its level, the rest
-    at DEBUG. A peer saying hello in a loop wrote two INFO lines a message, 400 KB of log a second."""
+    joining and saying goodbye, a refused message): each kind at most once per peer per ``LOG_EVERY_S`` at its
+    level, the rest at DEBUG. A peer saying hello in a loop wrote two INFO lines a message, 400 KB of log a second."""
 
     def __init__(self) -> None:
-        self._logged_at: dict[tuple[bytes, str], float] = {}
+        self._logged_at: dict[tuple[Hashable, str], float] = {}
 
-    def level(self, peer: bytes | None, kind: str, level: int = logging.INFO) -> int:
+    def level(self, peer: Hashable | None, kind: str, level: int = logging.INFO) -> int:
         """``level`` for this peer's line of this ``kind`` now, or DEBUG when it had one lately."""
         if peer is None:
             return level
@@ -38,7 +39,7 @@ class PeerLines:
         if last is not None and now - last < LOG_EVERY_S:
             return logging.DEBUG
         if last is None and len(self._logged_at) >= MAX_REMEMBERED_PEERS:
-            del self._logged_at[next(iter(self._logged_at))]
+            del self._logged_at[next(iter(self._logged_at))]  # a flood of peers forgets the oldest
         self._logged_at[key] = now
         return level
 
@@ -48,18 +49,13 @@ class Rejects:
 
     def __init__(self) -> None:
         self.count = 0
-        self._logged_at: dict[str, float] = {}
+        self._lines = PeerLines()
 
     def reject(self, peer: str, why: str) -> None:
         """Count a refused message from ``peer`` and log ``why`` unless this peer was logged recently."""
         self.count += 1
-        now = time.monotonic()
-        last = self._logged_at.get(peer)
-        if last is not None and now - last < LOG_EVERY_S:
+        if self._lines.level(peer, "rejected", logging.WARNING) != logging.WARNING:
             return
-        if last is None and len(self._logged_at) >= MAX_REMEMBERED_PEERS:
-            del self._logged_at[next(iter(self._logged_at))]
-        self._logged_at[peer] = now
         # ``why`` may quote what the peer wrote: one line whatever it holds.
         log.warning(
             "dropping a message from %s: %s (further ones within %.0fs are not logged)",
