@@ -84,6 +84,7 @@ _LISTINGS_KEPT = 16  # directories remembered (a dataset's files usually lie in 
 # A listing is kept only when the directory last changed this long before it was taken: a file added in the
 # same tick of the directory's mtime clock as the listing leaves the mtime as it was (git's "racy" entries).
 _LISTING_SETTLED_NS = 2_000_000_000
+_LISTINGS_LOCK = threading.Lock()  # open_files threads open files at once: evicting must not race an insert
 
 
 def _possible_companions(directory: str) -> list[str]:
@@ -95,9 +96,10 @@ def _possible_companions(directory: str) -> list[str]:
     with os.scandir(directory) as entries:
         names = sorted(entry.name for entry in entries if _COMPANION.match(entry.name))
     if listed_at - mtime > _LISTING_SETTLED_NS:
-        if len(_LISTINGS) >= _LISTINGS_KEPT:
-            _LISTINGS.pop(next(iter(_LISTINGS)), None)
-        _LISTINGS[directory] = (mtime, names)
+        with _LISTINGS_LOCK:
+            if len(_LISTINGS) >= _LISTINGS_KEPT:
+                _LISTINGS.pop(next(iter(_LISTINGS)), None)
+            _LISTINGS[directory] = (mtime, names)
     return names
 
 
