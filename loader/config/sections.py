@@ -80,6 +80,7 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0  # progress and client timeouts: a week
 MAX_CLIENTS = 4096
 MAX_MESSAGE_MIB = 4096  # one data frame; a bigger one is a sample no batch should hold
 MAX_REORDER_WINDOW_MIB = 64 * 1024
+MAX_STREAM_BUFFER_MIB = 1024 * 1024
 
 # tcp://HOST:PORT (HOST may be [ipv6] or *; PORT may be * for "any free port"), or ipc://PATH
 _TCP_BIND = re.compile(r"^tcp://(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]+):(?P<port>\d+|\*)$")
@@ -234,6 +235,11 @@ class ServiceConfig:
     # Rows of later files held per stream until the file before them is complete (the reorder window):
     # a slow worker delays its stream by at most this, and it bounds that part of the daemon's memory.
     reorder_window_mib: int = 64
+    # Rows one stream (an epoch of a job) may hold in the daemon besides its reorder window: shuffle buffer,
+    # steps cut ahead of its ranks. Prefetch is cut to fit; a job whose shuffle buffer and one global step
+    # (world_size x batch_size rows) do not fit fails its epoch saying so (a huge world_size would buffer
+    # the whole dataset waiting for ranks).
+    stream_buffer_mib: int = 4096
     metrics: str = ""  # "HOST:PORT" of the Prometheus, /healthz and /readyz endpoint; "" for none
     origin: str = origin_field()
 
@@ -247,6 +253,7 @@ class ServiceConfig:
         check.integer("max_message_mib", minimum=1, maximum=MAX_MESSAGE_MIB)
         check.number("reclaim_after_s", maximum=MAX_TIMEOUT_S)
         check.integer("reorder_window_mib", minimum=0, maximum=MAX_REORDER_WINDOW_MIB)
+        check.integer("stream_buffer_mib", minimum=1, maximum=MAX_STREAM_BUFFER_MIB)
         if (self.daemon_key is None) != (self.authorized_keys is None):
             check.fail("authorized_keys", "and service.daemon_key go together: give both or neither")
         check.text("bind")

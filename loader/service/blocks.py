@@ -89,4 +89,35 @@ def block_nbytes(block: Block) -> int:
     return sum(int(v.nbytes) for v in block.values())
 
 
-__all__ = ["Block", "concat", "take", "select", "block_rows", "rows_slice", "block_nbytes"]
+ROW_BYTES_SAMPLES = 8  # values of an object column looked at to estimate its rows' size
+
+
+def row_nbytes_estimate(block: Block) -> int:
+    """About the bytes one row of ``block`` holds: exact for fixed-size columns; for an object column (ragged
+    values), the mean size of a few values spread over it (``block_nbytes`` counts only its pointers)."""
+    rows = block_rows(block)
+    if rows == 0:
+        return 0
+    total = 0
+    for values in block.values():
+        if not values.dtype.hasobject:
+            total += int(values.nbytes) // rows
+            continue
+        picks = np.linspace(0, rows - 1, num=min(rows, ROW_BYTES_SAMPLES)).astype(np.int64)
+        sizes = [_value_nbytes(values[int(i)]) for i in picks]
+        total += 8 + sum(sizes) // len(sizes)
+    return total
+
+
+def _value_nbytes(value: object) -> int:
+    if isinstance(value, (bytes, bytearray, str)):
+        return len(value)
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return 8
+        head = value[:ROW_BYTES_SAMPLES]  # a long list is as its first items
+        return len(value) * (8 + sum(_value_nbytes(v) for v in head) // len(head))
+    return int(getattr(value, "nbytes", 8))
+
+
+__all__ = ["Block", "concat", "take", "select", "block_rows", "rows_slice", "block_nbytes", "row_nbytes_estimate"]

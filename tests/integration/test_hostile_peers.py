@@ -7,6 +7,7 @@ import collections
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from loader import Client
+from loader.errors import WorkerError
 from loader.service import protocol as P
 from loader.service import transport
 from loader.service.client.client import query_status
@@ -571,3 +573,18 @@ def test_arena_rows_of_clients_that_return_no_credit_are_reclaimed(tmp_path):
         with Client(daemon.endpoint, timeout_s=30) as client:
             got = [int(i) for batch in client.epoch() for i in batch["data"][:, 0]]
         assert collections.Counter(got) == collections.Counter(ids)
+
+
+def test_a_job_of_a_huge_world_size_fails_its_epoch_at_the_byte_bound_not_at_the_stall_timeout(tmp_path):
+    """A client saying world_size 65,536 would have the daemon buffer its input for ranks that never come (a
+    step of 1.3 M rows here): the epoch fails once the first chunk shows what a step would take, naming the
+    setting, and the daemon serves honest jobs on."""
+    ids = write_id_files(tmp_path, len(FILES), FILES)
+    with running_daemon(_config(tmp_path, service={"stream_buffer_mib": 1})) as daemon:
+        _ready(daemon)
+        started = time.monotonic()
+        with Client(daemon.endpoint, rank=0, world_size=P.MAX_WORLD_SIZE, timeout_s=30) as client:
+            with pytest.raises(WorkerError, match=r"world_size 65536 x batch_size 20.*service\.stream_buffer_mib = 1"):
+                collect_ids(client.epoch())
+        assert time.monotonic() - started < 20, "failed by the byte bound, not by a timeout"
+        exact_epochs(daemon, ids)

@@ -231,6 +231,7 @@ class Daemon:
             # Past the progress timeouts of a file's hung workers: a file that hangs fails naming that cause.
             stall_timeout_s=(HUNG_FILE_ATTEMPTS + 1) * workers.progress_timeout_s,
             reorder_bytes=config.service.reorder_window_mib * 1024 * 1024,
+            stream_buffer_bytes=config.service.stream_buffer_mib * 1024 * 1024,
             lease_note=self.datasets.lease_note,
             file_record=self.datasets.file_record,
         )

@@ -39,7 +39,7 @@ import numpy as np
 from loader.config.sections import MAX_PREFETCH
 from loader.errors import WorkerError
 from loader.service import protocol as P
-from loader.service.blocks import Block, block_nbytes, block_rows, concat
+from loader.service.blocks import Block, block_nbytes, block_rows, concat, row_nbytes_estimate
 from loader.service.daemon import fit
 from loader.service.daemon.batching import StepCutter, WindowShuffle
 from loader.service.daemon.sequencer import Sequencer, Tagged
@@ -59,6 +59,7 @@ DEFAULT_STALL_TIMEOUT_S = 360.0
 MIN_STALL_TIMEOUT_S = 30.0
 # Bytes of a stream's rows held for reordering (later files waiting for the head): ``service.reorder_window_mib``.
 DEFAULT_REORDER_BYTES = 64 * 1024 * 1024
+DEFAULT_STREAM_BUFFER_BYTES = 4096 * 1024 * 1024  # service.stream_buffer_mib
 # A message that packs several batches for a client (``Epoch.pack``) holds at most this many bytes.
 PACK_BYTES = 1024 * 1024
 # A worker's error, logged under on_error = "skip": its first line, at most this long (the traceback stays out).
@@ -165,6 +166,7 @@ class Stream:
     samples_sent: dict[int, int] = field(default_factory=dict)  # rank -> samples sent it
     arrived: dict[int, int] = field(default_factory=dict)  # file -> records that reached the stage from its lease
     chunk_rows: int = 0  # the most records one chunk of this stream has brought (its bound must hold one)
+    row_bytes: int = 0  # the most bytes a row of its chunks has taken here (references: 24), for the byte bound
     dataset: str = "default"  # the dataset its job reads (the metrics count traffic per dataset)
 
     @property
@@ -225,6 +227,7 @@ class Stage:
         files: Sequence[str] = (),
         stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
         reorder_bytes: int = DEFAULT_REORDER_BYTES,
+        stream_buffer_bytes: int = DEFAULT_STREAM_BUFFER_BYTES,
         lease_note: Callable[[int], str] = lambda file_index: "",
         file_record: Callable[[int, int], int] = lambda file_index, record: record,
     ) -> None:
@@ -236,6 +239,7 @@ class Stage:
         self.lease_note, self.file_record = lease_note, file_record
         self.stall_timeout_s = max(MIN_STALL_TIMEOUT_S, stall_timeout_s)
         self.reorder_bytes = reorder_bytes
+        self.stream_buffer_bytes = stream_buffer_bytes
         self.settings = StreamSettings(batch_size, drop_last, shuffle_buffer, seed)
         self.batch_size = batch_size
         self.samples_per_message = samples_per_message
@@ -292,7 +296,17 @@ class Stage:
         step = stream.world_size * settings.batch_size
         # One chunk's rows on top, as the worker sized it (by bytes: ``workers/columns.py``), not
         # ``samples_per_message``, the most it may be: that would let a stream of big rows hold gigabytes.
-        return 2 * settings.shuffle_buffer + step * (stream.prefetch + 2) + stream.chunk_rows
+        rows = 2 * settings.shuffle_buffer + step * (stream.prefetch + 2) + stream.chunk_rows
+        if stream.row_bytes:
+            # And bytes (``stream_buffer_bytes``): big rows sent inline, or many ranks, cut the steps held ahead,
+            # never below what the stream needs to go on (``rows_needed``: else it would wait for itself).
+            rows = min(rows, max(self.stream_buffer_bytes // stream.row_bytes, self.rows_needed(stream)))
+        return rows
+
+    def rows_needed(self, stream: Stream) -> int:
+        """Rows a stream must be able to hold to cut a step at all: its shuffle window, one global step
+        (``world_size x batch_size``) and a chunk."""
+        return stream.settings.shuffle_buffer + stream.world_size * stream.settings.batch_size + stream.chunk_rows
 
     def accepting(self) -> bool:
         """False while the daemon should stop reading worker data: a stream holds more than twice its
@@ -477,8 +491,13 @@ class Stage:
             if cut is not None:
                 self.events.append(FileCut(stream.stream_id, cut.file_index))
             return
-        if chunk.count > stream.chunk_rows:  # after the room check: a chunk cannot make room for itself
-            stream.chunk_rows = chunk.count
+        row_bytes = row_nbytes_estimate(fitted)
+        if chunk.count > stream.chunk_rows or row_bytes > stream.row_bytes:  # after the room check: a chunk
+            stream.chunk_rows = max(stream.chunk_rows, chunk.count)  # cannot make room for itself
+            stream.row_bytes = max(stream.row_bytes, row_bytes)
+            if self._beyond_byte_bound(stream):
+                self._free(stream, [fitted])
+                return
             stream.sequencer.reorder_rows = self.buffer_limit_rows(stream)
         in_order, dropped, cut = stream.sequencer.add(chunk.file, fitted, records)
         self.dropped_duplicates += sum(block_rows(b) for b in dropped) if cut is None else 0
@@ -487,6 +506,27 @@ class Stage:
             self.events.append(FileCut(stream.stream_id, cut.file_index))
         stream.sample_kind = chunk.sample_kind
         self._feed(stream, in_order)
+
+    def _beyond_byte_bound(self, stream: Stream) -> bool:
+        """Fail the stream (True) when what it needs to hold to cut one step outgrows ``stream_buffer_bytes``:
+        it would hold more and more of its input waiting (a world_size of thousands buffers a whole dataset
+        for ranks that do not come). One line saying which numbers make it so."""
+        needed = self.rows_needed(stream) * stream.row_bytes
+        if needed <= self.stream_buffer_bytes:
+            return False
+        settings = stream.settings
+        message = (
+            f"epoch {stream.epoch}: one step of world_size {stream.world_size} x batch_size {settings.batch_size} rows"
+            + (f", with shuffle_buffer {settings.shuffle_buffer}," if settings.shuffle_buffer else "")
+            + f" of about {stream.row_bytes:,} bytes each takes {needed / 2**20:,.1f} MiB in the daemon, over "
+            f"service.stream_buffer_mib = {self.stream_buffer_bytes // 2**20}: raise it, or lower these"
+        )
+        if (
+            self._failures_logged.allow(time.monotonic()) is not None
+        ):  # a client asking again and again: a line a second
+            log.error("%s", message)
+        self.fail_stream(stream, WorkerError("StreamBufferError", message).to_dict())
+        return True
 
     def _feed(self, stream: Stream, tagged: list[Tagged]) -> None:
         """Rows now in the epoch's order: through the shuffle and the cutter into steps."""

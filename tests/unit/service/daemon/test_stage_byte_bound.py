@@ -1,0 +1,128 @@
+"""A stream's byte bound (``service.stream_buffer_mib``): what it may hold besides its reorder window is
+bounded in bytes as well as rows, and a job that could only go on by holding more fails in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from loader.config import LoaderConfig
+from loader.errors import ConfigError
+from loader.service import protocol as P
+from loader.service.blocks import row_nbytes_estimate
+from loader.service.daemon.stage import Stage, StreamFailed
+from tests.unit.service.daemon.test_stage import Recorder
+
+ROW = 1024  # bytes a row: 128 float64
+
+
+def _stage(budget_bytes: int, batch_size: int = 4, shuffle: int = 0) -> tuple[Stage, Recorder]:
+    rec = Recorder()
+    stage = Stage(
+        batch_size=batch_size,
+        drop_last=False,
+        shuffle_buffer=shuffle,
+        seed=3,
+        samples_per_message=64,
+        send=rec,
+        stream_buffer_bytes=budget_bytes,
+    )
+    return stage, rec
+
+
+def _open(stage: Stage, world_size: int, prefetch: int = 16):
+    session = stage.open_session(b"peer", 0, world_size, prefetch=prefetch)
+    stream = stage.new_stream(
+        settings=stage.settings, epoch=0, world_size=world_size, order=[0], job="job", prefetch=session.prefetch
+    )
+    stage.attach(session, stream, gen=1, credits=prefetch)
+    return session, stream
+
+
+def _chunk(stream, first: int, rows: int):
+    chunk = P.Chunk(stream=stream.stream_id, file=0, lease=1, worker="w1", record=first, count=rows)
+    return chunk, {"x": np.zeros((rows, ROW // 8))}
+
+
+def test_prefetch_is_cut_to_the_byte_bound_but_never_below_one_step():
+    stage, _ = _stage(budget_bytes=64 * ROW)
+    _, stream = _open(stage, world_size=2, prefetch=16)
+    rows_only = stage.buffer_limit_rows(stream)
+    assert rows_only == 2 * 4 * (16 + 2)  # rows alone until the first chunk says how big a row is
+    stage.on_chunk(*_chunk(stream, 0, 8))
+    assert stream.row_bytes == ROW
+    assert stage.buffer_limit_rows(stream) == 64  # 64 KiB of 1 KiB rows, not 2 x 4 x 18 + 8 = 152
+    assert not stage.events
+
+    tight, _ = _stage(budget_bytes=13 * ROW)  # one step (8 rows) and a chunk (4), with a row to spare
+    _, narrow = _open(tight, world_size=2, prefetch=16)
+    tight.on_chunk(*_chunk(narrow, 0, 4))
+    assert tight.buffer_limit_rows(narrow) == 13
+    assert tight.rows_needed(narrow) == 2 * 4 + 4
+    assert not tight.events
+    tighter, _ = _stage(budget_bytes=11 * ROW)
+    _, failing = _open(tighter, world_size=2, prefetch=16)
+    tighter.on_chunk(*_chunk(failing, 0, 4))
+    assert [type(e) for e in tighter.events] == [StreamFailed], "12 rows needed, 11 allowed"
+
+
+def test_a_step_beyond_the_byte_bound_fails_the_epoch_in_one_line():
+    stage, _ = _stage(budget_bytes=100 * ROW, batch_size=8)
+    _, stream = _open(stage, world_size=4096)  # a step of 32,768 rows: 32 MiB against 100 KiB
+    stage.on_chunk(*_chunk(stream, 0, 8))
+    failed = [e for e in stage.events if isinstance(e, StreamFailed)]
+    assert len(failed) == 1 and failed[0].stream is stream
+    message = failed[0].error["message"]
+    assert failed[0].error["type"] == "StreamBufferError"
+    assert "world_size 4096 x batch_size 8" in message and "service.stream_buffer_mib" in message
+    assert "\n" not in message
+    assert stream.rows_buffered == 0, "the chunk that showed it is not kept"
+    stage.on_chunk(*_chunk(stream, 8, 8))
+    assert stream.rows_buffered == 0 and len(stage.events) == 1, "a failed stream takes nothing more"
+
+
+def test_the_shuffle_window_counts_towards_what_a_stream_needs():
+    stage, _ = _stage(budget_bytes=1000 * ROW, shuffle=2000)
+    _, stream = _open(stage, world_size=1)
+    stage.on_chunk(*_chunk(stream, 0, 8))
+    failed = [e for e in stage.events if isinstance(e, StreamFailed)]
+    assert failed and "shuffle_buffer 2000" in failed[0].error["message"]
+
+
+def test_within_the_bound_every_record_arrives_once():
+    stage, rec = _stage(budget_bytes=24 * ROW)
+    session, stream = _open(stage, world_size=1, prefetch=64)
+    sent = 0
+    while sent < 100:
+        if stage.may_lease(stream.stream_id, 0):
+            n = min(8, 100 - sent)
+            chunk, columns = _chunk(stream, sent, n)
+            columns["x"][:, 0] = np.arange(sent, sent + n)
+            stage.on_chunk(chunk, columns)
+            sent += n
+        assert stream.rows_buffered <= 2 * stage.buffer_limit_rows(stream)
+        session.credits = 64
+        stage.pump(session)
+    stage.on_done(P.FileDone(stream=stream.stream_id, file=0, lease=1, worker="w1", sent=100))
+    stage.pump(session)
+    rows = [m[2]["x"][:, 0] for m in rec.messages if isinstance(m[1], P.Batch)]
+    assert np.concatenate(rows).tolist() == list(range(100))
+    assert isinstance(rec.messages[-1][1], P.End)
+
+
+def test_object_rows_are_counted_by_what_they_hold():
+    ragged = P.object_array([np.zeros(1000, np.uint8), np.zeros(3000, np.uint8)])
+    assert 2000 <= row_nbytes_estimate({"x": ragged}) <= 2100
+    texts = P.object_array([b"a" * 500, b"b" * 1500])
+    assert 1000 <= row_nbytes_estimate({"t": texts, "y": np.zeros(2)}) <= 1100
+    assert row_nbytes_estimate({"x": np.zeros((3, 10), np.float32)}) == 40
+
+
+def test_the_setting_is_checked():
+    config = LoaderConfig.from_dict({"source": {"files": ["x.npy"]}, "service": {"stream_buffer_mib": 16}})
+    assert config.service.stream_buffer_mib == 16
+    try:
+        LoaderConfig.from_dict({"source": {"files": ["x.npy"]}, "service": {"stream_buffer_mib": 0}})
+    except ConfigError as exc:
+        assert "stream_buffer_mib" in str(exc)
+    else:
+        raise AssertionError("stream_buffer_mib = 0 was taken")
