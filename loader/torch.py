@@ -75,7 +75,7 @@ class DataLoader:
     def __init__(
         self,
         source: Source,
-        *,
+        *torch_positional: Any,
         device: Any = "torch",
         dataset: str = "default",
         rank: int | None = None,
@@ -84,6 +84,11 @@ class DataLoader:
         **client_kwargs: Any,
     ) -> None:
         import_torch("loader.torch.DataLoader")
+        _check_source(source)  # a torch Dataset given is the first thing wrong, before any torch argument
+        if torch_positional:
+            # DataLoader(source, 32) as torch's DataLoader(dataset, batch_size) is written: Python's own "takes 2
+            # positional arguments but 3 were given" said neither what 32 was taken for nor where it belongs.
+            raise TypeError(_positional_error(torch_positional))
         options = {"rank": rank, "world_size": world_size, "job": job, **client_kwargs}
         self._reader, self._owned = _open(source, device, dataset, options)
         # A Client or Loader of your own may give numpy arrays (its device "cpu"): a torch DataLoader gives
@@ -112,6 +117,14 @@ class DataLoader:
         if self._open is None or self._open_done:
             self._open_next()  # ahead: the next iter() takes this one, so len() asks for no extra epoch
         return len(cast(Any, self._open))
+
+    def __getitem__(self, index: Any) -> Any:
+        # torch.utils.data.DataLoader(this) takes it for a map-style Dataset: after len() it indexes it, which
+        # failed inside torch with "'DataLoader' object is not subscriptable".
+        raise TypeError(
+            "loader.torch.DataLoader is not a Dataset but the DataLoader itself (the daemon makes its batches): "
+            "iterate it, for batch in data: ..., instead of giving it to torch.utils.data.DataLoader"
+        )
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration run epoch ``epoch`` (as ``DistributedSampler.set_epoch``: call it before each).
@@ -227,25 +240,33 @@ class DataLoader:
 StatefulDataLoader = DataLoader  # torchdata's name for a DataLoader with state_dict/load_state_dict
 
 
+def _check_source(source: Any) -> None:
+    """Refuse what is neither an address, a config nor a reader (``TypeError``)."""
+    if hasattr(source, "epoch") or isinstance(source, (LoaderConfig, str, bytes, os.PathLike)) or source is None:
+        return
+    # A torch Dataset (or a list of samples), as torch's DataLoader takes: it failed deep in load_config with
+    # "expected str, bytes or os.PathLike object", saying nothing of what this class reads.
+    raise TypeError(
+        f"loader.torch.DataLoader reads a loader daemon's address, a config (a TOML path or LoaderConfig) or a "
+        f"loader Client/Loader, not a {type(source).__name__}: the config's [source] names the files, which "
+        "the daemon's workers read (README: Your data)"
+    )
+
+
 def _open(source: Source, device: Any, dataset: str, options: dict[str, Any]) -> tuple[Reader, Reader | None]:
     """(where batches come from, what ``close()`` closes): a Client, a Loader, or what was given."""
     if hasattr(source, "epoch"):
         given = {key: value for key, value in options.items() if value is not None}
         if given or device != "torch" or dataset != "default":
+            torch_names = [name for name in sorted(given) if name in _TORCH_ARGUMENTS]
+            if torch_names:  # no Client takes batch_size either: "give it to the Client" misled
+                raise TypeError(f"a Client or Loader is used as it is, and takes no {torch_names}{_hints(torch_names)}")
             raise TypeError(
                 f"a Client or Loader is used as it is: give {sorted(given) or 'device/dataset'} to it instead"
             )
         return cast(Reader, source), None
     if isinstance(source, LoaderConfig):
         return _local(source, device, dataset, options)
-    if source is not None and not isinstance(source, (str, bytes, os.PathLike)):
-        # A torch Dataset (or a list of samples), as torch's DataLoader takes: it failed deep in load_config with
-        # "expected str, bytes or os.PathLike object", saying nothing of what this class reads.
-        raise TypeError(
-            f"loader.torch.DataLoader reads a loader daemon's address, a config (a TOML path or LoaderConfig) or a "
-            f"loader Client/Loader, not a {type(source).__name__}: the config's [source] names the files, which "
-            "the daemon's workers read (README: Your data)"
-        )
     if source is not None and _is_config_file(source):
         return _local(load_config(source), device, dataset, options)
     from loader.service.client.client import Client  # the service stack (zmq) only when used
@@ -278,6 +299,33 @@ _TORCH_ARGUMENTS = {
     "generator": "[pipeline] seed in the config",
     "timeout": "timeout_s",
 }
+
+
+# torch's DataLoader(dataset, batch_size, shuffle, ...): what each positional argument after the dataset is.
+_TORCH_POSITIONAL = (
+    "batch_size",
+    "shuffle",
+    "sampler",
+    "batch_sampler",
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "drop_last",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+)
+
+
+def _positional_error(values: tuple[Any, ...]) -> str:
+    """The error line for arguments given after the source, named as torch's DataLoader reads them."""
+    names = [_TORCH_POSITIONAL[i] if i < len(_TORCH_POSITIONAL) else f"argument {i + 2}" for i in range(len(values))]
+    taken = ", ".join(f"{name}={value!r}" for name, value in zip(names, values))
+    return (
+        f"loader.torch.DataLoader takes only the source positionally, not torch's {taken}{_hints(names)}; "
+        "over an address, the config is the daemon's"
+    )
 
 
 def _hints(unknown: list[str]) -> str:

@@ -34,7 +34,7 @@ from typing import Any
 from loader.config import LoaderConfig, load_config
 from loader.errors import ServiceUnavailableError
 from loader.reader.batches import batch_reader
-from loader.service.client.client import Client, EpochBatches, query_status
+from loader.service.client.client import Client, EpochBatches, NotADataset, query_status
 from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
 from loader.service.daemon.loop import Daemon
 
@@ -116,7 +116,7 @@ def _serve(daemon: Daemon, stop: threading.Event) -> None:
         pass
 
 
-class Loader:
+class Loader(NotADataset):
     """Coordinator + stage + workers in this process, iterated like a ``Client``. Context manager.
 
     ``close()`` (or leaving ``with``) releases everything; a ``Loader`` that is never

@@ -489,3 +489,58 @@ def test_a_list_batch_gives_the_scalar_fields_of_its_samples_as_tensors_too(tmp_
         assert isinstance(word, np.str_)  # torch has no strings: as it was
         assert int(features[0]) == 2 * int(label) and str(word) == f"w{int(label)}"
     assert sorted(torch.stack([label for _, label, _ in samples]).tolist()) == list(range(12))
+
+
+def test_torch_arguments_given_positionally_say_what_they_were_taken_for_and_where_they_live(tmp_path, torch):
+    # DataLoader(source, 32), as torch's DataLoader(dataset, batch_size) is written: Python's own "takes 2
+    # positional arguments but 3 were given" said neither what 32 was nor where a batch size is set here.
+    from loader.torch import DataLoader
+
+    config = tmp_path / "c.toml"
+    config.write_text('[source]\nfiles = ["*.npz"]\n')
+    for source in ("127.0.0.1:1", config, FakeReader()):  # refused before connecting or starting a Loader
+        with pytest.raises(
+            TypeError, match=r"only the source positionally, not torch's batch_size=32 \(batch_size: \[pipeline\]"
+        ):
+            DataLoader(source, 32)
+    with pytest.raises(TypeError, match=r"batch_size=32, shuffle=True \(.*; shuffle: \[pipeline\] shuffle_buffer"):
+        DataLoader(config, 32, True)
+    with pytest.raises(TypeError, match="config's \\[source\\] names the files"):
+        DataLoader(torch.utils.data.TensorDataset(torch.arange(8)), 32)  # the source is what is wrong first
+
+
+def test_torch_arguments_with_a_reader_of_your_own_say_where_they_live_not_to_give_them_to_it():
+    from loader.torch import DataLoader
+
+    with pytest.raises(TypeError, match=r"takes no \['batch_size'\] \(batch_size: \[pipeline\] batch_size in the"):
+        DataLoader(FakeReader(), batch_size=32)  # said "give ['batch_size'] to it instead": no Client takes it
+
+
+def test_this_dataloader_given_to_torchs_dataloader_says_to_iterate_it_instead(torch):
+    # torch takes it for a map-style Dataset: len() (ours), then indexing, which failed inside torch with
+    # "'DataLoader' object is not subscriptable".
+    with _adapter() as data:
+        wrapped = torch.utils.data.DataLoader(data, batch_size=None)
+        with pytest.raises(TypeError, match=r"not a Dataset but the DataLoader itself .* iterate it"):
+            next(iter(wrapped))
+        assert _seen(data) == [(0, index) for index in range(BATCHES)]  # as a DataLoader of its own, it works
+
+
+def test_a_loader_or_client_given_to_torchs_dataloader_says_to_use_loader_torch(tmp_path, torch):
+    # torch's sampler asks len() of what it takes for a Dataset: "object of type 'Loader' has no len()", from
+    # inside torch, said nothing of what to use.
+    import numpy as np
+
+    from loader.service.local import Loader
+
+    with Loader(_npy_config(tmp_path, np.arange(16, dtype=np.float32))) as data:
+        for reader in (data, data.client()):
+            name = type(reader).__name__
+            wrapped = torch.utils.data.DataLoader(reader)
+            with pytest.raises(TypeError, match=rf"a {name} has no len\(\): .* use loader.torch.DataLoader\(x\)"):
+                next(iter(wrapped))
+            assert reader  # still true, though it has a __len__ now
+        with pytest.raises(TypeError, match=r"one epoch at a time: for batch in client.epoch\(\)"):
+            iter(data.client())  # was "'Client' object is not iterable"
+        batches = list(data)  # list() asks len() for a size hint, and goes on without one
+    assert len(batches) == 2 and sorted(np.concatenate([b["label"] for b in batches]).tolist()) == list(range(16))

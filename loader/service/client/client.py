@@ -123,7 +123,26 @@ class EpochBatches(Iterator[Any]):
             close()
 
 
-class Client:
+class NotADataset:
+    """What a torch user tries first on a ``Client`` or ``Loader``, answered with what to do instead.
+
+    ``torch.utils.data.DataLoader(client)`` takes it for a map-style Dataset and asks ``len()`` of it first
+    (its sampler does); without this, that failed inside torch with "object of type 'Loader' has no len()".
+    """
+
+    def __bool__(self) -> bool:
+        return True  # as without __len__: bool() would ask it
+
+    def __len__(self) -> int:
+        name = type(self).__name__
+        raise TypeError(
+            f"a {name} has no len(): len(x.epoch()) is an epoch's number of batches; a {name} is not a torch "
+            f"Dataset (it gives batches already): for torch, use loader.torch.DataLoader(x) where the script "
+            "has torch.utils.data.DataLoader"
+        )
+
+
+class Client(NotADataset):
     """Batches of one share of each epoch from a loader daemon. Context manager.
 
     ``dataset`` names which of the daemon's datasets to read (``"default"``: the config's
@@ -284,6 +303,10 @@ class Client:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def __iter__(self) -> Iterator[Any]:
+        # A Loader iterates its epochs, so `for batch in client:` is tried too: it said only "not iterable".
+        raise TypeError("a Client is iterated one epoch at a time: for batch in client.epoch(): ...")
 
     def stats(self) -> dict[str, Any]:
         """What this client has done: batches taken, batches and samples received, seconds waited for data."""
