@@ -76,7 +76,8 @@ naming the file, the sample (0-based index in its file), the slot and the proble
 with ``check_fail_continue`` it is dropped and counted, and the count is logged (warning
 on ``settings.logger``, ``"loader.provider"``) at the end of the pass. Without
 ``check``, the slot count and dict-vs-list shape are still enforced, and a batch refuses
-sparse column ids that are not ints in ``[0, dim)`` (they would make a broken CSR batch).
+sparse column ids that are not ints in ``[0, dim)`` (they would make a broken CSR batch); a
+sample that a batch cannot take raises ``DataError`` naming its file and index too.
 """
 
 from __future__ import annotations

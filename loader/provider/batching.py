@@ -78,12 +78,12 @@ def _base_column(values: Any, input_type: InputType) -> Any:
             # N-d samples of dim values (dense_array(784) fed (28, 28) arrays): read flat, as the original did.
             array = array.reshape(len(array), dim)
         if array.ndim != 2 or array.shape[1] != dim:
-            raise ValueError(f"dense vectors of {dim} values expected, got an array of shape {array.shape}")
+            raise ValueError(f"dense vectors of {dim} values expected, got samples of shape {array.shape[1:]}")
         return array
     if kind == DataType.Index:
         array = np.asarray(values)
         if array.ndim != 1:
-            raise ValueError(f"one int per sample expected, got an array of shape {array.shape}")
+            raise ValueError(f"one int per sample expected, got samples of shape {array.shape[1:]}")
         if len(array) and array.dtype.kind not in "iub":
             # The original refused what is not an int ("Cannot cast int"); a cast to int64 made 1.7 a 1, "7" a 7.
             bad = next((v for v in values if not isinstance(v, (int, np.integer))), values[0])

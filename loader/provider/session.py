@@ -22,7 +22,8 @@ DEFAULT_MIN_POOL_SIZE = 1000
 # Files read at once when shuffling: samples are drawn from a random one of them.
 DEFAULT_MAX_OPEN_FILES = 8
 
-Item = tuple[list[Any], int]  # (sample in slot order, its weight toward the batch size)
+Where = tuple[str, int]  # (file, index of the sample in it)
+Item = tuple[list[Any], int, Where]  # (sample in slot order, its weight toward the batch size, where it was read)
 Items = Generator[Item, None, None]  # closed explicitly, so that files and generators are released
 
 
@@ -57,25 +58,27 @@ class ProviderSession:
     # -- the reader protocol -------------------------------------------------------------
 
     def __call__(self) -> Iterator[tuple[Any, ...]]:
-        for sample, _weight in self.items():
+        for sample, _weight, _where in self.items():
             yield tuple(sample)
 
     def batches(self, batch_size: int, drop_last: bool = False) -> Iterator[dict[str, Any]]:
         """One pass as batch dicts; a batch is full when its weights reach ``batch_size``."""
         can_over = self.settings.can_over_batch_size
         batch: list[list[Any]] = []
+        origins: list[Where] = []
         size = 0
-        for sample, weight in self.items():
+        for sample, weight, where in self.items():
             if not can_over and batch and size + weight > batch_size:
-                yield assemble(batch, self.input_types, self.slot_names)
-                batch, size = [], 0
+                yield self._assemble(batch, origins)
+                batch, origins, size = [], [], 0
             batch.append(sample)
+            origins.append(where)
             size += weight
             if size >= batch_size:
-                yield assemble(batch, self.input_types, self.slot_names)
-                batch, size = [], 0
+                yield self._assemble(batch, origins)
+                batch, origins, size = [], [], 0
         if batch and not (drop_last and size < batch_size):
-            yield assemble(batch, self.input_types, self.slot_names)
+            yield self._assemble(batch, origins)
 
     def iter_file(self, filename: str) -> Iterator[list[Any]]:
         """The checked samples of one file, in order (what a service worker runs).
@@ -89,7 +92,7 @@ class ProviderSession:
             if t.type == DataType.Dense and t.seq_type == SequenceType.NO_SEQUENCE
         ]
         try:
-            for sample, _weight in self._file_items(filename, stats):
+            for sample, _weight, _where in self._file_items(filename, stats):
                 for i, dim in dense:
                     value = np.asarray(sample[i], dtype=np.float32)
                     sample[i] = value.reshape(dim) if value.ndim != 1 and value.size == dim else value
@@ -231,11 +234,27 @@ class ProviderSession:
                         settings.logger.debug("dropped invalid sample: %s: %s", where, exc.reason)
                         continue
                     raise DataError(f"{where}: {exc.reason}") from None
-                yield sample, self._weight(sample, filename, index)
+                yield sample, self._weight(sample, filename, index), (filename, index)
         finally:
             close = getattr(generator, "close", None)
             if close is not None:
                 close()
+
+    def _assemble(self, batch: list[list[Any]], origins: list[Where]) -> dict[str, Any]:
+        """``assemble`` the batch; a sample that does not fit its slot is named by its file and index, as
+        ``check=True`` names it (without check, the error named the slot only, in a batch of shuffled files)."""
+        try:
+            return assemble(batch, self.input_types, self.slot_names)
+        except DataError as exc:
+            error = exc
+        for sample, (filename, index) in zip(batch, origins):  # the first sample that fails alone
+            try:
+                assemble([sample], self.input_types, self.slot_names)
+            except DataError as alone:
+                raise DataError(f"{filename}: sample {index}: {alone}") from None
+        files = sorted({filename for filename, _ in origins})
+        named = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        raise DataError(f"a batch of {len(batch)} samples of {named}: {error}") from None
 
     def _weight(self, sample: list[Any], filename: str, index: int) -> int:
         calc = self.settings.calc_batch_size

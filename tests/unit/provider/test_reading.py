@@ -161,6 +161,31 @@ def test_wrong_sample_shape_is_an_error_even_without_check():
         list(short_dense.batch_reader(["f"], 2)())
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_sample_that_does_not_fit_its_batch_without_check_names_its_file_and_index(shuffle):
+    # Without check=True the batch's error named the slot only ("slot 'x' ... inhomogeneous shape"), in a batch
+    # drawn from several shuffled files: not which file, nor which sample.
+    @provider(input_types={"x": dense_vector(3), "label": integer_value(10)})
+    def one_bad(settings, filename):
+        for i in range(5):
+            bad = filename == "b" and i == 3
+            yield {"x": [1.0, 2.0] if bad else [1.0, 2.0, 3.0], "label": "7" if filename == "c" else i}
+
+    reader = one_bad.batch_reader(["a", "b"], 4, is_train=shuffle, seed=1)
+    with pytest.raises(DataError, match=r"^b: sample 3: slot 'x' .*dense vectors of 3 values expected, got samples "):
+        list(reader())
+    with pytest.raises(DataError, match=r"^c: sample \d: slot 'label' .*ints expected, got '7' \(str\)"):
+        list(one_bad.batch_reader(["a", "c"], 4, is_train=shuffle, seed=1)())
+
+    @provider(input_types={"x": dense_vector(3)}, should_shuffle=False)
+    def mixed(settings, filename):  # each sample fits alone (3 values), the two do not stack
+        yield np.zeros(3)
+        yield np.zeros((1, 3))
+
+    with pytest.raises(DataError, match=r"^a batch of 2 samples of f: slot 'x'"):
+        list(mixed.batch_reader(["f"], 2)())
+
+
 def test_an_exception_in_process_reaches_the_caller_and_files_are_closed():
     @provider(input_types=[integer_value(10)])
     def failing(settings, filename):
