@@ -155,7 +155,7 @@ class Client(NotADataset):
 
     def __init__(
         self,
-        address: str | None = None,
+        address: str | os.PathLike[str] | None = None,
         *,
         rank: int | None = None,
         world_size: int | None = None,
@@ -170,10 +170,20 @@ class Client(NotADataset):
         job: str = "default",
     ) -> None:
         # Left out: LOADER_ADDRESS, RANK, WORLD_SIZE (and LOCAL_RANK for a GPU without an index), as torchrun/Slurm set them.
+        if isinstance(address, os.PathLike):
+            address = os.fspath(address)  # a config file as a pathlib.Path
+        if address is not None and not isinstance(address, str):
+            # Client(5555) failed with "argument of type 'int' is not iterable".
+            raise TypeError(
+                f"a Client's address is tcp://HOST:PORT, HOST:PORT, ipc://PATH or a config file, not "
+                f"{type(address).__name__} {address!r}"
+            )
         address, rank, world_size, device = from_environment(address, rank, world_size, device)
         self._given_address = address  # a config file's name: "no daemon answered" says where its address is from
-        if channel is None and "://" not in address:
-            address = daemon_address(address)  # HOST:PORT or a config file, as `loader status` takes them
+        if channel is None and not address.startswith(("tcp://", "ipc://", "inproc://")):
+            # HOST:PORT or a config file, as `loader status` takes them; another scheme (http://) is refused
+            # there by name, where zmq said only "Protocol not supported".
+            address = daemon_address(address)
         if not 1 <= world_size <= P.MAX_WORLD_SIZE:
             raise ValueError(f"world_size must be in [1, {P.MAX_WORLD_SIZE}], got {world_size}")
         if not 0 <= rank < world_size:

@@ -320,3 +320,22 @@ def test_clients_closed_at_exit_share_one_wait_for_their_receivers(monkeypatch):
     assert all(client._closed for client, _ in made)
     for _, daemon in made:
         daemon.stop.set()
+
+
+def test_an_address_of_the_wrong_kind_is_refused_in_one_line_naming_what_an_address_is(tmp_path):
+    # Client(5555) failed with "argument of type 'int' is not iterable", Client(Path("train.toml")) with
+    # "... 'PosixPath' is not iterable", and Client("http://...") with zmq's "Protocol not supported".
+    from pathlib import Path
+
+    from loader.errors import ConfigError
+    from tests.helpers import free_port
+
+    with pytest.raises(TypeError, match=r"a Client's address is tcp://HOST:PORT, .* not int 5555"):
+        Client(5555)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"'http://127.0.0.1:1' is not a daemon address: give tcp://HOST:PORT"):
+        Client("http://127.0.0.1:1")
+    port = free_port()
+    config = tmp_path / "train.toml"
+    config.write_text(f'[source]\nfiles = ["*.npy"]\n[service]\nbind = "tcp://127.0.0.1:{port}"\n')
+    with pytest.raises(ServiceUnavailableError, match=rf"127.0.0.1:{port} within .* is service.bind of"):
+        Client(Path(config), timeout_s=0.2)  # a config file as a Path, read as its name is
