@@ -599,6 +599,12 @@ def load_config(
 ) -> LoaderConfig:
     """Read and check a TOML config file, with ``LOADER_SECTION__KEY`` variables of ``environ`` (default
     ``os.environ``) and then ``overrides`` (``"section.key=value"``) over it (``loader.config.overrides``)."""
+    if isinstance(path, Mapping):
+        # A config written as a dict: os.fspath said only "expected str, bytes or os.PathLike object, not dict".
+        raise TypeError(
+            "load_config reads a TOML file given by its path; a dict of sections is a config through "
+            "loader.config.LoaderConfig.from_dict(d) (relative paths in it are relative to the working directory)"
+        )
     origin = os.fspath(path)
     try:
         with open(origin, "rb") as fh:

@@ -28,7 +28,7 @@ import tempfile
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from loader.config import LoaderConfig, load_config
@@ -134,8 +134,11 @@ class Loader(NotADataset):
         if isinstance(config, (str, os.PathLike)):
             config = load_config(config)  # Loader("train.toml"), as loader.torch.DataLoader takes it
         elif not isinstance(config, LoaderConfig):
+            as_dict = (
+                " (a dict of sections: loader.config.LoaderConfig.from_dict(d))" if isinstance(config, Mapping) else ""
+            )
             raise TypeError(
-                f"Loader takes a config file's path or loader.load_config(path), got {type(config).__name__}"
+                f"Loader takes a config file's path or loader.load_config(path), got {type(config).__name__}{as_dict}"
             )
         config.check_imports()  # a broken mapper or reader module fails here, not in every worker
         self.config = config

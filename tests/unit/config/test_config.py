@@ -333,6 +333,18 @@ def test_non_plain_format_options_are_rejected(tmp_path) -> None:
         load_config(path)
 
 
+def test_a_dict_given_for_a_config_file_says_how_a_dict_becomes_a_config() -> None:
+    # load_config(dict) failed in os.fspath with "expected str, bytes or os.PathLike object, not dict".
+    from loader.service.local import Loader
+
+    sections = {"source": {"files": ["data/*.npy"]}}
+    with pytest.raises(TypeError, match=r"load_config reads a TOML file .* loader.config.LoaderConfig.from_dict\(d\)"):
+        load_config(sections)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"got dict \(a dict of sections: loader.config.LoaderConfig.from_dict"):
+        Loader(sections)  # type: ignore[arg-type]
+    assert LoaderConfig.from_dict(sections).source.files == (os.path.abspath("data/*.npy"),)  # what it points to
+
+
 def test_file_errors_name_the_file(tmp_path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.toml")
