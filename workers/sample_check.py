@@ -43,7 +43,7 @@ class SampleCheck:
         """Raise ``DataError`` (``ShapeMismatchError`` for a shape) saying what is wrong with ``sample``; else
         its ``sample_parts``, a dict's values in the file's field order (``ChunkBuilder.add`` takes them)."""
         if sample is None:
-            raise DataError("the sample is None (does a mapper return nothing?)")
+            raise DataError("the sample is None (does a mapper return nothing, or the reader yield None?)")
         kind, names, values = sample_parts(sample, self.fields)
         if not names:
             raise DataError("the sample has no fields (does a mapper return an empty tuple or dict?)")

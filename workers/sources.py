@@ -32,6 +32,25 @@ from loader.service.blocks import block_rows
 SKIP_BLOCK_ROWS = 1 << 20  # rows per read while skipping to a piece's first record (views: nothing is copied)
 
 
+def _reader_samples(name: str, make: Any, path: str) -> Any:
+    """The samples of ``path`` by ``source.reader``: ``make(path)`` is a reader, which returns them."""
+    reader = make(path)
+    if not callable(reader):
+        # A function that yields the samples itself (or returns a list of them) failed with "'generator' object is
+        # not callable", saying nothing of what source.reader is to return.
+        raise TypeError(
+            f"source.reader {name!r} returned a {type(reader).__name__}, not a reader: function(path) returns a "
+            "zero-argument callable that returns the samples (def make(path): def read(): yield ...; return read)"
+        )
+    samples = reader()
+    if not hasattr(samples, "__iter__"):
+        raise TypeError(
+            f"source.reader {name!r}: the reader it returned gave a {type(samples).__name__}, not an iterable of "
+            "samples (write it as a generator that yields them)"
+        )
+    return samples
+
+
 class FileSource:
     """One file of the dataset, opened for one lease."""
 
@@ -49,7 +68,7 @@ class FileSource:
             self.fields = self.fields or list(session.slot_names)
             self._samples = session.iter_file(path)
         elif self.source.reader is not None:
-            self._samples = self.source.resolve_reader()(path)()
+            self._samples = _reader_samples(self.source.reader, self.source.resolve_reader(), path)
         else:
             self._reader = _open_file_reader(path, self.source)
             if self.fields is None:
