@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from loader.config import LoaderConfig, load_config
-from loader.errors import ServiceUnavailableError
+from loader.errors import ClosedError, ServiceUnavailableError
 from loader.reader.batches import batch_reader
 from loader.service.client.client import Client, EpochBatches, NotADataset, query_status
 from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
@@ -176,12 +176,14 @@ class Loader(NotADataset):
 
     def epoch(self, epoch: int | None = None) -> EpochBatches:
         """The batches of the next epoch (or of ``epoch``); ``len()`` of it is its number of batches when known."""
+        self._check_open()
         return self._client.epoch(epoch)
 
     def client(self, dataset: str = "default", **options: Any) -> Client:
         """Another ``Client`` of this loader's daemon, e.g. for the dataset ``"eval"`` of the config's
         ``[datasets.eval]``; closed with the ``Loader``. ``options`` are ``Client``'s keyword arguments
         (device, prefetch, timeout_s default to the config's ``[client]``)."""
+        self._check_open()
         client = self.config.client
         options = {"device": client.device, "prefetch": client.prefetch, "timeout_s": client.timeout_s, **options}
         made = Client(self._daemon.endpoint, dataset=dataset, **options)
@@ -199,6 +201,7 @@ class Loader(NotADataset):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next ``epoch()`` (or iteration) resumes its epoch where it stood."""
+        self._check_open()
         self._client.load_state_dict(state)
 
     def __iter__(self) -> Iterator[Any]:
@@ -224,11 +227,18 @@ class Loader(NotADataset):
 
     def status(self, timeout_s: float = STATUS_TIMEOUT_S) -> dict[str, Any]:
         """The daemon's status, answered by its loop thread (``ServiceUnavailableError`` after ``timeout_s``)."""
+        self._check_open()
         return query_status(self._daemon.endpoint, timeout_s=timeout_s)
 
     def close(self) -> None:
         """Stop the client, the daemon thread and the workers. Idempotent."""
         self._finalizer()  # runs _shut_down once; later calls do nothing
+
+    def _check_open(self) -> None:
+        # After close() an epoch said "the client is closed" (a client the caller never made), and status() waited
+        # timeout_s to say that no daemon answered at a private ipc address, as if `loader serve` were missing.
+        if not self._finalizer.alive:
+            raise ClosedError("this Loader is closed: make a new one (or use it inside its with block)")
 
     def __enter__(self) -> Loader:
         return self

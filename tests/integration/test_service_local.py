@@ -49,6 +49,24 @@ def test_a_loader_takes_a_config_files_path(tmp_path):
         loader.Loader({"source": {}})  # type: ignore[arg-type]
 
 
+def test_a_closed_loader_says_it_is_closed_at_once(tmp_path):
+    # After close() an epoch said "the client is closed" (no client of the caller's), and status() waited 5 s to
+    # say no daemon answered at a private ipc address, as if `loader serve` were not running.
+    import time
+
+    from loader.errors import ClosedError
+
+    write_id_files(tmp_path, 1, 20)
+    local = loader.Loader(make_config(tmp_path, workers={"count": 1}, pipeline={"batch_size": 10}))
+    local.close()
+    started = time.monotonic()
+    for use in (local.epoch, local.status, local.client, lambda: next(iter(local))):
+        with pytest.raises(ClosedError, match="this Loader is closed"):
+            use()
+    assert time.monotonic() - started < 1.0
+    assert local.stats()["batches"] == 0  # what it did stays readable
+
+
 def test_loader_with_user_reader_list_format_and_strings(tmp_path, no_leaks):
     for i in range(3):
         (tmp_path / f"part{i}.txt").write_text(f"{i * 100} {i * 100 + 40}")
