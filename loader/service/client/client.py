@@ -314,6 +314,12 @@ class Client(NotADataset):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def __repr__(self) -> str:
+        where = f"{self.address!r}, rank={self.rank}, world_size={self.world_size}"
+        if self.dataset != "default":
+            where += f", dataset={self.dataset!r}"
+        return f"<Client {where}{', closed' if self._closed else ''}>"
+
     def __iter__(self) -> Iterator[Any]:
         # A Loader iterates its epochs, so `for batch in client:` is tried too: it said only "not iterable".
         raise TypeError("a Client is iterated one epoch at a time: for batch in client.epoch(): ...")

@@ -249,8 +249,10 @@ def test_closed_client_refuses_new_epochs():
     from loader.errors import ClosedError
 
     client, daemon = _client()
+    assert repr(client).startswith(f"<Client {client.address!r}, rank=0, world_size=1") and "closed" not in repr(client)
     client.close()
     client.close()
+    assert repr(client).endswith(", closed>")
     with pytest.raises(ClosedError):
         client.epoch()
     daemon.stop.set()
