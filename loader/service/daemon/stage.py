@@ -304,9 +304,11 @@ class Stage:
         return rows
 
     def rows_needed(self, stream: Stream) -> int:
-        """Rows a stream must be able to hold to cut a step at all: its shuffle window, one global step
+        """Rows a stream must be able to hold to cut a step at all: twice its shuffle buffer (the shuffle mixes
+        a round of new rows with the rows it keeps before it lets any out, ``WindowShuffle``), one global step
         (``world_size x batch_size``) and a chunk."""
-        return stream.settings.shuffle_buffer + stream.world_size * stream.settings.batch_size + stream.chunk_rows
+        settings = stream.settings
+        return 2 * settings.shuffle_buffer + stream.world_size * settings.batch_size + stream.chunk_rows
 
     def accepting(self) -> bool:
         """False while the daemon should stop reading worker data: a stream holds more than twice its
@@ -517,7 +519,7 @@ class Stage:
         settings = stream.settings
         message = (
             f"epoch {stream.epoch}: one step of world_size {stream.world_size} x batch_size {settings.batch_size} rows"
-            + (f", with shuffle_buffer {settings.shuffle_buffer}," if settings.shuffle_buffer else "")
+            + (f", with 2 x shuffle_buffer {settings.shuffle_buffer}," if settings.shuffle_buffer else "")
             + f" of about {stream.row_bytes:,} bytes each takes {needed / 2**20:,.1f} MiB in the daemon, over "
             f"service.stream_buffer_mib = {self.stream_buffer_bytes // 2**20}: raise it, or lower these"
         )

@@ -4,6 +4,8 @@ bounded in bytes as well as rows, and a job that could only go on by holding mor
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loader.config import LoaderConfig
 from loader.errors import ConfigError
@@ -81,11 +83,11 @@ def test_a_step_beyond_the_byte_bound_fails_the_epoch_in_one_line():
 
 
 def test_the_shuffle_window_counts_towards_what_a_stream_needs():
-    stage, _ = _stage(budget_bytes=1000 * ROW, shuffle=2000)
+    stage, _ = _stage(budget_bytes=3000 * ROW, shuffle=2000)  # one buffer's rows fit, not the two it needs
     _, stream = _open(stage, world_size=1)
     stage.on_chunk(*_chunk(stream, 0, 8))
     failed = [e for e in stage.events if isinstance(e, StreamFailed)]
-    assert failed and "shuffle_buffer 2000" in failed[0].error["message"]
+    assert failed and "2 x shuffle_buffer 2000" in failed[0].error["message"]
 
 
 def test_within_the_bound_every_record_arrives_once():
@@ -126,3 +128,73 @@ def test_the_setting_is_checked():
         assert "stream_buffer_mib" in str(exc)
     else:
         raise AssertionError("stream_buffer_mib = 0 was taken")
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=4),
+    chunk=st.integers(1, 9),
+    world_size=st.integers(1, 3),
+    batch_size=st.integers(1, 5),
+    shuffle=st.sampled_from([0, 3, 17]),
+    prefetch=st.integers(1, 8),
+    spare_rows=st.integers(-3, 40),
+)
+def test_any_byte_bound_either_reads_every_record_or_fails_at_once(
+    sizes, chunk, world_size, batch_size, shuffle, prefetch, spare_rows
+):
+    """Whatever the bound, within a few rows of what a step needs or far above it: the epoch ends with every
+    record sent (the ranks' shares together, a short tail padded by repeats) and the stream never held more
+    than twice its bound, or it fails with StreamBufferError when a step with its shuffle window cannot fit.
+    Never a stall: the bound never goes below what the stream needs to cut a step."""
+    rows_needed = 2 * shuffle + world_size * batch_size + min(chunk, max(sizes))  # the largest chunk sent
+    stage, rec = _stage(budget_bytes=max(1, rows_needed + spare_rows) * ROW, batch_size=batch_size, shuffle=shuffle)
+    sessions = [stage.open_session(bytes([r]), r, world_size, prefetch=prefetch) for r in range(world_size)]
+    stream = stage.new_stream(
+        settings=stage.settings,
+        epoch=0,
+        world_size=world_size,
+        order=list(range(len(sizes))),
+        job="job",
+        prefetch=prefetch,
+    )
+    for session in sessions:
+        stage.attach(session, stream, gen=1, credits=prefetch)
+    offsets = np.cumsum([0, *sizes])
+    pending = [(f, first) for f, size in enumerate(sizes) for first in range(0, size, chunk)]
+    done_sent = set()
+    idle = 0
+    while idle < 3:
+        progressed = False
+        if pending and stage.accepting() and not stream.failed:
+            f, first = pending[0]
+            if first > 0 or stage.may_lease(stream.stream_id, f):  # a file once begun is the worker's to finish
+                n = min(chunk, sizes[f] - first)
+                header = P.Chunk(stream=stream.stream_id, file=f, lease=1, worker="w1", record=first, count=n)
+                columns = {"x": np.zeros((n, ROW // 8))}
+                columns["x"][:, 0] = np.arange(offsets[f] + first, offsets[f] + first + n)
+                stage.on_chunk(header, columns)
+                pending.pop(0)
+                progressed = True
+                assert stream.rows_buffered - stream.sequencer.held_rows <= 2 * stage.buffer_limit_rows(stream) + n
+        for f, size in enumerate(sizes):  # FILE_DONE once its chunks are all sent
+            if f not in done_sent and not any(p[0] == f for p in pending):
+                stage.on_done(P.FileDone(stream=stream.stream_id, file=f, lease=1, worker="w1", sent=size))
+                done_sent.add(f)
+                progressed = True
+        before = len(rec.messages)
+        for session in sessions:
+            session.credits = prefetch  # each rank takes what came
+            stage.pump(session)
+        progressed = progressed or len(rec.messages) > before
+        idle = 0 if progressed else idle + 1
+    failed = [e for e in stage.events if isinstance(e, StreamFailed)]
+    if rows_needed * ROW > stage.stream_buffer_bytes and sum(sizes) > 0:
+        assert failed and failed[0].error["type"] == "StreamBufferError"
+        return
+    assert not failed, failed[0].error["message"] if failed else ""
+    ends = [m for m in rec.messages if isinstance(m[1], P.End)]
+    assert len(ends) == world_size, "every rank's epoch ended"
+    got = [int(v) for m in rec.messages if isinstance(m[1], P.Batch) for v in m[2]["x"][:, 0]]
+    assert set(got) == set(range(int(offsets[-1])))
+    assert len(got) - int(offsets[-1]) < world_size, "no more than the tail's repeats"
