@@ -21,7 +21,7 @@ A lease of a piece of a large file (``source.records_per_lease``) is a
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -60,6 +60,7 @@ class FileSource:
         self.fields = list(self.source.fields) if self.source.fields else None
         self._reader: Any = None
         self._samples: Any = None
+        self._names_pending = False  # source.fields still to be checked against names the first record gives
         if self.source.provider is not None:
             process = self.source.resolve_provider()
             if not callable(getattr(process, "open", None)):
@@ -74,7 +75,11 @@ class FileSource:
             if self.fields is None:
                 self.fields = list(self._reader.slot_names)
             else:
-                refuse_shuffled_names(path, self.fields, names_known(self._reader))
+                known = names_known(self._reader)
+                refuse_shuffled_names(path, self.fields, known)
+                # A format whose records carry the names (RecordIO dicts) learns them at its first record, which
+                # is not read here (a damaged one would fail the whole file): checked after that read instead.
+                self._names_pending = not known
 
     @property
     def can_read_blocks(self) -> bool:
@@ -106,7 +111,7 @@ class FileSource:
         """Samples one by one (tuples of slot arrays for file readers)."""
         if self._reader is None:
             return iter(self._samples)
-        return _reader_instances(self._reader)
+        return _reader_instances(self._reader, self._check_names)
 
     def skip(self, count: int) -> int:
         """Read past up to ``count`` records in blocks of the reader's own (views of a mapped file are never
@@ -124,8 +129,16 @@ class FileSource:
         arrays = self._reader.read_block(max_rows)
         if not arrays:
             return None
+        self._check_names()
         names = self.fields if self.fields and len(self.fields) == len(arrays) else [str(i) for i in range(len(arrays))]
         return {name: np.ascontiguousarray(a) for name, a in zip(names, arrays)}
+
+    def _check_names(self) -> None:
+        """Refuse ``source.fields`` that name the file's own slots out of place, once its first record told
+        them. Until it passes, every read refuses: renaming by position would swap the slots' data silently."""
+        if self._names_pending:
+            refuse_shuffled_names(self.path, self.fields or [], names_known(self._reader))
+            self._names_pending = False
 
     def close(self) -> None:
         close = getattr(self._reader, "close", None) or getattr(self._samples, "close", None)
@@ -215,8 +228,9 @@ class _reader_instances:
     """A reader's instances as tuples. Not a generator: after a failed read the caller may go on
     with the next record when the reader stepped past the damage (a generator would be finished)."""
 
-    def __init__(self, reader: Any) -> None:
+    def __init__(self, reader: Any, after_read: Callable[[], None]) -> None:
         self._reader = reader
+        self._after_read = after_read  # FileSource._check_names
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         return self
@@ -225,6 +239,7 @@ class _reader_instances:
         instance = self._reader.read_next()
         if not instance:
             raise StopIteration
+        self._after_read()
         return tuple(instance)
 
 

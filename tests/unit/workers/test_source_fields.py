@@ -70,3 +70,40 @@ def test_a_damaged_first_chunk_is_skipped_alone_when_fields_are_given(tmp_path) 
     done = messages[-1][0]
     assert isinstance(done, P.FileDone) and (done.sent, done.skipped) == (6, 3)
     assert [int(v) for _, columns in messages[:-1] for v in np.ravel(columns["a"])] == list(range(3, 9))
+
+
+def _dict_recordio(tmp_path):
+    path = tmp_path / "part-0.recordio"
+    with Writer(str(path), Compressor.NONE) as writer:
+        for i in range(4):
+            writer.write({"label": i, "image": np.full(3, i, np.float32)})  # slots: label, image
+    return path
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_dict_records_whose_names_come_out_of_place_are_refused_when_read(tmp_path, mapped) -> None:
+    # A RecordIO file learns its names from its first record, so the check at open saw none: the worker
+    # then renamed by position, and `fields = ["image", "label"]` handed the labels to "image" silently
+    # (`loader check` refused the same config).
+    path = _dict_recordio(tmp_path)
+    source = FileSource(
+        LoaderConfig.from_dict({"source": {"files": [str(path)], "fields": ["image", "label"]}}), str(path)
+    )
+    try:
+        with pytest.raises(ValueError, match=r"'image' would name slot 0 \('label'\)") as caught:
+            next(source.samples()) if mapped else source.read_block(1)
+        assert "part-0.recordio" in str(caught.value) and "\n" not in str(caught.value)
+        with pytest.raises(ValueError, match="by position"):  # still refused on the next read
+            next(source.samples()) if mapped else source.read_block(1)
+    finally:
+        source.close()
+
+
+def test_dict_records_named_in_their_own_order_read_as_before(tmp_path) -> None:
+    path = _dict_recordio(tmp_path)
+    source = FileSource(LoaderConfig.from_dict({"source": {"files": [str(path)], "fields": ["label", "x"]}}), str(path))
+    try:
+        block = source.read_block(4)
+    finally:
+        source.close()
+    assert block is not None and list(block) == ["label", "x"] and block["label"].tolist() == [0, 1, 2, 3]
