@@ -34,7 +34,14 @@ KIND_TUPLE, KIND_DICT, KIND_VALUE = "tuple", "dict", "value"
 def sample_parts(sample: Any, fields: Sequence[str] | None) -> tuple[str, list[str], list[Any]]:
     """(kind, names, values) of one sample."""
     if isinstance(sample, dict):
-        return KIND_DICT, [str(k) for k in sample], list(sample.values())
+        names, values = [str(k) for k in sample], list(sample.values())
+        if fields and names != fields:
+            # Keys that are source.fields in another order are put in that order: it is the order of the batch's
+            # fields and of Client.reader()'s sample tuples, which a DataFeeder's feed_list follows.
+            ordered = in_order(KIND_DICT, names, values, list(fields))
+            if ordered is not None:
+                return KIND_DICT, list(fields), ordered
+        return KIND_DICT, names, values
     if isinstance(sample, (tuple, list)):
         values = list(sample)
         # The reader's names for the positions it names: a mapper that adds a field (or drops the last) keeps

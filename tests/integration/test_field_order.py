@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
-from loader import Client
+from loader import Client, DataFeeder, Field
 from tests.integration.conftest import make_config, running_daemon
 
 
@@ -26,3 +28,35 @@ def test_npz_files_with_their_keys_in_another_order_make_one_epoch(tmp_path, bat
         assert batch["label"].tolist() == [1, 1, 2, 2] and batch["weight"].tolist() == [100, 100, 200, 200]
     else:
         assert [(int(label), int(weight)) for label, weight in batch] == [(1, 100), (1, 100), (2, 200), (2, 200)]
+
+
+def label_first_dicts(path: str) -> Any:
+    """A paddle reader per file whose dict samples list the label first."""
+
+    def reader() -> Any:
+        for i in range(6):
+            yield {"label": i, "words": list(range(i % 3 + 1))}
+
+    return reader
+
+
+@pytest.mark.parametrize("batch_format", ["stacked", "list"])
+def test_dict_samples_come_in_the_order_of_source_fields(tmp_path, batch_format) -> None:
+    # Client.reader() tuples follow the batch's field order, which was the dict's own: with fields =
+    # ["words", "label"] a DataFeeder([words, label]) got the labels as its sequences.
+    (tmp_path / "a.txt").write_text("")
+    source = {
+        "files": [str(tmp_path / "a.txt")],
+        "reader": f"{__name__}:label_first_dicts",
+        "fields": ["words", "label"],
+    }
+    # Ragged words stack only one sample at a time.
+    pipeline = {"batch_size": 6 if batch_format == "list" else 1, "batch_format": batch_format}
+    config = make_config(tmp_path, source=source, pipeline=pipeline, workers={"count": 1})
+    feeder = DataFeeder([Field("words", [-1, 1], "int64", lod_level=1), Field("label", [-1, 1], "int64")])
+    with running_daemon(config) as daemon, Client(daemon.endpoint) as client:
+        batches = list(client.reader()())
+    fed = [feeder.feed(data) for data in batches]
+    lengths = [n for f in fed for n in f["words"].recursive_sequence_lengths()[0]]
+    labels = [int(v) for f in fed for v in np.array(f["label"]).ravel()]
+    assert labels == list(range(6)) and lengths == [i % 3 + 1 for i in range(6)]
