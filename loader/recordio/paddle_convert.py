@@ -6,6 +6,7 @@ LoDTensors or raw bytes. Converting reads them once with :class:`Scanner` (pickl
 :mod:`loader.runtime.codec`, so later reads need no opt-in. The conversion streams: one chunk is in
 memory at a time, whatever the file's size. It writes ``DST.partial`` and renames it to
 ``DST`` only when every record was converted, so a failure leaves no half file under ``DST``.
+A ``DST`` that is a directory receives ``DST/<SRC's name>``, as ``cp`` does.
 
 A ``LoDTensor`` (from a Fluid record with LoD) has no codec form; it is written as the dict
 ``{"data": array, "recursive_sequence_lengths": [[...], ...]}``.
@@ -14,6 +15,7 @@ A ``LoDTensor`` (from a Fluid record with LoD) has no codec form; it is written 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import time
@@ -39,6 +41,20 @@ def _plain(sample: Any) -> Any:
     return sample
 
 
+def convert_target(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str:
+    """The file a conversion writes: ``dst``, or ``dst/<src's name>`` when ``dst`` is a directory.
+
+    ``FileNotFoundError`` naming the directory when the file's directory does not exist, before anything
+    is read (the error used to name ``DST.partial``, a file the user never asked for)."""
+    target = os.fspath(dst)
+    if os.path.isdir(target):
+        target = os.path.join(target, os.path.basename(os.fspath(src)))
+    folder = os.path.dirname(target) or "."
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(errno.ENOENT, f"cannot write {target}: no such directory", folder)
+    return target
+
+
 def convert_paddle_file(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -52,7 +68,7 @@ def convert_paddle_file(
 
     ``progress(records_so_far)`` is called after every record.
     """
-    target = os.fspath(dst)
+    target = convert_target(src, dst)
     partial = target + ".partial"
     count = 0
     try:
@@ -62,11 +78,11 @@ def convert_paddle_file(
                 count += 1
                 if progress is not None:
                     progress(count)
+        os.replace(partial, target)  # inside: a rename that fails (DST/NAME is a directory) leaves no .partial
     except BaseException:
         if os.path.exists(partial):
             os.remove(partial)
         raise
-    os.replace(partial, target)
     return count
 
 
@@ -97,11 +113,12 @@ class ProgressLine:
 def cmd_recordio(args: argparse.Namespace, stream: TextIO | None = None) -> int:
     """The ``loader recordio convert SRC DST`` command."""
     out = stream if stream is not None else sys.stderr
+    target = convert_target(args.src, args.dst)
     line = ProgressLine(args.src, out)
     count = convert_paddle_file(
-        args.src, args.dst, allow_pickle=args.allow_pickle, compressor=Compressor[args.compressor], progress=line
+        args.src, target, allow_pickle=args.allow_pickle, compressor=Compressor[args.compressor], progress=line
     )
-    line.done(count, args.dst)
+    line.done(count, target)
     return 0
 
 
@@ -110,7 +127,11 @@ def add_command(add: Callable[..., argparse.ArgumentParser]) -> None:
     p = add("recordio", cmd_recordio, "RecordIO tools: convert a PaddlePaddle RecordIO file to this package's records")
     p.add_argument("action", choices=["convert"], help="convert: rewrite SRC (Go or Fluid layout) as DST")
     p.add_argument("src", metavar="SRC", help="a RecordIO file written by PaddlePaddle (or by loader)")
-    p.add_argument("dst", metavar="DST", help="the file to write (replaced when the conversion succeeds)")
+    p.add_argument(
+        "dst",
+        metavar="DST",
+        help="the file to write (replaced when the conversion succeeds), or a directory to write SRC's name into",
+    )
     p.add_argument(
         "--allow-pickle",
         action="store_true",
@@ -125,4 +146,4 @@ def add_command(add: Callable[..., argparse.ArgumentParser]) -> None:
     )
 
 
-__all__ = ["convert_paddle_file", "cmd_recordio", "add_command", "ProgressLine"]
+__all__ = ["convert_paddle_file", "convert_target", "cmd_recordio", "add_command", "ProgressLine"]

@@ -247,6 +247,40 @@ def test_cli_convert_without_the_opt_in_fails_in_one_line_and_leaves_nothing(tmp
     assert not os.path.exists(dst) and not os.path.exists(dst + ".partial")
 
 
+def test_cli_convert_into_a_directory_writes_the_source_name_there(tmp_path, capsys):
+    # `convert SRC DIR` wrote DIR.partial and failed to rename it ("Is a directory: DIR.partial"); `DIR/` left
+    # DIR/.partial behind.
+    src = str(tmp_path / "mnist-0.recordio")
+    files.write_go(src, _pickled(2))
+    out = tmp_path / "out"
+    out.mkdir()
+    for dst in (str(out), str(out) + os.sep):
+        assert cli.main(["recordio", "convert", src, dst, "--allow-pickle"]) == 0
+        assert sorted(os.listdir(out)) == ["mnist-0.recordio"]
+        assert f"to {out / 'mnist-0.recordio'}" in capsys.readouterr().err
+        assert list(creator.recordio(str(out / "mnist-0.recordio"))()) == [(1, 2, 3), (4, 5, 6)]
+
+
+def test_cli_convert_into_a_missing_directory_names_it_in_one_line(tmp_path, capsys):
+    src = str(tmp_path / "p.recordio")
+    files.write_go(src, _pickled(2))
+    dst = str(tmp_path / "nodir" / "x.recordio")
+    assert cli.main(["recordio", "convert", src, dst, "--allow-pickle"]) == cli.EXIT_ERROR
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.startswith("loader: error:") and dst in err and "no such directory" in err and ".partial" not in err
+    assert not (tmp_path / "nodir").exists()
+
+
+def test_convert_leaves_no_partial_file_when_the_final_rename_fails(tmp_path):
+    src = str(tmp_path / "p.recordio")
+    files.write_go(src, _pickled(2))
+    out = tmp_path / "out"
+    (out / "p.recordio").mkdir(parents=True)  # DST/<SRC's name> is a directory: the rename fails
+    with pytest.raises(OSError):
+        convert_paddle_file(src, str(out), allow_pickle=True)
+    assert os.listdir(out) == ["p.recordio"] and not [p for p in tmp_path.rglob("*") if p.name.endswith(".partial")]
+
+
 def test_convert_keeps_lod_as_lengths(tmp_path):
     from loader import LoDTensor
 
