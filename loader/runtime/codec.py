@@ -12,6 +12,7 @@ Anything else raises ``TypeError`` naming the type.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import msgpack
@@ -21,6 +22,10 @@ KEPT_TYPES = "None, bool, int, float, str, bytes, lists, tuples, dicts, numpy ar
 _EXT_NDARRAY = 1
 _EXT_TUPLE = 2
 _EXT_NPSCALAR = 3
+# Tuples inside tuples each cost a nested msgpack decoder on the C stack: a few hundred levels of
+# hostile input would overflow it (a crash, not an exception), so nesting is capped well below that.
+MAX_TUPLE_NESTING = 32
+_nesting = threading.local()  # tuples being encoded around the current one, per thread
 
 
 def _default(obj: Any) -> Any:
@@ -56,17 +61,21 @@ def _encode_ext(obj: Any, packer: Any) -> Any:
         raw = np.ascontiguousarray(obj).tobytes()
         return msgpack.ExtType(_EXT_NDARRAY, len(header).to_bytes(4, "little") + header + raw)
     if isinstance(obj, tuple):
-        return msgpack.ExtType(_EXT_TUPLE, packer().pack(list(obj)))
+        # Refused here at the depth the decoder refuses (MAX_TUPLE_NESTING): what is written can be read back,
+        # and multiprocess_reader sends such a sample another way instead of failing in the parent.
+        depth = getattr(_nesting, "depth", 0)
+        if depth >= MAX_TUPLE_NESTING:
+            raise TypeError(f"cannot encode tuples nested deeper than {MAX_TUPLE_NESTING}")
+        _nesting.depth = depth + 1
+        try:
+            return msgpack.ExtType(_EXT_TUPLE, packer().pack(list(obj)))
+        finally:
+            _nesting.depth = depth
     if isinstance(obj, np.generic):
         if obj.dtype.hasobject:
             raise TypeError("cannot encode a numpy object scalar")
         return msgpack.ExtType(_EXT_NPSCALAR, msgpack.packb([obj.dtype.str, obj.tobytes()], use_bin_type=True))
     raise TypeError(f"cannot encode a sample part of type {type(obj).__name__}")
-
-
-# Tuples inside tuples each cost a nested msgpack decoder on the C stack: a few hundred levels of
-# hostile input would overflow it (a crash, not an exception), so nesting is capped well below that.
-MAX_TUPLE_NESTING = 32
 
 
 def _dtype(text: Any) -> np.dtype:

@@ -89,6 +89,18 @@ def _assert_same(a, b):
         assert a == b
 
 
+def test_codec_refuses_to_encode_the_tuple_nesting_it_refuses_to_decode():
+    # Encoded but not decodable: a RecordIO file written with it could not be read back.
+    deep = 1
+    for _ in range(codec.MAX_TUPLE_NESTING):
+        deep = (deep,)
+    assert codec.unpack(codec.pack(deep)) == deep and codec.unpack(codec.pack([deep])) == [deep]
+    for exact in (False, True):
+        with pytest.raises(TypeError, match=f"nested deeper than {codec.MAX_TUPLE_NESTING}"):
+            codec.pack((deep,), exact=exact)
+    assert codec.unpack(codec.pack((1, (2,)))) == (1, (2,))  # the count unwinds after a refusal
+
+
 def test_codec_rejects_unknown_types_and_garbage():
     with pytest.raises(TypeError, match="set"):
         codec.pack({1, 2})

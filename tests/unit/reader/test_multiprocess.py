@@ -119,6 +119,20 @@ def test_a_sample_the_codec_cannot_encode_travels_pickled(use_pipe, no_leaks):
     assert got == [Point(1, 2), (Point(3, 4), 5)]
 
 
+def _nested_tuple(depth: int) -> object:
+    value: object = 1
+    for _ in range(depth):
+        value = (value,)
+    return value
+
+
+@pytest.mark.parametrize("use_pipe", MODES)
+def test_tuples_nested_past_the_codec_limit_travel_pickled(use_pipe, no_leaks):
+    # The codec encoded them but refused to decode them: the parent raised a bare "tuples nested deeper than 32".
+    deep = _nested_tuple(40)
+    assert list(reader.multiprocess_reader([ListReader([deep, 2])], use_pipe)()) == [deep, 2]
+
+
 NamedPoint = collections.namedtuple("NamedPoint", "x y")
 
 
