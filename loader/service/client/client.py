@@ -80,6 +80,9 @@ AUTO_PREFETCH_BYTES = 128 * 1024 * 1024
 AUTO_PREFETCH_MAX = 16
 DEFAULT_TIMEOUT_S = 30.0
 PING_INTERVAL_S = 0.5
+# A daemon whose connection dropped and whose address refuses reconnecting this long is gone (killed, or
+# stopped without a goodbye): found in seconds, not after timeout_s of silence. zmq retries every 0.1-0.2 s.
+PEER_GONE_AFTER_S = 2.0
 RECEIVER_POLL_S = 0.1
 THREAD_JOIN_TIMEOUT_S = 5.0
 # The longest an epoch's iterator waits for its next batch from a daemon that answers pings but sends
@@ -465,6 +468,12 @@ class Client(NotADataset):
             raise ServiceUnavailableError(
                 f"the loader daemon at {self.address} has been silent for {now - state.last_heard:.1f}s"
             )
+        refused_s = state.peer.refused_for(now) if state.peer is not None else 0.0
+        if refused_s >= min(PEER_GONE_AFTER_S, self.timeout_s):
+            raise ServiceUnavailableError(
+                f"the loader daemon at {self.address} is gone: its connection closed and the address has refused "
+                f"reconnecting for {refused_s:.1f}s (it stopped or was killed: see its log)"
+            )
 
     def _run_commands(self, state: _ReceiverState) -> None:
         while True:
@@ -677,6 +686,8 @@ def _receive(client_ref: weakref.ReferenceType[Client]) -> None:
     poller = transport.Poller()
     poller.register(channel)
     poller.register(waker)
+    if isinstance(channel, transport.ZmqChannel):
+        state.peer = channel.watch_peer()  # made here: this thread uses the socket from now on
     del client
     try:
         while not stop.is_set():
@@ -744,6 +755,7 @@ class _ReceiverState:
         self.credited = 0
         self.allowed = 0  # BATCH messages of request ``gen`` the daemon may send: its credit so far
         self.received = 0  # ... and those it sent
+        self.peer: transport.PeerWatch | None = None  # whether the daemon's address still listens
 
 
 def query_status(address: str, timeout_s: float = 5.0, curve: CurveClient | None = None) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from loader.service.transport.channel import Channel, ChannelOpener, Frames, Rou
 from loader.service.transport.inproc import FakeChannel, Waker
 from loader.service.transport.sockets import (
     AuthServer,
+    PeerWatch,
     Poller,
     Router,
     ZmqChannel,
@@ -26,6 +27,7 @@ __all__ = [
     "RouterLike",
     "FakeChannel",
     "Waker",
+    "PeerWatch",
     "Poller",
     "Router",
     "ZmqChannel",

@@ -36,6 +36,7 @@ from typing import Any
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
 
 from loader.errors import ConfigError, ServiceUnavailableError, TransportError
 from loader.service.transport.auth import CurveClient, CurveServer, peer_from_env
@@ -287,8 +288,71 @@ def _nbytes(frame: Any) -> int:
         return len(frame)
 
 
+class PeerWatch:
+    """Whether the peer a connecting socket dialled still listens, from zmq's monitor events (read without
+    blocking, by the thread that owns the socket).
+
+    zmq reconnects by itself and says nothing to the sender, so a peer killed with SIGKILL (the OOM killer)
+    was found only by its silence, after a client's ``timeout_s``. Once the connection drops, each attempt to
+    reconnect that the peer's host refuses ends in ``EVENT_CLOSED``: nothing listens at that address any more.
+    An attempt that hangs (a network partition) ends in no event, so a partition is left to the silence
+    check, as before; a reconnection clears the count."""
+
+    _EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self._sock = sock
+        self._monitor: zmq.Socket | None = sock.get_monitor_socket(self._EVENTS)
+        self._lost = False
+        self._refused_since: float | None = None
+
+    def refused_for(self, now: float) -> float:
+        """Seconds since the first refused reconnection of a connection that dropped and has not come back."""
+        self._read(now)
+        return 0.0 if self._refused_since is None else now - self._refused_since
+
+    def _read(self, now: float) -> None:
+        while self._monitor is not None:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:  # the monitor went away with its socket: nothing more to learn
+                return
+            kind = event.get("event")
+            if kind in (zmq.EVENT_CONNECTED, zmq.EVENT_HANDSHAKE_SUCCEEDED):
+                self._lost, self._refused_since = False, None
+            elif kind == zmq.EVENT_DISCONNECTED:
+                self._lost = True
+            elif kind == zmq.EVENT_CLOSED and self._lost and self._refused_since is None:
+                self._refused_since = now
+
+    def close(self) -> None:
+        if self._monitor is None:
+            return
+        monitor, self._monitor = self._monitor, None
+        try:
+            self._sock.disable_monitor()
+        except zmq.ZMQError:  # the socket is closed already
+            pass
+        monitor.close(0)
+
+
 class ZmqChannel(_Socket):
     """A point-to-point zmq socket: DEALER (control), PUSH or PULL (data)."""
+
+    _watch: PeerWatch | None = None
+
+    def watch_peer(self) -> PeerWatch:
+        """This socket's ``PeerWatch`` (made once, in the thread that uses the socket from then on)."""
+        if self._watch is None:
+            self._watch = PeerWatch(self._sock)
+        return self._watch
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+        super().close()
 
     def send(self, frames: Sequence[Any], timeout_s: float | None = None) -> None:
         """Send, waiting at most ``timeout_s``; a full peer raises ``ServiceUnavailableError``."""
