@@ -4,7 +4,8 @@
 
 Starts a daemon in a child process, reads one batch, SIGKILLs the daemon and times the
 ServiceUnavailableError. With TIMEOUT_S = 40: 69.9 s before pings stopped waiting for room in a
-full send queue (the queue fills after 64 pings, about 32 s), 40.0 s after.
+full send queue (the queue fills after 64 pings, about 32 s), 40.0 s after, 2.3 s since the client
+reads its socket's monitor events (a dropped connection whose address refuses reconnecting).
 """
 
 from __future__ import annotations
