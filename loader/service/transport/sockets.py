@@ -314,9 +314,9 @@ class PeerWatch:
     def _read(self, now: float) -> None:
         while self._monitor is not None:
             try:
+                if not self._monitor.get(zmq.EVENTS) & zmq.POLLIN:  # asked every round: 1.5 us, a raised Again 3
+                    return
                 event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return
             except zmq.ZMQError:  # the monitor went away with its socket: nothing more to learn
                 return
             kind = event.get("event")
