@@ -314,7 +314,7 @@ class PeerWatch:
     def _read(self, now: float) -> None:
         while self._monitor is not None:
             try:
-                if not self._monitor.get(zmq.EVENTS) & zmq.POLLIN:  # asked every round: 1.5 us, a raised Again 3
+                if not int(self._monitor.get(zmq.EVENTS)) & zmq.POLLIN:  # asked every round: 1.5 us, a raised Again 3
                     return
                 event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
             except zmq.ZMQError:  # the monitor went away with its socket: nothing more to learn
