@@ -7,6 +7,8 @@ Python: blocks are concatenated, permuted with ``np.take`` and sliced.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 Block = dict[str, np.ndarray]
@@ -90,6 +92,7 @@ def block_nbytes(block: Block) -> int:
 
 
 ROW_BYTES_SAMPLES = 8  # values of an object column looked at to estimate its rows' size
+ROW_BYTES_DEPTH = 4  # levels of nested lists, tuples and dicts looked into; deeper ones count 8 bytes an item
 
 
 def row_nbytes_estimate(block: Block) -> int:
@@ -109,14 +112,19 @@ def row_nbytes_estimate(block: Block) -> int:
     return total
 
 
-def _value_nbytes(value: object) -> int:
+def _value_nbytes(value: object, depth: int = 0) -> int:
     if isinstance(value, (bytes, bytearray, str)):
         return len(value)
-    if isinstance(value, (list, tuple)):
-        if not value:
-            return 8
-        head = value[:ROW_BYTES_SAMPLES]  # a long list is as its first items
-        return len(value) * (8 + sum(_value_nbytes(v) for v in head) // len(head))
+    if isinstance(value, (list, tuple, dict)):
+        # Items of a dict too (a LoDTensor converted from RecordIO is {"data": array, ...}: 8 bytes undercounted
+        # it). Only ROW_BYTES_DEPTH levels down: a worker's list nested hundreds deep (msgpack takes 511) raised
+        # RecursionError here, after the chunk's references were adopted, and each level looked at costs up to
+        # ROW_BYTES_SAMPLES times the one above.
+        if not value or depth >= ROW_BYTES_DEPTH:
+            return 8 * max(1, len(value))
+        items = value.values() if isinstance(value, dict) else value
+        head = list(itertools.islice(items, ROW_BYTES_SAMPLES))  # a long list is as its first items
+        return len(value) * (8 + sum(_value_nbytes(v, depth + 1) for v in head) // len(head))
     return int(getattr(value, "nbytes", 8))
 
 

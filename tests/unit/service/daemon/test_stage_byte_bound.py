@@ -198,3 +198,19 @@ def test_any_byte_bound_either_reads_every_record_or_fails_at_once(
     got = [int(v) for m in rec.messages if isinstance(m[1], P.Batch) for v in m[2]["x"][:, 0]]
     assert set(got) == set(range(int(offsets[-1])))
     assert len(got) - int(offsets[-1]) < world_size, "no more than the tail's repeats"
+
+
+def test_deeply_nested_object_rows_are_estimated_not_a_recursion_error():
+    """A worker's list nested 500 deep (msgpack packs up to 511) raised RecursionError in the estimate, after
+    the chunk's references were adopted; a dict's items (a converted LoDTensor) counted 8 bytes."""
+    deep: list = []
+    for _ in range(500):
+        deep = [deep]
+    assert row_nbytes_estimate({"x": P.object_array([deep, deep])}) < 1000
+    stage, _ = _stage(budget_bytes=1 << 30)
+    _, stream = _open(stage, world_size=1)
+    chunk = P.Chunk(stream=stream.stream_id, file=0, lease=1, worker="w1", record=0, count=2)
+    stage.on_chunk(chunk, {"x": P.object_array([deep, deep])})
+    assert stream.rows_buffered == 2 and not stage.events
+    lod = {"data": np.zeros(4096, np.float32), "recursive_sequence_lengths": [[2, 2]]}
+    assert row_nbytes_estimate({"t": P.object_array([lod, lod])}) >= 16384
