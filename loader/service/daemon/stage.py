@@ -60,6 +60,9 @@ MIN_STALL_TIMEOUT_S = 30.0
 # Bytes of a stream's rows held for reordering (later files waiting for the head): ``service.reorder_window_mib``.
 DEFAULT_REORDER_BYTES = 64 * 1024 * 1024
 DEFAULT_STREAM_BUFFER_BYTES = 4096 * 1024 * 1024  # service.stream_buffer_mib
+# A stream fails for its rows' mean size only once it has taken this many rows, or a quarter of its byte bound:
+# before that, one big sample among the first few (a 15 MB JPEG among 110 kB ones) would stand for all of them.
+ROW_BYTES_MIN_ROWS = 256
 # A message that packs several batches for a client (``Epoch.pack``) holds at most this many bytes.
 PACK_BYTES = 1024 * 1024
 # A worker's error, logged under on_error = "skip": its first line, at most this long (the traceback stays out).
@@ -166,7 +169,9 @@ class Stream:
     samples_sent: dict[int, int] = field(default_factory=dict)  # rank -> samples sent it
     arrived: dict[int, int] = field(default_factory=dict)  # file -> records that reached the stage from its lease
     chunk_rows: int = 0  # the most records one chunk of this stream has brought (its bound must hold one)
-    row_bytes: int = 0  # the most bytes a row of its chunks has taken here (references: 24), for the byte bound
+    row_bytes: int = 0  # the mean bytes of the rows it has taken here (references: 24), for the byte bound
+    rows_taken: int = 0  # ... over these rows
+    bytes_taken: int = 0  # ... which took about these bytes
     dataset: str = "default"  # the dataset its job reads (the metrics count traffic per dataset)
 
     @property
@@ -493,14 +498,18 @@ class Stage:
             if cut is not None:
                 self.events.append(FileCut(stream.stream_id, cut.file_index))
             return
-        row_bytes = row_nbytes_estimate(fitted)
-        if chunk.count > stream.chunk_rows or row_bytes > stream.row_bytes:  # after the room check: a chunk
+        # The mean row over the stream, not the biggest chunk's: a chunk of one big sample (ragged rows travel
+        # inline) made every row count as big, and failed an epoch that holds a few of them with ease.
+        stream.rows_taken += chunk.count
+        stream.bytes_taken += row_nbytes_estimate(fitted) * chunk.count
+        row_bytes = -(-stream.bytes_taken // stream.rows_taken)
+        if chunk.count > stream.chunk_rows or row_bytes != stream.row_bytes:  # after the room check: a chunk
             stream.chunk_rows = max(stream.chunk_rows, chunk.count)  # cannot make room for itself
-            stream.row_bytes = max(stream.row_bytes, row_bytes)
-            if self._beyond_byte_bound(stream):
-                self._free(stream, [fitted])
-                return
+            stream.row_bytes = row_bytes
             stream.sequencer.reorder_rows = self.buffer_limit_rows(stream)
+        if self._beyond_byte_bound(stream):  # asked at every chunk: it may wait for more rows
+            self._free(stream, [fitted])
+            return
         in_order, dropped, cut = stream.sequencer.add(chunk.file, fitted, records)
         self.dropped_duplicates += sum(block_rows(b) for b in dropped) if cut is None else 0
         self._free(stream, dropped)
@@ -510,17 +519,20 @@ class Stage:
         self._feed(stream, in_order)
 
     def _beyond_byte_bound(self, stream: Stream) -> bool:
-        """Fail the stream (True) when what it needs to hold to cut one step outgrows ``stream_buffer_bytes``:
-        it would hold more and more of its input waiting (a world_size of thousands buffers a whole dataset
-        for ranks that do not come). One line saying which numbers make it so."""
+        """Fail the stream (True) when what it needs to hold to cut one step, in rows of its mean size, outgrows
+        ``stream_buffer_bytes``: it would hold more and more of its input waiting (a world_size of thousands
+        buffers a whole dataset for ranks that do not come). One line saying which numbers make it so; not before
+        the stream has taken enough rows to know their size (``ROW_BYTES_MIN_ROWS``)."""
         needed = self.rows_needed(stream) * stream.row_bytes
         if needed <= self.stream_buffer_bytes:
+            return False
+        if stream.rows_taken < ROW_BYTES_MIN_ROWS and stream.bytes_taken <= self.stream_buffer_bytes // 4:
             return False
         settings = stream.settings
         message = (
             f"epoch {stream.epoch}: one step of world_size {stream.world_size} x batch_size {settings.batch_size} rows"
             + (f", with 2 x shuffle_buffer {settings.shuffle_buffer}," if settings.shuffle_buffer else "")
-            + f" of about {stream.row_bytes:,} bytes each takes {needed / 2**20:,.1f} MiB in the daemon, over "
+            + f" of about {stream.row_bytes:,} bytes each (their mean so far) takes {needed / 2**20:,.1f} MiB in the daemon, over "
             f"service.stream_buffer_mib = {self.stream_buffer_bytes // 2**20}: raise it, or lower these"
         )
         if (

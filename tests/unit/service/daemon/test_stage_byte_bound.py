@@ -11,7 +11,7 @@ from loader.config import LoaderConfig
 from loader.errors import ConfigError
 from loader.service import protocol as P
 from loader.service.blocks import row_nbytes_estimate
-from loader.service.daemon.stage import Stage, StreamFailed
+from loader.service.daemon.stage import ROW_BYTES_MIN_ROWS, Stage, StreamFailed
 from tests.unit.service.daemon.test_stage import Recorder
 
 ROW = 1024  # bytes a row: 128 float64
@@ -68,24 +68,27 @@ def test_prefetch_is_cut_to_the_byte_bound_but_never_below_one_step():
 
 
 def test_a_step_beyond_the_byte_bound_fails_the_epoch_in_one_line():
-    stage, _ = _stage(budget_bytes=100 * ROW, batch_size=8)
-    _, stream = _open(stage, world_size=4096)  # a step of 32,768 rows: 32 MiB against 100 KiB
-    stage.on_chunk(*_chunk(stream, 0, 8))
+    stage, _ = _stage(budget_bytes=1024 * ROW, batch_size=8)
+    _, stream = _open(stage, world_size=4096)  # a step of 32,768 rows: 32 MiB against 1 MiB
+    for first in range(0, ROW_BYTES_MIN_ROWS, 8):  # rows enough to know their size (a quarter MiB: not before)
+        assert not stage.events, "failed before it knew its rows' size"
+        stage.on_chunk(*_chunk(stream, first, 8))
     failed = [e for e in stage.events if isinstance(e, StreamFailed)]
     assert len(failed) == 1 and failed[0].stream is stream
     message = failed[0].error["message"]
     assert failed[0].error["type"] == "StreamBufferError"
     assert "world_size 4096 x batch_size 8" in message and "service.stream_buffer_mib" in message
     assert "\n" not in message
-    assert stream.rows_buffered == 0, "the chunk that showed it is not kept"
-    stage.on_chunk(*_chunk(stream, 8, 8))
-    assert stream.rows_buffered == 0 and len(stage.events) == 1, "a failed stream takes nothing more"
+    assert stream.rows_buffered == ROW_BYTES_MIN_ROWS - 8, "the chunk that showed it is not kept"
+    stage.on_chunk(*_chunk(stream, ROW_BYTES_MIN_ROWS, 8))
+    assert stream.rows_buffered == ROW_BYTES_MIN_ROWS - 8 and len(stage.events) == 1, "it takes nothing more"
 
 
 def test_the_shuffle_window_counts_towards_what_a_stream_needs():
     stage, _ = _stage(budget_bytes=3000 * ROW, shuffle=2000)  # one buffer's rows fit, not the two it needs
     _, stream = _open(stage, world_size=1)
-    stage.on_chunk(*_chunk(stream, 0, 8))
+    for first in range(0, ROW_BYTES_MIN_ROWS, 8):
+        stage.on_chunk(*_chunk(stream, first, 8))
     failed = [e for e in stage.events if isinstance(e, StreamFailed)]
     assert failed and "2 x shuffle_buffer 2000" in failed[0].error["message"]
 
@@ -145,7 +148,8 @@ def test_any_byte_bound_either_reads_every_record_or_fails_at_once(
 ):
     """Whatever the bound, within a few rows of what a step needs or far above it: the epoch ends with every
     record sent (the ranks' shares together, a short tail padded by repeats) and the stream never held more
-    than twice its bound, or it fails with StreamBufferError when a step with its shuffle window cannot fit.
+    than twice its bound, or it fails with StreamBufferError when a step with its shuffle window cannot fit
+    (once it has taken rows enough to know their size).
     Never a stall: the bound never goes below what the stream needs to cut a step."""
     rows_needed = 2 * shuffle + world_size * batch_size + min(chunk, max(sizes))  # the largest chunk sent
     stage, rec = _stage(budget_bytes=max(1, rows_needed + spare_rows) * ROW, batch_size=batch_size, shuffle=shuffle)
@@ -189,10 +193,14 @@ def test_any_byte_bound_either_reads_every_record_or_fails_at_once(
         progressed = progressed or len(rec.messages) > before
         idle = 0 if progressed else idle + 1
     failed = [e for e in stage.events if isinstance(e, StreamFailed)]
-    if rows_needed * ROW > stage.stream_buffer_bytes and sum(sizes) > 0:
-        assert failed and failed[0].error["type"] == "StreamBufferError"
+    over = rows_needed * ROW > stage.stream_buffer_bytes
+    if failed:
+        assert over and failed[0].error["type"] == "StreamBufferError", failed[0].error["message"]
         return
-    assert not failed, failed[0].error["message"] if failed else ""
+    # Over the bound, a stream fails once it knows its rows' size: from ROW_BYTES_MIN_ROWS rows, or a quarter
+    # of the bound in bytes; an epoch smaller than that is read whole (it holds no more than that).
+    known = sum(sizes) >= ROW_BYTES_MIN_ROWS or sum(sizes) * ROW > stage.stream_buffer_bytes // 4
+    assert not (over and known), "a stream whose step cannot fit did not fail"
     ends = [m for m in rec.messages if isinstance(m[1], P.End)]
     assert len(ends) == world_size, "every rank's epoch ended"
     got = [int(v) for m in rec.messages if isinstance(m[1], P.Batch) for v in m[2]["x"][:, 0]]
@@ -214,3 +222,31 @@ def test_deeply_nested_object_rows_are_estimated_not_a_recursion_error():
     assert stream.rows_buffered == 2 and not stage.events
     lod = {"data": np.zeros(4096, np.float32), "recursive_sequence_lengths": [[2, 2]]}
     assert row_nbytes_estimate({"t": P.object_array([lod, lod])}) >= 16384
+
+
+def test_one_big_sample_among_small_ones_does_not_fail_the_epoch():
+    """Ragged rows travel inline, and a big one comes in a chunk of its own: taken as every row's size (the
+    largest chunk's mean), one 2 MiB sample among 1 KiB ones failed an epoch that needs about 3 MiB, claiming
+    it needed 4 GiB. The mean row decides; rows that are all big still fail it."""
+
+    def ragged(stream, first, sizes):
+        chunk = P.Chunk(stream=stream.stream_id, file=0, lease=1, worker="w1", record=first, count=len(sizes))
+        return chunk, {"x": P.object_array([np.zeros(n, np.uint8) for n in sizes])}
+
+    for big_at in (5, 0):  # among the first chunks, or the very first
+        stage, _ = _stage(budget_bytes=64 * 2**20, batch_size=32, shuffle=1000)
+        _, stream = _open(stage, world_size=8, prefetch=2)  # needs 2 x 1000 + 256 + 64 rows
+        first = 0
+        for k in range(40):
+            sizes = [2 * 2**20] if k == big_at else [1024] * 64
+            stage.on_chunk(*ragged(stream, first, sizes))
+            first += len(sizes)
+        assert not stage.events, stage.events[0].error["message"]
+        assert stream.row_bytes < 4096
+
+    stage, _ = _stage(budget_bytes=64 * 2**20, batch_size=32, shuffle=1000)
+    _, stream = _open(stage, world_size=8, prefetch=2)
+    for first in range(0, 20 * 16, 16):  # every row 64 KiB: 2,320 of them are 145 MiB
+        stage.on_chunk(*ragged(stream, first, [64 * 1024] * 16))
+    failed = [e for e in stage.events if isinstance(e, StreamFailed)]
+    assert failed and "service.stream_buffer_mib = 64" in failed[0].error["message"]
