@@ -52,6 +52,8 @@ def convert_target(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> 
     folder = os.path.dirname(target) or "."
     if not os.path.isdir(folder):
         raise FileNotFoundError(errno.ENOENT, f"cannot write {target}: no such directory", folder)
+    if os.path.isdir(target):  # DST/<SRC's name> is a directory: the final rename failed naming DST.partial
+        raise IsADirectoryError(errno.EISDIR, "cannot write the converted file over a directory", target)
     return target
 
 
@@ -113,10 +115,12 @@ class ProgressLine:
 def cmd_recordio(args: argparse.Namespace, stream: TextIO | None = None) -> int:
     """The ``loader recordio convert SRC DST`` command."""
     out = stream if stream is not None else sys.stderr
-    target = convert_target(args.src, args.dst)
+    target = convert_target(args.src, args.dst)  # for the last line; the conversion resolves DST itself
     line = ProgressLine(args.src, out)
+    # DST as given, not target: resolved twice, a DST/<SRC's name> that is a directory got the file inside it
+    # (DST/NAME/NAME), reported as written to DST/NAME.
     count = convert_paddle_file(
-        args.src, target, allow_pickle=args.allow_pickle, compressor=Compressor[args.compressor], progress=line
+        args.src, args.dst, allow_pickle=args.allow_pickle, compressor=Compressor[args.compressor], progress=line
     )
     line.done(count, target)
     return 0

@@ -281,6 +281,19 @@ def test_convert_leaves_no_partial_file_when_the_final_rename_fails(tmp_path):
     assert os.listdir(out) == ["p.recordio"] and not [p for p in tmp_path.rglob("*") if p.name.endswith(".partial")]
 
 
+def test_cli_convert_into_a_directory_holding_a_directory_of_the_source_name_fails(tmp_path, capsys):
+    # The command resolved DIR to DIR/<SRC's name> and the conversion resolved that again: it wrote
+    # DIR/p.recordio/p.recordio and said it wrote DIR/p.recordio.
+    src = str(tmp_path / "p.recordio")
+    files.write_go(src, _pickled(2))
+    out = tmp_path / "out"
+    (out / "p.recordio").mkdir(parents=True)
+    assert cli.main(["recordio", "convert", src, str(out), "--allow-pickle"]) == cli.EXIT_ERROR
+    assert os.listdir(out) == ["p.recordio"] and not os.listdir(out / "p.recordio")
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.endswith(f"over a directory: {out / 'p.recordio'}") and ".partial" not in err
+
+
 def test_convert_keeps_lod_as_lengths(tmp_path):
     from loader import LoDTensor
 
