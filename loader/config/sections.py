@@ -236,9 +236,9 @@ class ServiceConfig:
     # a slow worker delays its stream by at most this, and it bounds that part of the daemon's memory.
     reorder_window_mib: int = 64
     # Rows one stream (an epoch of a job) may hold in the daemon besides its reorder window: shuffle buffer,
-    # steps cut ahead of its ranks. Prefetch is cut to fit; a job whose shuffle buffer and one global step
-    # (world_size x batch_size rows) do not fit fails its epoch saying so (a huge world_size would buffer
-    # the whole dataset waiting for ranks).
+    # steps cut ahead of its ranks. Prefetch is cut to fit; a job whose shuffle buffer (twice: the shuffle
+    # holds two before any row leaves) and one global step (world_size x batch_size rows), in rows of their
+    # mean size, do not fit fails its epoch saying so (a huge world_size would buffer the whole dataset).
     stream_buffer_mib: int = 4096
     metrics: str = ""  # "HOST:PORT" of the Prometheus, /healthz and /readyz endpoint; "" for none
     origin: str = origin_field()
