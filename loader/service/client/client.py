@@ -469,7 +469,7 @@ class Client(NotADataset):
                 f"the loader daemon at {self.address} has been silent for {now - state.last_heard:.1f}s"
             )
         refused_s = state.peer.refused_for(now) if state.peer is not None else 0.0
-        if refused_s >= min(PEER_GONE_AFTER_S, self.timeout_s):
+        if refused_s > 0.0 and refused_s >= min(PEER_GONE_AFTER_S, self.timeout_s):
             raise ServiceUnavailableError(
                 f"the loader daemon at {self.address} is gone: its connection closed and the address has refused "
                 f"reconnecting for {refused_s:.1f}s (it stopped or was killed: see its log)"

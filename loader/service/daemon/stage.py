@@ -535,10 +535,8 @@ class Stage:
             + f" of about {stream.row_bytes:,} bytes each (their mean so far) takes {needed / 2**20:,.1f} MiB in the daemon, over "
             f"service.stream_buffer_mib = {self.stream_buffer_bytes // 2**20}: raise it, or lower these"
         )
-        if (
-            self._failures_logged.allow(time.monotonic()) is not None
-        ):  # a client asking again and again: a line a second
-            log.error("%s", message)
+        if self._failures_logged.allow(time.monotonic()) is not None:
+            log.error("%s", message)  # at most a line a second: a client may ask again and again
         self.fail_stream(stream, WorkerError("StreamBufferError", message).to_dict())
         return True
 
