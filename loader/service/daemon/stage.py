@@ -531,7 +531,8 @@ class Stage:
         settings = stream.settings
         message = (
             f"epoch {stream.epoch}: one step of world_size {stream.world_size} x batch_size {settings.batch_size} rows"
-            + (f", with 2 x shuffle_buffer {settings.shuffle_buffer}," if settings.shuffle_buffer else "")
+            + (f", with 2 x shuffle_buffer {settings.shuffle_buffer}" if settings.shuffle_buffer else "")
+            + f" and a worker's chunk of {stream.chunk_rows},"
             + f" of about {stream.row_bytes:,} bytes each (their mean so far) takes {needed / 2**20:,.1f} MiB in the daemon, over "
             f"service.stream_buffer_mib = {self.stream_buffer_bytes // 2**20}: raise it, or lower these"
         )
