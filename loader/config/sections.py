@@ -51,7 +51,7 @@ from loader.config.overrides import collect as collect_overrides
 from loader.config.overrides import sources as value_sources
 from loader.config.source import SourceConfig, absolute_paths
 from loader.errors import ConfigError
-from loader.runtime.imports import add_import_path, import_object, rng_parameter, rng_passing
+from loader.runtime.imports import add_import_path, call_problem, import_object, rng_parameter, rng_passing
 
 DEFAULT_BIND = "tcp://127.0.0.1:5555"
 TRANSPORTS = ("zmq", "pipe", "queue")
@@ -506,15 +506,24 @@ class LoaderConfig:
         for key in ("mappers", "batch_mappers"):
             for spec, mapper in zip(getattr(self.pipeline, key), self.pipeline.resolve_mappers(key)):
                 _callable(f"pipeline.{key} ({spec!r})", mapper)
+                how = "plain"
                 if key == "mappers":
                     try:
-                        rng_passing(mapper)
+                        how = rng_passing(mapper)
                     except ValueError as exc:
                         raise ConfigError(f"pipeline.mappers ({spec!r}): {exc} ({self.origin})") from None
                 if key == "batch_mappers" and rng_parameter(mapper) is not None:
                     raise ConfigError(
                         f"pipeline.batch_mappers ({spec!r}) takes an rng parameter: batch mappers get no "
                         'generator, since a batch mapper must be row-wise (docs/internals.md, "Batch mappers")'
+                    )
+                # Called as f(sample) / f(sample, rng) / f(block): one that cannot be failed every sample, at run time.
+                problem = call_problem(mapper, 1, how)
+                if problem is not None:
+                    shape = {"plain": "f(sample)", "keyword": "f(sample, rng=rng)", "positional": "f(sample, rng)"}
+                    call = "f(block)" if key == "batch_mappers" else shape[how]
+                    raise ConfigError(
+                        f"pipeline.{key} ({spec!r}) cannot be called as {call}: {problem} ({self.origin})"
                     )
         parser = self.source.file_reader_options().get("parser")
         if parser is not None:

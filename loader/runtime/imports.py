@@ -216,7 +216,29 @@ def rng_passing(func: Any) -> str:
     return "positional" if parameter.kind is inspect.Parameter.POSITIONAL_ONLY else "keyword"
 
 
+def call_problem(func: Any, args: int, rng: str = "plain") -> str | None:
+    """Why ``func`` cannot be called with ``args`` positional values (and its generator, as ``rng_passing``
+    says it takes it), in a few words; None when it can, or when Python cannot tell (a builtin with no
+    signature). A mapper of the wrong shape then fails at the config, not at every sample of the epoch."""
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
+    values: list[Any] = [object()] * args
+    keywords: dict[str, Any] = {}
+    if rng == "positional":
+        values.append(object())
+    elif rng == "keyword":
+        keywords["rng"] = object()
+    try:
+        signature.bind(*values, **keywords)
+    except TypeError as exc:
+        return str(exc)
+    return None
+
+
 __all__ = [
+    "call_problem",
     "import_object",
     "import_shipped_package",
     "add_import_path",

@@ -73,3 +73,51 @@ def test_an_rng_that_cannot_follow_the_sample_is_refused_by_the_config_and_the_w
     )
     with pytest.raises(ConfigError, match=rf"pipeline.mappers \('{HERE}:{mapper.__name__}'\): its .*{reason}"):
         config.check_imports()  # the config itself builds: the import check is what refuses it
+
+
+def takes_nothing() -> Any:
+    return 0
+
+
+def takes_two(sample: Any, other: Any) -> Any:
+    return sample
+
+
+def takes_rng_and_more(sample: Any, rng: Any, factor: int) -> Any:
+    return sample
+
+
+def takes_anything(*args: Any, **kwargs: Any) -> Any:
+    return args[0]
+
+
+def with_default(sample: Any, factor: int = 2) -> Any:
+    return sample * factor
+
+
+def _imports(key: str, name: str) -> None:
+    LoaderConfig.from_dict({"source": {"files": ["x.npy"]}, "pipeline": {key: [f"{HERE}:{name}"]}}).check_imports()
+
+
+@pytest.mark.parametrize(
+    ("key", "name", "call"),
+    [
+        ("mappers", "takes_nothing", r"f\(sample\): too many positional arguments"),
+        ("mappers", "takes_two", r"f\(sample\): missing a required argument: 'other'"),
+        ("mappers", "takes_rng_and_more", r"f\(sample, rng=rng\): missing a required argument: 'factor'"),
+        ("batch_mappers", "takes_nothing", r"f\(block\): too many positional arguments"),
+        ("batch_mappers", "takes_two", r"f\(block\): missing a required argument: 'other'"),
+    ],
+)
+def test_a_mapper_that_cannot_be_called_so_is_refused_by_the_config_not_at_every_sample(
+    key: str, name: str, call: str
+) -> None:
+    with pytest.raises(ConfigError, match=rf"^pipeline.{key} \('{HERE}:{name}'\) cannot be called as {call} \("):
+        _imports(key, name)
+
+
+@pytest.mark.parametrize("name", ["draw", "draw_keyword_only", "draw_positional_only", "takes_anything", "with_default"])
+def test_mappers_that_can_be_called_so_pass_the_config(name: str) -> None:
+    _imports("mappers", name)
+    if name in ("takes_anything", "with_default"):
+        _imports("batch_mappers", name)
