@@ -116,7 +116,9 @@ def test_a_mapper_that_cannot_be_called_so_is_refused_by_the_config_not_at_every
         _imports(key, name)
 
 
-@pytest.mark.parametrize("name", ["draw", "draw_keyword_only", "draw_positional_only", "takes_anything", "with_default"])
+@pytest.mark.parametrize(
+    "name", ["draw", "draw_keyword_only", "draw_positional_only", "takes_anything", "with_default"]
+)
 def test_mappers_that_can_be_called_so_pass_the_config(name: str) -> None:
     _imports("mappers", name)
     if name in ("takes_anything", "with_default"):
