@@ -92,6 +92,8 @@ def test_every_documented_metric_is_scraped_during_an_epoch_with_plausible_value
             assert value(during, "loader_leases") >= 1
             assert 0.0 <= value(during, "loader_worker_utilisation") <= 1.0
             assert 0 <= value(during, "loader_shm_used_bytes") <= value(during, "loader_shm_bytes")
+            # int64 ids, 8 bytes a row as the byte bound counts them
+            assert value(during, "loader_stage_buffered_bytes") == 8 * value(during, "loader_stage_buffered_samples")
 
             def settled() -> bool:
                 m = scrape(address)

@@ -592,6 +592,7 @@ class Daemon:
             "samples_per_s": round(self._rate.per_second(now, self.stage.samples_in), 1),  # last ~10 s
             "samples_per_s_average": round(self.stage.samples_in / elapsed, 1),  # since the daemon started
             "buffered_samples": self.stage.buffered_rows(),
+            "buffered_bytes": self.stage.buffered_bytes(),  # estimated, as service.stream_buffer_mib counts them
             "duplicates_dropped": self.stage.dropped_duplicates,
             "skipped_records": self.stage.skipped_records,
             "rejected_records": self.stage.rejected_records,  # did not fit their batch (under skip, also skipped)

@@ -72,6 +72,12 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("loader_duplicates_dropped", "counter", (), "samples dropped as duplicates (a file re-read after a death)"),
     ("loader_messages_rejected", "counter", (), "malformed or misplaced messages dropped"),
     ("loader_stage_buffered_samples", "gauge", (), "samples held in the stage's shuffle buffers and batchers"),
+    (
+        "loader_stage_buffered_bytes",
+        "gauge",
+        (),
+        "about the bytes of those samples, as service.stream_buffer_mib counts them (a row in shared memory: 24)",
+    ),
     ("loader_shm_arenas", "gauge", (), "shared-memory arenas open"),
     ("loader_shm_bytes", "gauge", (), "bytes of shared memory mapped by those arenas"),
     ("loader_shm_used_bytes", "gauge", (), "bytes of those arenas holding rows not yet read by their client"),
@@ -158,6 +164,7 @@ class Snapshotter:
         add("loader_duplicates_dropped", status["duplicates_dropped"])
         add("loader_messages_rejected", status["rejected_messages"])
         add("loader_stage_buffered_samples", status["buffered_samples"])
+        add("loader_stage_buffered_bytes", status["buffered_bytes"])
         add("loader_shm_arenas", shm_arenas)
         add("loader_shm_bytes", shm_arenas * (arenas.arena_bytes if arenas is not None else 0))
         # One count over each arena's state bytes (a few thousand): cheap at the snapshot's pace.

@@ -873,6 +873,11 @@ class Stage:
     def buffered_rows(self) -> int:
         return sum(stream.rows_buffered for stream in self.streams.values())
 
+    def buffered_bytes(self) -> int:
+        """About the bytes the streams hold (rows held x each stream's mean row, as the byte bound counts them:
+        24 bytes for a row in shared memory)."""
+        return sum(stream.rows_buffered * stream.row_bytes for stream in self.streams.values())
+
     # -- references ---------------------------------------------------------
     def on_credit(self, session: Session, gen: Any, count: int) -> None:
         """The client's consumer took ``count`` batches of request ``gen``: more credits, their rows freed."""
