@@ -240,6 +240,10 @@ class Loader(NotADataset):
         if not self._finalizer.alive:
             raise ClosedError("this Loader is closed: make a new one (or use it inside its with block)")
 
+    def __repr__(self) -> str:
+        state = "closed" if not self._finalizer.alive else f"{self.config.workers.count} workers"
+        return f"<Loader {self.config.origin!r}, {state}>"
+
     def __enter__(self) -> Loader:
         return self
 

@@ -58,7 +58,9 @@ def test_a_closed_loader_says_it_is_closed_at_once(tmp_path):
 
     write_id_files(tmp_path, 1, 20)
     local = loader.Loader(make_config(tmp_path, workers={"count": 1}, pipeline={"batch_size": 10}))
+    assert repr(local) == "<Loader '<dict>', 1 workers>"  # the config's origin: a file's path, or how it was made
     local.close()
+    assert repr(local) == "<Loader '<dict>', closed>"
     started = time.monotonic()
     for use in (local.epoch, local.status, local.client, lambda: next(iter(local))):
         with pytest.raises(ClosedError, match="this Loader is closed"):
