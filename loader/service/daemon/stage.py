@@ -169,14 +169,18 @@ class Stream:
     samples_sent: dict[int, int] = field(default_factory=dict)  # rank -> samples sent it
     arrived: dict[int, int] = field(default_factory=dict)  # file -> records that reached the stage from its lease
     chunk_rows: int = 0  # the most records one chunk of this stream has brought (its bound must hold one)
-    row_bytes: int = 0  # the mean bytes of the rows it has taken here (references: 24), for the byte bound
-    rows_taken: int = 0  # ... over these rows
-    bytes_taken: int = 0  # ... which took about these bytes
+    rows_taken: int = 0  # rows it has taken here, for the byte bound (``row_bytes``)
+    bytes_taken: int = 0  # ... which took about these bytes (references: 24 a row)
     dataset: str = "default"  # the dataset its job reads (the metrics count traffic per dataset)
 
     @property
     def input_done(self) -> bool:
         return self.total_steps is not None
+
+    @property
+    def row_bytes(self) -> int:
+        """The mean bytes of the rows it has taken (rounded up; 0 before any)."""
+        return -(-self.bytes_taken // self.rows_taken) if self.rows_taken else 0
 
     @property
     def rows_buffered(self) -> int:
@@ -500,12 +504,11 @@ class Stage:
             return
         # The mean row over the stream, not the biggest chunk's: a chunk of one big sample (ragged rows travel
         # inline) made every row count as big, and failed an epoch that holds a few of them with ease.
+        before = stream.row_bytes
         stream.rows_taken += chunk.count
         stream.bytes_taken += row_nbytes_estimate(fitted) * chunk.count
-        row_bytes = -(-stream.bytes_taken // stream.rows_taken)
-        if chunk.count > stream.chunk_rows or row_bytes != stream.row_bytes:  # after the room check: a chunk
+        if chunk.count > stream.chunk_rows or stream.row_bytes != before:  # after the room check: a chunk
             stream.chunk_rows = max(stream.chunk_rows, chunk.count)  # cannot make room for itself
-            stream.row_bytes = row_bytes
             stream.sequencer.reorder_rows = self.buffer_limit_rows(stream)
         if self._beyond_byte_bound(stream):  # asked at every chunk: it may wait for more rows
             self._free(stream, [fitted])
