@@ -7,7 +7,9 @@ can fail, but it cannot run code.
 Types kept exactly: ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``,
 ``list``, ``tuple``, ``dict`` (any msgpack-able keys, ints included), numpy
 arrays of any non-object dtype (dtype, shape and raw bytes) and numpy scalars.
-Anything else raises ``TypeError`` naming the type.
+Anything else raises ``TypeError`` naming the type, except ``bytearray`` and
+``memoryview``, which msgpack writes as ``bytes`` (``pack(exact=True)`` refuses a
+``bytearray``).
 """
 
 from __future__ import annotations
@@ -120,10 +122,36 @@ def _exact_packer() -> msgpack.Packer:
 
 
 def pack(sample: Any, exact: bool = False) -> bytes:
-    """Encode one sample (or any nest of supported types) as bytes. ``exact``: refuse (``TypeError``) a
-    subclass of tuple or ndarray, which would otherwise arrive as its base class (``multiprocess_reader``
-    then sends it another way)."""
-    return (_exact_packer() if exact else _packer()).pack(sample)
+    """Encode one sample (or any nest of supported types) as bytes. ``exact``: refuse (``TypeError``) what
+    would arrive as another type: a subclass of tuple or ndarray (as its base class), a ``bytearray`` (as
+    ``bytes``), msgpack's own ``ExtType`` and ``Timestamp`` (``multiprocess_reader`` then sends it another
+    way). A ``memoryview`` still arrives as ``bytes``: a view cannot cross processes, nor be pickled."""
+    if exact:
+        _refuse_lossy(sample, 0)
+        return _exact_packer().pack(sample)
+    return _packer().pack(sample)
+
+
+# msgpack packs these natively (no ``default`` hook is asked), but they come back as another type.
+_LOSSY_TYPES = (bytearray, msgpack.ExtType, msgpack.Timestamp)
+_LEAF_TYPES = frozenset({type(None), bool, int, float, str, bytes, np.ndarray})
+_MAX_WALK_DEPTH = 512  # msgpack refuses deeper nests itself
+
+
+def _refuse_lossy(obj: Any, depth: int) -> None:
+    kind = type(obj)
+    if kind in _LEAF_TYPES or depth > _MAX_WALK_DEPTH:
+        return
+    if kind in _LOSSY_TYPES:
+        raise TypeError(f"a {kind.__name__} would arrive as another type")
+    if kind is list or kind is tuple:
+        for item in obj:
+            if type(item) not in _LEAF_TYPES:
+                _refuse_lossy(item, depth + 1)
+    elif kind is dict:
+        for key, value in obj.items():
+            _refuse_lossy(key, depth + 1)
+            _refuse_lossy(value, depth + 1)
 
 
 def unpack(data: bytes | bytearray | memoryview) -> Any:

@@ -706,7 +706,13 @@ class Stage:
                 stream.epoch,
                 _first_line(str(WorkerError.from_dict(error)), MAX_LOGGED_ERROR_CHARS),  # a peer wrote it
             )
-            self._complete_file(stream, file_index, lost + stream.rejected.pop(file_index, 0))
+            try:
+                self._complete_file(stream, file_index, lost + stream.rejected.pop(file_index, 0))
+            except Exception as exc:  # this stream fails, not the loop: housekeeping (a lost worker) calls this
+                log.exception("skipping file index %d (epoch %d) failed; that epoch fails", file_index, stream.epoch)
+                path = self._path(file_index)
+                message = f"skipping the rest of {path} failed: {type(exc).__name__}: {exc}"
+                self.fail_stream(stream, WorkerError("LoaderError", message, file=path).to_dict())
             return
         # The clients get the error with its traceback; the operator reading the daemon's log gets one line, at
         # most one a second (a client asking for epochs that fail at once must not fill the disk with the log).

@@ -249,3 +249,23 @@ def test_epochs_failing_in_a_burst_are_logged_once_a_second_with_a_count(caplog,
     assert len(lines) == 2 and lines[0].startswith("epoch 0 of j failed: ValueError: bad")
     assert lines[1].startswith("epoch 5 ") and lines[1].endswith("(4 more epochs failed since the last line)")
     assert all(isinstance(e, StreamFailed) for e in stage.events) and len(stage.events) == 6  # all failed all the same
+
+
+def test_a_fault_while_skipping_a_file_fails_that_epoch_not_the_daemon(monkeypatch, caplog):
+    # A lost worker's file is skipped from the daemon's housekeeping, outside any message's guard: whatever
+    # goes wrong there must end that stream with one error, and leave the loop (and other streams) running.
+    stage = _stage(Recorder(), on_error="skip")
+    _, stream = _open(stage, [0, 1])
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("sequencer out of step")
+
+    monkeypatch.setattr(stage, "_complete_file", broken)
+    with caplog.at_level("ERROR", logger="loader.stage"):
+        stage.fail_file(stream.stream_id, 1, {"type": "WorkerDiedError", "message": "died"})
+    failed = [e for e in stage.events if isinstance(e, StreamFailed)]
+    assert stream.failed and len(failed) == 1
+    error = failed[0].error
+    assert error["file"] == "/data/b.npy"
+    assert error["message"] == "skipping the rest of /data/b.npy failed: RuntimeError: sequencer out of step"
+    assert any("skipping file index 1 (epoch 0) failed" in r.getMessage() for r in caplog.records)
