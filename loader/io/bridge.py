@@ -3,7 +3,9 @@
 ``to_reader(reader_base)`` gives a paddle-style reader: a zero-argument callable;
 each call re-initialises ``reader_base`` and returns a generator of samples, each
 a tuple of arrays (one per slot). The generator and the reader are one cursor:
-use one generator at a time.
+use one generator at a time. A generator closed or dropped mid-pass
+re-initialises the reader, which stops its prefetching threads (they start
+again at the next read).
 
 ``from_reader(reader, shapes, dtypes)`` wraps a paddle-style reader as a
 ``ReaderBase``: each pass calls ``reader()`` afresh; a sample (tuple/list of
@@ -15,6 +17,7 @@ declared dtype; arrays must already have it. Shapes are checked as for files
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -30,17 +33,31 @@ class _PaddleReader:
 
     def __init__(self, reader: ReaderBase) -> None:
         self.reader = reader
+        self._passes = 0  # generators started: only the newest may stop the reader's pass
 
     def __call__(self) -> Iterator[tuple[np.ndarray, ...]]:
         return self._generate()
 
     def _generate(self) -> Iterator[tuple[np.ndarray, ...]]:
+        self._passes += 1
+        mine = self._passes
         self.reader.reinit()
-        while True:
-            item = self.reader.read_next()
-            if not item:
-                return
-            yield tuple(item)
+        finished = False
+        try:
+            while True:
+                item = self.reader.read_next()
+                if not item:
+                    finished = True
+                    return
+                yield tuple(item)
+        finally:
+            # Abandoned mid-pass (closed, or dropped by a loop that broke out): stop the reader's prefetching
+            # threads now rather than at the next call or close(). Not when a newer generator owns the pass.
+            if not finished and mine == self._passes and not self.reader.closed:
+                # Only a clean-up: a reader that cannot start again says so at the next pass, not here
+                # (this may run in a garbage collection, where an exception is only printed).
+                with contextlib.suppress(Exception):
+                    self.reader.reinit()
 
     def __repr__(self) -> str:
         return f"to_reader({self.reader!r})"

@@ -293,6 +293,35 @@ def test_to_reader_gives_a_fresh_pass_per_call(tmp_path):
     assert [s[0].tolist() for s in paddle_reader()] == first
 
 
+def _open_files_threads() -> int:
+    return sum(t.name.startswith("loader-open-files") for t in threading.enumerate())
+
+
+def test_a_to_reader_generator_abandoned_mid_pass_stops_the_prefetching_threads(tmp_path):
+    for i in range(3):
+        np.save(tmp_path / f"{i}.npy", np.arange(i * 40, i * 40 + 40))
+    files = sorted(str(p) for p in tmp_path.glob("*.npy"))
+    multi = lio.open_files(files, shapes=[[-1]], dtypes=["int64"], thread_num=2, buffer_size=1)
+    paddle_reader = lio.to_reader(multi)
+    try:
+        first = paddle_reader()
+        next(first)
+        assert _open_files_threads() == 2
+        first.close()  # a training loop that broke out and dropped it
+        assert _open_files_threads() == 0
+        # A newer generator owns the reader: dropping an older one leaves its pass alone.
+        older = paddle_reader()
+        next(older)
+        newer = paddle_reader()
+        taken = [int(next(newer)[0])]
+        older.close()
+        taken += [int(s[0]) for s in newer]
+        assert sorted(taken) == list(range(120))
+    finally:
+        multi.close()
+    assert _open_files_threads() == 0
+
+
 def test_from_reader_converts_values_to_declared_dtypes():
     source = lio.from_reader(ListReader([([0.5, 1.5], 3), ([2.5, 3.5], 4)]), [[-1, 2], [-1]], ["float32", "int64"])
     x, y = source.read_next()
