@@ -27,7 +27,7 @@ from loader.config import DEFAULT_DATASET, LoaderConfig
 from loader.config.source import SMALL_FILE_BYTES
 from loader.errors import ConfigError
 from loader.io.survey import header_rows
-from loader.service.daemon.stage import StreamSettings
+from loader.service.daemon.streams import StreamSettings
 from loader.service.order import Piece, file_order, fingerprint, lease_groups, lease_pieces
 
 log = logging.getLogger("loader.daemon")

@@ -2,8 +2,8 @@
 
 ``ClientDesk`` is the client-facing half of the daemon (``loop.Daemon`` is
 the loop; ``workforce.WorkerPool`` the worker-facing half). Each client is a
-``stage.Session``. Clients read as *jobs*: the ranks of one training job (the
-same dataset, ``job`` name and ``world_size > 1``) share one ``stage.Stream``
+``streams.Session``. Clients read as *jobs*: the ranks of one training job (the
+same dataset, ``job`` name and ``world_size > 1``) share one ``streams.Stream``
 per epoch, so every rank gets its slice of the same global steps; a client with
 ``world_size == 1`` is a job of its own. A new client for a rank a live client
 of the job holds replaces it (a restarted trainer). An epoch may start at a
@@ -39,7 +39,8 @@ from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator
 from loader.service.daemon.datasets import Dataset, DatasetTable
 from loader.service.daemon.rejects import PeerLines
-from loader.service.daemon.stage import FileComplete, FileCut, Session, Stage, Stream
+from loader.service.daemon.stage import Stage
+from loader.service.daemon.streams import FileComplete, FileCut, Session, Stream
 from loader.service.daemon.workforce import WorkerPool
 from loader.service.order import Anchor, epoch_batches, start_anchor, window_rows
 from loader.service.shm.pool import ArenaPool

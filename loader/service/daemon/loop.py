@@ -44,7 +44,8 @@ from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY, make_launcher
 from loader.service.daemon.metrics import MetricsServer, start_metrics
 from loader.service.daemon.rate import RecentRate
 from loader.service.daemon.rejects import LOG_EVERY_S, Rejects
-from loader.service.daemon.stage import Session, Stage, frames_nbytes
+from loader.service.daemon.stage import Stage, frames_nbytes
+from loader.service.daemon.streams import Session
 from loader.service.daemon.workforce import HUNG_FILE_ATTEMPTS, MAX_FILE_ATTEMPTS, WorkerPool
 from loader.service.shm.pool import open_pool
 from loader.service.transport import auth, links, sockets

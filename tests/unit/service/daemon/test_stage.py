@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loader.service import protocol as P
-from loader.service.daemon.stage import Stage, StreamFailed
+from loader.service.daemon.stage import Stage
+from loader.service.daemon.streams import StreamFailed
 
 
 class Recorder:

@@ -11,7 +11,8 @@ from loader.config import LoaderConfig
 from loader.errors import ConfigError
 from loader.service import protocol as P
 from loader.service.blocks import row_nbytes_estimate
-from loader.service.daemon.stage import ROW_BYTES_MIN_ROWS, Stage, StreamFailed
+from loader.service.daemon.stage import ROW_BYTES_MIN_ROWS, Stage
+from loader.service.daemon.streams import StreamFailed
 from tests.unit.service.daemon.test_stage import Recorder
 
 ROW = 1024  # bytes a row: 128 float64

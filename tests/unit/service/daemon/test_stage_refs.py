@@ -199,7 +199,7 @@ def test_reference_spec_of_a_dtype_numpy_does_not_know_is_dropped(pool):
 
 @pytest.mark.parametrize("first_inline", [False, True])
 def test_reference_rows_of_another_width_fail_the_file_like_inline_rows(pool, first_inline):
-    from loader.service.daemon.stage import StreamFailed
+    from loader.service.daemon.streams import StreamFailed
 
     rec, stage, session, stream, arena = _setup(pool, files=(0, 1))
     stage.files = ["/data/a.npy", "/data/b.npy"]

@@ -7,7 +7,8 @@ import pytest
 
 from loader.config.sections import MAX_PREFETCH
 from loader.service import protocol as P
-from loader.service.daemon.stage import FileCut, Stage, StreamFailed
+from loader.service.daemon.stage import Stage
+from loader.service.daemon.streams import FileCut, StreamFailed
 from loader.service.transport.sockets import HIGH_WATER_MARK
 from tests.unit.service.daemon.test_stage import Recorder, _done, _open
 
