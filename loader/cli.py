@@ -71,7 +71,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from loader.config.address import address_origin, daemon_address
-    from loader.service.client.client import query_status
+    from loader.service.client.ask import query_status
     from loader.service.client.env import ADDRESS_VARIABLE
     from loader.service.transport.auth import peer_for
 
@@ -172,7 +172,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         log.info("stopped before a loader daemon answered at %s", address)  # by a signal, not a timeout
         return EXIT_OK
     if code == EXIT_NO_DAEMON:
-        from loader.service.client.client import no_answer_hint
+        from loader.service.client.ask import no_answer_hint
 
         raise ServiceUnavailableError(
             f"no loader daemon answered at {address} within {args.connect_timeout:g} s{no_answer_hint(curve is not None)}"

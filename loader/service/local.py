@@ -34,7 +34,8 @@ from typing import Any
 from loader.config import LoaderConfig, load_config
 from loader.errors import ClosedError, ServiceUnavailableError
 from loader.reader.batches import batch_reader
-from loader.service.client.client import Client, EpochBatches, NotADataset, query_status
+from loader.service.client.ask import query_status
+from loader.service.client.client import Client, EpochBatches, NotADataset
 from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY
 from loader.service.daemon.loop import Daemon
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import loader.service.client.client as client_module
+import loader.service.client.ask as ask_module
 from loader.cli import main as cli_main
 from loader.errors import ServiceUnavailableError
 
@@ -17,7 +17,7 @@ def queries(monkeypatch) -> list[str]:
         asked.append(address)
         return {}
 
-    monkeypatch.setattr(client_module, "query_status", fake_query_status)
+    monkeypatch.setattr(ask_module, "query_status", fake_query_status)
     return asked
 
 
@@ -57,7 +57,7 @@ def test_watch_followed_by_the_address_watches_that_address(monkeypatch, capsys,
         asked.append(addr)
         raise ServiceUnavailableError(f"no daemon answered at {addr}")
 
-    monkeypatch.setattr(client_module, "query_status", unreachable)
+    monkeypatch.setattr(ask_module, "query_status", unreachable)
     assert cli_main(["status", "--watch", address]) == 1
     assert asked == ["tcp://127.0.0.1:1"]
     assert "no daemon answered at tcp://127.0.0.1:1" in capsys.readouterr().err

@@ -49,7 +49,6 @@ from loader.errors import (
     ClosedError,
     ConfigError,
     LoaderError,
-    MalformedMessageError,
     ProtocolVersionError,
     ServiceUnavailableError,
     TransportError,
@@ -59,6 +58,7 @@ from loader.reader.batches import batch_reader
 from loader.service import protocol as P
 from loader.service import transport
 from loader.service.blocks import block_nbytes
+from loader.service.client.ask import no_answer_hint, query_status, request
 from loader.service.client.batches import to_batch
 from loader.service.client.buffers import BatchBuffers
 from loader.service.client.checkpoint import Place, place_of
@@ -69,7 +69,7 @@ from loader.service.shm.arena import ArenaError
 from loader.service.shm.cache import ArenaCache
 from loader.service.shm.file_rows import FileRowsError, RowFiles, is_file_id, source_of
 from loader.service.transport import Channel
-from loader.service.transport.auth import ENV_PEER_KEY, CurveClient, peer_for
+from loader.service.transport.auth import peer_for
 
 DEFAULT_PREFETCH = 4
 # prefetch="auto" (the default): each epoch after the first reads ahead as many messages as fit in
@@ -430,7 +430,7 @@ class Client(NotADataset):
         hello = P.ClientHello(
             rank=self.rank, world_size=self.world_size, prefetch=self.prefetch, dataset=self.dataset, job=self.job
         )
-        answer = _request(self._channel, P.encode(hello), (P.ClientWelcome, P.Error), self.timeout_s, self.address)
+        answer = request(self._channel, P.encode(hello), (P.ClientWelcome, P.Error), self.timeout_s, self.address)
         if answer is None:
             origin = address_origin(self._given_address)
             raise ServiceUnavailableError(
@@ -610,27 +610,6 @@ class Client(NotADataset):
                 raise TransportError(f"the loader daemon at {self.address} sent a bad batch: {exc}") from None
 
 
-# The three usual causes of silence, which look alike from here: no daemon, another address, and a daemon with
-# authentication, which answers no peer without keys (docs/security.md).
-NO_ANSWER_HINT = (
-    " (is `loader serve` running at that address? A daemon with CURVE keys answers only peers that have theirs: "
-    "set LOADER_PEER_KEY and LOADER_DAEMON_PUBLIC_KEY, see docs/security.md)"
-)
-# ... and for a peer that has keys: the same silence, the other way round.
-KEYED_NO_ANSWER_HINT = (
-    " (is `loader serve` running at that address? This side has CURVE keys: a daemon that does not list its "
-    "public key in service.authorized_keys, or that has no keys itself, gives it no answer; a daemon with keys "
-    "logs every key it refuses, see docs/security.md)"
-)
-
-
-def no_answer_hint(has_keys: bool | None = None) -> str:
-    """Why a daemon may not have answered, for a peer with CURVE keys or without (None: LOADER_PEER_KEY says)."""
-    if has_keys is None:
-        has_keys = bool(os.environ.get(ENV_PEER_KEY))
-    return KEYED_NO_ANSWER_HINT if has_keys else NO_ANSWER_HINT
-
-
 def _prefetch(prefetch: Any) -> int:
     """``prefetch`` (None or "auto": the default to start with), refused at once when the daemon could
     not honour it."""
@@ -756,45 +735,6 @@ class _ReceiverState:
         self.allowed = 0  # BATCH messages of request ``gen`` the daemon may send: its credit so far
         self.received = 0  # ... and those it sent
         self.peer: transport.PeerWatch | None = None  # whether the daemon's address still listens
-
-
-def query_status(address: str, timeout_s: float = 5.0, curve: CurveClient | None = None) -> dict[str, Any]:
-    """The daemon's ``status()`` dict; ``ServiceUnavailableError`` when it does not answer.
-
-    ``curve``: this peer's keys for a daemon with CURVE on (default: from the environment).
-    """
-    channel = transport.dealer(address, curve=curve)
-    try:
-        answer = _request(channel, P.encode(P.Status()), (P.Status,), timeout_s, address)
-    finally:
-        channel.close()
-    if not isinstance(answer, P.Status):
-        hint = no_answer_hint(True if curve is not None else None)
-        raise ServiceUnavailableError(f"no loader daemon answered at {address} within {timeout_s:g}s{hint}")
-    return dict(answer.status or {})
-
-
-def _request(
-    channel: Channel, frames: list[Any], answers: tuple[type[P.Message], ...], timeout_s: float, address: str
-) -> P.Message | None:
-    """Send ``frames`` and wait for a message of one of the ``answers`` types (others are skipped);
-    the message, or None when none came within ``timeout_s``."""
-    channel.send(frames, timeout_s=timeout_s)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        got = channel.recv(min(RECEIVER_POLL_S, left))
-        if got is not None:
-            try:
-                message, _ = P.decode(got)
-            except MalformedMessageError as exc:
-                raise ServiceUnavailableError(
-                    f"{address} answered with something that is not a loader daemon's message ({exc})"
-                ) from None
-            if isinstance(message, answers):
-                return message
 
 
 __all__ = ["Client", "EpochBatches", "EpochStalledError", "query_status"]

@@ -89,7 +89,7 @@ def test_a_client_of_a_config_that_reaches_nobody_says_where_the_address_came_fr
 
 def test_the_no_answer_hint_fits_a_peer_with_keys_and_one_without(monkeypatch):
     # A peer with keys was told to set the keys it had set; its refusal is in the daemon's log.
-    from loader.service.client.client import no_answer_hint
+    from loader.service.client.ask import no_answer_hint
 
     monkeypatch.delenv("LOADER_PEER_KEY", raising=False)
     assert "set LOADER_PEER_KEY and LOADER_DAEMON_PUBLIC_KEY" in no_answer_hint()
