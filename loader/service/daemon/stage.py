@@ -529,7 +529,21 @@ class Stage:
             return
         self._complete_file(stream, done.file, done.skipped + stream.rejected.pop(done.file, 0))
 
-    def _complete_file(self, stream: Stream, file_index: int, skipped: int) -> None:
+    def _complete_file(self, stream: Stream, file_index: int, skipped: int, doing: str = "completing") -> None:
+        """The file's rows move on (``skipped`` records counted); a fault here fails this stream, not the loop.
+
+        Its callers run outside any one message's guard (the daemon's housekeeping skips a lost worker's file)
+        or inside a guard that only drops the message (a FILE_DONE), which would leave the stream waiting for
+        a file that never completes."""
+        try:
+            self._finish_file(stream, file_index, skipped)
+        except Exception as exc:
+            log.exception("%s file index %d (epoch %d) failed; that epoch fails", doing, file_index, stream.epoch)
+            path = self._path(file_index)
+            message = f"{doing} {path} failed: {type(exc).__name__}: {exc}"
+            self.fail_stream(stream, WorkerError("LoaderError", message, file=path).to_dict())
+
+    def _finish_file(self, stream: Stream, file_index: int, skipped: int) -> None:
         state = stream.sequencer.files.get(file_index)
         if state is None or state.done or state.cut:
             return
@@ -566,13 +580,7 @@ class Stage:
                 stream.epoch,
                 _first_line(str(WorkerError.from_dict(error)), MAX_LOGGED_ERROR_CHARS),  # a peer wrote it
             )
-            try:
-                self._complete_file(stream, file_index, lost + stream.rejected.pop(file_index, 0))
-            except Exception as exc:  # this stream fails, not the loop: housekeeping (a lost worker) calls this
-                log.exception("skipping file index %d (epoch %d) failed; that epoch fails", file_index, stream.epoch)
-                path = self._path(file_index)
-                message = f"skipping the rest of {path} failed: {type(exc).__name__}: {exc}"
-                self.fail_stream(stream, WorkerError("LoaderError", message, file=path).to_dict())
+            self._complete_file(stream, file_index, lost + stream.rejected.pop(file_index, 0), "skipping the rest of")
             return
         # The clients get the error with its traceback; the operator reading the daemon's log gets one line, at
         # most one a second (a client asking for epochs that fail at once must not fill the disk with the log).

@@ -261,7 +261,7 @@ def test_a_fault_while_skipping_a_file_fails_that_epoch_not_the_daemon(monkeypat
     def broken(*args, **kwargs):
         raise RuntimeError("sequencer out of step")
 
-    monkeypatch.setattr(stage, "_complete_file", broken)
+    monkeypatch.setattr(stage, "_finish_file", broken)
     with caplog.at_level("ERROR", logger="loader.stage"):
         stage.fail_file(stream.stream_id, 1, {"type": "WorkerDiedError", "message": "died"})
     failed = [e for e in stage.events if isinstance(e, StreamFailed)]
@@ -269,4 +269,21 @@ def test_a_fault_while_skipping_a_file_fails_that_epoch_not_the_daemon(monkeypat
     error = failed[0].error
     assert error["file"] == "/data/b.npy"
     assert error["message"] == "skipping the rest of /data/b.npy failed: RuntimeError: sequencer out of step"
-    assert any("skipping file index 1 (epoch 0) failed" in r.getMessage() for r in caplog.records)
+    assert any("skipping the rest of file index 1 (epoch 0) failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_fault_while_completing_a_file_fails_that_epoch_at_once(monkeypatch):
+    # A FILE_DONE's handler is guarded per message, but dropping the message would leave the stream waiting
+    # for a file that never completes (until the stall timeout): the epoch fails now, naming the file.
+    stage = _stage(Recorder())
+    _, stream = _open(stage, [0, 1])
+    stage.on_chunk(*_chunk(stream, 0, 0, np.zeros((8, 2), np.float32)))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("sequencer out of step")
+
+    monkeypatch.setattr(stage, "_finish_file", broken)
+    stage.on_done(_done(stream, 0, 8))
+    failed = [e for e in stage.events if isinstance(e, StreamFailed)]
+    assert stream.failed and len(failed) == 1
+    assert failed[0].error["message"] == "completing /data/a.npy failed: RuntimeError: sequencer out of step"
