@@ -28,8 +28,9 @@ pytestmark = pytest.mark.integration
 FILES = [300, 250, 400, 120, 350, 200]
 HOSTILE = {
     "service": {"max_workers": 4, "max_clients": 6, "max_message_mib": 1},
-    # Fake workers that hold leases and send nothing are replaced after this long.
-    "workers": {"progress_timeout_s": 3.0},
+    # Fake workers that hold leases and send nothing are replaced after this long. A fake heartbeats once
+    # before it forges: the heartbeat timeout leaves a loaded machine time to read its chunks as its own.
+    "workers": {"progress_timeout_s": 3.0, "heartbeat_timeout_s": 6.0},
 }
 
 
@@ -407,13 +408,18 @@ class FakeWorker:
         """Ask before the epoch starts: the daemon leases to every waiting worker in turn."""
         self.peer.send(P.encode(P.LeaseRequest()))
 
+    def heartbeat(self) -> None:
+        """Say it is alive: the daemon drops a worker silent for ``heartbeat_timeout_s``, and then counts its
+        chunks as a lost worker's stale data, not as refused ones."""
+        self.peer.send(P.encode(P.Heartbeat()))
+
     def lease(self) -> P.Lease:
         for _ in range(100):
             got = self.peer.recv(0.2)
             message = P.decode(got)[0] if got is not None else None
             if isinstance(message, P.Lease):
                 return message
-            self.peer.send(P.encode(P.Heartbeat()))
+            self.heartbeat()
         raise AssertionError("no lease came")
 
     def close(self) -> None:
@@ -434,6 +440,7 @@ def _forged_chunks_are_refused(hostile: Any, forge: Callable[[FakeWorker, P.Leas
             first = [next(batches)]
             lease = fake.lease()
             tag = {"stream": lease.stream, "file": lease.file, "lease": lease.lease, "worker": fake.welcome.worker}
+            fake.heartbeat()  # next(batches) may have taken longer than heartbeat_timeout_s on a loaded machine
             sent = forge(fake, lease, tag)
             assert wait_until(lambda: rejected(daemon) >= before + sent, timeout_s=10)
             # The fake now sends nothing: after progress_timeout_s its lease goes to a real worker.

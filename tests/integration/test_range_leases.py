@@ -150,7 +150,15 @@ def test_chunks_of_records_past_a_piece_are_refused(tmp_path: Any) -> None:
     # The daemon knows a piece's record count: a worker that sends records past it (file rows of the next
     # piece pass the file's own checks) would give those records twice, or start a re-lease past the piece.
     ids = write_id_files(tmp_path, 1, 300)
-    cfg = config(tmp_path, workers=1, shuffle=0)
+    # The fake heartbeats once before it sends; then it is silent and its lease goes to the real worker after
+    # progress_timeout_s. A loaded CI took over 2 s between the two (the fake's chunks then counted as a lost
+    # worker's stale data, not as refused), hence the longer heartbeat timeout.
+    cfg = make_config(
+        tmp_path,
+        source={"files": [str(tmp_path / "*.npy")], "records_per_lease": PIECE},
+        pipeline={"batch_size": 8, "shuffle_buffer": 0, "seed": 5},
+        workers={"count": 1, "samples_per_message": 16, "heartbeat_timeout_s": 6.0, "progress_timeout_s": 3.0},
+    )
     with running_daemon(cfg) as daemon:
         assert wait_until(lambda: connected_workers(daemon.endpoint) >= 1, timeout_s=30)
         fake = FakeWorker(daemon.endpoint)
@@ -165,6 +173,7 @@ def test_chunks_of_records_past_a_piece_are_refused(tmp_path: Any) -> None:
                 first, count = lease.piece
                 tag = {"stream": lease.stream, "file": lease.file, "lease": lease.lease, "worker": fake.welcome.worker}
                 spec = {"data": {0: ["<i8", []]}}  # the id files hold int64 scalars
+                fake.heartbeat()
                 for record in range(count + 3):  # the piece's records, then 3 of the next piece's as file rows
                     chunk = P.Chunk(**tag, token=lease.token, record=record, count=1, refs=spec)
                     fake.data.send(P.encode(chunk, {"data": np.array([[-2, first + record, 0]], dtype=np.int64)}))
