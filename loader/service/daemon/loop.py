@@ -65,6 +65,9 @@ MAX_CONTROL_MESSAGE_BYTES = 1024 * 1024
 # Largest header (frame 0) of a data message: a chunk's fields and column descriptions take a few KiB. A header
 # is unpacked before anything else is checked, and 64 MiB of small msgpack integers cost 0.6 GiB to unpack.
 MAX_DATA_HEAD_BYTES = 1024 * 1024
+# Who a refused data message is logged as when its sender is unproven (no lease token it holds): the data endpoint
+# cannot tell senders apart, so the worker name in such a message is a claim, not a peer to rate-limit by.
+FORGED_DATA_PEER = "the data endpoint (a sender holding no lease)"
 
 
 def _source(config: Any, key: str) -> str:
@@ -452,7 +455,13 @@ class Daemon:
             if self.coordinator.was_owned(message.worker, message.lease, message.token):
                 self.late_data += 1  # its lease ended meanwhile (cancelled, re-leased, finished): routine
                 return
-            self.rejects.reject(who, f"lease {message.lease} (stream {message.stream}, file {message.file}) is not its")
+            # Logged under the endpoint, not the name: an unproven name is the sender's to choose, and a fresh
+            # one per message got a log line each.
+            self.rejects.reject(
+                FORGED_DATA_PEER,
+                f"{who} claims lease {message.lease} (stream {message.stream}, file {message.file}), "
+                "which that worker does not hold",
+            )
             return
         try:
             columns = P.decode_columns(message, head, frames)

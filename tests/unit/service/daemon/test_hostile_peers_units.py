@@ -194,3 +194,30 @@ def test_a_handler_that_raises_on_a_peers_message_is_counted_and_the_daemon_goes
         daemon._on_data(P.encode(done))
         assert daemon.status()["rejected_messages"] == 2
         daemon.step(0.0)  # still serving
+
+
+def test_forged_data_under_many_claimed_worker_names_is_logged_once_a_minute_not_once_per_name(
+    tmp_path, caplog, monkeypatch
+):
+    """The data endpoint cannot tell senders apart: a worker name in a message whose lease it does not hold is
+    the sender's claim, not who it is. Each new name got a log line of its own, so one PUSH socket sending
+    forgeries under a fresh name each wrote a WARNING per message (2,000 messages, 2,000 lines)."""
+    from loader.config import LoaderConfig
+    from loader.service.daemon.loop import Daemon
+
+    np.save(tmp_path / "f.npy", np.arange(3))
+    config = LoaderConfig.from_dict(
+        {"source": {"files": [str(tmp_path / "*.npy")]}, "service": {"bind": "tcp://127.0.0.1:*"}}
+    )
+    clock = [1000.0]
+    with Daemon(config, start_workers=False) as daemon, caplog.at_level(logging.WARNING, logger="loader.daemon"):
+        monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+        for i in range(200):
+            forged = P.FileDone(stream=1, file=0, lease=1, worker=f"w{i}\n", token="t" * 32, sent=0)
+            daemon._on_data(P.encode(forged))
+        clock[0] += LOG_EVERY_S + 1
+        daemon._on_data(P.encode(P.FileDone(stream=1, file=0, lease=1, worker="w0", sent=0)))
+        assert daemon.status()["rejected_messages"] == 201
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dropping a message")]
+    assert len(lines) == 2, lines[:5]
+    assert "worker 'w0" in lines[0] and lines[0].isprintable(), lines[0]  # the claim is still shown, as a claim
