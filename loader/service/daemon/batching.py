@@ -23,6 +23,7 @@ DistributedSampler pads: every rank receives the same number of batches.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -126,6 +127,16 @@ class WindowShuffle:
             del self.anchors[key]
 
 
+class CutStep(NamedTuple):
+    """One global step's block per rank, and where its rows lie: rows ``[start, start + world_size x
+    batch_size)`` of ``source`` when they were cut from one block (rank r's are views of rows ``start + r x
+    batch_size`` on), else ``source`` is None (the step joins two blocks, or is the last one)."""
+
+    slices: list[Block]
+    source: Block | None
+    start: int
+
+
 class StepCutter:
     """Cuts output rows into global steps: one block per rank; see the module docstring."""
 
@@ -155,13 +166,28 @@ class StepCutter:
     def step_rows(self) -> int:
         return self.world_size * self.batch_size
 
-    def pop(self) -> list[Block] | None:
-        """One full step (a block per rank), or None when fewer rows are held."""
+    def pop(self) -> CutStep | None:
+        """One full step (a block per rank, and where it lies), or None when fewer rows are held."""
         if self.rows < self.step_rows:
             return None
-        b = self.batch_size
-        step = self._cut(self.step_rows)
-        return [rows_slice(step, r * b, (r + 1) * b) for r in range(self.world_size)]
+        b, n = self.batch_size, self.step_rows
+        head, start = self._pieces[0], self._offset
+        left = block_rows(head) - start
+        if left >= n:  # the common case, cut from one block: a view of it (one per step, so kept short)
+            step = rows_slice(head, start, start + n)
+            if left == n:
+                self._pieces.pop(0)
+                self._offset = 0
+            else:
+                self._offset += n
+            self.rows -= n
+            source: Block | None = head
+        else:
+            step, source = self._cut(n), None
+        slices = (
+            [step] if self.world_size == 1 else [rows_slice(step, r * b, (r + 1) * b) for r in range(self.world_size)]
+        )
+        return CutStep(slices, source, start)
 
     def flush(self) -> tuple[list[Block] | None, list[Block]]:
         """(the last, incomplete step split over the ranks or None, the rows dropped by ``drop_last``)."""
@@ -221,4 +247,4 @@ def split_tail(tail: Block, rows: int, world_size: int) -> list[Block]:
     return out
 
 
-__all__ = ["StepCutter", "WINDOW_ROUNDS", "WindowShuffle", "split_tail", "tail_sizes"]
+__all__ = ["CutStep", "StepCutter", "WINDOW_ROUNDS", "WindowShuffle", "split_tail", "tail_sizes"]

@@ -37,7 +37,7 @@ import numpy as np
 from loader.config.sections import MAX_PREFETCH
 from loader.errors import WorkerError
 from loader.service import protocol as P
-from loader.service.blocks import Block, block_nbytes, block_rows, concat, row_nbytes_estimate
+from loader.service.blocks import Block, block_nbytes, block_rows, concat, row_nbytes_estimate, rows_slice
 from loader.service.daemon import fit
 from loader.service.daemon.batching import StepCutter, WindowShuffle
 from loader.service.daemon.sequencer import Sequencer, Tagged
@@ -74,6 +74,9 @@ DEFAULT_STREAM_BUFFER_BYTES = 4096 * 1024 * 1024  # service.stream_buffer_mib
 ROW_BYTES_MIN_ROWS = 256
 # A message that packs several batches for a client (``Epoch.pack``) holds at most this many bytes.
 PACK_BYTES = 1024 * 1024
+# A packed group that is one run of adjacent batches (views of one worker's chunk) this large ends where the
+# next batch lies elsewhere, so that it goes as a view: joined with the next chunk's, all of it is copied.
+PACK_RUN_BYTES = 256 * 1024
 # A worker's error, logged under on_error = "skip": its first line, at most this long (the traceback stays out).
 MAX_LOGGED_ERROR_CHARS = 500
 
@@ -417,15 +420,17 @@ class Stage:
         self._cut_steps(stream)
 
     def _cut_steps(self, stream: Stream) -> None:
-        while (slices := stream.cutter.pop()) is not None:
-            self._push_step(stream, slices, stream.cutter.step_rows)
+        while (cut := stream.cutter.pop()) is not None:
+            self._push_step(stream, cut.slices, stream.cutter.step_rows, cut.source, cut.start)
 
-    def _push_step(self, stream: Stream, slices: list[Block], rows: int) -> None:
+    def _push_step(
+        self, stream: Stream, slices: list[Block], rows: int, source: Block | None = None, start: int = 0
+    ) -> None:
         position = stream.position + stream.steps_cut * stream.cutter.step_rows + rows
         window = position // stream.shuffle.window_rows
         where = stream.shuffle.anchors.get(window)
         anchor = (window, *where) if where is not None else None
-        step = Step(stream.steps_cut, list(slices), position, anchor)
+        step = Step(stream.steps_cut, list(slices), position, anchor, source, start)
         stream.steps_cut += 1
         stream.steps.append(step)
         for rank in range(stream.world_size):
@@ -436,7 +441,8 @@ class Stage:
                     self._free(stream, [piece])
             elif piece is not None:
                 stream.step_rows += block_rows(piece)
-        self._trim(stream)
+        if stream.released:  # a step no rank will take goes at once; the others go as they are sent (pump)
+            self._trim(stream)
 
     def _end_input(self, stream: Stream) -> None:
         """Every file is in: empty the shuffle, cut the last step."""
@@ -621,10 +627,10 @@ class Stage:
             return
         rank = session.rank
         while session.credits > 0 and stream.members.get(rank) is session:  # a failed send drops the client
-            group = self._take_steps(session, stream)
+            group, joined = self._take_steps(session, stream)
             if not group:
                 break
-            self._send_batch(session, stream, group)
+            self._send_batch(session, stream, group, joined)
         self._trim(stream)
         if stream.members.get(rank) is not session:
             return  # sending found the client gone (it left the epoch early): it was dropped meanwhile
@@ -635,15 +641,19 @@ class Stage:
         else:
             stream.starved_since = None
 
-    def _take_steps(self, session: Session, stream: Stream) -> list[tuple[Step, Block]]:
+    def _take_steps(self, session: Session, stream: Stream) -> tuple[list[tuple[Step, Block]], Block | None]:
         """The rank's pieces of the next steps that are cut, as many as one message carries: one, or for a
-        client that takes packed messages (``Epoch.pack``) consecutive small batches up to ``PACK_BYTES``.
+        client that takes packed messages (``Epoch.pack``) consecutive small batches up to ``PACK_BYTES``;
+        and, when they are adjacent rows of one block, that block's view of all of them (else None).
 
         Per-message work (encode, send, the client's decode and credit) then stays constant while batches
-        get smaller. Batches with reference or ragged (object) columns always travel one per message."""
+        get smaller. Batches with reference or ragged (object) columns always travel one per message. A
+        group that is a run of several adjacent batches of ``PACK_RUN_BYTES`` or more ends before a batch that
+        lies elsewhere (the start of the next block): sent as it is, it is a view; joined with more, copied."""
         rank = session.rank
         group: list[tuple[Step, Block]] = []
         nbytes: int | None = 0  # of the group so far; None once it holds a batch that travels alone
+        run: tuple[Block, int, int] | None = None  # (source, first row, rows) while the group is one run
         while True:
             step = self._step_for(stream, rank)
             if step is None:
@@ -655,12 +665,24 @@ class Stage:
                     nbytes is None or size is None or len(group) >= session.pack or nbytes + size > PACK_BYTES
                 ):
                     break
+                rows = block_rows(piece)
+                start = step.start + rank * stream.cutter.batch_size
+                if not group:
+                    run = (step.source, start, rows) if step.source is not None else None
+                elif run is not None:
+                    if step.source is run[0] and start == run[1] + run[2]:
+                        run = (run[0], run[1], run[2] + rows)
+                    elif len(group) > 1 and nbytes is not None and nbytes >= PACK_RUN_BYTES:
+                        break  # (a rank of several never has adjacent batches: its groups are copied as before)
+                    else:
+                        run = None
                 nbytes = None if size is None or nbytes is None else nbytes + size
-                stream.step_rows -= block_rows(piece)
+                stream.step_rows -= rows
                 group.append((step, piece))
             step.slices[rank] = None
             stream.cursors[rank] = step.index + 1
-        return group
+        joined = rows_slice(run[0], run[1], run[1] + run[2]) if run is not None and len(group) > 1 else None
+        return group, joined
 
     def _send_end(self, session: Session, stream: Stream) -> None:
         rank = session.rank
@@ -705,9 +727,12 @@ class Stage:
             )
         self.fail_stream(stream, WorkerError("EpochStalledError", message).to_dict())
 
-    def _send_batch(self, session: Session, stream: Stream, group: list[tuple[Step, Block]]) -> None:
-        """One BATCH message with the batches of ``group`` (one credit, however many batches it holds)."""
-        batch = concat([piece for _, piece in group])
+    def _send_batch(
+        self, session: Session, stream: Stream, group: list[tuple[Step, Block]], joined: Block | None = None
+    ) -> None:
+        """One BATCH message with the batches of ``group`` (one credit, however many batches it holds);
+        ``joined``: their rows as one view, when they lie one after the other in one block."""
+        batch = joined if joined is not None else concat([piece for _, piece in group])
         n = block_rows(batch)
         gen = stream.gens[session.rank]
         step = group[-1][0]

@@ -50,6 +50,10 @@ class Step:
     slices: list[Block | None]
     position: int
     anchor: Anchor | None
+    # Where the step's rows lie when they were cut from one block (``batching.CutStep``): rank r's slice is
+    # rows ``start + r x batch_size`` on of ``source``. The stage sends a run of adjacent slices as one view.
+    source: Block | None = None
+    start: int = 0
 
 
 @dataclass

@@ -79,8 +79,31 @@ def test_shuffle_buffer_is_bounded():
 def _steps(cutter):
     steps = []
     while (step := cutter.pop()) is not None:
-        steps.append([b["x"].tolist() for b in step])
+        steps.append([b["x"].tolist() for b in step.slices])
     return steps
+
+
+def test_cutter_says_where_a_step_cut_from_one_block_lies():
+    cutter = StepCutter(world_size=2, batch_size=3, drop_last=False)
+    blocks = _blocks(20, 8)  # rows 0-7, 8-15, 16-19
+    cutter.extend(blocks)
+    cuts = []
+    while (cut := cutter.pop()) is not None:
+        cuts.append(cut)
+    # Steps of 6 rows: 0-5 and 6-11 (the second joins two blocks), 12-17 (joins), then none whole.
+    assert [c.source is not None for c in cuts] == [True, False, False]
+    first = cuts[0]
+    assert first.source is blocks[0] and first.start == 0
+    for rank, piece in enumerate(first.slices):
+        lies = first.source["x"][first.start + rank * 3 : first.start + (rank + 1) * 3]
+        assert piece["x"].tolist() == lies.tolist()
+        assert np.shares_memory(piece["x"], first.source["x"])  # a view, not a copy
+    cutter = StepCutter(world_size=1, batch_size=2, drop_last=False)
+    cutter.extend(_blocks(8, 8))
+    starts = []
+    while (cut := cutter.pop()) is not None:
+        starts.append(cut.start)
+    assert starts == [0, 2, 4, 6]
 
 
 def test_cutter_cuts_global_steps_across_blocks():

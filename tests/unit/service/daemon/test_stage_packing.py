@@ -90,3 +90,35 @@ def test_ragged_batches_travel_one_per_message():
         values[i] = np.arange(i % 3 + 1)
     packed, _ = _run(pack=8, values=values, rows=20)
     assert len(packed) == 5 and all(m.parts is None for m, _ in packed)
+
+
+class FrameRecorder(Recorder):
+    def __call__(self, peer, frames):
+        self.frames = [*getattr(self, "frames", []), list(frames)]
+        return super().__call__(peer, frames)
+
+
+def test_a_run_of_batches_from_one_chunk_goes_as_a_view_and_ends_at_the_chunk(monkeypatch):
+    # Chunks of 16 rows hold 4 batches of 4. A message of up to 8 batches took the next chunk's batches too and
+    # copied all of them; a run of adjacent batches this large now ends at its chunk and is sent as a view of it.
+    monkeypatch.setattr(stage_module, "PACK_RUN_BYTES", 2 * 4 * 8)  # two batches of four int64 rows
+    rows = 64
+    x = np.arange(rows)
+    rec = FrameRecorder()
+    stage = Stage(batch_size=4, drop_last=False, shuffle_buffer=0, seed=3, samples_per_message=64, send=rec)
+    session = stage.open_session(b"peer", 0, 1, prefetch=4)
+    stream = stage.new_stream(settings=stage.settings, epoch=0, world_size=1, order=[0], job="job", prefetch=4)
+    stage.on_epoch_request(session, False, 8)
+    stage.attach(session, stream, gen=1, credits=100)
+    chunks = [x[first : first + 16].copy() for first in range(0, rows, 16)]
+    for first, values in zip(range(0, rows, 16), chunks):
+        chunk = P.Chunk(stream=stream.stream_id, file=0, lease=1, worker="w", record=first, count=16)
+        stage.on_chunk(chunk, {"x": values})
+    stage.on_done(P.FileDone(stream=stream.stream_id, file=0, lease=1, worker="w", sent=rows))
+    stage.pump(session)
+    sent = [(m, c, f) for (m, c), f in zip(rec.messages, rec.frames) if isinstance(m, P.Batch)]
+    assert [len(m.parts or [0]) for m, _, _ in sent] == [4, 4, 4, 4]
+    assert [c["x"].tolist() for _, c, _ in sent] == [values.tolist() for values in chunks]
+    for (_, _, frames), values in zip(sent, chunks):
+        assert any(isinstance(f, np.ndarray) and np.shares_memory(f, values) for f in frames), "copied"
+    assert _batches([(m, c) for m, c, _ in sent]) == _batches(_run(pack=1, rows=rows)[0])
