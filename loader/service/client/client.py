@@ -49,6 +49,7 @@ from loader.errors import (
     ClosedError,
     ConfigError,
     LoaderError,
+    MalformedMessageError,
     ProtocolVersionError,
     ServiceUnavailableError,
     TransportError,
@@ -482,7 +483,7 @@ class Client(NotADataset):
             except queue.Empty:
                 return
             _, place, gen = command
-            state.gen = gen
+            state.gen, state.over = gen, False
             state.credited = self._messages_taken
             state.allowed, state.received = self.epoch_prefetch(), 0
             request = P.Epoch(
@@ -527,10 +528,9 @@ class Client(NotADataset):
             if frames is None:
                 return
             state.last_heard = time.monotonic()
-            message, columns = P.decode(frames)
-            gen = getattr(message, "gen", None)
-            if gen is not None and gen != state.gen:
-                continue  # of an epoch the consumer abandoned: never read (the daemon frees its rows)
+            message, columns = self._decode(frames)
+            if _of_no_open_request(message, state):
+                continue  # the consumer would skip it: queued, a daemon sending such in a loop filled memory
             if isinstance(message, P.Batch):
                 state.received += 1
                 if state.received > state.allowed:  # what this client has room for is what it gave credit for
@@ -544,7 +544,8 @@ class Client(NotADataset):
                     except FileRowsError as exc:
                         # A data file changed under its rows: that epoch fails, as with a worker's error, and
                         # the client stays usable (the rest of the epoch's batches are of an abandoned request).
-                        self._out.put(("error", gen, exc))
+                        state.over = True
+                        self._out.put(("error", message.gen, exc))
                         continue
                 self._largest_message = max(self._largest_message, block_nbytes(columns))
                 parts = self._parts(message)
@@ -557,18 +558,27 @@ class Client(NotADataset):
                     )
                     start += count
                     batch = to_batch(rows, message.sample_kind, self.batch_format)
-                    self._out.put(("batch", gen, (self._placer.stage(batch), place, i == len(parts) - 1)))
+                    self._out.put(("batch", message.gen, (self._placer.stage(batch), place, i == len(parts) - 1)))
             elif isinstance(message, P.End):
+                state.over = True
                 self._out.put(("end", message.gen, message))
             elif isinstance(message, P.Error):
                 if message.unknown_session:
                     raise ServiceUnavailableError(f"the loader daemon at {self.address} no longer knows this client")
+                state.over = True
                 info = message.error or {"type": "LoaderError", "message": message.message}
                 self._out.put(("error", message.gen, WorkerError.from_dict(info)))
             elif isinstance(message, P.Bye):
                 raise ServiceUnavailableError(
                     f"the loader daemon at {self.address} ended this client ({message.reason})"
                 )
+
+    def _decode(self, frames: list[Any]) -> tuple[P.Message, dict[str, np.ndarray]]:
+        """The daemon's message; one line naming the daemon when it does not decode."""
+        try:
+            return P.decode(frames)
+        except MalformedMessageError as exc:
+            raise TransportError(f"the loader daemon at {self.address} sent a malformed message: {exc}") from None
 
     def _parts(self, message: P.Batch) -> list[tuple[int, Place | None]]:
         """(rows, place after it) of each batch a BATCH message holds: one, or its ``parts``."""
@@ -600,14 +610,27 @@ class Client(NotADataset):
 
         for name, specs in described.items():
             refs = columns.get(name)
-            if refs is None or refs.ndim != 2 or refs.shape[1] != 3:
+            # Integers, as the daemon asks of a worker: numpy took floats as references, and raised its own
+            # OverflowError or TypeError for others, out of the receiver thread.
+            if refs is None or refs.ndim != 2 or refs.shape[1] != 3 or refs.dtype.kind not in "iu":
                 raise TransportError(f"reference column {name!r} from {self.address} is missing or malformed")
+            refs = refs.astype(np.int64, copy=False)
             try:
                 columns[name] = R.gather(refs, R.parse_specs(specs), source, free=False, empty=self._buffers.empty)
             except FileRowsError:
                 raise  # a data file changed under its rows: that epoch fails, the client stays usable
             except ArenaError as exc:
                 raise TransportError(f"the loader daemon at {self.address} sent a bad batch: {exc}") from None
+
+
+def _of_no_open_request(message: P.Message, state: _ReceiverState) -> bool:
+    """Whether ``message`` belongs to no request this client still reads: an abandoned epoch's (the daemon
+    frees its rows), one of no request at all, or one after the END or ERROR that ended the current one.
+    The consumer would skip each; ENDs and ERRORs take no credit, so only dropping them here bounds what is
+    queued."""
+    if not isinstance(message, (P.Batch, P.End, P.Error)) or (isinstance(message, P.Error) and message.unknown_session):
+        return False
+    return message.gen is None or message.gen != state.gen or state.over
 
 
 def _prefetch(prefetch: Any) -> int:
@@ -734,6 +757,7 @@ class _ReceiverState:
         self.credited = 0
         self.allowed = 0  # BATCH messages of request ``gen`` the daemon may send: its credit so far
         self.received = 0  # ... and those it sent
+        self.over = False  # the END or ERROR of request ``gen`` arrived: nothing more of it is taken
         self.peer: transport.PeerWatch | None = None  # whether the daemon's address still listens
 
 

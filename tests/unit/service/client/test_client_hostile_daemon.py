@@ -1,0 +1,103 @@
+"""A client against a daemon that sends what no daemon should: each ends the client with one line naming the
+daemon's address, or is dropped, and never grows what the client holds (docs/security.md, "A client against
+its daemon")."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+
+from loader.errors import TransportError
+from loader.service import protocol as P
+from loader.service.client.client import Client
+from loader.service.shm import refs as R
+from loader.service.shm.pool import ArenaPool
+from loader.service.transport import FakeChannel
+from tests.helpers import wait_until
+
+Serve = Callable[[Any, P.Epoch], None]
+
+
+def _client(serve: Serve) -> Client:
+    """A client whose daemon answers hello and then, at the first EPOCH, does ``serve(channel, epoch)``."""
+    near, far = FakeChannel.pair()
+
+    def daemon() -> None:
+        while True:
+            frames = far.recv(5.0)
+            if frames is None:
+                return
+            message, _ = P.decode(frames)
+            if isinstance(message, P.ClientHello):
+                welcome = P.ClientWelcome(session=1, batch_size=1, batch_format="stacked", files=1, ping_s=0.5)
+                far.send(P.encode(welcome))
+            elif isinstance(message, P.Epoch):
+                serve(far, message)
+                return
+
+    threading.Thread(target=daemon, daemon=True).start()
+    return Client("fake://daemon", channel=near, prefetch=2, timeout_s=5.0)
+
+
+@pytest.mark.parametrize("frames", [[b"\x93not msgpack"], [msgpack.packb({"k": "nonsense"})]])
+def test_a_message_that_does_not_decode_ends_the_client_naming_the_daemon(frames):
+    with _client(lambda far, epoch: far.send(frames)) as client:
+        with pytest.raises(TransportError, match=r"^the loader daemon at fake://daemon sent a malformed message: "):
+            list(client.epoch())
+
+
+def test_ends_and_errors_beyond_the_one_that_ends_a_request_are_not_queued():
+    """What a client queues is bounded by its prefetch whatever a daemon sends: an END or ERROR takes no credit,
+    and a daemon sending them in a loop filled the consumer's queue (100,000 items while it trained)."""
+
+    def flood(far: Any, epoch: P.Epoch) -> None:
+        far.send(P.encode(P.Batch(gen=epoch.gen, epoch=0, count=1), {"x": np.zeros(1)}))
+        for _ in range(2000):
+            far.send(P.encode(P.End(gen=epoch.gen, epoch=0)))
+            far.send(P.encode(P.Error(gen=epoch.gen, message="again")))
+            far.send(P.encode(P.Error(message="a refusal of no request")))
+        far.send(P.encode(P.Pong()))  # the last message: once it is read, every one before it was
+
+    with _client(flood) as client:
+        batches = client.epoch()
+        next(batches)
+        assert wait_until(lambda: client._out.qsize() >= 1 and not client._channel._inbox.qsize(), timeout_s=10)
+        time.sleep(0.3)  # the receiver's last round
+        assert client._out.qsize() <= 2, client._out.qsize()
+        assert list(batches) == []  # the first END ended the epoch
+
+
+def _receiver(pool: ArenaPool) -> Any:
+    """The receiver's side of a client that maps the daemon's arenas (its ArenaCache gives arenas by id)."""
+    empty = lambda n: np.empty(n, np.uint8)  # noqa: E731
+    return SimpleNamespace(address="tcp://daemon:1", _arenas=pool, _buffers=SimpleNamespace(empty=empty))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128, object, bool])
+def test_a_reference_column_that_is_not_integers_ends_the_client_naming_the_daemon(tmp_path, dtype):
+    # The daemon refuses such a column from a worker; a client took floats as references, and a complex column
+    # raised numpy's own TypeError out of its receiver thread.
+    with ArenaPool(4 << 20, directory=str(tmp_path)) as pool:
+        values = np.ones((2, 100_000), np.float32)
+        refs = R.write_column(pool.create(), values)
+        described = {"x": {0: [values.dtype.str, [100_000]]}}
+        with pytest.raises(TransportError, match=r"reference column 'x' from tcp://daemon:1 is missing or malformed"):
+            Client._gather(_receiver(pool), described, {"x": refs.astype(dtype)}, {})  # type: ignore[arg-type]
+
+
+def test_a_reference_column_of_narrow_integers_is_read_as_references(tmp_path):
+    # Integers of any width name the same rows (the daemon takes them from a worker so): an int8 column raised
+    # numpy's OverflowError while its block offsets were computed in int8.
+    with ArenaPool(4 << 20, directory=str(tmp_path)) as pool:
+        values = np.arange(2 * 100_000, dtype=np.float32).reshape(2, 100_000)
+        refs = R.write_column(pool.create(), values)
+        columns = {"x": refs.astype(np.int8)}
+        Client._gather(_receiver(pool), {"x": {0: [values.dtype.str, [100_000]]}}, columns, {})  # type: ignore[arg-type]
+        assert np.array_equal(columns["x"], values)
