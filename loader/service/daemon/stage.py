@@ -37,7 +37,7 @@ import numpy as np
 from loader.config.sections import MAX_PREFETCH
 from loader.errors import WorkerError
 from loader.service import protocol as P
-from loader.service.blocks import Block, block_nbytes, block_rows, concat, row_nbytes_estimate, rows_slice
+from loader.service.blocks import Block, block_rows, concat, row_nbytes_estimate, rows_slice
 from loader.service.daemon import fit
 from loader.service.daemon.batching import StepCutter, WindowShuffle
 from loader.service.daemon.sequencer import Sequencer, Tagged
@@ -816,9 +816,12 @@ class Stage:
 def _packable_nbytes(piece: Block) -> int | None:
     """Bytes of a batch that may share a message with others; None for ragged (object) columns, whose
     size the array does not tell."""
-    if any(values.dtype.hasobject for values in piece.values()):
-        return None
-    return block_nbytes(piece)
+    total = 0
+    for values in piece.values():  # a plain loop: this runs for every batch sent
+        if values.dtype.hasobject:
+            return None
+        total += values.nbytes
+    return total
 
 
 def frames_nbytes(frames: list[Any]) -> int:
