@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from loader.errors import ConfigError
 from loader.service.order import STATE_VERSION, differences
 from loader.service.protocol import MAX_PLACE
@@ -42,35 +44,59 @@ class Place:
 
 
 def place_of(state: Any, dataset: str, fingerprint: dict[str, Any] | None) -> Place:
-    """The place a state names, once it is known to be a state of this dataset under this config."""
+    """The place a state names, once it is known to be a state of this dataset under this config.
+
+    Every value is checked for its type before it is compared or shown: a state is whatever a checkpoint file
+    held, and an array in it made ``!=`` raise numpy's own error, and its repr many lines."""
     if not isinstance(state, dict):
         raise ConfigError(f"a loader state is a dict from state_dict(), got {type(state).__name__}")
     missing = [key for key in _KEYS if key not in state]
-    if missing or state.get("kind") != STATE_KIND:
+    if missing or not _text_is(state.get("kind"), STATE_KIND):
         raise ConfigError(
             f"not a loader state (truncated or of something else): missing {', '.join(missing) or 'kind'}"
         )
     version = state["version"]
     if not _count(version) or version > STATE_VERSION:
         raise ConfigError(
-            f"the state is of version {version!r}, this loader reads version {STATE_VERSION}: a newer one"
+            f"the state is of version {_brief(version)}, this loader reads version {STATE_VERSION}: a newer one"
         )
-    if state["dataset"] != dataset:
-        raise ConfigError(f"the state is of dataset {state['dataset']!r}, this client reads {dataset!r}")
+    if not _text_is(state["dataset"], dataset):
+        raise ConfigError(f"the state is of dataset {_brief(state['dataset'])}, this client reads {dataset!r}")
     anchor = state["anchor"]
     if not (_count(state["epoch"]) and _count(state["position"])):
         raise ConfigError(
-            f"the state's epoch and position must be integers in [0, 2**60): {state['epoch']!r}, {state['position']!r}"
+            "the state's epoch and position must be integers in [0, 2**60): "
+            f"{_brief(state['epoch'])}, {_brief(state['position'])}"
         )
     if not (isinstance(anchor, (list, tuple)) and len(anchor) == 3 and all(_count(v) for v in anchor)):
-        raise ConfigError(f"the state's anchor must be three integers in [0, 2**60), got {anchor!r}")
+        raise ConfigError(f"the state's anchor must be three integers in [0, 2**60), got {_brief(anchor)}")
     saved = state["fingerprint"]
-    if not isinstance(saved, dict):
-        raise ConfigError("the state's fingerprint is not a dict")
+    if not _settings(saved):
+        raise ConfigError(f"the state's fingerprint is not a dict of settings to plain values: {_brief(saved)}")
     changed = differences(saved, dict(fingerprint or {}))
     if changed:
         raise ConfigError(f"the state was taken under another config of dataset {dataset!r}: {'; '.join(changed)}")
     return Place(int(state["epoch"]), int(state["position"]), (int(anchor[0]), int(anchor[1]), int(anchor[2])))
+
+
+# What a fingerprint's settings hold (``order.fingerprint``): digests, counts, flags (numpy's scalars compare as
+# these do, should a checkpoint library have turned one into one).
+_PLAIN = (str, int, float, bool, type(None), np.generic)
+BRIEF_CHARS = 80  # of a bad value shown in an error
+
+
+def _settings(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, _PLAIN) for k, v in value.items())
+
+
+def _text_is(value: Any, text: str) -> bool:
+    return isinstance(value, str) and value == text
+
+
+def _brief(value: Any) -> str:
+    """``repr(value)`` on one line of at most ``BRIEF_CHARS`` characters (an array's repr has many)."""
+    shown = " ".join(repr(value).split())
+    return shown if len(shown) <= BRIEF_CHARS else shown[:BRIEF_CHARS] + "..."
 
 
 def _count(value: Any) -> bool:
