@@ -161,6 +161,13 @@ def provider(
     Extra keyword: ``max_open_files`` (default 8), how many files are read at once when
     shuffling. ``slots`` is the deprecated spelling of ``input_types``.
     """
+    if _is_bare_decoration(input_types):
+        # `@provider` without its parentheses: Python hands over the function itself, and the "decorated"
+        # result would be a plain function that has no reader().
+        raise TypeError(
+            f"@provider needs its arguments: write @provider(input_types=[...]) above "
+            f"{getattr(input_types, '__name__', input_types)!r}, not a bare @provider"
+        )
     if "slots" in kwargs:
         logger.warning("provider(slots=...) is deprecated, use input_types")
         slots = kwargs.pop("slots")
@@ -168,6 +175,15 @@ def provider(
     max_open_files = kwargs.pop("max_open_files", DEFAULT_MAX_OPEN_FILES)
     if kwargs:
         raise TypeError(f"provider() got unexpected keyword arguments {sorted(kwargs)}")
+    # Checked here, when the module defining the provider is imported, rather than at the first pass, where
+    # int() or a call would fail naming no option.
+    pool_size = _option_int("pool_size", pool_size)
+    min_pool_size = _option_int("min_pool_size", min_pool_size)
+    max_open_files = _option_int("max_open_files", max_open_files)
+    if calc_batch_size is not None and not callable(calc_batch_size):
+        raise TypeError(f"provider: calc_batch_size must be a function of a sample, or None, got {calc_batch_size!r}")
+    if init_hook is not None and not callable(init_hook):
+        raise TypeError(f"provider: init_hook must be a function, or None, got {init_hook!r}")
     options = {
         "input_types": input_types,
         # Normalised (and warned about) per instance, like the original constructor.
@@ -187,6 +203,19 @@ def provider(
         return DataProvider(process, options)
 
     return decorate
+
+
+def _is_bare_decoration(input_types: Any) -> bool:
+    """Whether ``provider`` was given the decorated function itself (``@provider`` without parentheses)."""
+    return callable(input_types) and not isinstance(input_types, (InputType, Mapping, Sequence))
+
+
+def _option_int(name: str, value: Any) -> int:
+    """An integer option of ``provider``, converted as the session converts it (``int()``)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"provider: {name} must be an integer, got {value!r}") from None
 
 
 def iter_file_samples(

@@ -97,3 +97,30 @@ def test_session_and_core_import_without_a_loop():
     assert "loader.provider.core" not in imported and "loader.provider.settings" in imported
     code = "import loader.provider.session, loader.provider.core, loader.provider.settings"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_provider_without_its_parentheses_is_refused_naming_the_function():
+    # `@provider` alone hands the function over as input_types; it used to return a plain function, so the
+    # first `process.reader(...)` failed with "'function' object has no attribute 'reader'".
+    def process(settings, filename):
+        yield [1.0]
+
+    with pytest.raises(TypeError, match=r"@provider needs its arguments.*process"):
+        provider(process)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "words"),
+    [
+        ("pool_size", "big", "pool_size must be an integer, got 'big'"),
+        ("min_pool_size", None, "min_pool_size must be an integer, got None"),
+        ("max_open_files", "x", "max_open_files must be an integer, got 'x'"),
+        ("calc_batch_size", 3, "calc_batch_size must be a function of a sample, or None, got 3"),
+        ("init_hook", "hook", "init_hook must be a function, or None, got 'hook'"),
+    ],
+)
+def test_a_provider_option_of_the_wrong_type_is_refused_when_decorating(option, value, words):
+    # These went through unchecked and failed at the first pass with "'int' object is not callable" or
+    # "invalid literal for int()", naming no option.
+    with pytest.raises(TypeError, match=f"provider: {words}"):
+        provider(input_types=[dense_vector(1)], **{option: value})
