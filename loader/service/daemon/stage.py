@@ -853,7 +853,9 @@ class _RateLimit:
 
 
 def _first_line(text: str, limit: int) -> str:
-    line = text.splitlines()[0] if text else ""
+    """The first line of ``text`` a peer wrote, at most ``limit`` characters, fit for the log (``P.printable``:
+    terminal escapes do not reach the operator's terminal)."""
+    line = P.printable(text.splitlines()[0] if text else "")
     return line if len(line) <= limit else line[:limit] + "..."
 
 

@@ -287,3 +287,16 @@ def test_a_fault_while_completing_a_file_fails_that_epoch_at_once(monkeypatch):
     failed = [e for e in stage.events if isinstance(e, StreamFailed)]
     assert stream.failed and len(failed) == 1
     assert failed[0].error["message"] == "completing /data/a.npy failed: RuntimeError: sequencer out of step"
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_lease_holders_error_text_reaches_the_log_as_one_printable_line(on_error, caplog):
+    # A FILE_ERROR's words are its sender's: its first line was logged as it came, terminal escapes and all.
+    stage = _stage(Recorder(), on_error=on_error)
+    _, stream = _open(stage, [0, 1])
+    error = {"type": "Forged\x1b[2J", "message": "title\x1b]0;pwned\x07 then\ra second line"}
+    with caplog.at_level("WARNING", logger="loader.stage"):
+        stage.on_file_error(P.FileError(stream=stream.stream_id, file=0, lease=1, worker="w", error=error))
+    lines = [r.getMessage() for r in caplog.records if "Forged" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].isprintable(), lines
+    assert "Forged?[2J: title?]0;pwned? then" in lines[0] and "second line" not in lines[0]
