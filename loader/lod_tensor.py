@@ -40,6 +40,14 @@ class LoDTensor:
     data: Any
     lengths: list[list[int]] = dataclasses.field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        # As fluid.create_lod_tensor asserted: lengths that do not cut the data's rows would give every
+        # sequence after the first wrong one the wrong rows, with no error anywhere. (set() and the
+        # set_* methods check nothing, as in fluid: data and LoD may be set one after the other.)
+        problem = self._lengths_problem()
+        if problem:
+            raise ValueError(f"LoDTensor: the sequence lengths {self.lengths} do not fit the data: {problem}")
+
     def recursive_sequence_lengths(self) -> list[list[int]]:
         return [list(level) for level in self.lengths]
 
@@ -77,13 +85,22 @@ class LoDTensor:
         return result
 
     def has_valid_recursive_sequence_lengths(self) -> bool:
+        return self._lengths_problem() is None
+
+    def _lengths_problem(self) -> str | None:
+        """What is wrong with ``lengths`` for ``data`` (each level one length per element of the level above,
+        none negative, the last summing to the data's rows), or None."""
         rows = len(self.data) if hasattr(self.data, "__len__") else None
         expected = len(self.lengths[0]) if self.lengths else None
-        for level in self.lengths:
-            if expected is not None and len(level) != expected or any(n < 0 for n in level):
-                return False
+        for depth, level in enumerate(self.lengths):
+            if any(n < 0 for n in level):
+                return f"level {depth} has a negative length"
+            if expected is not None and len(level) != expected:
+                return f"level {depth} has {len(level)} lengths, but level {depth - 1} sums to {expected}"
             expected = sum(level)
-        return rows is None or expected is None or expected == rows
+        if rows is not None and expected is not None and expected != rows:
+            return f"they sum to {expected} rows, but the data has {rows}"
+        return None
 
     @property
     def shape(self) -> Shape:

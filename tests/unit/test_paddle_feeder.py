@@ -254,6 +254,19 @@ def test_every_result_is_a_lod_tensor_read_the_fluid_way():
     assert s.shape() == [5, 1] and not s.has_valid_recursive_sequence_lengths()
 
 
+def test_a_lod_tensor_made_with_lengths_that_do_not_fit_its_rows_is_refused():
+    # fluid.create_lod_tensor, which paddle.md maps onto LoDTensor(flat, lengths), asserted the LoD valid;
+    # here lengths of 10 rows over 9 were taken, and each sequence cut from them was silently wrong.
+    assert LoDTensor(np.zeros((9, 1)), [[3, 2, 4]]).lod() == [[0, 3, 5, 9]]
+    assert LoDTensor(np.zeros((9, 1)), [[2, 1], [3, 2, 4]]).recursive_sequence_lengths() == [[2, 1], [3, 2, 4]]
+    with pytest.raises(ValueError, match=r"sum to 10 rows, but the data has 9"):
+        LoDTensor(np.zeros((9, 1)), [[3, 2, 5]])
+    with pytest.raises(ValueError, match=r"level 1 has 2 lengths, but level 0 sums to 3"):
+        LoDTensor(np.zeros((9, 1)), [[2, 1], [5, 4]])
+    with pytest.raises(ValueError, match=r"negative"):
+        LoDTensor(np.zeros((1, 1)), [[2, -1]])
+
+
 def test_numpy_array_of_a_result_is_a_copy_and_asarray_is_not():
     # numpy >= 2 hands copy=True to __array__ and trusts it: returning the data itself made
     # numpy.array(t) an alias, so the caller's changes wrote into the fed tensor.
