@@ -53,7 +53,7 @@ from here and from ``loader``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from loader.device import Placer, device_count, place_name
@@ -68,12 +68,29 @@ def resolve_field(entry: Any, program: Any) -> Field:
     return as_field(entry)
 
 
+def _check_feed_list(feed_list: Any) -> None:
+    """Refuse one entry given where a list of them is due: a Field is not iterable, and a name would be
+    iterated letter by letter."""
+    if isinstance(feed_list, (str, bytes)) or (hasattr(feed_list, "name") and hasattr(feed_list, "shape")):
+        name = getattr(feed_list, "name", feed_list)
+        entry = repr(name) if isinstance(feed_list, (str, bytes)) else name  # [image] for a Field, ['image'] for a name
+        raise TypeError(
+            f"DataFeeder: feed_list must be a list of Fields, variables or names, got a "
+            f"{type(feed_list).__name__} ({name!r}): write [{entry}]"
+        )
+    if not isinstance(feed_list, Iterable):
+        raise TypeError(
+            f"DataFeeder: feed_list must be a list of Fields, variables or names, got {type(feed_list).__name__}"
+        )
+
+
 class DataFeeder:
     """Converts mini-batches (lists of samples) into one ``LoDTensor`` (or array) per ``Field``."""
 
     def __init__(
         self, feed_list: Sequence[Any], place: Any = "cpu", program: Any = None, *, return_arrays: bool = False
     ) -> None:
+        _check_feed_list(feed_list)
         self.fields = [resolve_field(entry, program) for entry in feed_list]
         self.return_arrays = bool(return_arrays)
         if not self.fields:
@@ -102,18 +119,28 @@ class DataFeeder:
     def _feed_on(self, minibatch: Iterable[Sequence[Any]], placer: Placer) -> dict[str, Any]:
         samples = minibatch if isinstance(minibatch, (list, tuple)) else list(minibatch)
         count = len(self.fields)
+        # One sample handed over as the mini-batch has as many entries as the feeder has fields: say so, since
+        # the error about its "samples" (its fields) would not.
+        hint = "; feed takes a mini-batch, a list of samples: [sample] for one" if len(samples) == count else ""
         try:
             sizes = set(map(len, samples))
         except TypeError:
             bad = next(i for i, s in enumerate(samples) if not hasattr(s, "__len__"))
             raise ValueError(
-                f"sample {bad} is a {type(samples[bad]).__name__}, expected a list or tuple of {count} fields"
+                f"sample {bad} is a {type(samples[bad]).__name__}, expected a list or tuple of {count} fields{hint}"
             ) from None
         if sizes - {count}:
             bad = next(i for i, s in enumerate(samples) if len(s) != count)
             raise ValueError(
                 f"the number of fields in sample {bad} ({len(samples[bad])}) does not match "
-                f"the number of fields of the feeder ({count}: {self.feed_names})"
+                f"the number of fields of the feeder ({count}: {self.feed_names}){hint}"
+            )
+        mapping = next((i for i, s in enumerate(samples) if isinstance(s, Mapping)), None)
+        if mapping is not None:
+            # zip() would read a dict by its keys and feed those.
+            raise ValueError(
+                f"sample {mapping} is a {type(samples[mapping]).__name__}: give each sample as a tuple of its "
+                f"fields in feed_list order {self.feed_names}"
             )
         columns = list(zip(*samples)) if samples else [() for _ in self.fields]
         parts = zip(self.fields, self._converters, columns)

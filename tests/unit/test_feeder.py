@@ -53,6 +53,34 @@ def test_wrong_number_of_fields_names_both_counts():
         _mnist_feeder().feed([([0] * 784, [9]), ([0] * 784,)])
 
 
+def test_a_feed_list_that_is_not_a_list_is_refused_in_one_line():
+    # DataFeeder(field) failed with "'Field' object is not iterable"; DataFeeder("image") looked up the
+    # fields 'i', 'm', 'a', ... one letter each.
+    image = Field("image", [-1, 2])
+    with pytest.raises(TypeError, match=r"feed_list must be a list.*got a Field \('image'\).*\[image\]"):
+        DataFeeder(image)
+    with pytest.raises(TypeError, match=r"feed_list must be a list.*got a str \('image'\).*\['image'\]"):
+        DataFeeder("image")
+    assert DataFeeder((image,)).feed_names == ["image"]  # a tuple is a list here
+    assert DataFeeder(f for f in [image]).feed_names == ["image"]  # and so is any other iterable
+
+
+def test_a_dict_sample_is_refused_not_read_by_its_keys():
+    # A dict sample of the right length was fed its keys: "could not convert string to float: 'image'", or,
+    # for keys that convert, silently wrong data.
+    feeder = DataFeeder([Field("a", [-1, 1], "int64"), Field("b", [-1, 1], "int64")])
+    with pytest.raises(ValueError, match=r"sample 0 is a dict.*a tuple of its fields in feed_list order \['a', 'b'\]"):
+        feeder.feed([{1: 5, 2: 6}])
+
+
+def test_one_sample_given_as_the_mini_batch_says_feed_takes_a_list_of_samples():
+    feeder = _mnist_feeder()
+    with pytest.raises(ValueError, match=r"feed takes a mini-batch, a list of samples: \[sample\] for one"):
+        feeder.feed(([0] * 784, 9))
+    with pytest.raises(ValueError, match=r"feed takes a mini-batch, a list of samples: \[sample\] for one"):
+        feeder.feed((np.zeros(784), 9))
+
+
 def test_lod_level_1():
     out = DataFeeder([Field("words", [-1, 1], "int64", lod_level=1)]).feed([([1, 2, 3],), ([4, 5],), ([6, 7, 8, 9],)])
     tensor = out["words"]
