@@ -73,12 +73,28 @@ class DictSlots:
         return [str(key) for key in self.keys or ()]
 
 
+def _dtype(index: int, value: Any, dtypes: Sequence[Any]) -> np.dtype:
+    """``dtypes[index]`` as a numpy dtype; ``TypeError`` naming the entry when it is none."""
+    try:
+        return np.dtype(value)
+    except TypeError as exc:
+        hint = ""
+        if all(isinstance(d, int) and not isinstance(d, bool) for d in dtypes):
+            # Paddle's open_files / open_recordio_file took (shapes, lod_levels, dtypes): its positional calls
+            # land the lod_levels here.
+            hint = (
+                " (a list of ints looks like lod_levels: lod_levels come after dtypes here, unlike Paddle's "
+                "open_files; pass shapes, dtypes and lod_levels by keyword)"
+            )
+        raise TypeError(f"dtypes[{index}] = {value!r} is not a dtype: {exc}{hint}") from None
+
+
 class SlotChecker:
     """Checks (and normalises) instances against declared shapes, dtypes and LoD levels."""
 
     def __init__(self, shapes: ShapesArg = None, dtypes: DtypesArg = None, lod_levels: LodArg = None) -> None:
         self.shapes = None if shapes is None else [[int(d) for d in s] for s in shapes]
-        self.dtypes = None if dtypes is None else [np.dtype(d) for d in dtypes]
+        self.dtypes = None if dtypes is None else [_dtype(i, d, dtypes) for i, d in enumerate(dtypes)]
         counts = {len(x) for x in (self.shapes, self.dtypes, lod_levels) if x is not None}
         if len(counts) > 1:
             raise ValueError(f"shapes, dtypes and lod_levels describe different numbers of slots: {sorted(counts)}")

@@ -277,6 +277,22 @@ def test_instance_may_carry_a_leading_one(tmp_path):
     assert [g[0].shape for g in got] == [(4,), (4,)]
 
 
+def test_paddle_s_positional_order_lod_levels_before_dtypes_is_told_to_pass_them_by_keyword(tmp_path):
+    # fluid's open_files(filenames, shapes, lod_levels, dtypes) and open_recordio_file took lod_levels third;
+    # here dtypes are third, and [0, 0] in their place failed as numpy's "Cannot interpret '0' as a data type".
+    path = _recordio(tmp_path / "p.recordio", [[np.zeros(2, np.float32), np.zeros(1, np.int64)]])
+    shapes = [[-1, 2], [-1, 1]]
+    words = r"dtypes\[0\] = 0 is not a dtype.*lod_levels come after dtypes here.*by keyword"
+    with pytest.raises(TypeError, match=words):
+        lio.open_files([path], shapes, [0, 0], ["float32", "int64"])
+    with pytest.raises(TypeError, match=words):
+        FileReader(path, shapes, [0, 0], ["float32", "int64"])
+    with pytest.raises(TypeError, match=r"dtypes\[1\] = 'floot32' is not a dtype"):
+        lio.open_files([path], shapes, dtypes=["float32", "floot32"])
+    reader = lio.open_files([path], shapes, lod_levels=[0, 0], dtypes=["float32", "int64"])
+    assert [a.shape for a in reader.read_next()] == [(2,), (1,)]
+
+
 def test_minus_one_matches_any_size_and_rank_is_checked(tmp_path):
     path = _recordio(tmp_path / "v.recordio", [[np.zeros((3, 7), np.int32)], [np.zeros((2, 7, 1), np.int32)]])
     reader = lio.create_file_reader(path, shapes=[[-1, -1, 7]], dtypes=["int32"])
