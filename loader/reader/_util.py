@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import operator
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -31,9 +32,35 @@ def open_source(reader: Reader) -> Iterator[Any]:
 
 
 def check_reader(reader: Any, who: str) -> None:
-    """Raise ``TypeError`` when ``reader`` is not callable (a common mistake: passing ``r()``)."""
+    """Raise ``TypeError`` when ``reader`` is not callable (a common mistake: passing ``r()``) or cannot be
+    called without arguments (passing a reader creator, ``text_file``, where its reader is due)."""
     if not callable(reader):
         raise TypeError(f"{who}: a reader must be a zero-argument callable, got {type(reader).__name__}")
+    try:
+        signature = inspect.signature(reader)
+    except (TypeError, ValueError):  # a builtin or extension callable without one: taken on trust
+        return
+    try:
+        signature.bind()
+    except TypeError:
+        needed = [
+            name
+            for name, parameter in signature.parameters.items()
+            if parameter.default is parameter.empty
+            and parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+        ]
+        name = getattr(reader, "__name__", type(reader).__name__)
+        raise TypeError(
+            f"{who}: a reader must be callable with no arguments; {name} needs "
+            f"{', '.join(repr(n) for n in needed)} (is it a reader creator? call it with those to get its reader)"
+        ) from None
+
+
+def check_function(function: Any, who: str) -> None:
+    """Raise ``TypeError`` when a mapper ``who`` (``"map_readers: func"``) is not callable: found here, not at
+    the first sample, where the error names neither the decorator nor the argument."""
+    if not callable(function):
+        raise TypeError(f"{who} must be callable, got {type(function).__name__}")
 
 
 def as_count(value: Any, name: str) -> int:
@@ -69,4 +96,13 @@ def enter_forked_pass(number: int) -> None:
     _forked_pass += number
 
 
-__all__ = ["Reader", "close_quietly", "open_source", "check_reader", "as_count", "forked_pass", "enter_forked_pass"]
+__all__ = [
+    "Reader",
+    "close_quietly",
+    "open_source",
+    "check_reader",
+    "check_function",
+    "as_count",
+    "forked_pass",
+    "enter_forked_pass",
+]

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from loader.errors import ComposeNotAligned, DataError
-from loader.reader._util import Reader, as_count, check_reader, close_quietly, forked_pass, open_source
+from loader.reader._util import Reader, as_count, check_function, check_reader, close_quietly, forked_pass, open_source
 from loader.reader.multiprocess import multiprocess_reader
 from loader.reader.pipe import PipeReader
 from loader.reader.xmap import xmap_readers
@@ -35,6 +35,7 @@ def map_readers(func: Callable[..., Any], *readers: Reader) -> Reader:
     readers at all it raises ``TypeError`` here (the original failed only when
     iterated).
     """
+    check_function(func, "map_readers: func")
     if not readers:
         raise TypeError("map_readers needs at least one reader")
     for r in readers:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from loader.reader._util import Reader, as_count, check_reader, close_quietly, open_source
+from loader.reader._util import Reader, as_count, check_function, check_reader, close_quietly, open_source
 from loader.runtime.threads import POLL_INTERVAL_S, StopRequested, ThreadPipeline
 
 
@@ -112,6 +112,7 @@ def xmap_readers(
     ``order=True`` keeps input order; otherwise results come as they are ready.
     ``process_num < 1`` raises ``ValueError`` here (the original hung).
     """
+    check_function(mapper, "xmap_readers: mapper")
     check_reader(reader, "xmap_readers")
     process_num = as_count(process_num, "xmap_readers: process_num")
     buffer_size = as_count(buffer_size, "xmap_readers: buffer_size")

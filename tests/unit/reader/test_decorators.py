@@ -62,6 +62,37 @@ def test_map_readers_needs_a_reader():
         reader.map_readers(abs, [1, 2])
 
 
+def test_a_reader_that_needs_arguments_is_refused_when_decorating():
+    # A creator given where its reader is due (shuffle(text_file, 100)), or xmap_readers' mapper and reader
+    # swapped, failed only when iterated, as "text_file() missing 1 required positional argument", naming
+    # neither the decorator nor what to write.
+    from loader.reader import creator
+
+    with pytest.raises(
+        TypeError, match=r"shuffle: a reader must be callable with no arguments; text_file needs 'path'"
+    ):
+        reader.shuffle(creator.text_file, 100)
+    with pytest.raises(
+        TypeError, match=r"xmap_readers: a reader must be callable with no arguments; <lambda> needs 'x'"
+    ):
+        reader.xmap_readers(RangeReader(3), lambda x: x + 1, 2, 4)
+    with pytest.raises(TypeError, match=r"batch: .*np_array needs 'x' \(is it a reader creator\? call it"):
+        import loader
+
+        loader.batch(creator.np_array, 2)
+    # Defaults, *args and callable objects are readers all the same.
+    assert list(reader.firstn(lambda n=3: iter(range(n)), 5)()) == [0, 1, 2]
+    assert list(reader.firstn(lambda *args: iter(range(2)), 5)()) == [0, 1]
+    assert list(reader.firstn(RangeReader(2), 5)()) == [0, 1]
+
+
+def test_map_readers_refuses_a_function_that_is_not_callable():
+    with pytest.raises(TypeError, match=r"map_readers: func must be callable, got int"):
+        reader.map_readers(3, RangeReader(3))
+    with pytest.raises(TypeError, match=r"xmap_readers: mapper must be callable, got str"):
+        reader.xmap_readers("f", RangeReader(3), 2, 4)
+
+
 def test_map_readers_mapper_error_at_offending_item():
     got = []
     with pytest.raises(Boom):
