@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 from loader.config import LoaderConfig
-from loader.errors import ConfigError, ProtocolVersionError, TransportError
+from loader.errors import ConfigError, MalformedMessageError, ProtocolVersionError, TransportError
 from loader.runtime.memory import keep_freed_memory
 from loader.service import protocol as P
 from loader.service import transport
@@ -164,7 +164,12 @@ class Worker:
                 continue
             if frames is None:
                 continue
-            message, _ = P.decode(frames)
+            try:
+                message, _ = P.decode(frames)
+            except MalformedMessageError as exc:  # not a loader daemon (another service on that port)
+                raise TransportError(
+                    f"{self.connect} answered the worker's hello with a malformed message: {exc}"
+                ) from None
             self._check_version(message)
             if isinstance(message, P.Welcome):
                 self._configure(message)

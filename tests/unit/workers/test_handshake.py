@@ -7,7 +7,7 @@ import threading
 import msgpack
 import pytest
 
-from loader.errors import ProtocolVersionError
+from loader.errors import ProtocolVersionError, TransportError
 from loader.service import protocol as P
 from loader.service.transport.inproc import FakeChannel
 from workers.main import run_worker
@@ -49,6 +49,13 @@ def test_worker_refuses_a_welcome_of_another_protocol_version():
     assert hellos and isinstance(hellos[0][0], P.Hello) and hellos[0][0].version == P.PROTOCOL_VERSION
     assert hellos[0][1]["v"] == P.PROTOCOL_VERSION  # said on the wire, not the default for a peer that says none
     assert str(info.value).startswith(f"the daemon at fake://daemon speaks loader protocol {P.PROTOCOL_VERSION + 1}")
+
+
+def test_a_peer_that_is_no_loader_daemon_is_named_in_one_line():
+    # Another service on the port answers with bytes that are no loader message: the error names the address.
+    link, _ = _daemon_answering([b"HTTP/1.1 400 Bad Request\r\n\r\n"])
+    with pytest.raises(TransportError, match=r"^fake://daemon answered the worker's hello with a malformed message"):
+        run_worker(link, worker_id="w1", connect_timeout_s=5)
 
 
 def test_worker_stops_when_the_daemon_refuses_its_version():
