@@ -30,7 +30,8 @@ def write_address_file(path: str, address: str) -> None:
 def remove_address_file(path: str, address: str) -> None:
     """Remove ``path`` when it still names ``address`` (another daemon may have taken it over)."""
     try:
-        with open(path, encoding="utf-8") as fh:
+        # errors="replace": a file rewritten with other bytes is someone else's now, not a crash at shutdown
+        with open(path, encoding="utf-8", errors="replace") as fh:
             if fh.read().strip() != address:
                 return
         os.remove(path)

@@ -64,6 +64,10 @@ def test_address_file_helpers(tmp_path) -> None:
     assert not os.path.exists(path)
     remove_address_file(path, "tcp://127.0.0.1:4000")  # already gone: no error
     assert os.listdir(tmp_path) == []  # no temporary file left behind
+    with open(path, "wb") as fh:  # rewritten by something else with bytes that are not UTF-8
+        fh.write(b"\xff\xfe tcp://127.0.0.1:4000")
+    remove_address_file(path, "tcp://127.0.0.1:4000")  # raised UnicodeDecodeError as `loader serve` stopped
+    assert os.path.exists(path)
 
 
 @pytest.mark.integration
