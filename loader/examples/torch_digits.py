@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from loader.device import import_torch
-from loader.errors import MissingDependencyError
+from loader.errors import ConfigError, LoaderError, MissingDependencyError
 
 CONFIG_NAME = "digits.toml"
 BATCH_SIZE = 64
@@ -177,12 +177,19 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "prepare":
-        print(prepare(args.directory, shards=args.shards, epochs=args.epochs))
-    else:
-        if args.resume and not args.checkpoint:
-            raise SystemExit("--resume needs --checkpoint")
-        train(args)
+    try:
+        if args.command == "prepare":
+            print(prepare(args.directory, shards=args.shards, epochs=args.epochs))
+        else:
+            if args.resume and not args.checkpoint:
+                raise ConfigError("--resume needs --checkpoint")
+            if args.resume and not os.path.exists(args.checkpoint):
+                # Checked before the loader starts its workers, not when torch.load fails after.
+                raise ConfigError(f"--resume: the checkpoint {args.checkpoint!r} does not exist")
+            train(args)
+    except (LoaderError, OSError) as exc:  # a mistyped path, a missing package: one line, as `loader` prints
+        print(f"torch_digits: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
