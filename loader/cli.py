@@ -302,6 +302,12 @@ def _judge_survey(pipeline: Any, dataset: str, found: Any, errors: list[str], wa
     warnings += [f"{dataset}: no samples in {line}: it adds nothing to an epoch" for line in empty]
     mapped = bool(pipeline.mappers or pipeline.batch_mappers)
     for mismatch in found.mismatches:
+        if mismatch.kind == "field count":
+            if mapped:
+                warnings.append(f"{dataset}: {mismatch.text}: the mappers must return that many fields")
+            else:
+                errors.append(f"{dataset}: {mismatch.text}: name each of them, in order, or leave source.fields out")
+            continue
         if mismatch.kind == "fields":
             fix = "every file of a dataset needs the same fields"
         elif pipeline.batch_format == "list":

@@ -40,8 +40,9 @@ class FieldSummary:
 
 @dataclass
 class Mismatch:
-    """Something a batch cannot take: ``kind`` "fields" (files with other field names), "dtype" or
-    "shape" (a field's, between files or records); ``text`` says where, naming the files."""
+    """Something a batch cannot take: ``kind`` "fields" (files with other field names), "field count"
+    (``source.fields`` naming more or fewer fields than a file has), "dtype" or "shape" (a field's, between
+    files or records); ``text`` says where, naming the files."""
 
     kind: str
     text: str
@@ -84,6 +85,21 @@ class Survey:
         if set(names) != set(first_names) and ("fields", "") not in self._reported:
             self._reported.add(("fields", ""))
             self.mismatches.append(Mismatch("fields", _fields_differ(first, first_names, path, names)))
+
+    def _named(self, path: str, given: list[str] | None, own: list[str]) -> None:
+        """``source.fields`` (``given``) against a file's own slots: names of another count are kept only
+        where the mappers give that many fields (without mappers the batch names the slots "0", "1", ...)."""
+        if not given or len(given) == len(own) or ("field count", "") in self._reported:
+            return
+        self._reported.add(("field count", ""))
+        plural = "s" if len(given) != 1 else ""
+        self.mismatches.append(
+            Mismatch(
+                "field count",
+                f"source.fields names {len(given)} field{plural} ({', '.join(given)}), but {shown(path)} has "
+                f"{len(own)} ({', '.join(own)})",
+            )
+        )
 
     def _value(self, path: str, record: int, name: str, value: Any) -> None:
         """One sample's ``value`` of field ``name`` (a block's column when ``value`` is ``_Rows``)."""
@@ -245,7 +261,8 @@ def _survey_blocks(result: Survey, path: str, source: Any, names: list[str] | No
     with create_file_reader(path, format=source.format, **source.file_reader_options()) as reader:
         if names:
             refuse_shuffled_names(path, names, list(reader.slot_names))
-        slot_names = names or list(reader.slot_names)
+        own_names = list(reader.slot_names)
+        slot_names = names or own_names
         while True:
             block = reader.read_block(SURVEY_BLOCK_ROWS)
             if not block:
@@ -261,6 +278,8 @@ def _survey_blocks(result: Survey, path: str, source: Any, names: list[str] | No
             samples += len(block[0])
     assert result.samples is not None
     result.samples += samples
+    if samples:
+        result._named(path, names, own_names or [str(i) for i in range(width)])
     result._file(path, [_name(slot_names, i) for i in range(width or len(slot_names))], samples)
 
 
@@ -280,6 +299,8 @@ def _survey_samples(result: Survey, path: str, samples: Any, names: list[str] | 
             result._value(path, count - 1, name, value)
     assert result.samples is not None
     result.samples += count
+    if count and keys is None:  # a dict's keys are its names: source.fields orders them
+        result._named(path, names, [str(i) for i in range(width)])
     result._file(path, keys if keys is not None else [_name(names, i) for i in range(width)], count)
 
 

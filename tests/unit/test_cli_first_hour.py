@@ -238,6 +238,30 @@ def test_check_fails_when_files_have_other_fields(tmp_path, capsys) -> None:
     assert "every file of a dataset needs the same fields" in line
 
 
+@pytest.mark.parametrize("fields", [["image"], ["image", "label", "weight"]])
+def test_check_fails_when_source_fields_names_another_number_of_fields_than_the_files_have(
+    tmp_path, capsys, fields
+) -> None:
+    # Without mappers the samples are the files' slots, and names of another count were dropped: the batches
+    # came as fields "0" and "1", neither the names given nor the files' own, and the loop's batch["image"]
+    # failed with KeyError.
+    np.save(tmp_path / "part-0.npy", np.zeros((6, 4), np.float32))
+    np.save(tmp_path / "part-0.label.npy", np.zeros(6, np.int64))
+    line = _error(*_check(tmp_path, capsys, f'[source]\nfiles = ["part-*.npy"]\nfields = {fields!r}\n'))
+    assert f"source.fields names {len(fields)} field" in line
+    assert "part-0.npy has 2 (data, label)" in line and "name each of them, in order" in line
+
+
+def test_check_warns_of_a_field_count_the_mappers_may_change(tmp_path, capsys) -> None:
+    np.save(tmp_path / "part-0.npy", np.zeros((6, 4), np.float32))
+    (tmp_path / "maps.py").write_text("def split(sample):\n    data, label = sample\n    return data, data, label\n")
+    body = '[source]\nfiles = ["part-*.npy"]\nfields = ["a", "b", "c"]\n[pipeline]\nmappers = ["maps:split"]\n'
+    np.save(tmp_path / "part-0.label.npy", np.zeros(6, np.int64))
+    code, out, err = _check(tmp_path, capsys, body)
+    assert code == 0 and "ok" in out
+    assert any("source.fields names 3 fields" in line and "the mappers must return that many" in line for line in err)
+
+
 def test_check_names_a_missing_npy_companion(tmp_path, capsys) -> None:
     for i in range(2):
         np.save(tmp_path / f"part-{i}.npy", np.zeros((6, 4), np.float32))
