@@ -14,11 +14,14 @@ stacked batch needs one of each per field), and files that hold no samples.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from time import monotonic
 from typing import Any
 
 import numpy as np
+
+from loader.errors import ConfigError, DataError
 
 SURVEY_BLOCK_ROWS = 65536
 VARIES = "varies"
@@ -192,7 +195,7 @@ def survey(source: Any) -> Survey:
     names = list(source.fields) if source.fields else None
     for path in paths:
         if source.reader is not None:
-            _survey_samples(result, path, source.resolve_reader()(path)(), names)
+            _survey_samples(result, path, _reader_samples(source.reader, source.resolve_reader(), path), names)
         else:
             _survey_blocks(result, path, source, names)
     return result
@@ -281,6 +284,30 @@ def _survey_blocks(result: Survey, path: str, source: Any, names: list[str] | No
     if samples:
         result._named(path, names, own_names or [str(i) for i in range(width)])
     result._file(path, [_name(slot_names, i) for i in range(width or len(slot_names))], samples)
+
+
+def _reader_samples(name: str, make: Any, path: str) -> Iterator[Any]:
+    """The samples ``source.reader`` (``name``, imported as ``make``) gives for ``path``. Its own errors name it,
+    the file and the record: the user's code raised them, and their bare text ("too many values to unpack")
+    said neither which function nor which file."""
+    where = f"source.reader {name!r} failed on {shown(path)}"
+    try:
+        reader = make(path)
+    except Exception as exc:
+        raise DataError(f"{where}: {type(exc).__name__}: {exc}") from exc
+    if not callable(reader):
+        # As the workers say it (workers/sources.py): a function that yields the samples itself.
+        raise ConfigError(
+            f"source.reader {name!r} returned a {type(reader).__name__}, not a reader: function(path) returns a "
+            "zero-argument callable that returns the samples (def make(path): def read(): yield ...; return read)"
+        )
+    record = 0  # the record being read: the samples given so far
+    try:
+        for sample in reader():
+            yield sample
+            record += 1
+    except Exception as exc:
+        raise DataError(f"{where} at record {record}: {type(exc).__name__}: {exc}") from exc
 
 
 def _survey_samples(result: Survey, path: str, samples: Any, names: list[str] | None) -> None:

@@ -262,6 +262,44 @@ def test_check_warns_of_a_field_count_the_mappers_may_change(tmp_path, capsys) -
     assert any("source.fields names 3 fields" in line and "the mappers must return that many" in line for line in err)
 
 
+_READERS = """\
+def yields_itself(path):
+    yield [1.0, 2.0], 0
+
+
+def unpacks_the_path(path):
+    image, label = path
+    return lambda: iter([])
+
+
+def fails_at_record_1(path):
+    def read():
+        yield [1.0, 2.0], 0
+        raise OSError("bad block")
+
+    return read
+"""
+
+
+@pytest.mark.parametrize(
+    ("function", "says"),
+    [
+        ("yields_itself", "returned a generator, not a reader: function(path) returns a zero-argument callable"),
+        ("unpacks_the_path", "source.reader 'readers:unpacks_the_path' failed on a.txt: ValueError: too many values"),
+        ("fails_at_record_1", "source.reader 'readers:fails_at_record_1' failed on a.txt at record 1: OSError: bad"),
+    ],
+)
+def test_check_names_the_source_reader_and_the_file_when_the_reader_fails(tmp_path, capsys, function, says) -> None:
+    # check printed the bare exception ("too many values to unpack (expected 2)", "bad block") or an
+    # "unexpected TypeError: 'generator' object is not callable", naming neither the reader nor the file.
+    (tmp_path / "readers.py").write_text(_READERS)
+    (tmp_path / "a.txt").write_text("x\n")
+    code, out, err = _check(tmp_path, capsys, f'[source]\nfiles = ["a.txt"]\nreader = "readers:{function}"\n')
+    assert code == 1 and out == ""
+    (line,) = err
+    assert line.startswith("loader: error: ") and says in line, line
+
+
 def test_check_names_a_missing_npy_companion(tmp_path, capsys) -> None:
     for i in range(2):
         np.save(tmp_path / f"part-{i}.npy", np.zeros((6, 4), np.float32))
