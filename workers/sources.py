@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from loader.io.survey import names_known, refuse_shuffled_names
+from loader.io.survey import field_count_text, names_known, refuse_shuffled_names
 from loader.service.blocks import block_rows
 
 SKIP_BLOCK_ROWS = 1 << 20  # rows per read while skipping to a piece's first record (views: nothing is copied)
@@ -58,6 +58,7 @@ class FileSource:
         self.path = path
         self.source = config.source
         self.fields = list(self.source.fields) if self.source.fields else None
+        self._batch_mapped = bool(config.pipeline.batch_mappers)
         self._reader: Any = None
         self._samples: Any = None
         self._names_pending = False  # source.fields still to be checked against names the first record gives
@@ -130,7 +131,16 @@ class FileSource:
         if not arrays:
             return None
         self._check_names()
-        names = self.fields if self.fields and len(self.fields) == len(arrays) else [str(i) for i in range(len(arrays))]
+        if self.fields and len(self.fields) != len(arrays):
+            if not self._batch_mapped:  # the batch would name the slots "0", "1", ... (loader check refuses it too)
+                own = names_known(self._reader) or [str(i) for i in range(len(arrays))]
+                raise ValueError(
+                    field_count_text(self.path, self.fields, own) + ": name each of them, in order, or leave "
+                    "source.fields out"
+                )
+            names = [str(i) for i in range(len(arrays))]  # batch mappers may name them (loader check warns)
+        else:
+            names = self.fields or [str(i) for i in range(len(arrays))]
         return {name: np.ascontiguousarray(a) for name, a in zip(names, arrays)}
 
     def _check_names(self) -> None:

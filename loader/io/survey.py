@@ -95,14 +95,7 @@ class Survey:
         if not given or len(given) == len(own) or ("field count", "") in self._reported:
             return
         self._reported.add(("field count", ""))
-        plural = "s" if len(given) != 1 else ""
-        self.mismatches.append(
-            Mismatch(
-                "field count",
-                f"source.fields names {len(given)} field{plural} ({', '.join(given)}), but {shown(path)} has "
-                f"{len(own)} ({', '.join(own)})",
-            )
-        )
+        self.mismatches.append(Mismatch("field count", field_count_text(shown(path), given, own)))
 
     def _value(self, path: str, record: int, name: str, value: Any) -> None:
         """One sample's ``value`` of field ``name`` (a block's column when ``value`` is ``_Rows``)."""
@@ -241,6 +234,16 @@ def names_known(reader: Any) -> list[str]:
     the whole file at open, even under on_error = "skip" (the records after it lost)."""
     names = getattr(reader, "known_slot_names", None)  # a FileReader's; a user's ReaderBase may have none
     return list(names) if names is not None else []
+
+
+def field_count_text(path: str, given: list[str], own: list[str]) -> str:
+    """Says that ``source.fields`` (``given``) names another number of fields than ``path`` has (``own``);
+    ``loader check`` and the workers say it alike."""
+    plural = "s" if len(given) != 1 else ""
+    return (
+        f"source.fields names {len(given)} field{plural} ({', '.join(given)}), but {path} has "
+        f"{len(own)} ({', '.join(own)})"
+    )
 
 
 def refuse_shuffled_names(path: str, fields: list[str], slots: list[str]) -> None:

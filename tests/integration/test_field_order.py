@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from loader import Client, DataFeeder, Field
+from loader import Client, DataFeeder, Field, WorkerError
 from tests.integration.conftest import make_config, running_daemon
 
 
@@ -60,3 +60,22 @@ def test_dict_samples_come_in_the_order_of_source_fields(tmp_path, batch_format)
     lengths = [n for f in fed for n in f["words"].recursive_sequence_lengths()[0]]
     labels = [int(v) for f in fed for v in np.array(f["label"]).ravel()]
     assert labels == list(range(6)) and lengths == [i % 3 + 1 for i in range(6)]
+
+
+@pytest.mark.parametrize("fields", [["image"], ["image", "label", "weight"]])
+def test_source_fields_of_another_count_than_the_files_fail_the_epoch_in_one_line(tmp_path, fields) -> None:
+    # Without mappers, names of another count were dropped for "0", "1": the loop's batch["image"] raised KeyError.
+    np.save(tmp_path / "part-0.npy", np.zeros((6, 4), np.float32))
+    np.save(tmp_path / "part-0.label.npy", np.zeros(6, np.int64))
+    config = make_config(
+        tmp_path,
+        source={"files": [str(tmp_path / "part-0.npy")], "fields": fields},
+        pipeline={"batch_size": 3},
+        workers={"count": 1},
+    )
+    with running_daemon(config) as daemon, Client(daemon.endpoint) as client:
+        with pytest.raises(WorkerError) as info:
+            list(client.epoch())
+    text = str(info.value)
+    assert f"source.fields names {len(fields)} field" in text and "has 2 (data, label)" in text
+    assert "part-0.npy" in text and "name each of them, in order" in text
