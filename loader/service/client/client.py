@@ -182,6 +182,11 @@ class Client(NotADataset):
                 f"a Client's address is tcp://HOST:PORT, HOST:PORT, ipc://PATH or a config file, not "
                 f"{type(address).__name__} {address!r}"
             )
+        rank, world_size = _whole_or_none("rank", rank), _whole_or_none("world_size", world_size)
+        if not isinstance(dataset, str):
+            raise TypeError(f"dataset must be a str (a dataset's name), got {type(dataset).__name__} {dataset!r}")
+        if not isinstance(job, str):
+            raise TypeError(f"job must be a str, got {type(job).__name__} {job!r}")
         address, rank, world_size, device = from_environment(address, rank, world_size, device)
         self._given_address = address  # a config file's name: "no daemon answered" says where its address is from
         if channel is None and not address.startswith(("tcp://", "ipc://", "inproc://")):
@@ -631,6 +636,16 @@ def _of_no_open_request(message: P.Message, state: _ReceiverState) -> bool:
     if not isinstance(message, (P.Batch, P.End, P.Error)) or (isinstance(message, P.Error) and message.unknown_session):
         return False
     return message.gen is None or message.gen != state.gen or state.over
+
+
+def _whole_or_none(name: str, value: Any) -> int | None:
+    """``value`` as an int (numpy's too), or None; a TypeError naming ``name`` for anything else (a str "0"
+    failed later as "'<=' not supported between instances of 'int' and 'str'")."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    return int(value)
 
 
 def _prefetch(prefetch: Any) -> int:

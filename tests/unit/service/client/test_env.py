@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from loader import Client
@@ -158,3 +159,25 @@ def test_a_world_size_no_job_has_is_refused_before_connecting():
 
     with pytest.raises(ValueError, match=rf"world_size must be in \[1, {P.MAX_WORLD_SIZE}\], got 4000000"):
         Client("tcp://127.0.0.1:1", rank=0, world_size=4_000_000)
+
+
+@pytest.mark.parametrize(
+    "kwargs, says",
+    [
+        ({"rank": "0", "world_size": 2}, "rank must be an int, got str '0'"),
+        ({"rank": 0, "world_size": 2.0}, "world_size must be an int, got float 2.0"),
+        ({"rank": True, "world_size": 2}, "rank must be an int, got bool True"),
+        ({"dataset": 3}, "dataset must be a str (a dataset's name), got int 3"),
+        ({"job": None}, "job must be a str, got NoneType None"),
+    ],
+)
+def test_arguments_of_the_wrong_type_are_named_before_connecting(kwargs, says):
+    # rank="0" raised "'<=' not supported between instances of 'int' and 'str'"; a dataset of 3 went to the daemon.
+    with pytest.raises(TypeError) as info:
+        Client("tcp://127.0.0.1:1", **kwargs)
+    assert str(info.value) == says
+
+
+def test_numpy_integers_pass_as_ranks():
+    with pytest.raises(ValueError, match="world_size must be in"):  # past the type check, to the range check
+        Client("tcp://127.0.0.1:1", rank=np.int64(0), world_size=np.int32(-1))
