@@ -119,11 +119,14 @@ class Worker:
                 self._tick()
         except _Stop as stop:
             log.info("worker %s stopping: %s", self.worker_id, stop)
+            reason = str(stop)
         except ProtocolVersionError:
             raise
         except TransportError as exc:
             log.warning("worker %s lost the daemon: %s", self.worker_id, exc)
-        self._send_ctl(P.Bye())
+            reason = f"lost the daemon: {exc}"
+        # Why, for the daemon's log: one still there replaces a worker that took it for gone (a loop held up).
+        self._send_ctl(P.Bye(reason=reason))
         return 0
 
     def close(self) -> None:

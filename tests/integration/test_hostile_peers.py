@@ -213,7 +213,9 @@ def test_a_flood_of_epoch_requests_over_many_leases_stops_no_worker_and_fails_no
     """An EPOCH costs the loop O(leases) (a stream and a queued lease of each): 0.3 s for 20,000. The loop
     took 64 control messages a turn whatever they cost, so one client asking for epoch after epoch of a
     large dataset held worker data unread for seconds: honest workers were stopped as hung and another
-    client's epoch failed. Control messages now stop for the turn once they took ``CONTROL_DRAIN_BUDGET_S``."""
+    client's epoch failed. Control messages now stop for the turn once they took ``CONTROL_DRAIN_BUDGET_S``,
+    and a client's EPOCHs wait for its pace (``desk.EPOCH_PACING``): with the budget alone, one EPOCH a turn still
+    took most of the loop, and under a loaded CI with coverage the honest epoch took 40 s and failed as stalled."""
     ids = write_id_files(tmp_path, len(FILES), FILES)
     big = tmp_path / "big"
     big.mkdir()

@@ -55,6 +55,11 @@ MAX_STREAMS_PER_JOB = 4
 # The longest the loop spends reading file headers to count an epoch's samples (``len()`` of an epoch)
 # at a dataset's first client; beyond it the count is given up, not the heartbeats.
 SURVEY_BUDGET_S = 1.0
+# An EPOCH costs the loop O(files) (a stream, a queued lease per file, the old stream cancelled): 0.1-0.7 s for
+# 20,000 leases. A client's next EPOCH is started no sooner than this many times that cost after it, so one
+# client asking for epoch after epoch takes at most 1/(1 + EPOCH_PACING) of the loop, not all of it (other
+# clients' epochs stalled). An epoch of a few hundred files costs about a millisecond: its pace goes unseen.
+EPOCH_PACING = 4.0
 
 
 @dataclass
@@ -94,6 +99,7 @@ class ClientDesk:
         self._samples: dict[str, int | None] = {}
         self.heartbeat_timeout_s = float(config.workers.heartbeat_timeout_s)
         self._lines = PeerLines()  # a peer saying hello and goodbye in a loop gets a line a minute
+        self._parked: dict[bytes, Session] = {}  # sessions with an EPOCH waiting for their pace (``_on_epoch``)
 
     def _epoch_samples(self, dataset: Dataset) -> int | None:
         if dataset.name not in self._samples:
@@ -142,9 +148,14 @@ class ClientDesk:
         if peer not in self.stage.sessions and len(self.stage.sessions) >= cap:
             return self._refuse(peer, f"the daemon serves {cap} clients, its cap (service.max_clients)", "capacity")
         old = self.stage.sessions.get(peer)
+        epoch_due = 0.0
         if old is not None:
+            started = time.monotonic()
             self.drop(old, "said hello again")  # its job's streams go with it, not just the session
+            # Dropping its streams cost O(files) too: a hello and an epoch in a loop keep the pace of epochs.
+            epoch_due = max(old.epoch_due, time.monotonic() + EPOCH_PACING * (time.monotonic() - started))
         session = self.stage.open_session(peer, rank, world_size, hello.prefetch)
+        session.epoch_due = epoch_due
         session.dataset, session.settings = dataset.name, dataset.settings
         self._join_job(session, dataset, hello.job)
         log.log(
@@ -213,14 +224,48 @@ class ClientDesk:
         return None
 
     def _on_epoch(self, session: Session, message: P.Epoch) -> str | None:
+        """Refuse a bad EPOCH at once; start a good one now, or once the session's pace allows (``EPOCH_PACING``)."""
         if message.credit is not None and not 1 <= message.credit <= MAX_PREFETCH:
             return self._refuse(session.peer, f"an epoch credit of {message.credit} is outside 1..{MAX_PREFETCH}")
-        job = self.jobs[session.job]
-        anchor = self._anchor(job, message)
+        anchor = self._anchor(self.jobs[session.job], message)
         if isinstance(anchor, str):
-            error = WorkerError("ConfigError", anchor).to_dict()
-            self._router.send(session.peer, P.encode(P.Error(gen=message.gen, error=error, message=anchor)))
-            return anchor
+            return self._refuse_epoch(session, message, anchor)
+        # Either way an epoch parked before is given up: the client asked for a newer one.
+        if time.monotonic() < session.epoch_due:
+            session.parked_epoch = message
+            self._parked[session.peer] = session
+            return None
+        session.parked_epoch = None
+        self._start_epoch(session, message, anchor)
+        return None
+
+    def _refuse_epoch(self, session: Session, message: P.Epoch, why: str) -> str:
+        error = WorkerError("ConfigError", why).to_dict()
+        self._router.send(session.peer, P.encode(P.Error(gen=message.gen, error=error, message=why)))
+        return why
+
+    def start_parked_epochs(self, now: float) -> None:
+        """Start the EPOCHs that waited for their session's pace and are due (each loop turn)."""
+        for peer, session in list(self._parked.items()):
+            if self.stage.sessions.get(peer) is not session or session.parked_epoch is None:
+                del self._parked[peer]  # the session left (or said hello again): its request went with it
+            elif now >= session.epoch_due:
+                del self._parked[peer]
+                message, session.parked_epoch = session.parked_epoch, None
+                anchor = self._anchor(self.jobs[session.job], message)  # checked when it came: the same job
+                if isinstance(anchor, str):
+                    self._refuse_epoch(session, message, anchor)
+                else:
+                    self._start_epoch(session, message, anchor)
+
+    def parked_due_in(self, now: float) -> float:
+        """Seconds until a parked EPOCH is due (inf: none is parked), so the loop does not sleep past it."""
+        return min((s.epoch_due - now for s in self._parked.values()), default=float("inf"))
+
+    def _start_epoch(self, session: Session, message: P.Epoch, anchor: Anchor) -> None:
+        """Attach ``session`` to the stream of the epoch it asked for (new, or its job's), and set its pace."""
+        started = time.monotonic()
+        job = self.jobs[session.job]
         self.stage.on_epoch_request(session, message.shm, message.pack)
         self.stage.detach(session)
         stream = self._stream_for(job, session.rank, message.epoch, message.position, anchor)
@@ -228,7 +273,8 @@ class ClientDesk:
         self.stage.attach(session, stream, message.gen, credits)
         session.read_ahead = job.read_ahead = message.ahead
         self._tidy(job)
-        return None
+        ended = time.monotonic()
+        session.epoch_due = ended + EPOCH_PACING * (ended - started)
 
     def _anchor(self, job: Job, message: P.Epoch) -> Anchor | str:
         """The anchor an epoch request starts from, or why it cannot be used."""

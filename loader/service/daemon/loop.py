@@ -349,8 +349,11 @@ class Daemon:
     def step(self, timeout_s: float) -> None:
         """One turn: read what is ready, move batches, lease files, check liveness."""
         self._pace_data()
-        # A lease queued behind a slow file is taken back on time even while no message comes (``dispatch``).
-        ready = self._poller.wait(min(timeout_s, self.coordinator.take_back_due_in(time.monotonic())))
+        now = time.monotonic()
+        # A lease queued behind a slow file, and an EPOCH that waited for its client's pace, are acted on in time.
+        ready = self._poller.wait(
+            min(timeout_s, self.coordinator.take_back_due_in(now), max(0.0, self.clients.parked_due_in(now)))
+        )
         if self._data in ready:
             for _ in range(MAX_DRAIN_MESSAGES):
                 if not self.stage.accepting():
@@ -368,6 +371,7 @@ class Daemon:
                 self._on_control(*got)
                 if time.monotonic() >= budget_ends:
                     break  # the rest waits a turn (zmq queues it fairly per peer): worker data goes first
+        self.clients.start_parked_epochs(time.monotonic())
         self.clients.handle_events()
         for session in list(self.stage.sessions.values()):
             self._pump(session)

@@ -54,10 +54,11 @@ class WorkerRecord:
 EXITED = "exited"  # its process ended
 SILENT = "silent"  # no heartbeat for heartbeat_timeout_s
 HUNG = "hung"  # holding a lease, no data for progress_timeout_s
+LEFT = "left"  # it said goodbye (BYE): its own choice, or it took the daemon for gone
 
 
 class Departure(NamedTuple):
-    """A worker found gone: the record, the log's words for why, and how (``EXITED``, ``SILENT``, ``HUNG``)."""
+    """A worker found gone: the record, the log's words for why, and how (``EXITED``, ``SILENT``, ``HUNG``, ``LEFT``)."""
 
     record: WorkerRecord
     why: str
@@ -74,4 +75,4 @@ def identity_at_grant(path: str) -> dict[str, Identity]:
         return {}
 
 
-__all__ = ["Job", "WorkerRecord", "Departure", "EXITED", "SILENT", "HUNG", "identity_at_grant"]
+__all__ = ["Job", "WorkerRecord", "Departure", "EXITED", "SILENT", "HUNG", "LEFT", "identity_at_grant"]

@@ -42,7 +42,7 @@ from loader.errors import WorkerDiedError, WorkerError
 from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator, Job, WorkerRecord
 from loader.service.daemon.launcher import CLAIM_SEP, Launcher, LocalLauncher
-from loader.service.daemon.records import EXITED, HUNG, SILENT
+from loader.service.daemon.records import EXITED, HUNG, LEFT, SILENT
 from loader.service.daemon.rejects import LOG_EVERY_S, PeerLines
 from loader.service.shm.pool import ArenaPool
 from loader.service.transport.auth import CurveClient, Dial
@@ -54,6 +54,7 @@ RETIRED_IDLE = "retired (idle)"  # why the autoscaler stopped a worker (routine:
 MAX_FILE_ATTEMPTS = 3  # worker deaths while holding one file before that file fails the epoch
 CLAIM_BYTES = 16
 MAX_ID_PREFIX = 64  # characters of a hand-started worker's own name kept in the id the daemon issues
+MAX_BYE_REASON = 200  # characters of a worker's goodbye reason kept in the log's line
 # Under on_error = "skip": worker deaths while holding one file before the file is skipped (its records
 # delivered so far kept, the rest counted as one skipped record), so a poison file cannot fail every epoch.
 SKIP_FILE_ATTEMPTS = 2
@@ -177,7 +178,8 @@ class WorkerPool:
 
     def gone(self, record: WorkerRecord, why: str, *, replace: bool = True, how: str = EXITED) -> None:
         """Forget a worker: stop its process, re-lease its files, start a replacement (unless ``replace`` is False
-        or the daemon is stopping). ``how``: ``records.EXITED``, ``SILENT`` or ``HUNG`` (the daemon stops it)."""
+        or the daemon is stopping). ``how``: ``records.EXITED``, ``SILENT``, ``HUNG`` (the daemon stops it) or
+        ``LEFT`` (it said goodbye)."""
         stopping = self.stopping
         # Ended by SIGTERM before the daemon stopped it: a signal from outside (the process group's, when stopping).
         proc = record.process
@@ -185,37 +187,46 @@ class WorkerPool:
         exitcode = None
         if proc is not None:
             exitcode = self._launcher.stop(proc, join_timeout_s=0.0)
-        self._log_gone(record, why, sigterm, stopping)
+        self._log_gone(record, why, sigterm, stopping, how)
         if self._links is not None and record.peer is not None:
             self._links.control.drop(record.peer)
         if self._arenas is not None:
             self._arenas.retire(self._arena_of.pop(record.worker_id, None))
         jobs = self.coordinator.remove_worker(record)
+        started_here = record.process is not None
         # Deaths before a first file, of workers this daemon started and did not retire, back off the next start.
-        early = replace and record.process is not None and not jobs and record.files_done == 0 and why != "said goodbye"
-        self._note_start(record, early, exitcode)
+        early = replace and started_here and not jobs and record.files_done == 0
+        left = how == LEFT
+        if not left:  # a goodbye is no failure to start: it backs off the next start, and counts nothing
+            self._note_start(record, early, exitcode)
         # Only deaths of workers this daemon started count against a file: a peer that takes a lease and
         # leaves (says BYE, goes silent) must not be able to fail an epoch by doing it three times.
         # Only the file it was reading (the first granted): the files queued behind it did not kill it.
         # Not while the daemon stops: a stop signalled to the process group ended them, not the file.
-        counted = jobs[:1] if record.process is not None and why != "said goodbye" and not stopping else []
+        counted = jobs[:1] if started_here and not left and not stopping else []
         for job in counted:
             self._count_loss(record, job, how, exitcode)
-        if record.process is not None and not stopping and why != "said goodbye" and replace:
+        # A worker this daemon started says goodbye only when the daemon said so, or when it took the daemon for
+        # gone (silent past heartbeat_timeout_s: a loop held up). Not replacing those left a daemon with no workers
+        # and every epoch stalled: the pool keeps its size whatever made a worker leave.
+        if started_here and not stopping and replace:
             self.coordinator.restarts += 1
             delay = 0.0
-            if early:
+            if early and left:
+                delay = START_BACKOFF_S
+            elif early:
                 delay = min(MAX_START_BACKOFF_S, START_BACKOFF_S * 2 ** min(self.start_failures - 1, 30))
             self._launch_at.append(time.monotonic() + delay)  # reap() starts it when due
 
-    def _log_gone(self, record: WorkerRecord, why: str, sigterm: bool, stopping: bool) -> None:
+    def _log_gone(self, record: WorkerRecord, why: str, sigterm: bool, stopping: bool, how: str) -> None:
         """One line per worker that leaves: a warning, unless it is routine.
 
-        Routine: a peer's own goodbye (a peer could send them in a loop), and a worker that exited by SIGTERM
-        while the daemon stops (a stop signalled to the process group reaches every worker too) or while it
-        held no lease (nothing to read again). SIGTERM from outside to a worker holding a lease is a warning."""
+        Routine: a peer's own goodbye (a peer could send them in a loop; not a worker this daemon started, which
+        leaves only when told to or when it lost the daemon), and a worker that exited by SIGTERM while the daemon
+        stops (a stop signalled to the process group reaches every worker too) or while it held no lease (nothing
+        to read again). SIGTERM from outside to a worker holding a lease is a warning."""
         level = logging.WARNING
-        if why == "said goodbye":  # a peer's own goodbye, which it may send in a loop
+        if how == LEFT and (record.process is None or stopping):
             level = self._lines.level(record.peer, "left")
         elif why == RETIRED_IDLE:  # the autoscaler's own choice
             level = logging.INFO
@@ -365,7 +376,9 @@ class WorkerPool:
             assert worker.peer is not None
             self._send(worker.peer, P.encode(P.Heartbeat()))
         elif isinstance(message, P.Bye):
-            self.gone(worker, "said goodbye")
+            # Its reason, when it gives one (a worker that took the daemon for gone says so), in the log's line.
+            reason = P.printable(message.reason[:MAX_BYE_REASON])
+            self.gone(worker, f"said goodbye ({reason})" if reason else "said goodbye", how=LEFT)
         elif isinstance(message, P.Hello):  # the same connection again: the worker lost its welcome
             assert worker.peer is not None
             return self.hello(worker.peer, message, known=worker)

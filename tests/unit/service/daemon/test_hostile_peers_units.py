@@ -7,6 +7,7 @@ import collections
 import logging
 import time
 import types
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -221,3 +222,57 @@ def test_forged_data_under_many_claimed_worker_names_is_logged_once_a_minute_not
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dropping a message")]
     assert len(lines) == 2, lines[:5]
     assert "worker 'w0" in lines[0] and lines[0].isprintable(), lines[0]  # the claim is still shown, as a claim
+
+
+# -- a client asking for epoch after epoch ---------------------------------------------------------------------
+def test_epochs_asked_faster_than_their_cost_wait_for_the_clients_pace_and_only_the_newest_starts(tmp_path):
+    """An EPOCH costs the loop O(files); one client asking for epoch after epoch of 20,000 leases took the whole
+    loop (another client's epoch stalled for 30 s under a loaded CI). Its requests now wait for its pace
+    (``EPOCH_PACING`` times the cost of its last), and one waiting is replaced by the next: it was given up."""
+    from loader.config import LoaderConfig
+    from loader.service.daemon.loop import Daemon
+
+    np.save(tmp_path / "f.npy", np.arange(3))
+    config = LoaderConfig.from_dict(
+        {"source": {"files": [str(tmp_path / "*.npy")]}, "service": {"bind": "tcp://127.0.0.1:*"}}
+    )
+    peer = b"flooder"
+
+    def epoch(n: int) -> None:
+        daemon._on_control(peer, P.encode(P.Epoch(epoch=n, gen=n + 1, credit=1, ahead=False)))
+
+    def reading(session: Any) -> tuple[int, int]:
+        stream = session.current
+        return stream.epoch, stream.gens[session.rank]
+
+    with Daemon(config, start_workers=False) as daemon:
+        daemon._on_control(peer, P.encode(P.ClientHello()))
+        session = daemon.stage.sessions[peer]
+        before = time.monotonic()
+        epoch(0)
+        assert reading(session) == (0, 1)
+        assert session.epoch_due > before, "its pace is set by what the epoch cost"
+        session.epoch_due = time.monotonic() + 60  # an epoch that cost 15 s
+        epoch(1)
+        epoch(2)
+        assert reading(session) == (0, 1), "asked too soon: waits"
+        assert session.parked_epoch.epoch == 2 and daemon.clients.parked_due_in(time.monotonic()) > 50
+        streams = len(daemon.stage.streams)
+        session.epoch_due = 0.0
+        daemon.clients.start_parked_epochs(time.monotonic())
+        assert reading(session) == (2, 3), "the newest request starts; epoch 1 was given up unread"
+        assert len(daemon.stage.streams) == streams, "epoch 0's stream went, epoch 2's came: 1 was never made"
+        assert daemon.clients.parked_due_in(time.monotonic()) == float("inf")
+
+        session.epoch_due = time.monotonic() + 60
+        epoch(3)  # parked ...
+        session.epoch_due = 0.0
+        epoch(4)  # ... and given up: a request that may start now starts, and an older one waiting is dropped
+        daemon.clients.start_parked_epochs(time.monotonic())
+        assert reading(session) == (4, 5)
+
+        session.epoch_due = due = time.monotonic() + 60
+        daemon._on_control(peer, P.encode(P.ClientHello()))  # a hello drops the session: its pace stays
+        again = daemon.stage.sessions[peer]
+        assert again is not session and again.epoch_due >= due
+        assert daemon.status()["rejected_messages"] == 0

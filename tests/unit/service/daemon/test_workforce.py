@@ -9,9 +9,16 @@ import threading
 import time
 from typing import Any
 
+from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator
 from loader.service.daemon.records import WorkerRecord
-from loader.service.daemon.workforce import HUNG_FILE_ATTEMPTS, MAX_FILE_ATTEMPTS, RETIRED_IDLE, WorkerPool
+from loader.service.daemon.workforce import (
+    HUNG_FILE_ATTEMPTS,
+    MAX_FILE_ATTEMPTS,
+    RETIRED_IDLE,
+    START_BACKOFF_S,
+    WorkerPool,
+)
 
 PROGRESS_TIMEOUT_S = 2.0
 HEARTBEAT_TIMEOUT_S = 1.0
@@ -183,3 +190,52 @@ def test_retiring_an_idle_worker_is_not_taken_for_a_sigterm_from_outside(caplog)
     pool.pool.gone(idle, RETIRED_IDLE, replace=False)  # the autoscaler's; the pool sends the SIGTERM
     assert "SIGTERM" not in caplog.records[-1].getMessage()
     assert caplog.records[-1].levelno == logging.INFO  # routine: the autoscaler chose it
+
+
+# -- a worker that says goodbye on its own ----------------------------------------------------------------------
+
+
+def test_a_started_worker_that_took_the_daemon_for_gone_is_replaced_and_its_reason_logged(caplog):
+    """A daemon-started worker leaves on its own only when it took the daemon for gone (its loop held up past
+    the heartbeat timeout). It was not replaced: with every worker gone so, each epoch stalled for good."""
+    caplog.set_level(logging.INFO, logger="loader.daemon")
+    pool = Pool()
+    reading = pool.reading()
+    refused = pool.pool.on_message(reading, P.Bye(reason="daemon silent for 8.1s\nforged line"))
+    assert refused is None
+    assert reading.worker_id not in pool.coordinator.workers
+    line = caplog.records[-1]
+    assert line.levelno == logging.WARNING
+    assert line.getMessage().endswith("said goodbye (daemon silent for 8.1s?forged line); re-leasing 1 file(s)")
+    assert pool.coordinator.restarts == 1 and pool.pool._launch_at, "a replacement is due"
+    assert pool.coordinator.queued(1) == 1, "its file is queued again"
+    assert not pool.failed and not pool.pool._losses, "a goodbye counts against no file"
+    pool.pool._launch_at = [0.0]
+    pool.pool.reap()
+    assert len(pool.launcher.started) == 2
+
+
+def test_a_goodbye_before_a_first_file_backs_off_without_counting_as_a_failed_start():
+    pool = Pool()
+    (fresh,) = pool.coordinator.workers.values()
+    fresh.peer = b"fresh"
+    before = time.monotonic()
+    pool.pool.on_message(fresh, P.Bye())
+    (due,) = pool.pool._launch_at
+    assert due >= before + START_BACKOFF_S, "a worker leaving at once and for ever is not restarted in a busy loop"
+    assert pool.pool.start_failures == 0
+
+
+def test_a_peers_goodbye_and_workers_leaving_while_the_daemon_stops_start_nothing(caplog):
+    caplog.set_level(logging.INFO, logger="loader.daemon")
+    pool = Pool()
+    peer = pool.coordinator.add_worker("hand-started")
+    peer.peer = b"hand"
+    pool.pool.on_message(peer, P.Bye())  # a worker someone started by hand: not ours to restart
+    assert caplog.records[-1].levelno == logging.INFO
+    pool.pool.stop_requested = threading.Event()
+    pool.pool.stop_requested.set()
+    reading = pool.reading()
+    pool.pool.on_message(reading, P.Bye(reason="daemon stopping"))
+    assert caplog.records[-1].levelno == logging.INFO
+    assert not pool.pool._launch_at and pool.coordinator.restarts == 0
