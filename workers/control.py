@@ -6,7 +6,8 @@ what the main loop queues (``send``), a heartbeat every
 ``heartbeat_interval_s``, and puts every message from the daemon except
 heartbeat answers in an inbox (``recv``). A daemon silent for
 ``heartbeat_timeout_s`` (or a channel that fails) sets ``lost``; the main loop
-checks it between samples and stops.
+checks it between samples and stops, and its goodbye (with that reason) is
+still sent by the thread, which runs until ``close``.
 
 Because heartbeats no longer depend on the main loop, a slow reader or mapper
 keeps its worker alive however long one call takes; a worker that hangs is
@@ -95,9 +96,10 @@ class ControlLink:
                 now = time.monotonic()
                 if now - self._last_sent >= self.interval_s:
                     self._send(P.encode(P.Heartbeat()))
-                if now - self._last_heard > self.timeout_s:
+                if self.lost is None and now - self._last_heard > self.timeout_s:
+                    # Said, not acted on here: the main loop stops, and its goodbye saying why still goes out
+                    # through this thread (a daemon that was only held up replaces the worker, and logs why).
                     self.lost = f"daemon silent for {now - self._last_heard:.1f}s"
-                    return
                 if self._channel in poller.wait(self.interval_s / 2):
                     self._drain()
         except TransportError as exc:

@@ -55,10 +55,12 @@ MAX_STREAMS_PER_JOB = 4
 # The longest the loop spends reading file headers to count an epoch's samples (``len()`` of an epoch)
 # at a dataset's first client; beyond it the count is given up, not the heartbeats.
 SURVEY_BUDGET_S = 1.0
-# An EPOCH costs the loop O(files) (a stream, a queued lease per file, the old stream cancelled): 0.1-0.7 s for
-# 20,000 leases. A client's next EPOCH is started no sooner than this many times that cost after it, so one
-# client asking for epoch after epoch takes at most 1/(1 + EPOCH_PACING) of the loop, not all of it (other
-# clients' epochs stalled). An epoch of a few hundred files costs about a millisecond: its pace goes unseen.
+# Starting an epoch costs the loop O(files) (a stream, a queued lease per file, the old stream cancelled), as does
+# dropping a client's streams: 0.1-0.7 s for 20,000 leases. The next EPOCH, of any client, starts no sooner than
+# this many times that cost after it; one asked sooner waits its turn (clients in the order they asked). So
+# clients asking for epoch after epoch, however many and however they reconnect, take at most about
+# 1/(1 + EPOCH_PACING) of the loop, not all of it (another client's epoch stalled). An epoch of a few hundred
+# files costs about a millisecond: its pace goes unseen.
 EPOCH_PACING = 4.0
 
 
@@ -99,7 +101,10 @@ class ClientDesk:
         self._samples: dict[str, int | None] = {}
         self.heartbeat_timeout_s = float(config.workers.heartbeat_timeout_s)
         self._lines = PeerLines()  # a peer saying hello and goodbye in a loop gets a line a minute
-        self._parked: dict[bytes, Session] = {}  # sessions with an EPOCH waiting for their pace (``_on_epoch``)
+        # Sessions whose EPOCH waits for the pace (``EPOCH_PACING``), in the order they asked, and when the next
+        # epoch may start.
+        self._parked: dict[bytes, Session] = {}
+        self._epoch_due = 0.0
 
     def _epoch_samples(self, dataset: Dataset) -> int | None:
         if dataset.name not in self._samples:
@@ -148,14 +153,9 @@ class ClientDesk:
         if peer not in self.stage.sessions and len(self.stage.sessions) >= cap:
             return self._refuse(peer, f"the daemon serves {cap} clients, its cap (service.max_clients)", "capacity")
         old = self.stage.sessions.get(peer)
-        epoch_due = 0.0
         if old is not None:
-            started = time.monotonic()
             self.drop(old, "said hello again")  # its job's streams go with it, not just the session
-            # Dropping its streams cost O(files) too: a hello and an epoch in a loop keep the pace of epochs.
-            epoch_due = max(old.epoch_due, time.monotonic() + EPOCH_PACING * (time.monotonic() - started))
         session = self.stage.open_session(peer, rank, world_size, hello.prefetch)
-        session.epoch_due = epoch_due
         session.dataset, session.settings = dataset.name, dataset.settings
         self._join_job(session, dataset, hello.job)
         log.log(
@@ -224,47 +224,68 @@ class ClientDesk:
         return None
 
     def _on_epoch(self, session: Session, message: P.Epoch) -> str | None:
-        """Refuse a bad EPOCH at once; start a good one now, or once the session's pace allows (``EPOCH_PACING``)."""
+        """Refuse a bad EPOCH at once; start a good one now, or in its turn once the pace allows (``EPOCH_PACING``)."""
+        # Whatever becomes of this request, the client gave up the one before it (a request waiting goes to the back).
+        session.parked_epoch = None
+        self._parked.pop(session.peer, None)
         if message.credit is not None and not 1 <= message.credit <= MAX_PREFETCH:
             return self._refuse(session.peer, f"an epoch credit of {message.credit} is outside 1..{MAX_PREFETCH}")
         anchor = self._anchor(self.jobs[session.job], message)
         if isinstance(anchor, str):
-            return self._refuse_epoch(session, message, anchor)
-        # Either way an epoch parked before is given up: the client asked for a newer one.
-        if time.monotonic() < session.epoch_due:
+            return self._refuse_epoch(session, message, anchor, "ConfigError")
+        if self._parked or time.monotonic() < self._epoch_due:
             session.parked_epoch = message
+            session.credits = 0  # the epoch it leaves is not read on meanwhile: the client dropped it
             self._parked[session.peer] = session
             return None
-        session.parked_epoch = None
-        self._start_epoch(session, message, anchor)
-        return None
+        return self._start_epoch(session, message, anchor)
 
-    def _refuse_epoch(self, session: Session, message: P.Epoch, why: str) -> str:
-        error = WorkerError("ConfigError", why).to_dict()
+    def _refuse_epoch(self, session: Session, message: P.Epoch, why: str, kind: str) -> str:
+        error = WorkerError(kind, why).to_dict()
         self._router.send(session.peer, P.encode(P.Error(gen=message.gen, error=error, message=why)))
         return why
 
-    def start_parked_epochs(self, now: float) -> None:
-        """Start the EPOCHs that waited for their session's pace and are due (each loop turn)."""
-        for peer, session in list(self._parked.items()):
-            if self.stage.sessions.get(peer) is not session or session.parked_epoch is None:
-                del self._parked[peer]  # the session left (or said hello again): its request went with it
-            elif now >= session.epoch_due:
-                del self._parked[peer]
-                message, session.parked_epoch = session.parked_epoch, None
-                anchor = self._anchor(self.jobs[session.job], message)  # checked when it came: the same job
-                if isinstance(anchor, str):
-                    self._refuse_epoch(session, message, anchor)
-                else:
-                    self._start_epoch(session, message, anchor)
+    def start_parked_epochs(self) -> list[tuple[bytes, str]]:
+        """Start the EPOCHs that waited, in the order asked, while the pace allows (each loop turn); the
+        (peer, why) of those refused."""
+        refused = []
+        while self._parked and time.monotonic() >= self._epoch_due:
+            peer = next(iter(self._parked))
+            session = self._parked.pop(peer)
+            message, session.parked_epoch = session.parked_epoch, None
+            if self.stage.sessions.get(peer) is not session or message is None:
+                continue  # the session left (or said hello again): its request went with it
+            anchor = self._anchor(self.jobs[session.job], message)  # checked when it came: the same job
+            if isinstance(anchor, str):
+                why: str | None = self._refuse_epoch(session, message, anchor, "ConfigError")
+            else:
+                why = self._start_epoch(session, message, anchor)
+            if why:
+                refused.append((peer, why))
+        return refused
 
     def parked_due_in(self, now: float) -> float:
-        """Seconds until a parked EPOCH is due (inf: none is parked), so the loop does not sleep past it."""
-        return min((s.epoch_due - now for s in self._parked.values()), default=float("inf"))
+        """Seconds until a parked EPOCH may start (inf: none waits), so the loop does not sleep past it."""
+        return self._epoch_due - now if self._parked else float("inf")
 
-    def _start_epoch(self, session: Session, message: P.Epoch, anchor: Anchor) -> None:
-        """Attach ``session`` to the stream of the epoch it asked for (new, or its job's), and set its pace."""
+    def _paced(self, started: float) -> None:
+        """Work of O(files) began at ``started`` and ends now: the next epoch waits ``EPOCH_PACING`` times it."""
+        ended = time.monotonic()
+        self._epoch_due = max(self._epoch_due, ended + EPOCH_PACING * (ended - started))
+
+    def _start_epoch(self, session: Session, message: P.Epoch, anchor: Anchor) -> str | None:
+        """Attach ``session`` to the stream of the epoch it asked for (new, or its job's); why not, if it failed."""
         started = time.monotonic()
+        try:
+            self._attach_epoch(session, message, anchor)
+        except Exception as exc:  # what no check foresaw: this request fails, not the daemon (nor a client's wait)
+            log.debug("starting epoch %d for client %d failed", message.epoch, session.session_id, exc_info=True)
+            return self._refuse_epoch(session, message, f"EPOCH failed: {type(exc).__name__}: {exc}", "EpochError")
+        finally:
+            self._paced(started)
+        return None
+
+    def _attach_epoch(self, session: Session, message: P.Epoch, anchor: Anchor) -> None:
         job = self.jobs[session.job]
         self.stage.on_epoch_request(session, message.shm, message.pack)
         self.stage.detach(session)
@@ -273,8 +294,6 @@ class ClientDesk:
         self.stage.attach(session, stream, message.gen, credits)
         session.read_ahead = job.read_ahead = message.ahead
         self._tidy(job)
-        ended = time.monotonic()
-        session.epoch_due = ended + EPOCH_PACING * (ended - started)
 
     def _anchor(self, job: Job, message: P.Epoch) -> Anchor | str:
         """The anchor an epoch request starts from, or why it cannot be used."""
@@ -353,8 +372,18 @@ class ClientDesk:
             self._new_stream(job, epoch, 0, start_anchor())
 
     def drop(self, session: Session, why: str) -> None:
-        """Forget a client: free its rows; streams its job no longer needs are dropped."""
+        """Forget a client: free its rows; streams its job no longer needs are dropped (that work paces the next
+        epoch: a client saying hello, asking for an epoch and saying goodbye in a loop keeps the pace too)."""
+        started = time.monotonic()
+        try:
+            self._drop(session, why)
+        finally:
+            self._paced(started)
+
+    def _drop(self, session: Session, why: str) -> None:
         log.log(self._lines.level(session.peer, "detached"), "client %d detached: %s", session.session_id, why)
+        if self._parked.get(session.peer) is session:
+            del self._parked[session.peer]  # its waiting request goes with it
         self.stage.close_session(session)
         job = self.jobs.get(session.job)
         if job is None:

@@ -371,7 +371,8 @@ class Daemon:
                 self._on_control(*got)
                 if time.monotonic() >= budget_ends:
                     break  # the rest waits a turn (zmq queues it fairly per peer): worker data goes first
-        self.clients.start_parked_epochs(time.monotonic())
+        for peer, why in self.clients.start_parked_epochs():
+            self.rejects.reject(who_of(peer), why)
         self.clients.handle_events()
         for session in list(self.stage.sessions.values()):
             self._pump(session)

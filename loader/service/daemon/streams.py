@@ -81,10 +81,8 @@ class Session:
     # (epoch, files, files done, samples sent) of the epoch whose END it was sent last: the client may
     # still be reading it, so the loader_epoch* gauges go on showing it until the next epoch starts.
     finished: tuple[int, int, int, int] | None = None
-    # An EPOCH costs the loop O(files) (``desk.EPOCH_PACING``): the next one is not started before this time, and
-    # one that comes sooner waits here (a newer one replaces it: the client gave the older up).
-    epoch_due: float = 0.0
-    parked_epoch: Any = None  # a ``protocol.Epoch``
+    # A ``protocol.Epoch`` waiting for the pace of epochs (``desk.EPOCH_PACING``); a newer one replaces it.
+    parked_epoch: Any = None
 
     def epoch_progress(self) -> tuple[int, int, int, int] | None:
         """(epoch, files, files done, samples sent to this rank) of the epoch it reads, else of the one it was

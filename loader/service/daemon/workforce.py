@@ -197,8 +197,7 @@ class WorkerPool:
         # Deaths before a first file, of workers this daemon started and did not retire, back off the next start.
         early = replace and started_here and not jobs and record.files_done == 0
         left = how == LEFT
-        if not left:  # a goodbye is no failure to start: it backs off the next start, and counts nothing
-            self._note_start(record, early, exitcode)
+        self._note_start(record, early, exitcode, why if left else None)
         # Only deaths of workers this daemon started count against a file: a peer that takes a lease and
         # leaves (says BYE, goes silent) must not be able to fail an epoch by doing it three times.
         # Only the file it was reading (the first granted): the files queued behind it did not kill it.
@@ -212,9 +211,7 @@ class WorkerPool:
         if started_here and not stopping and replace:
             self.coordinator.restarts += 1
             delay = 0.0
-            if early and left:
-                delay = START_BACKOFF_S
-            elif early:
+            if early:
                 delay = min(MAX_START_BACKOFF_S, START_BACKOFF_S * 2 ** min(self.start_failures - 1, 30))
             self._launch_at.append(time.monotonic() + delay)  # reap() starts it when due
 
@@ -274,13 +271,17 @@ class WorkerPool:
             return WorkerError("WorkerDiedError", message, worker=worker, file=path).to_dict()
         return WorkerDiedError(f"worker {worker}", exitcode, worker=worker, file=path).to_dict()
 
-    def _note_start(self, record: WorkerRecord, early: bool, exitcode: int | None) -> None:
-        """Count deaths before a first file; fail the waiting epochs once there were too many in a row."""
+    def _note_start(self, record: WorkerRecord, early: bool, exitcode: int | None, goodbye: str | None) -> None:
+        """Count deaths (and goodbyes: ``goodbye`` is why it left) before a first file; fail the waiting epochs
+        once there were too many in a row."""
         self.start_failures = self.start_failures + 1 if early else 0
         if not early or self.start_failures < MAX_START_FAILURES or self._on_start_failed is None:
             return
-        died = WorkerDiedError(f"worker {record.worker_id}", exitcode, worker=record.worker_id)
-        message = f"{self.start_failures} workers in a row died before reading a file; the last: {died.message}"
+        if goodbye is not None:
+            last = f"worker {record.worker_id} {goodbye}"
+        else:
+            last = WorkerDiedError(f"worker {record.worker_id}", exitcode, worker=record.worker_id).message
+        message = f"{self.start_failures} workers in a row died before reading a file; the last: {last}"
         self._on_start_failed(WorkerError("WorkerDiedError", message, worker=record.worker_id).to_dict())
 
     def close(self, join_timeout_s: float) -> None:

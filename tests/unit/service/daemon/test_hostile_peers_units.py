@@ -224,11 +224,10 @@ def test_forged_data_under_many_claimed_worker_names_is_logged_once_a_minute_not
     assert "worker 'w0" in lines[0] and lines[0].isprintable(), lines[0]  # the claim is still shown, as a claim
 
 
-# -- a client asking for epoch after epoch ---------------------------------------------------------------------
-def test_epochs_asked_faster_than_their_cost_wait_for_the_clients_pace_and_only_the_newest_starts(tmp_path):
-    """An EPOCH costs the loop O(files); one client asking for epoch after epoch of 20,000 leases took the whole
-    loop (another client's epoch stalled for 30 s under a loaded CI). Its requests now wait for its pace
-    (``EPOCH_PACING`` times the cost of its last), and one waiting is replaced by the next: it was given up."""
+# -- clients asking for epoch after epoch ----------------------------------------------------------------------
+@pytest.fixture
+def idle_daemon(tmp_path):
+    """A daemon without workers, its messages handed to it directly (no loop thread)."""
     from loader.config import LoaderConfig
     from loader.service.daemon.loop import Daemon
 
@@ -236,43 +235,100 @@ def test_epochs_asked_faster_than_their_cost_wait_for_the_clients_pace_and_only_
     config = LoaderConfig.from_dict(
         {"source": {"files": [str(tmp_path / "*.npy")]}, "service": {"bind": "tcp://127.0.0.1:*"}}
     )
-    peer = b"flooder"
-
-    def epoch(n: int) -> None:
-        daemon._on_control(peer, P.encode(P.Epoch(epoch=n, gen=n + 1, credit=1, ahead=False)))
-
-    def reading(session: Any) -> tuple[int, int]:
-        stream = session.current
-        return stream.epoch, stream.gens[session.rank]
-
     with Daemon(config, start_workers=False) as daemon:
+        yield daemon
+
+
+def _epoch(daemon: Any, peer: bytes, n: int, **fields: Any) -> None:
+    daemon._on_control(peer, P.encode(P.Epoch(epoch=n, gen=n + 1, credit=1, ahead=False, **fields)))
+
+
+def _reading(daemon: Any, peer: bytes) -> tuple[int, int] | None:
+    session = daemon.stage.sessions[peer]
+    stream = session.current
+    return None if stream is None else (stream.epoch, stream.gens[session.rank])
+
+
+def test_epochs_asked_faster_than_their_cost_wait_in_line_and_only_a_clients_newest_starts(idle_daemon):
+    """Starting an epoch costs the loop O(files); one client asking for epoch after epoch of 20,000 leases took the
+    whole loop (another client's epoch stalled for 30 s under a loaded CI). The next EPOCH of any client now starts
+    no sooner than ``EPOCH_PACING`` times the cost of the last; those asked sooner wait in line, and a client's
+    waiting request is replaced by its next (it gave the older up)."""
+    daemon = idle_daemon
+    clients = daemon.clients
+    flooder, honest = b"flooder", b"honest"
+    for peer in (flooder, honest):
         daemon._on_control(peer, P.encode(P.ClientHello()))
-        session = daemon.stage.sessions[peer]
-        before = time.monotonic()
-        epoch(0)
-        assert reading(session) == (0, 1)
-        assert session.epoch_due > before, "its pace is set by what the epoch cost"
-        session.epoch_due = time.monotonic() + 60  # an epoch that cost 15 s
-        epoch(1)
-        epoch(2)
-        assert reading(session) == (0, 1), "asked too soon: waits"
-        assert session.parked_epoch.epoch == 2 and daemon.clients.parked_due_in(time.monotonic()) > 50
-        streams = len(daemon.stage.streams)
-        session.epoch_due = 0.0
-        daemon.clients.start_parked_epochs(time.monotonic())
-        assert reading(session) == (2, 3), "the newest request starts; epoch 1 was given up unread"
-        assert len(daemon.stage.streams) == streams, "epoch 0's stream went, epoch 2's came: 1 was never made"
-        assert daemon.clients.parked_due_in(time.monotonic()) == float("inf")
+    before = time.monotonic()
+    _epoch(daemon, flooder, 0)
+    assert _reading(daemon, flooder) == (0, 1)
+    assert clients._epoch_due > before, "the pace is set by what the epoch cost"
+    clients._epoch_due = time.monotonic() + 60  # as after an epoch that cost 15 s
+    _epoch(daemon, flooder, 1)
+    _epoch(daemon, honest, 0)
+    _epoch(daemon, flooder, 2)
+    assert _reading(daemon, flooder) == (0, 1) and _reading(daemon, honest) is None, "asked too soon: they wait"
+    assert daemon.stage.sessions[flooder].credits == 0, "the epoch it gave up is not read on meanwhile"
+    assert clients.parked_due_in(time.monotonic()) > 50
+    assert clients.start_parked_epochs() == [] and _reading(daemon, honest) is None, "not due yet"
+    streams = len(daemon.stage.streams)
+    clients._epoch_due = 0.0
+    clients.start_parked_epochs()
+    # In the order asked (the flooder's newest asked last), and one at a time: the first start sets the pace.
+    assert _reading(daemon, honest) == (0, 1) and _reading(daemon, flooder) == (0, 1)
+    clients._epoch_due = 0.0
+    clients.start_parked_epochs()
+    assert _reading(daemon, flooder) == (2, 3), "the newest request starts; epoch 1 was given up, never made"
+    assert len(daemon.stage.streams) == streams + 1, "the honest client's stream came; the flooder's replaced"
+    assert clients.parked_due_in(time.monotonic()) == float("inf")
+    assert daemon.status()["rejected_messages"] == 0
 
-        session.epoch_due = time.monotonic() + 60
-        epoch(3)  # parked ...
-        session.epoch_due = 0.0
-        epoch(4)  # ... and given up: a request that may start now starts, and an older one waiting is dropped
-        daemon.clients.start_parked_epochs(time.monotonic())
-        assert reading(session) == (4, 5)
 
-        session.epoch_due = due = time.monotonic() + 60
-        daemon._on_control(peer, P.encode(P.ClientHello()))  # a hello drops the session: its pace stays
-        again = daemon.stage.sessions[peer]
-        assert again is not session and again.epoch_due >= due
-        assert daemon.status()["rejected_messages"] == 0
+def test_a_refused_request_gives_up_the_one_waiting_and_a_client_that_leaves_takes_its_own(idle_daemon):
+    daemon, clients, peer = idle_daemon, idle_daemon.clients, b"client"
+    daemon._on_control(peer, P.encode(P.ClientHello()))
+    clients._epoch_due = time.monotonic() + 60
+    _epoch(daemon, peer, 3)
+    _epoch(daemon, peer, 4, position=5)  # refused at once: a resume position without its anchor
+    assert daemon.status()["rejected_messages"] == 1
+    clients._epoch_due = 0.0
+    clients.start_parked_epochs()
+    assert _reading(daemon, peer) is None, "epoch 3 was given up when epoch 4 was asked for"
+    clients._epoch_due = time.monotonic() + 60
+    _epoch(daemon, peer, 5)
+    daemon._on_control(peer, P.encode(P.Bye()))
+    assert clients.parked_due_in(time.monotonic()) == float("inf"), "its request left with it"
+
+
+def test_reconnecting_does_not_reset_the_pace(idle_daemon):
+    """The pace is the daemon's, not a session's: a client saying goodbye and hello again (or a fresh identity
+    each time) waits in the same line, and dropping its streams (O(files) too) paces the next epoch."""
+    daemon, clients, peer = idle_daemon, idle_daemon.clients, b"client"
+    daemon._on_control(peer, P.encode(P.ClientHello()))
+    _epoch(daemon, peer, 0)
+    clients._epoch_due = due = time.monotonic() + 60
+    daemon._on_control(peer, P.encode(P.Bye()))
+    daemon._on_control(peer, P.encode(P.ClientHello()))
+    _epoch(daemon, peer, 1)
+    assert _reading(daemon, peer) is None and clients._epoch_due >= due
+
+
+def test_an_epoch_that_fails_to_start_fails_that_request_not_the_daemon(idle_daemon, monkeypatch):
+    daemon, clients, peer = idle_daemon, idle_daemon.clients, b"client"
+    daemon._on_control(peer, P.encode(P.ClientHello()))
+    clients._epoch_due = time.monotonic() + 60
+    _epoch(daemon, peer, 0)
+
+    def boom(*args: Any) -> None:
+        raise KeyError("what no check foresaw")
+
+    monkeypatch.setattr(clients, "_stream_for", boom)
+    told: list[Any] = []
+    monkeypatch.setattr(clients._router, "send", lambda to, frames: told.append((to, P.decode(frames)[0])) or True)
+    clients._epoch_due = 0.0
+    daemon.step(0.0)  # starts the waiting request in the loop: it fails, and the loop goes on
+    assert daemon.status()["rejected_messages"] == 1
+    ((to, error),) = told  # the client is told, not left to its timeout
+    assert to == peer and isinstance(error, P.Error) and error.gen == 1
+    assert error.error["message"] == "EPOCH failed: KeyError: 'what no check foresaw'"
+    daemon.step(0.0)

@@ -15,6 +15,7 @@ from loader.service.daemon.records import WorkerRecord
 from loader.service.daemon.workforce import (
     HUNG_FILE_ATTEMPTS,
     MAX_FILE_ATTEMPTS,
+    MAX_START_FAILURES,
     RETIRED_IDLE,
     START_BACKOFF_S,
     WorkerPool,
@@ -215,15 +216,24 @@ def test_a_started_worker_that_took_the_daemon_for_gone_is_replaced_and_its_reas
     assert len(pool.launcher.started) == 2
 
 
-def test_a_goodbye_before_a_first_file_backs_off_without_counting_as_a_failed_start():
+def test_goodbyes_before_a_first_file_back_off_and_in_the_end_fail_the_waiting_epochs():
+    """A worker that says goodbye before its first file, each time, is not restarted in a busy loop for ever."""
+    failed: list[dict[str, Any]] = []
     pool = Pool()
-    (fresh,) = pool.coordinator.workers.values()
-    fresh.peer = b"fresh"
-    before = time.monotonic()
-    pool.pool.on_message(fresh, P.Bye())
-    (due,) = pool.pool._launch_at
-    assert due >= before + START_BACKOFF_S, "a worker leaving at once and for ever is not restarted in a busy loop"
-    assert pool.pool.start_failures == 0
+    pool.pool._on_start_failed = failed.append
+    delays = []
+    for _ in range(MAX_START_FAILURES):
+        fresh = list(pool.coordinator.workers.values())[-1]
+        fresh.peer = b"fresh-%d" % fresh.pid
+        before = time.monotonic()
+        pool.pool.on_message(fresh, P.Bye(reason="lost the daemon: refused"))
+        (due,) = pool.pool._launch_at
+        delays.append(due - before)
+        pool.pool._launch_at = [0.0]
+        pool.pool.reap()
+    assert delays[0] >= START_BACKOFF_S and delays[-1] > 2 * delays[0], delays
+    ((error),) = failed
+    assert error["message"].endswith("said goodbye (lost the daemon: refused)"), error["message"]
 
 
 def test_a_peers_goodbye_and_workers_leaving_while_the_daemon_stops_start_nothing(caplog):

@@ -1,0 +1,26 @@
+"""The worker's control link: a daemon silent past the heartbeat timeout is reported, and the worker's goodbye
+saying so still reaches it (a daemon that was only held up replaces the worker and logs why)."""
+
+from __future__ import annotations
+
+from loader.service import protocol as P
+from loader.service.transport.inproc import FakeChannel
+from tests.helpers import wait_until
+from workers.control import ControlLink
+
+
+def test_a_goodbye_sent_after_the_daemon_went_silent_still_goes_out():
+    near, daemon = FakeChannel.pair()
+    link = ControlLink(near, interval_s=0.05, timeout_s=0.3)
+    link.start()
+    try:
+        assert wait_until(lambda: link.lost is not None, timeout_s=5)
+        assert link.lost.startswith("daemon silent for ")
+        link.send(P.Bye(reason=link.lost))
+    finally:
+        link.close()
+    said = []
+    while (frames := daemon.recv(0.1)) is not None:
+        said.append(P.decode(frames)[0])
+    assert said and all(isinstance(m, (P.Heartbeat, P.Bye)) for m in said)
+    assert isinstance(said[-1], P.Bye) and said[-1].reason.startswith("daemon silent for "), said[-1]
