@@ -552,6 +552,7 @@ class Client(NotADataset):
                         state.over = True
                         self._out.put(("error", message.gen, exc))
                         continue
+                self._check_rows(message, columns)
                 self._largest_message = max(self._largest_message, block_nbytes(columns))
                 parts = self._parts(message)
                 self._received[0] += len(parts)
@@ -584,6 +585,13 @@ class Client(NotADataset):
             return P.decode(frames)
         except MalformedMessageError as exc:
             raise TransportError(f"the loader daemon at {self.address} sent a malformed message: {exc}") from None
+
+    def _check_rows(self, message: P.Batch, columns: dict[str, np.ndarray]) -> None:
+        """A batch has rows, in columns (decoding checked that each holds ``count``): a batch of no columns
+        reached the training loop as ``{}``."""
+        if message.count < 1 or not columns:
+            held = f"{len(columns)} column(s)" if columns else "no columns"
+            raise TransportError(f"the loader daemon at {self.address} sent a batch of {message.count} rows in {held}")
 
     def _parts(self, message: P.Batch) -> list[tuple[int, Place | None]]:
         """(rows, place after it) of each batch a BATCH message holds: one, or its ``parts``."""

@@ -229,7 +229,9 @@ class ClientDesk:
         session.parked_epoch = None
         self._parked.pop(session.peer, None)
         if message.credit is not None and not 1 <= message.credit <= MAX_PREFETCH:
-            return self._refuse(session.peer, f"an epoch credit of {message.credit} is outside 1..{MAX_PREFETCH}")
+            # With the request's gen: an ERROR of no request is dropped by the client, which then waited its timeout.
+            why = f"an epoch credit of {message.credit} is outside 1..{MAX_PREFETCH}"
+            return self._refuse_epoch(session, message, why, "ConfigError")
         anchor = self._anchor(self.jobs[session.job], message)
         if isinstance(anchor, str):
             return self._refuse_epoch(session, message, anchor, "ConfigError")

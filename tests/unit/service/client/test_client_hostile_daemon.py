@@ -4,6 +4,7 @@ its daemon")."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -72,6 +73,18 @@ def test_ends_and_errors_beyond_the_one_that_ends_a_request_are_not_queued():
         time.sleep(0.3)  # the receiver's last round
         assert client._out.qsize() <= 2, client._out.qsize()
         assert list(batches) == []  # the first END ended the epoch
+
+
+@pytest.mark.parametrize(("count", "columns", "held"), [(2, {}, "no columns"), (0, {"x": np.zeros(0)}, "1 column(s)")])
+def test_a_batch_of_no_rows_or_no_columns_ends_the_client_naming_the_daemon(count, columns, held):
+    # A batch of no columns reached the training loop as {} (columns of other lengths than the count fail to decode).
+    def serve(far: Any, epoch: P.Epoch) -> None:
+        far.send(P.encode(P.Batch(gen=epoch.gen, epoch=0, count=count), columns))
+
+    with _client(serve) as client:
+        message = f"the loader daemon at fake://daemon sent a batch of {count} rows in {held}"
+        with pytest.raises(TransportError, match=f"^{re.escape(message)}$"):
+            list(client.epoch())
 
 
 def _receiver(pool: ArenaPool) -> Any:

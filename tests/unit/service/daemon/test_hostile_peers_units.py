@@ -332,3 +332,17 @@ def test_an_epoch_that_fails_to_start_fails_that_request_not_the_daemon(idle_dae
     assert to == peer and isinstance(error, P.Error) and error.gen == 1
     assert error.error["message"] == "EPOCH failed: KeyError: 'what no check foresaw'"
     daemon.step(0.0)
+
+
+def test_an_epoch_credit_out_of_bounds_is_refused_to_that_request(idle_daemon, monkeypatch):
+    # Refused without the request's gen, the ERROR was dropped by the client, which waited out its timeout.
+    daemon, peer = idle_daemon, b"client"
+    daemon._on_control(peer, P.encode(P.ClientHello()))
+    told: list[Any] = []
+    monkeypatch.setattr(daemon.clients._router, "send", lambda to, frames: told.append(P.decode(frames)[0]) or True)
+    daemon._on_control(peer, P.encode(P.Epoch(epoch=0, gen=7, credit=5000)))
+    ((error,),) = [told]
+    assert (
+        isinstance(error, P.Error) and error.gen == 7 and "an epoch credit of 5000 is outside 1..1024" in error.message
+    )
+    assert daemon.status()["rejected_messages"] == 1
