@@ -69,6 +69,19 @@ def test_import_loader_stays_cheap():
     assert _fresh_package()["zmq"] is False
 
 
+def test_a_daemon_and_a_worker_import_neither_asyncio_nor_zmq_auth_without_curve():
+    # zmq.auth.thread and zmq.utils.monitor import asyncio: about 40 ms at every worker's start, on the path to
+    # the first batch (docs/performance.md, "Start-up"). They are imported where CURVE or a peer watch is used.
+    code = (
+        "import sys; import loader.cli, loader.service.daemon.loop, workers.main; "
+        "print(sorted(m for m in ('asyncio', 'zmq.auth', 'zmq.utils.monitor') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S, check=True
+    )
+    assert done.stdout.strip() == "[]"
+
+
 def test_every_name_in_all_resolves_here_too():
     for name in loader.__all__:
         value = getattr(loader, name)

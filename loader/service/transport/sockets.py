@@ -34,9 +34,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import zmq
-import zmq.auth
-from zmq.auth.thread import ThreadAuthenticator
-from zmq.utils.monitor import recv_monitor_message
 
 from loader.errors import ConfigError, ServiceUnavailableError, TransportError
 from loader.service.transport.auth import CurveClient, CurveServer, peer_from_env
@@ -72,6 +69,10 @@ class AuthServer:
     """
 
     def __init__(self, keys: CurveServer) -> None:
+        # Imported here: zmq.auth.thread imports asyncio (about 20 ms), which every process (daemon, worker,
+        # client) paid at start-up, with or without CURVE.
+        from zmq.auth.thread import ThreadAuthenticator
+
         self.keys = keys
         self.context = zmq.Context()
         self._auth = ThreadAuthenticator(self.context)
@@ -127,6 +128,8 @@ def curve_keypair() -> tuple[bytes, bytes]:
 
 def create_key_files(directory: str, name: str) -> tuple[str, str]:
     """Write ``name.key`` (public) and ``name.key_secret`` (owner-only) into ``directory``; their paths."""
+    import zmq.auth  # only where keys are made or read (``AuthServer``)
+
     os.makedirs(directory, mode=0o700, exist_ok=True)
     public, secret = zmq.auth.create_certificates(directory, name)
     os.chmod(secret, 0o600)
@@ -135,6 +138,8 @@ def create_key_files(directory: str, name: str) -> tuple[str, str]:
 
 def load_key_file(path: str) -> tuple[bytes, bytes | None]:
     """(public, secret or None) from a zmq certificate file; ``ConfigError`` naming the file otherwise."""
+    import zmq.auth
+
     try:
         public, secret = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as exc:
@@ -148,6 +153,8 @@ def load_public_keys(directory: str) -> frozenset[bytes]:
     """The public keys of every ``*.key`` file in ``directory``."""
     if not os.path.isdir(directory):
         raise ConfigError(f"authorized keys directory {directory} does not exist")
+    import zmq.auth
+
     keys = frozenset(zmq.auth.load_certificates(directory))
     if not keys:
         raise ConfigError(
@@ -301,6 +308,10 @@ class PeerWatch:
     _EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
 
     def __init__(self, sock: zmq.Socket) -> None:
+        # Imported here: zmq.utils.monitor imports asyncio (about 20 ms), which workers and the daemon never need.
+        from zmq.utils.monitor import recv_monitor_message
+
+        self._recv_event = recv_monitor_message
         self._sock = sock
         self._monitor: zmq.Socket | None = sock.get_monitor_socket(self._EVENTS)
         self._lost = False
@@ -316,7 +327,7 @@ class PeerWatch:
             try:
                 if not int(self._monitor.get(zmq.EVENTS)) & zmq.POLLIN:  # asked every round: 1.5 us, a raised Again 3
                     return
-                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)
+                event = self._recv_event(self._monitor, zmq.NOBLOCK)
             except zmq.ZMQError:  # the monitor went away with its socket: nothing more to learn
                 return
             kind = event.get("event")
