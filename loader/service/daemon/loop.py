@@ -47,6 +47,7 @@ from loader.service.daemon.rejects import LOG_EVERY_S, Rejects
 from loader.service.daemon.stage import Stage, frames_nbytes
 from loader.service.daemon.streams import Session
 from loader.service.daemon.workforce import HUNG_FILE_ATTEMPTS, MAX_FILE_ATTEMPTS, WorkerPool
+from loader.service.shm.file_layout import FileChangedError
 from loader.service.shm.pool import open_pool
 from loader.service.transport import auth, links, sockets
 
@@ -521,7 +522,11 @@ class Daemon:
             path, seen = (job.path, job.file_identities) if job is not None else (None, None)
             first = self.datasets.file_record(message.file, 0)  # a piece's rows begin past record 0 of its file
             arena = self.pool.arena_of(message.worker)
-            self.stage.refs.check_owned(message.refs, columns, arena, message, path, seen, first)
+            try:
+                self.stage.refs.check_owned(message.refs, columns, arena, message, path, seen, first)
+            except FileChangedError as exc:  # only that: a peer's bad reference (an unknown member) is refused
+                self._file_changed(message, path, exc)
+                return None
         # The coordinator only notes the time: a worker that sends (acceptable) data is not hung.
         self.coordinator.progressed(message.worker, message.lease)
         if isinstance(message, P.Chunk):
@@ -531,6 +536,15 @@ class Daemon:
         elif isinstance(message, P.FileError):
             self.stage.on_file_error(message)
         return None
+
+    def _file_changed(self, chunk: P.Chunk, path: str | None, exc: FileChangedError) -> None:
+        """The leased file changed under its lease (the daemon's own stat says so), seen in rows of the worker
+        holding it: the file fails now, named, at the chunk's first record. Dropping the chunk alone left the epoch to
+        fail at the lease's FILE_DONE as LostDataError, "a chunk was lost on the way", with the cause only in
+        the daemon's log."""
+        record = self.stage.file_record(chunk.file, chunk.record)
+        error = WorkerError("FileChangedError", str(exc), worker=chunk.worker, file=path, record=record)
+        self.stage.fail_file(chunk.stream, chunk.file, error.to_dict(), lost=chunk.count)
 
     def _on_control(self, peer: bytes, frames: list[Any]) -> None:
         who = who_of(peer)

@@ -19,7 +19,7 @@ from loader.service.blocks import Block
 from loader.service.shm import file_rows as F
 from loader.service.shm import refs as R
 from loader.service.shm.arena import ArenaError
-from loader.service.shm.file_layout import Identity
+from loader.service.shm.file_layout import FileChangedError, Identity
 
 
 def bind_file_rows(
@@ -55,7 +55,7 @@ def bind_file_rows(
         raise ArenaError(f"reference column {name!r} names file rows other than its chunk's records")
     ref_id, layout = files.resolve(path, name)  # FileRowsError (an ArenaError) names the file
     if seen is not None and seen.setdefault(layout.file, layout.identity) != layout.identity:
-        raise F.FileRowsError(f"{layout.file} changed while its lease was read (size, mtime or inode)")
+        raise FileChangedError(f"{layout.file} changed while its lease was read (size, mtime or inode)")
     parsed = R.parse_specs(specs)
     for spec_id in np.unique(values[:, 2]).tolist():
         claimed = parsed.get(spec_id)

@@ -35,6 +35,11 @@ class FileRowsError(ArenaError, DataError):
     changed data file is the user's to fix."""
 
 
+class FileChangedError(FileRowsError):
+    """The data file changed (size, mtime or inode) while its rows were read or in flight: a fact about the
+    file, seen by the daemon's own stat, never a claim of a peer (so the daemon fails that file, by name)."""
+
+
 @dataclass(frozen=True)
 class Layout:
     """Where the rows of one member lie: read from the file's header, never from a peer."""

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from loader.service.shm.file_layout import FileRowsError, Layout, identity, member_file, read_layout
+from loader.service.shm.file_layout import FileChangedError, FileRowsError, Layout, identity, member_file, read_layout
 
 FILE_ROWS = -2  # column 0 of a worker's file-row reference: the leased file; the stage's ids go down from here
 MAX_OPEN_FILES = 64  # file descriptors a reader keeps open for file rows (least recently used closed first)
@@ -71,14 +71,14 @@ class RowFile:
         if first < 0 or count < 0 or first + count > layout.rows:
             raise FileRowsError(f"{layout.file}: row {first + count - 1} is outside its {layout.rows} rows")
         if identity(os.fstat(self._fd)) != layout.identity:
-            raise FileRowsError(f"{layout.file} changed while its rows were in flight (size, mtime or inode)")
+            raise FileChangedError(f"{layout.file} changed while its rows were in flight (size, mtime or inode)")
         view = out.data.cast("B")  # a C-contiguous run of rows of the destination
         total, done = count * row_bytes, 0
         offset = layout.offset + first * row_bytes
         while done < total:
             got = os.preadv(self._fd, [view[done:total]], offset + done)
             if got <= 0:
-                raise FileRowsError(f"{layout.file} changed while its rows were in flight (it is shorter)")
+                raise FileChangedError(f"{layout.file} changed while its rows were in flight (it is shorter)")
             done += got
 
     def close(self) -> None:

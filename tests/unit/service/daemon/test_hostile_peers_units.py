@@ -346,3 +346,31 @@ def test_an_epoch_credit_out_of_bounds_is_refused_to_that_request(idle_daemon, m
         isinstance(error, P.Error) and error.gen == 7 and "an epoch credit of 5000 is outside 1..1024" in error.message
     )
     assert daemon.status()["rejected_messages"] == 1
+
+
+def test_rows_of_a_file_that_changed_under_its_lease_fail_that_file_by_name_at_once(idle_daemon, monkeypatch):
+    """The stage refuses file rows of a file that changed under its lease (``bind_file_rows``). The chunk was
+    dropped as a peer's bad message, and the epoch failed at the lease's FILE_DONE as LostDataError ("a chunk was
+    lost on the way"), the cause only in the daemon's log. The worker holds the lease: the file fails now."""
+    from loader.service.daemon.streams import StreamFailed
+    from loader.service.shm.file_layout import FileChangedError
+
+    daemon, peer = idle_daemon, b"client"
+    daemon._on_control(peer, P.encode(P.ClientHello()))
+    _epoch(daemon, peer, 0)
+    stream = daemon.stage.sessions[peer].current
+    worker = daemon.coordinator.add_worker("w1")
+    job = daemon.coordinator.next_job(worker)
+    assert job is not None and job.stream_id == stream.stream_id
+    chunk = P.Chunk(stream=stream.stream_id, file=job.file_index, lease=job.lease_id, worker="w1", record=1, count=2)
+    monkeypatch.setattr(daemon.stage, "chunk_problem", lambda chunk, columns: None)
+
+    def changed(*args: Any) -> None:
+        raise FileChangedError(f"{job.path} changed while its lease was read (size, mtime or inode)")
+
+    monkeypatch.setattr(daemon.stage.refs, "check_owned", changed)
+    assert daemon._on_file_message(chunk, {}) is None, "not the peer's fault: no refusal counted"
+    (event,) = [e for e in daemon.stage.events if isinstance(e, StreamFailed)]
+    error = event.error
+    assert (error["type"], error["file"], error["record"], error["worker"]) == ("FileChangedError", job.path, 1, "w1")
+    assert error["message"].endswith("changed while its lease was read (size, mtime or inode)")
