@@ -646,6 +646,8 @@ class Daemon:
                     "batches_sent": s.batches_sent,
                     "samples_sent": s.samples_sent,
                     "wait_s": round(s.wait_s, 3),
+                    # The epoch it asked for waits for the pace of epochs (``desk.EPOCH_PACING``): None when none.
+                    "epoch_waiting": s.parked_epoch.epoch if s.parked_epoch is not None else None,
                 }
                 for s in self.stage.sessions.values()
             ],

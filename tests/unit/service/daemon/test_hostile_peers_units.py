@@ -269,6 +269,8 @@ def test_epochs_asked_faster_than_their_cost_wait_in_line_and_only_a_clients_new
     _epoch(daemon, flooder, 2)
     assert _reading(daemon, flooder) == (0, 1) and _reading(daemon, honest) is None, "asked too soon: they wait"
     assert daemon.stage.sessions[flooder].credits == 0, "the epoch it gave up is not read on meanwhile"
+    waiting = {c["session"]: c["epoch_waiting"] for c in daemon.status()["clients"]}
+    assert sorted(waiting.values()) == [0, 2], "`loader status` shows who waits, and for which epoch"
     assert clients.parked_due_in(time.monotonic()) > 50
     assert clients.start_parked_epochs() == [] and _reading(daemon, honest) is None, "not due yet"
     streams = len(daemon.stage.streams)
