@@ -72,6 +72,10 @@ from loader.service.shm.file_rows import FileRowsError, RowFiles, is_file_id, so
 from loader.service.transport import Channel
 from loader.service.transport.auth import peer_for
 
+# The receiver thread watches the daemon's socket (``transport.PeerWatch``): what that needs is imported now, in
+# the thread importing this module, not in the receiver thread while the training script may fork.
+transport.load_peer_watch()
+
 DEFAULT_PREFETCH = 4
 # prefetch="auto" (the default): each epoch after the first reads ahead as many messages as fit in
 # AUTO_PREFETCH_BYTES at the size of the largest message so far, between DEFAULT_PREFETCH and AUTO_PREFETCH_MAX.

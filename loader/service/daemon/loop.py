@@ -539,9 +539,16 @@ class Daemon:
 
     def _file_changed(self, chunk: P.Chunk, path: str | None, exc: FileChangedError) -> None:
         """The leased file changed under its lease (the daemon's own stat says so), seen in rows of the worker
-        holding it: the file fails now, named, at the chunk's first record. Dropping the chunk alone left the epoch to
-        fail at the lease's FILE_DONE as LostDataError, "a chunk was lost on the way", with the cause only in
-        the daemon's log."""
+        holding it. Dropping the chunk as a bad one left the epoch to fail at the lease's FILE_DONE as
+        LostDataError, "a chunk was lost on the way", with the cause only in the daemon's log. Under ``raise``
+        the file fails now, named, at the chunk's first record; under ``skip`` its FILE_DONE skips the rest and
+        counts it (the worker's count of what it sent), saying why."""
+        stream = self.stage.streams.get(chunk.stream)
+        if stream is None:
+            return
+        if self.stage.on_error == "skip":
+            stream.changed[chunk.file] = str(exc)
+            return
         record = self.stage.file_record(chunk.file, chunk.record)
         error = WorkerError("FileChangedError", str(exc), worker=chunk.worker, file=path, record=record)
         self.stage.fail_file(chunk.stream, chunk.file, error.to_dict(), lost=chunk.count)

@@ -523,12 +523,19 @@ class Stage:
             # chunk was lost on the way (dropped as malformed or unowned): completing the file would lose
             # its records without a word.
             state = stream.sequencer.files.get(done.file)
-            message = (
-                f"the worker sent {done.sent} record(s) of this file in chunks but {arrived} arrived "
-                f"(a chunk was lost on the way; the daemon's log says why){self.lease_note(done.file)}"
-            )
+            changed = stream.changed.pop(done.file, None)
+            if changed is not None:
+                kind, message = "FileChangedError", f"{changed}{self.lease_note(done.file)}"
+            else:
+                kind, message = (
+                    "LostDataError",
+                    (
+                        f"the worker sent {done.sent} record(s) of this file in chunks but {arrived} arrived "
+                        f"(a chunk was lost on the way; the daemon's log says why){self.lease_note(done.file)}"
+                    ),
+                )
             record = self.file_record(done.file, state.next_record) if state is not None else None
-            error = WorkerError("LostDataError", message, worker=done.worker, file=self._path(done.file), record=record)
+            error = WorkerError(kind, message, worker=done.worker, file=self._path(done.file), record=record)
             self.fail_file(
                 stream.stream_id, done.file, error.to_dict(), lost=max(1, done.sent - arrived) + done.skipped
             )

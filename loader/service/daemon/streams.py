@@ -126,6 +126,8 @@ class Stream:
     step_rows: int = 0  # rows in ``steps`` not yet sent
     samples_sent: dict[int, int] = field(default_factory=dict)  # rank -> samples sent it
     arrived: dict[int, int] = field(default_factory=dict)  # file -> records that reached the stage from its lease
+    # file -> why rows of its lease were refused: it changed under the lease (on_error = "skip": its FILE_DONE says so)
+    changed: dict[int, str] = field(default_factory=dict)
     chunk_rows: int = 0  # the most records one chunk of this stream has brought (its bound must hold one)
     rows_taken: int = 0  # rows it has taken here, for the byte bound (``row_bytes``)
     bytes_taken: int = 0  # ... which took about these bytes (references: 24 a row)

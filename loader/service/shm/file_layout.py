@@ -168,4 +168,4 @@ def _checked(
     return layout
 
 
-__all__ = ["FileRowsError", "Identity", "Layout", "identity", "member_file", "read_layout"]
+__all__ = ["FileChangedError", "FileRowsError", "Identity", "Layout", "identity", "member_file", "read_layout"]

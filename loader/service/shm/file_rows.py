@@ -191,6 +191,7 @@ class RowFiles:
 
 __all__ = [
     "FILE_ROWS",
+    "FileChangedError",
     "FileRowsError",
     "FileTable",
     "Layout",

@@ -295,6 +295,16 @@ def _nbytes(frame: Any) -> int:
         return len(frame)
 
 
+def load_peer_watch() -> Any:
+    """zmq's monitor-event reader, imported on first use: zmq.utils.monitor imports asyncio (about 20 ms), which
+    workers and the daemon never need. A client calls this as its module is imported, so the import happens in
+    that thread, not in its receiver thread at a moment when the training script might fork (a child would
+    inherit the import lock held)."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    return recv_monitor_message
+
+
 class PeerWatch:
     """Whether the peer a connecting socket dialled still listens, from zmq's monitor events (read without
     blocking, by the thread that owns the socket).
@@ -308,10 +318,7 @@ class PeerWatch:
     _EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
 
     def __init__(self, sock: zmq.Socket) -> None:
-        # Imported here: zmq.utils.monitor imports asyncio (about 20 ms), which workers and the daemon never need.
-        from zmq.utils.monitor import recv_monitor_message
-
-        self._recv_event = recv_monitor_message
+        self._recv_event = load_peer_watch()
         self._sock = sock
         self._monitor: zmq.Socket | None = sock.get_monitor_socket(self._EVENTS)
         self._lost = False

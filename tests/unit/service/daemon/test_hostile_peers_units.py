@@ -376,3 +376,51 @@ def test_rows_of_a_file_that_changed_under_its_lease_fail_that_file_by_name_at_o
     error = event.error
     assert (error["type"], error["file"], error["record"], error["worker"]) == ("FileChangedError", job.path, 1, "w1")
     assert error["message"].endswith("changed while its lease was read (size, mtime or inode)")
+
+
+def test_under_skip_a_file_that_changed_under_its_lease_skips_the_rest_counted_at_its_file_done(
+    tmp_path, monkeypatch, caplog
+):
+    """Under ``skip`` the worker goes on sending the lease: failing the file at the first refused chunk ended the
+    lease under it, so its later chunks and its FILE_DONE came late and only that chunk's records were counted."""
+    from loader.config import LoaderConfig
+    from loader.service.daemon.loop import Daemon
+    from loader.service.shm.file_layout import FileChangedError
+
+    np.save(tmp_path / "f.npy", np.arange(100))
+    config = LoaderConfig.from_dict(
+        {
+            "source": {"files": [str(tmp_path / "*.npy")]},
+            "pipeline": {"on_error": "skip", "batch_size": 4},
+            "service": {"bind": "tcp://127.0.0.1:*"},
+        }
+    )
+    with Daemon(config, start_workers=False) as daemon:
+        peer = b"client"
+        daemon._on_control(peer, P.encode(P.ClientHello()))
+        _epoch(daemon, peer, 0)
+        stream = daemon.stage.sessions[peer].current
+        job = daemon.coordinator.next_job(daemon.coordinator.add_worker("w1"))
+        assert job is not None
+        tag = {"stream": stream.stream_id, "file": job.file_index, "lease": job.lease_id, "worker": "w1"}
+
+        def chunk(record: int) -> list[Any]:
+            return P.encode(
+                P.Chunk(**tag, token=job.token, record=record, count=10), {"x": np.arange(record, record + 10)}
+            )
+
+        daemon._on_data(chunk(0))
+
+        def changed(*args: Any) -> None:
+            raise FileChangedError(f"{job.path} changed while its lease was read (size, mtime or inode)")
+
+        monkeypatch.setattr(daemon.stage.refs, "check_owned", changed)
+        for record in range(10, 100, 10):
+            daemon._on_data(chunk(record))
+            daemon.clients.handle_events()
+        daemon._on_data(P.encode(P.FileDone(**tag, token=job.token, sent=100, skipped=3)))
+        daemon.clients.handle_events()
+        assert daemon.stage.skipped_records == 93, "the 90 records refused and the 3 the worker skipped"
+        assert daemon.late_data == 0 and daemon.status()["rejected_messages"] == 0
+        (line,) = [r.getMessage() for r in caplog.records if "skipping the rest of" in r.getMessage()]
+        assert "FileChangedError" in line and "changed while its lease was read" in line, line
