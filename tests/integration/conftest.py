@@ -94,6 +94,31 @@ def collect_ids(batches: Any, field: str = "data") -> list[int]:
     return out
 
 
+def collect_ids_meanwhile(batches: Any, timeout_s: float = 60.0) -> Callable[[], list[int]]:
+    """Read ``batches`` on a thread from now on (so the daemon's stage keeps room and goes on reading worker
+    data); the returned function waits for the end and gives the ids, or raises what the reading raised."""
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(_ids_or_error(batches)), name="collect-ids", daemon=True)
+    thread.start()
+
+    def result() -> list[int]:
+        thread.join(timeout_s)
+        assert not thread.is_alive(), f"the epoch did not end within {timeout_s} s"
+        (value,) = got
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    return result
+
+
+def _ids_or_error(batches: Any) -> list[int] | BaseException:
+    try:
+        return collect_ids(batches)
+    except BaseException as exc:  # raised again by the waiting test
+        return exc
+
+
 def collect_ranks(ranks: list[Any], field: str = "data", timeout_s: float = 60.0) -> list[list[int]]:
     """The ids each rank's client reads in one epoch, every rank reading at once (one thread each).
 

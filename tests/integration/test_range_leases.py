@@ -21,7 +21,13 @@ from loader.errors import ConfigError, WorkerError
 from loader.service import protocol as P
 from loader.service.client.client import Client, query_status
 from tests.helpers import wait_until
-from tests.integration.conftest import collect_ids, connected_workers, make_config, running_daemon, write_id_files
+from tests.integration.conftest import (
+    collect_ids_meanwhile,
+    connected_workers,
+    make_config,
+    running_daemon,
+    write_id_files,
+)
 from tests.integration.test_hostile_peers import FakeWorker
 from tests.integration.test_lease_groups import id_lines_source, ids_of, read_loader
 
@@ -150,9 +156,9 @@ def test_chunks_of_records_past_a_piece_are_refused(tmp_path: Any) -> None:
     # The daemon knows a piece's record count: a worker that sends records past it (file rows of the next
     # piece pass the file's own checks) would give those records twice, or start a re-lease past the piece.
     ids = write_id_files(tmp_path, 1, 300)
-    # The fake heartbeats once before it sends; then it is silent and its lease goes to the real worker after
-    # progress_timeout_s. A loaded CI took over 2 s between the two (the fake's chunks then counted as a lost
-    # worker's stale data, not as refused), hence the longer heartbeat timeout.
+    # The fake forges as soon as it holds its lease (a lease that sends nothing for progress_timeout_s is taken
+    # back, and its chunks then count as a lost worker's stale data, not as refused: a loaded CI waited past it
+    # for a first batch before forging), then says goodbye, so its lease goes to the real worker at once.
     cfg = make_config(
         tmp_path,
         source={"files": [str(tmp_path / "*.npy")], "records_per_lease": PIECE},
@@ -166,20 +172,21 @@ def test_chunks_of_records_past_a_piece_are_refused(tmp_path: Any) -> None:
             before = query_status(daemon.endpoint)["rejected_messages"]
             with Client(daemon.endpoint, timeout_s=30) as client:
                 fake.ask_lease()
-                batches = client.epoch(0)
-                got = collect_ids([next(batches)])
+                batches = client.epoch(0)  # asks now: the fake, which asked first, gets the first lease
                 lease = fake.lease()
                 assert lease.piece is not None
                 first, count = lease.piece
                 tag = {"stream": lease.stream, "file": lease.file, "lease": lease.lease, "worker": fake.welcome.worker}
                 spec = {"data": {0: ["<i8", []]}}  # the id files hold int64 scalars
+                read = collect_ids_meanwhile(batches)  # a stage left full would stop reading every worker's data
                 fake.heartbeat()
                 for record in range(count + 3):  # the piece's records, then 3 of the next piece's as file rows
                     chunk = P.Chunk(**tag, token=lease.token, record=record, count=1, refs=spec)
                     fake.data.send(P.encode(chunk, {"data": np.array([[-2, first + record, 0]], dtype=np.int64)}))
-                assert wait_until(lambda: query_status(daemon.endpoint)["rejected_messages"] >= before + 3)
-                # The fake sends nothing more: its lease goes to the real worker from the piece's end.
-                got += collect_ids(batches)
+                refused = lambda: query_status(daemon.endpoint)["rejected_messages"] >= before + 3  # noqa: E731
+                assert wait_until(lambda: fake.heartbeat() or refused())
+                fake.peer.send(P.encode(P.Bye()))  # its lease goes to the real worker, from the piece's end
+                got = read()
         finally:
             fake.close()
     assert got == ids
