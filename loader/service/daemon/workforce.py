@@ -206,8 +206,9 @@ class WorkerPool:
         for job in counted:
             self._count_loss(record, job, how, exitcode)
         # A worker this daemon started says goodbye only when the daemon said so, or when it took the daemon for
-        # gone (silent past heartbeat_timeout_s: a loop held up). Not replacing those left a daemon with no workers
-        # and every epoch stalled: the pool keeps its size whatever made a worker leave.
+        # gone (silent past heartbeat_timeout_s: a loop held up). Now that such a goodbye reaches the daemon
+        # (workers/control.py), not replacing it would leave a daemon with no workers and every epoch stalled: the
+        # pool keeps its size whatever made a worker leave.
         if started_here and not stopping and replace:
             self.coordinator.restarts += 1
             delay = 0.0
