@@ -523,17 +523,14 @@ class Stage:
             # chunk was lost on the way (dropped as malformed or unowned): completing the file would lose
             # its records without a word.
             state = stream.sequencer.files.get(done.file)
-            changed = stream.changed.pop(done.file, None)
-            if changed is not None:
-                kind, message = "FileChangedError", f"{changed}{self.lease_note(done.file)}"
-            else:
-                kind, message = (
-                    "LostDataError",
-                    (
-                        f"the worker sent {done.sent} record(s) of this file in chunks but {arrived} arrived "
-                        f"(a chunk was lost on the way; the daemon's log says why){self.lease_note(done.file)}"
-                    ),
+            kind, message = "FileChangedError", stream.changed.pop(done.file, None)  # why its rows were refused
+            if message is None:
+                kind = "LostDataError"
+                message = (
+                    f"the worker sent {done.sent} record(s) of this file in chunks but {arrived} arrived "
+                    "(a chunk was lost on the way; the daemon's log says why)"
                 )
+            message += self.lease_note(done.file)
             record = self.file_record(done.file, state.next_record) if state is not None else None
             error = WorkerError(kind, message, worker=done.worker, file=self._path(done.file), record=record)
             self.fail_file(
