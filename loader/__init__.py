@@ -6,7 +6,6 @@ pull in ZeroMQ (or torch) until a service or device feature is used.
 """
 
 import importlib as _importlib
-import importlib.metadata as _metadata
 import typing as _typing
 
 from loader import errors
@@ -44,13 +43,23 @@ if _typing.TYPE_CHECKING:  # what the lazy names below resolve to, for type chec
     from loader.service.client.client import Client
     from loader.service.local import Loader
 
+    __version__: str
+
 # The version of the installed distribution (``pip install -e .`` counts); a source tree that was
-# never installed has no metadata and says so rather than repeating a number by hand.
+# never installed has no metadata and says so rather than repeating a number by hand. Looked up on
+# first use: importing importlib.metadata and reading the metadata take 20-30 ms, paid otherwise by
+# every worker, daemon and client process at start-up for a string only `--version` and one error show.
 _VERSION_NOT_INSTALLED = "0+unknown"
-try:
-    __version__: str = _metadata.version("loader-service")
-except _metadata.PackageNotFoundError:
-    __version__ = _VERSION_NOT_INSTALLED
+
+
+def _installed_version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("loader-service")
+    except importlib.metadata.PackageNotFoundError:
+        return _VERSION_NOT_INSTALLED
+
 
 # name -> module that defines it
 _LAZY = {
@@ -76,6 +85,10 @@ _SUBMODULES = {
 
 
 def __getattr__(name: str) -> _typing.Any:
+    if name == "__version__":
+        version = _installed_version()
+        globals()["__version__"] = version
+        return version
     if name in _LAZY:
         value = getattr(_importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
@@ -88,7 +101,7 @@ def __getattr__(name: str) -> _typing.Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES) | {"__version__"})
 
 
 __all__ = [
