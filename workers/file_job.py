@@ -21,15 +21,17 @@ row-wise, since where chunks are cut is no function of the data alone.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from loader.config import LoaderConfig
-from loader.errors import MessageTooLargeError, UnsendableSampleError, WorkerError
+from loader.errors import MalformedMessageError, MessageTooLargeError, UnsendableSampleError, WorkerError
 from loader.service import protocol as P
 from loader.service.blocks import block_nbytes, block_rows
+from loader.service.shm.file_layout import FileChangedError
 from workers.arena_writer import ArenaWriter
 from workers.columns import (
     BLOCK_CHUNK_BYTES,
@@ -85,6 +87,12 @@ class FileJob:
             lease = self.lease
             mappers = SampleMappers(self._mappers(), seed=lease.seed, epoch=lease.epoch, file_key=lease.file_key)
             self._batch = BatchMappers(self.config.pipeline.batch_mappers, self._batch_mappers())
+            changed = changed_file(lease)
+            if changed is not None:
+                path, why = changed
+                if self._failed(FileChangedError(why), None, path=path):
+                    self._done(sent=0, skipped=1)
+                return
             source = self._open()
         except Exception as exc:  # every failure travels as a message
             if self._failed(exc, None):
@@ -135,10 +143,10 @@ class FileJob:
     def _done(self, sent: int, skipped: int) -> None:
         self._send_data(P.encode(P.FileDone(**self._tag(), sent=sent, skipped=skipped)))
 
-    def _failed(self, exc: BaseException, record: int | None, count: int = 1) -> bool:
-        """Report a failure at ``record``; True when it and the ``count - 1`` records after it are skipped
-        (on_error = "skip")."""
-        path = self.lease.path
+    def _failed(self, exc: BaseException, record: int | None, count: int = 1, path: str | None = None) -> bool:
+        """Report a failure at ``record`` (of ``path``, by default the lease's first file); True when it and the
+        ``count - 1`` records after it are skipped (on_error = "skip")."""
+        path = path or self.lease.path
         if self._opened is not None and record is not None:
             path, record = self._opened.locate(record)  # a group's file, a piece's record in its file
         error = WorkerError.from_exception(exc, worker=self.worker_id, file=path, record=record)
@@ -419,6 +427,37 @@ class FileJob:
             if written and current is not None:
                 current.free(written)  # cancelled or stopping while the stage was busy: never sent
             raise
+
+
+def changed_file(lease: P.Lease) -> tuple[str, str] | None:
+    """The first file of ``lease`` that is not what the daemon found at start-up (``Lease.seen``), and why; the
+    epoch's length, its pieces and checkpoints describe that file, so serving another silently would hand the
+    training loop other samples than ``len()`` and the resume promise say. A file that is gone is left to the
+    reader, which names it."""
+    if lease.seen is None:
+        return None
+    paths = lease.paths
+    if len(lease.seen) != len(paths):
+        raise MalformedMessageError(f"a lease of {len(paths)} files carries {len(lease.seen)} start-up stamps")
+    for path, seen in zip(paths, lease.seen):
+        if seen is None:
+            continue
+        try:
+            found = os.stat(path)
+        except OSError:
+            continue
+        size, mtime_ns = seen
+        if found.st_size != size:
+            what = f"{size:,} bytes then, {found.st_size:,} now"
+        elif found.st_mtime_ns != mtime_ns:
+            what = "the same size, written since"
+        else:
+            continue
+        return path, (
+            f"{path} changed since the daemon started ({what}): its epochs, pieces and checkpoints describe the "
+            "file it found then; restart the daemon (or the Loader) to serve the new contents"
+        )
+    return None
 
 
 def inline_parts(columns: dict[str, Any], placed: dict[str, Any], n: int, bound: int = MAX_CHUNK_BYTES) -> list[slice]:

@@ -313,3 +313,61 @@ def test_a_client_takes_host_port_as_loader_status_does(tmp_path):
             assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
     with pytest.raises(ConfigError, match="is not a daemon address: give tcp://HOST:PORT, HOST:PORT"):
         Client("no address at all", timeout_s=1)
+
+
+# -- a data file rewritten while the daemon runs --------------------------------------------------
+
+
+def _rewrite(path, how):
+    """Rewrite ``path`` (an .npy of ids): with more rows, as a FIFO (opening it would wait for a writer), or as
+    the same bytes under a later mtime."""
+    if how == "size":
+        np.save(path, np.arange(10_000, 10_050, dtype=np.int64))
+    elif how == "fifo":
+        os.remove(path)
+        os.mkfifo(path)
+    else:
+        found = os.stat(path)
+        os.utime(path, ns=(found.st_atime_ns, found.st_mtime_ns + 1_000_000_000))
+
+
+@pytest.mark.parametrize("how", ["size", "mtime", "fifo"])
+def test_a_file_rewritten_between_epochs_fails_the_next_epoch_naming_it(tmp_path, how):
+    # The daemon's epoch length, pieces and checkpoints describe the files it found at start-up: a file
+    # regenerated under it was served silently, len() saying one thing and the batches another.
+    ids = write_id_files(tmp_path, 3, 100)
+    config = make_config(tmp_path, pipeline={"shuffle_buffer": 0, "batch_size": 16})
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=10, read_ahead=False) as client:
+            assert sorted(collect_ids(client.epoch(0))) == sorted(ids)
+            _rewrite(tmp_path / "f001.npy", how)
+            with pytest.raises(WorkerError) as info:
+                collect_ids(client.epoch(1))
+        err = info.value
+        assert err.type_name == "FileChangedError" and os.path.basename(err.file) == "f001.npy"
+        assert "changed since the daemon started" in err.message and "restart the daemon" in err.message
+        assert ("now" in err.message) == (how != "mtime")  # the sizes, or "the same size, written since"
+        assert query_status(daemon.endpoint)["endpoint"] == daemon.endpoint  # still serving
+
+
+def test_a_file_rewritten_between_epochs_is_skipped_under_skip(tmp_path):
+    ids = write_id_files(tmp_path, 3, 100)
+    config = make_config(tmp_path, pipeline={"shuffle_buffer": 0, "batch_size": 16, "on_error": "skip"})
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=10, read_ahead=False) as client:
+            assert sorted(collect_ids(client.epoch(0))) == sorted(ids)
+            _rewrite(tmp_path / "f002.npy", "size")
+            assert sorted(collect_ids(client.epoch(1))) == sorted(ids[:200])
+        assert query_status(daemon.endpoint)["skipped_records"] == 1  # the file, which was not opened
+
+
+def test_a_file_of_a_lease_group_rewritten_is_named_not_the_groups_first(tmp_path):
+    ids = write_id_files(tmp_path, 6, 20)
+    config = make_config(tmp_path, source={"files_per_lease": 3}, pipeline={"shuffle_buffer": 0, "batch_size": 8})
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=10, read_ahead=False) as client:
+            assert sorted(collect_ids(client.epoch(0))) == sorted(ids)
+            _rewrite(tmp_path / "f004.npy", "size")
+            with pytest.raises(WorkerError) as info:
+                collect_ids(client.epoch(1))
+        assert os.path.basename(info.value.file) == "f004.npy" and info.value.type_name == "FileChangedError"

@@ -33,6 +33,7 @@ FILES = "files"
 PARTS = "parts"
 MORE = "more"
 PIECE = "piece"
+STAMPS = "stamps"
 VERSIONED = {"v": COUNT, "lv": TEXT}
 FILE = {"s": COUNT, "f": COUNT, "l": COUNT, "w": TEXT, "t": TEXT}
 FIELDS: dict[type[P.Message], dict[str, str]] = {
@@ -52,6 +53,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
         "fk": COUNT,
         "more": MORE + "?",
         "piece": PIECE + "?",
+        "seen": STAMPS + "?",
     },
     P.Heartbeat: {},
     P.Cancel: {"lease": COUNT},
@@ -148,6 +150,7 @@ EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
             file_key=3,
             more=["/data/part-0012.npy", "/data/part-0013.npy"],
             piece=[4096, 1024],
+            seen=[[4096, 1_764_000_000_123_456_789], None, [0, -5]],
         ),
         {},
     ),
@@ -247,6 +250,19 @@ BAD: dict[str, list] = {
     ],
     MORE: [[], "/data/f", ["/data/f", ""], ["/data/f", 5], ["/f"] * P.MAX_LEASE_FILES, {"0": "/f"}, [None]],
     PIECE: [[], [0], [0, 0], [-1, 5], [0, 5, 1], [0, 1.5], [True, 1], [0, P.MAX_INT], "0 5", {"0": 5}],
+    STAMPS: [
+        [],
+        [[1, 2]] * (P.MAX_LEASE_FILES + 1),
+        [[1]],
+        [[1, 2, 3]],
+        [[-1, 2]],
+        [[1, 2.5]],
+        [[1, True]],
+        [[1, P.MAX_INT]],
+        [[1, -P.MAX_INT]],
+        ["1 2"],
+        {"0": [1, 2]},
+    ],
     FILES: [
         [],
         5,
@@ -393,12 +409,13 @@ def test_error_dicts_travel_in_messages():
 # version: a peer of the old one would misread the new messages (an old client takes a packed BATCH for
 # one batch, an old daemon refuses a worker's file rows as forged) instead of refusing it in one line.
 # A version may have several schemas when a later one only adds a key older peers ignore (decode skips keys
-# it does not know): 4 then ``Ping.wait_s``, which a daemon of the first 4 reads as a plain ping.
+# it does not know): 4 then ``Ping.wait_s``, which a daemon of the first 4 reads as a plain ping; 5 then
+# ``Lease.seen``, which a worker of the first 5 ignores (it reads the file as it finds it, as before).
 SCHEMA_OF_VERSION = {
     2: ("08569ee2d0ba2c2c",),
     3: ("eab8ef5e470bcbc9",),
     4: ("4e3c87399b323b09", "e422ebcfbae7ec7c"),
-    5: ("2dd09cd992105c38",),
+    5: ("2dd09cd992105c38", "fa7374bb4ef526a5"),
 }
 
 

@@ -4,6 +4,7 @@ which file each lease reads, what its Lease says, the checkpoint fingerprint, th
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,14 @@ def test_a_daemon_leases_pieces_and_says_which_in_each_lease(tmp_path: Any) -> N
     f0, f1 = str(tmp_path / "f0.npy"), str(tmp_path / "f1.npy")
     assert pieces.files == [f0, f0, f0, f1] and dataset.leases == [[f0], [f0], [f0], [f1]]
     assert dataset.pieces == [(0, 100), (100, 100), (200, 50), None]
-    assert dataset.lease_fields(1) == {"dataset": "default", "seed": 1, "file_key": 1, "piece": [100, 100]}
+    found = os.stat(f0)
+    assert dataset.lease_fields(1) == {
+        "dataset": "default",
+        "seed": 1,
+        "file_key": 1,
+        "piece": [100, 100],
+        "seen": [[found.st_size, found.st_mtime_ns]],  # what a worker checks the file against
+    }
     assert "piece" not in dataset.lease_fields(3)
     assert [pieces.file_record(i, 7) for i in range(4)] == [7, 107, 207, 7]
     assert pieces.lease_note(2) == "; the lease was records 200 to 249 of f0.npy (source.records_per_lease)"
