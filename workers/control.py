@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from loader.errors import TransportError
+from loader.errors import MalformedMessageError, TransportError
 from loader.service import protocol as P
 from loader.service import transport
 from loader.service.transport import Channel, ChannelOpener
@@ -123,7 +123,14 @@ class ControlLink:
             if frames is None:
                 return
             self._last_heard = time.monotonic()
-            message, _ = P.decode(frames)
+            try:
+                message, _ = P.decode(frames)
+            except MalformedMessageError as exc:
+                # Said, not acted on here, as for a silent daemon: the thread runs on so the main loop's goodbye
+                # carries this to the daemon's log (ending the thread lost it, and the worker left unexplained).
+                if self.lost is None:
+                    self.lost = f"a malformed message from the daemon: {exc}"
+                continue
             if not isinstance(message, P.Heartbeat):
                 self._inbox.put(message)
 

@@ -51,7 +51,11 @@ DATA_UNREACHABLE_WARN_S = 10.0
 
 
 class _Stop(Exception):
-    """The worker must stop now (BYE, stop event, silent daemon)."""
+    """The worker must stop now (BYE, stop event, silent daemon); ``trouble``: not a stop anyone asked for."""
+
+    def __init__(self, why: str, trouble: bool = False) -> None:
+        super().__init__(why)
+        self.trouble = trouble
 
 
 class _Cancelled(Exception):
@@ -118,7 +122,7 @@ class Worker:
                     self._serve_lease(lease)
                 self._tick()
         except _Stop as stop:
-            log.info("worker %s stopping: %s", self.worker_id, stop)
+            log.log(logging.WARNING if stop.trouble else logging.INFO, "worker %s stopping: %s", self.worker_id, stop)
             reason = str(stop)
         except ProtocolVersionError:
             raise
@@ -240,7 +244,7 @@ class Worker:
         if self.stop_event.is_set():
             raise _Stop("stop requested")
         if self.link is not None and self.link.lost:
-            raise _Stop(self.link.lost)
+            raise _Stop(self.link.lost, trouble=True)
 
     def _check(self) -> None:
         """Cheap between samples; every CONTROL_CHECK_INTERVAL_S it reads control messages."""

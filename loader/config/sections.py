@@ -72,7 +72,9 @@ MAX_SHUFFLE_BUFFER = 1 << 28  # rows; the stage holds up to twice this many
 MAX_SAMPLES_PER_MESSAGE = 1 << 20
 MAX_KEEP_FREED_MIB = 2047  # mallopt takes an int of bytes
 MAX_ARENA_MIB = 64 * 1024  # per worker, in /dev/shm
-MAX_SEED = (1 << 63) - 1
+# A seed travels in every lease, whose integers stay below 2**62 (``protocol.MAX_INT``): a larger one passed
+# here and every worker refused its first lease as malformed, leaving the epoch to fail as "worker exited".
+MAX_SEED = (1 << 62) - 1
 MAX_EPOCHS = 1 << 31
 MAX_INTERVAL_S = 3600.0  # heartbeats
 MIN_HEARTBEAT_INTERVAL_S = 0.01  # below it, pings are a busy loop

@@ -31,6 +31,7 @@ def _config(tmp_path, **sections):
         ("workers", {"shm_arena_mib": 10**8}, "workers.shm_arena_mib must be <="),
         ("workers", {"samples_per_message": 2**40}, "workers.samples_per_message must be <="),
         ("pipeline", {"seed": 2**64}, "pipeline.seed must be <="),
+        ("pipeline", {"seed": 2**62}, "pipeline.seed must be <="),  # a lease carries it: below protocol.MAX_INT
         ("client", {"prefetch": 64}, "client.prefetch must be <= 32"),
     ],
 )
@@ -38,6 +39,13 @@ def test_questionable_values_are_refused_naming_key_and_file(tmp_path, section, 
     with pytest.raises(ConfigError, match=key) as info:
         _config(tmp_path, **{section: values})
     assert ORIGIN in str(info.value)
+
+
+def test_the_largest_seed_fits_a_lease():
+    from loader.config.sections import MAX_SEED
+    from loader.service import protocol as P
+
+    assert P.decode(P.encode(P.Lease(lease=0, stream=0, epoch=0, file=0, path="/f", seed=MAX_SEED)))[0].seed == MAX_SEED
 
 
 def test_a_mapper_that_is_not_callable_is_refused_at_check_imports(tmp_path):
