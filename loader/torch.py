@@ -406,12 +406,10 @@ def _epoch_start(reader: Mapping[str, Any], epoch: int) -> dict[str, Any]:
     """The reader part of a between-epochs state, moved to the start of ``epoch`` (the next one), whatever
     position the reader stood at when the state was taken. A ``Client``/``Loader`` state says where in which
     epoch; another reader's state is given as it is."""
-    from loader.service.client.checkpoint import STATE_KIND  # the service stack only when a state is loaded
+    from loader.service.client.checkpoint import STATE_KIND, at_epoch_start  # the service stack only when needed
 
     state = dict(reader)
-    if state.get("kind") == STATE_KIND:
-        state.update(epoch=epoch, position=0, anchor=[0, 0, 0])  # checkpoint.Place(epoch): its first batch
-    return state
+    return at_epoch_start(state, epoch) if state.get("kind") == STATE_KIND else state
 
 
 def _epoch_number(epoch: Any) -> int:

@@ -9,6 +9,8 @@ a daemon serving the same dataset can resume from it, with any world size.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +42,25 @@ class Place:
             "anchor": list(self.anchor),
             "world_size": world_size,  # for the reader of the checkpoint; any world size may resume
             "fingerprint": dict(fingerprint or {}),
+            "check": _check_value(dataset, self.epoch, self.position, self.anchor),
         }
+
+
+def at_epoch_start(state: dict[str, Any], epoch: int) -> dict[str, Any]:
+    """A copy of ``state`` moved to the start of ``epoch`` (``Place(epoch)``), with its check value made anew when
+    it had one (``loader.torch`` resumes a state taken between epochs so)."""
+    moved = {**state, "epoch": epoch, "position": 0, "anchor": [0, 0, 0]}
+    if "check" in moved and isinstance(moved.get("dataset"), str):
+        moved["check"] = _check_value(moved["dataset"], epoch, 0, (0, 0, 0))
+    return moved
+
+
+def _check_value(dataset: str, epoch: int, position: int, anchor: tuple[int, int, int]) -> str:
+    """A digest of where a state stands. Not a secret: it catches a state changed by hand or corrupted on the way,
+    whose anchor (where its window's input begins, a file and a record) the daemon can only bound, not verify: one
+    naming a later file served part of the epoch as if it were all of it."""
+    text = json.dumps([STATE_KIND, dataset, epoch, position, list(anchor)])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def place_of(state: Any, dataset: str, fingerprint: dict[str, Any] | None) -> Place:
@@ -70,13 +90,22 @@ def place_of(state: Any, dataset: str, fingerprint: dict[str, Any] | None) -> Pl
         )
     if not (isinstance(anchor, (list, tuple)) and len(anchor) == 3 and all(_count(v) for v in anchor)):
         raise ConfigError(f"the state's anchor must be three integers in [0, 2**60), got {_brief(anchor)}")
+    if anchor[0] == 0 and any(anchor):
+        raise ConfigError(f"the state's anchor {_brief(anchor)} is not where an epoch's first window begins, [0, 0, 0]")
     saved = state["fingerprint"]
     if not _settings(saved):
         raise ConfigError(f"the state's fingerprint is not a dict of settings to plain values: {_brief(saved)}")
     changed = differences(saved, dict(fingerprint or {}))
     if changed:
         raise ConfigError(f"the state was taken under another config of dataset {dataset!r}: {'; '.join(changed)}")
-    return Place(int(state["epoch"]), int(state["position"]), (int(anchor[0]), int(anchor[1]), int(anchor[2])))
+    place = Place(int(state["epoch"]), int(state["position"]), (int(anchor[0]), int(anchor[1]), int(anchor[2])))
+    check = state.get("check")  # absent from the states of loaders before it: those are taken as they are
+    if check is not None and not _text_is(check, _check_value(dataset, place.epoch, place.position, place.anchor)):
+        raise ConfigError(
+            "the state's epoch, position and anchor do not match its check value: it was changed or corrupted "
+            "after state_dict() made it"
+        )
+    return place
 
 
 # What a fingerprint's settings hold (``order.fingerprint``): digests, counts, flags (numpy's scalars compare as
