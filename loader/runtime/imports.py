@@ -69,6 +69,14 @@ def _failed_inside_hint(module_name: str, exc: BaseException, searched: str) -> 
     except (ImportError, ValueError):
         origin = None
     where = module_name if not origin else origin if top == module_name else os.path.dirname(origin)
+    imported = exc.name.split(".")[0] if isinstance(exc, ImportError) and exc.name else None
+    if imported in _SHIPPED_TOP_LEVEL:
+        # ``from workers import helper`` in the user's module met loader's own package of that name: the user's
+        # code is fine, their module is hidden ("correct it there" sent them the wrong way).
+        return (
+            f"; {where} imports from {imported!r}, which here is a package of loader itself and hides a module of "
+            f"yours of that name: give yours another name (my_{imported})"
+        )
     if isinstance(exc, ModuleNotFoundError) and exc.name:
         missing = exc.name.split(".")[0]
         fix = f"install {missing} in this environment, or put {missing}.py beside the config file"

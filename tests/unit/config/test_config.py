@@ -492,6 +492,19 @@ def test_a_module_named_like_one_of_loaders_own_packages_is_named_as_the_culprit
         import_object("workers:double", what="pipeline.mappers")
 
 
+def test_a_users_module_importing_from_its_own_workers_package_is_told_loaders_hides_it(tmp_path, monkeypatch) -> None:
+    # my_maps.py does ``from workers import helper``: loader's ``workers`` answered, and the error said "correct it
+    # there" of a module that was fine.
+    (tmp_path / "maps_using_workers.py").write_text("from workers import helper\n\ndef f(s):\n    return s\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as info:
+        import_object("maps_using_workers:f", what="pipeline.mappers")
+    message = str(info.value)
+    assert "imports from 'workers', which here is a package of loader itself" in message and "my_workers" in message
+    assert "correct it there" not in message
+    sys.modules.pop("maps_using_workers", None)
+
+
 def test_key_files_named_in_a_config_are_found_beside_it_wherever_the_command_runs(tmp_path, monkeypatch) -> None:
     from loader.config import load_config
 
