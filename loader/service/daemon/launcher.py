@@ -112,8 +112,12 @@ def _worker_process(entry: str, connect: Any, worker_id: str, daemon_pid: int) -
             # its shared-memory files are RAM nobody can free but the next daemon. Its workers free them now.
             directory = shm_directory()
             removed = stale_shm.sweep_after(daemon_pid, directory)
-            log.warning(
-                "the loader daemon (pid %d) is gone; removed %d shared-memory file(s) it left in %s",
+            # Said by the worker that removed them only: every worker sweeps, and each used to say so, "removed 0"
+            # too; and a Loader's workers have a training script, not a daemon, for their parent.
+            log.log(
+                logging.WARNING if removed else logging.DEBUG,
+                "the process that started this worker (pid %d: a loader daemon, or a training script's Loader) is "
+                "gone; removed %d shared-memory file(s) it left in %s",
                 daemon_pid,
                 len(removed),
                 directory,
