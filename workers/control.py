@@ -41,6 +41,17 @@ def open_channels(connect: str | transport.Dial | ChannelOpener) -> tuple[Channe
     return transport.dealer(connect), None, str(connect)
 
 
+class Whereabouts:
+    """Where the worker's reading stands, ``(lease, record)`` or None: written by the main loop at every record,
+    read by the link's thread into each heartbeat (``Heartbeat.at``), so a worker hung on a record is named with
+    it. One tuple assigned, so the thread never sees a lease with another lease's record."""
+
+    __slots__ = ("at",)
+
+    def __init__(self) -> None:
+        self.at: tuple[int, int] | None = None
+
+
 class ControlLink:
     """Owns ``channel`` on a thread from ``start()`` to ``close()`` (which also closes the channel)."""
 
@@ -52,6 +63,7 @@ class ControlLink:
         self._waker = transport.Waker()
         self._stop = threading.Event()
         self.lost: str | None = None
+        self.whereabouts = Whereabouts()
         self._last_sent = self._last_heard = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="loader-worker-control", daemon=True)
 
@@ -95,7 +107,8 @@ class ControlLink:
                     return  # after the flush, so the main loop's last words go out
                 now = time.monotonic()
                 if now - self._last_sent >= self.interval_s:
-                    self._send(P.encode(P.Heartbeat()))
+                    at = self.whereabouts.at
+                    self._send(P.encode(P.Heartbeat(at=list(at) if at is not None else None)))
                 if self.lost is None and now - self._last_heard > self.timeout_s:
                     # Said, not acted on here: the main loop stops, and its goodbye saying why still goes out
                     # through this thread (a daemon that was only held up replaces the worker, and logs why).
@@ -135,4 +148,4 @@ class ControlLink:
                 self._inbox.put(message)
 
 
-__all__ = ["ControlLink", "open_channels"]
+__all__ = ["ControlLink", "Whereabouts", "open_channels"]

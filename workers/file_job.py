@@ -41,6 +41,7 @@ from workers.columns import (
     rows_for_bytes,
     value_nbytes,
 )
+from workers.control import Whereabouts
 from workers.mapping import BatchMappers, SampleMappers
 from workers.sample_check import SampleCheck
 from workers.sources import FileSource, GroupSource, PieceSource, Source
@@ -65,6 +66,7 @@ class FileJob:
         arena: Callable[[], ArenaWriter | None],
         send_data: Callable[[list[Any]], None],
         check: Callable[[], None],
+        whereabouts: Whereabouts | None = None,
     ) -> None:
         self.lease, self.config, self.worker_id = lease, config, worker_id
         # The arena is asked for at each chunk: a re-WELCOME during the lease (handled inside
@@ -81,8 +83,15 @@ class FileJob:
         self._block_bytes = min(BLOCK_CHUNK_BYTES, self._largest_message // 2)
         self._chunk_bytes_at_most = min(MAX_BATCH_CHUNK_BYTES, self._largest_message // 2)  # a batch of big rows
         self._skips_logged = 0
+        self._where = whereabouts if whereabouts is not None else Whereabouts()  # the record being read or mapped
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self._where.at = None  # between leases, nowhere
+
+    def _run(self) -> None:
         try:
             lease = self.lease
             mappers = SampleMappers(self._mappers(), seed=lease.seed, epoch=lease.epoch, file_key=lease.file_key)
@@ -189,6 +198,7 @@ class FileJob:
         try:
             while True:
                 self._check()
+                self._where.at = (self.lease.lease, done.record)
                 try:
                     block = (fresh or source).read_block(rows)
                 except Exception as exc:
@@ -239,6 +249,7 @@ class FileJob:
                 return None, found
             for _ in range(rows + 1):
                 self._check()
+                self._where.at = (self.lease.lease, found.record)
                 try:
                     block = source.read_block(1)
                 except Exception as exc:
@@ -279,8 +290,10 @@ class FileJob:
         samples = source.samples()
         record, done = 0, _Progress(record=0)  # ``record``: the reader's position; ``done``: sent and skipped
         start = self.lease.start  # records before it were taken from an earlier lease: read, not mapped or sent
+        where, lease_id = self._where, self.lease.lease
         while True:
             self._check()
+            where.at = (lease_id, record)
             try:
                 sample = next(samples)
             except StopIteration:

@@ -291,6 +291,7 @@ class Worker:
             arena=lambda: self.arena,
             send_data=self._send_data,
             check=self._check,
+            whereabouts=self.link.whereabouts if self.link is not None else None,
         )
         try:
             job.run()

@@ -165,6 +165,11 @@ def _stamps(value: Any) -> bool:
     )
 
 
+def _reading_place(value: Any) -> bool:
+    """``[lease, record]``: where a worker's reading stands (``Heartbeat.at``)."""
+    return isinstance(value, list) and len(value) == 2 and _count(value[0]) and _count(value[1])
+
+
 def _piece(value: Any) -> bool:
     """``[first record, records]``: the records of its file a lease reads (``Lease.piece``), at least one."""
     return isinstance(value, list) and len(value) == 2 and _count(value[0]) and _positive(value[1])
@@ -288,7 +293,12 @@ class Lease(Message):
 @_kind("hb")
 @dataclass(frozen=True, kw_only=True)
 class Heartbeat(Message):
-    """I am alive (worker to daemon), and the answer (so a worker notices a dead daemon)."""
+    """I am alive (worker to daemon), and the answer (so a worker notices a dead daemon).
+
+    A worker's says where its reading stands, ``[lease, record]`` (the record it is reading or mapping, numbered
+    in the lease): the daemon names it when it stops the worker as hung, since no data came to tell it."""
+
+    at: list[int] | None = wire("at", _optional(_reading_place), None)
 
 
 @_kind("cancel")

@@ -55,13 +55,15 @@ def test_killed_worker_is_replaced_and_epoch_is_exactly_once(tmp_path, per_lease
             assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
 
 
-def test_a_file_that_hangs_every_worker_fails_saying_so(tmp_path, caplog):
+@pytest.mark.parametrize("records_per_lease", [0, 1000], ids=["whole", "pieces"])
+def test_a_file_that_hangs_every_worker_fails_saying_so(tmp_path, caplog, records_per_lease):
     from loader.service.daemon.workforce import HUNG_FILE_ATTEMPTS
 
     caplog.set_level(logging.WARNING, logger="loader.daemon")
     write_id_files(tmp_path, 1, 3100)  # id 3000 is record 3000
     config = make_config(
         tmp_path,
+        source={"records_per_lease": records_per_lease},  # in pieces, record 3000 is the first of the fourth
         pipeline={"mappers": ["tests.helpers:hang_on_3000"]},
         workers={"count": 1, "progress_timeout_s": 1.0, "samples_per_message": 16},
     )
@@ -82,6 +84,8 @@ def test_a_file_that_hangs_every_worker_fails_saying_so(tmp_path, caplog):
         # The chunks before the hung sample arrived (16 samples each, or every 50 ms).
         at = int(re.search(r"nothing arrived from record (\d+) on", err.message).group(1))
         assert 3000 - 16 < at <= 3000, err.message
+        # And the record it hung on, as the worker's heartbeats said (numbered in the file, a piece's too).
+        assert "; the last was on record 3000)" in err.message and err.record == 3000, err.message
     assert caplog.text.count("made no progress on its lease") == HUNG_FILE_ATTEMPTS
 
 

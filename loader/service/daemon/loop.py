@@ -263,6 +263,7 @@ class Daemon:
             lease_fields=lambda file_index: self.datasets.owner(file_index).lease_fields(file_index),
             lease_note=self.datasets.lease_note,
             next_record=self._next_file_record,
+            file_record=self.datasets.file_record,
             max_workers=config.service.max_workers,
             max_arenas=2 * (config.service.max_workers + workers.count),
             own_keys=own_keys,

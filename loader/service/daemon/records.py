@@ -43,6 +43,7 @@ class WorkerRecord:
     started: float = field(default_factory=time.monotonic)
     progress_at: float = field(default_factory=time.monotonic)  # last lease granted or data received
     claim: str | None = None  # the secret a worker this daemon started must show in its first HELLO
+    at: tuple[int, int] | None = None  # (lease, record) its last heartbeat said it was reading (``Heartbeat.at``)
 
     @property
     def alive(self) -> bool:

@@ -104,6 +104,7 @@ class WorkerPool:
         lease_fields: Callable[[int], dict[str, Any]] = lambda file_index: {},
         lease_note: Callable[[int], str] = lambda file_index: "",
         next_record: NextRecordFn = lambda stream_id, file_index: None,
+        file_record: Callable[[int, int], int] = lambda file_index, record: record,
         max_workers: int = 64,
         max_arenas: int = 256,
         own_keys: CurveClient | None = None,
@@ -127,6 +128,7 @@ class WorkerPool:
         self._max_attempts = SKIP_FILE_ATTEMPTS if skip else MAX_FILE_ATTEMPTS
         self._max_hung = min(self._max_attempts, HUNG_FILE_ATTEMPTS)
         self._next_record = next_record
+        self._file_record = file_record  # (file index, a lease's record) -> the record's number in its file
         self._arenas = arenas
         # file index -> the Lease fields of its dataset: name (whose source and pipeline read it), seed, file key
         self._lease_fields = lease_fields
@@ -255,14 +257,19 @@ class WorkerPool:
         if how == HUNG:
             at = self._next_record(job.stream_id, job.file_index)
             since = f", nothing arrived from record {at} on" if at is not None else ""
+            # Where the last of them was stuck, as its heartbeats said: the record to look at.
+            stuck = (
+                self._file_record(job.file_index, record.at[1]) if record.at and record.at[0] == job.lease_id else None
+            )
+            on = f"; the last was on record {stuck}" if stuck is not None else ""
             others = losses.deaths - losses.hung
             row = " in a row" if not others else f" ({others} more died on it)"
             message = (
                 f"file {name} hung {_workers(losses.hung)}{row} (no progress for "
-                f"{self.coordinator.progress_timeout_s:g} s each{since}): a mapper or reader blocks; raise "
+                f"{self.coordinator.progress_timeout_s:g} s each{since}{on}): a mapper or reader blocks; raise "
                 f"workers.progress_timeout_s if one sample legitimately takes longer"
             )
-            return WorkerError("WorkerDiedError", message, worker=worker, file=path).to_dict()
+            return WorkerError("WorkerDiedError", message, worker=worker, file=path, record=stuck).to_dict()
         if how == SILENT:
             message = (
                 f"worker {record.worker_id} sent no heartbeat for {self.coordinator.heartbeat_timeout_s:g} s and was "
@@ -376,6 +383,8 @@ class WorkerPool:
             worker.asked = min(worker.asked + 1, 1 + self.coordinator.leases_ahead)
         elif isinstance(message, P.Heartbeat):
             assert worker.peer is not None
+            # Kept only for a lease it holds: a peer's claim names a record of its own lease, nothing else.
+            worker.at = (message.at[0], message.at[1]) if message.at and message.at[0] in worker.leases else None
             self._send(worker.peer, P.encode(P.Heartbeat()))
         elif isinstance(message, P.Bye):
             # Its reason, when it gives one (a worker that took the daemon for gone says so), in the log's line.

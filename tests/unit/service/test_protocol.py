@@ -34,6 +34,7 @@ PARTS = "parts"
 MORE = "more"
 PIECE = "piece"
 STAMPS = "stamps"
+READING = "reading"
 VERSIONED = {"v": COUNT, "lv": TEXT}
 FILE = {"s": COUNT, "f": COUNT, "l": COUNT, "w": TEXT, "t": TEXT}
 FIELDS: dict[type[P.Message], dict[str, str]] = {
@@ -55,7 +56,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
         "piece": PIECE + "?",
         "seen": STAMPS + "?",
     },
-    P.Heartbeat: {},
+    P.Heartbeat: {"at": READING + "?"},
     P.Cancel: {"lease": COUNT},
     P.Bye: {"reason": TEXT},
     P.Error: {
@@ -154,7 +155,7 @@ EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
         ),
         {},
     ),
-    P.Heartbeat: (P.Heartbeat(), {}),
+    P.Heartbeat: (P.Heartbeat(at=[7, 3000]), {}),
     P.Cancel: (P.Cancel(lease=7), {}),
     P.Bye: (P.Bye(reason="stopping"), {}),
     P.Error: (P.Error(message="boom", refused="version", unknown_session=True, gen=5, error=ERROR_DICT), {}),
@@ -250,6 +251,7 @@ BAD: dict[str, list] = {
     ],
     MORE: [[], "/data/f", ["/data/f", ""], ["/data/f", 5], ["/f"] * P.MAX_LEASE_FILES, {"0": "/f"}, [None]],
     PIECE: [[], [0], [0, 0], [-1, 5], [0, 5, 1], [0, 1.5], [True, 1], [0, P.MAX_INT], "0 5", {"0": 5}],
+    READING: [[], [1], [1, 2, 3], [-1, 2], [1, -2], [1, 2.5], [True, 1], [1, P.MAX_INT], "1 2", {"0": 1}],
     STAMPS: [
         [],
         [[1, 2]] * (P.MAX_LEASE_FILES + 1),
@@ -410,12 +412,13 @@ def test_error_dicts_travel_in_messages():
 # one batch, an old daemon refuses a worker's file rows as forged) instead of refusing it in one line.
 # A version may have several schemas when a later one only adds a key older peers ignore (decode skips keys
 # it does not know): 4 then ``Ping.wait_s``, which a daemon of the first 4 reads as a plain ping; 5 then
-# ``Lease.seen``, which a worker of the first 5 ignores (it reads the file as it finds it, as before).
+# ``Lease.seen``, which a worker of the first 5 ignores (it reads the file as it finds it, as before), and
+# ``Heartbeat.at``, which a daemon of the first 5 ignores (its hang errors name no record, as before).
 SCHEMA_OF_VERSION = {
     2: ("08569ee2d0ba2c2c",),
     3: ("eab8ef5e470bcbc9",),
     4: ("4e3c87399b323b09", "e422ebcfbae7ec7c"),
-    5: ("2dd09cd992105c38", "fa7374bb4ef526a5"),
+    5: ("2dd09cd992105c38", "fa7374bb4ef526a5", "ffa5e3ecf6153182"),
 }
 
 

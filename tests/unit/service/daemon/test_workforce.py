@@ -114,6 +114,22 @@ def test_a_file_whose_workers_hang_fails_saying_so_not_with_the_daemons_own_sigt
     assert "signal" not in message
 
 
+def test_a_hang_names_the_record_the_workers_heartbeats_said_and_only_of_its_own_lease():
+    pool = Pool()
+    for _ in range(HUNG_FILE_ATTEMPTS - 1):
+        pool.hang()
+    record = pool.reading()
+    (held,) = record.leases
+    pool.pool.on_message(record, P.Heartbeat(at=[held + 1000, 5]))  # a lease it does not hold: ignored
+    assert record.at is None
+    pool.pool.on_message(record, P.Heartbeat(at=[held, 42]))
+    record.progress_at = time.monotonic() - PROGRESS_TIMEOUT_S - 1
+    pool.pool.reap()
+    ((_, _, error),) = pool.failed
+    assert "nothing arrived from record 17 on; the last was on record 42)" in error["message"], error["message"]
+    assert error["record"] == 42
+
+
 def test_a_hang_after_other_deaths_says_both():
     pool = Pool()
     pool.die(-signal.SIGKILL)
