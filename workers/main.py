@@ -42,6 +42,7 @@ from workers.file_job import FileJob
 
 log = logging.getLogger("loader.worker")
 
+WAITING_NOTE_S = 5.0  # a worker whose daemon has not answered for this long says what it waits for, once
 HELLO_RETRY_S = 0.5
 CONNECT_TIMEOUT_S = 30.0  # how long a worker waits for a daemon that does not answer at all
 EXIT_NO_DAEMON = 3  # run_worker's exit code when no daemon answered (the CLI turns it into one error line)
@@ -159,9 +160,20 @@ class Worker:
 
     def _handshake(self) -> bool:
         log.debug("worker %s connecting to %s", self.worker_id, self.connect)
-        deadline = time.monotonic() + self.connect_timeout_s
+        started = time.monotonic()
+        deadline = started + self.connect_timeout_s
+        waiting_said = False
         while time.monotonic() < deadline and not self.stop_event.is_set():
             tried_at = time.monotonic()
+            if not waiting_said and tried_at - started >= WAITING_NOTE_S:
+                # A worker started by hand before its daemon printed nothing until one came up: say what it waits for.
+                waiting_said = True
+                log.info(
+                    "worker %s: no loader daemon answers at %s yet; trying for up to %.0f s more",
+                    self.worker_id,
+                    self.connect,
+                    deadline - tried_at,
+                )
             try:
                 self.ctl.send(P.encode(self._hello()), timeout_s=HELLO_RETRY_S)
                 frames = self.ctl.recv(HELLO_RETRY_S)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -67,6 +68,16 @@ def test_host_port_without_a_daemon_names_the_tcp_address(capsys) -> None:
     assert cli_main(["worker", "--connect", f"127.0.0.1:{port}", "--connect-timeout", "0.5"]) == 1
     err = capsys.readouterr().err
     assert f"no loader daemon answered at tcp://127.0.0.1:{port}" in err and "Invalid argument" not in err
+
+
+def test_a_worker_waiting_for_its_daemon_says_so_once(monkeypatch, caplog) -> None:
+    # Started by hand before the daemon, it printed nothing until one came up (or its timeout).
+    monkeypatch.setattr(workers.main, "WAITING_NOTE_S", 0.2)
+    caplog.set_level(logging.INFO, logger="loader.worker")
+    port = free_port()
+    assert cli_main(["worker", "--connect", f"127.0.0.1:{port}", "--connect-timeout", "1.5"]) == 1
+    said = [r.getMessage() for r in caplog.records if "yet; trying for up to" in r.getMessage()]
+    assert len(said) == 1 and f"no loader daemon answers at tcp://127.0.0.1:{port} yet" in said[0], said
 
 
 @pytest.mark.parametrize("flag", ["--key", "--daemon-public-key"])
