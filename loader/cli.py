@@ -19,8 +19,10 @@ This is the composition root: the one place in ``loader`` that imports
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -71,13 +73,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from loader.config.address import address_origin, daemon_address
+    from loader.config.sections import MAX_TIMEOUT_S
     from loader.service.client.ask import query_status
     from loader.service.client.env import ADDRESS_VARIABLE
     from loader.service.transport.auth import peer_for
 
-    # Before any query: --timeout -1 waited "within -1 s".
+    # Before any query: --timeout -1 waited "within -1 s"; inf (or 1e300) ended in OverflowError inside zmq.
     if not args.timeout > 0:
         raise LoaderError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    if not args.timeout <= MAX_TIMEOUT_S:  # client.timeout_s's bound: a week
+        raise LoaderError(f"--timeout must be at most {MAX_TIMEOUT_S:g} seconds (a week), got {args.timeout:g}")
     watch_s = _watch_interval(args)
     given = args.address or os.environ.get(ADDRESS_VARIABLE) or None  # as a Client given no address
     address = daemon_address(given)
@@ -139,7 +144,22 @@ def _note_another_config(given: str | None, address: str, status: dict[str, Any]
 
 
 def _render_status(status: dict[str, Any], as_json: bool) -> str:
-    return json.dumps(status, indent=2, sort_keys=True, default=str) if as_json else format_status(status)
+    if not as_json:
+        return format_status(status)
+    # JSON has no NaN or infinity: json.dumps wrote them bare (NaN, Infinity), which JSON readers refuse.
+    # A number that is not one is shown as null, "no value", as the text view shows None.
+    return json.dumps(_finite(status), indent=2, sort_keys=True, default=str, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float in it replaced by None (the status is nested a few deep)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -455,18 +475,40 @@ def _status_lines(mapping: dict[str, Any], indent: str) -> Iterator[str]:
             yield from _table(value, indent + "  ")
 
 
+# What one table shows (``loader status --json`` shows everything). A table had one column per key of any
+# row: a peer's 10,000 rows with a key each took 44 s and 1.3 GB to print. A daemon's rows share their keys
+# (clients, the widest, have 13) and it has a row per worker and per client.
+MAX_TABLE_ROWS = 1000
+MAX_TABLE_COLUMNS = 24
+
+
 def _table(rows: list[Any], indent: str) -> Iterator[str]:
+    """``rows`` (dicts) as a table, its columns the keys in order of first appearance (a daemon's rows
+    all have its keys, in its order); at most ``MAX_TABLE_ROWS`` rows and ``MAX_TABLE_COLUMNS`` columns,
+    the rest counted in a last line. Other items are listed on one line, as many."""
     if not rows:
         return
-    if not all(isinstance(row, dict) for row in rows):
-        yield f"{indent}{', '.join(_fmt(row) for row in rows)}"
+    shown = rows[:MAX_TABLE_ROWS]
+    rows_left = len(rows) - len(shown)
+    if not all(isinstance(row, dict) for row in shown):
+        more = f", ... {rows_left} more" if rows_left else ""
+        yield f"{indent}{', '.join(_fmt(row) for row in shown)}{more}"
         return
-    columns = list(dict.fromkeys(key for row in rows for key in row))
-    cells = [[_fmt(row.get(col, "")) for col in columns] for row in rows]
-    widths = [max(len(col), *(len(r[i]) for r in cells)) for i, col in enumerate(columns)]
-    yield indent + "  ".join(col.upper().ljust(w) for col, w in zip(columns, widths)).rstrip()
+    keys = dict.fromkeys(key for row in shown for key in row)  # linear in the keys of the rows shown
+    columns = list(itertools.islice(keys, MAX_TABLE_COLUMNS))
+    fields_left = len(keys) - len(columns)
+    cells = [[_fmt(row.get(col, "")) for col in columns] for row in shown]
+    widths = [max(len(str(col)), *(len(r[i]) for r in cells)) for i, col in enumerate(columns)]
+    yield indent + "  ".join(str(col).upper().ljust(w) for col, w in zip(columns, widths)).rstrip()
     for row in cells:
         yield indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+    left = [_count(rows_left, "more row"), _count(fields_left, "more field")]
+    if rows_left or fields_left:
+        yield f"{indent}... {', '.join(part for part in left if part)} (--json shows them)"
+
+
+def _count(n: int, what: str) -> str:
+    return "" if not n else f"{n} {what}{'s' if n != 1 else ''}"
 
 
 def _fmt(value: Any) -> str:
@@ -525,7 +567,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print the raw status as JSON")
     p.add_argument(
-        "--timeout", type=float, default=STATUS_TIMEOUT_S, metavar="S", help="seconds to wait, > 0 (default 5)"
+        "--timeout",
+        type=float,
+        default=STATUS_TIMEOUT_S,
+        metavar="S",
+        help="seconds to wait, > 0 and at most a week (default 5)",
     )
     p.add_argument(
         "--watch",

@@ -44,6 +44,11 @@ ENV_SEPARATOR = "__"
 # values have a longer key: ``datasets.NAME.SECTION.KEY`` (``LOADER_DATASETS__NAME__SECTION__KEY``).
 UNSECTIONED = ("import_path",)
 _PLAIN = (str, int, float, bool)
+# How deep a value given here may nest arrays and tables (a config's deepest, format_options, is 2 or 3):
+# 3,000 levels ran the parser, and this module's checks, out of stack (RecursionError).
+MAX_VALUE_DEPTH = 64
+# How much of a long --set argument an error repeats.
+SHOWN_CHARS = 60
 
 
 @dataclass(frozen=True)
@@ -55,21 +60,50 @@ class Override:
     source: str  # "--set pipeline.batch_size=64", "environment variable LOADER_PIPELINE__BATCH_SIZE"
 
 
+class ValueTooDeepError(ConfigError):
+    """A value nests arrays or tables more than ``MAX_VALUE_DEPTH`` deep (the caller names where it came from)."""
+
+
 def parse_value(text: str) -> Any:
-    """``text`` as a TOML value (number, boolean, string, array, inline table), else the text itself."""
+    """``text`` as a TOML value (number, boolean, string, array, inline table), else the text itself;
+    ``ValueTooDeepError`` when it nests arrays or tables more than ``MAX_VALUE_DEPTH`` deep."""
     try:
         value = tomllib.loads(f"v = {text}")["v"]
     except (tomllib.TOMLDecodeError, KeyError):
         return text
+    except RecursionError:  # the parser recurses per nested array or table
+        raise ValueTooDeepError(_TOO_DEEP) from None
     return value if _plain(value) else text  # a TOML date is not a config value: keep the text
 
 
+_TOO_DEEP = f"nests arrays or tables too deeply (at most {MAX_VALUE_DEPTH} levels)"
+
+
 def _plain(value: Any) -> bool:
-    if isinstance(value, list):
-        return all(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(_plain(v) for v in value.values())
-    return isinstance(value, _PLAIN)
+    """Whether ``value`` holds only strings, numbers and booleans, in lists and tables; walked without
+    recursion, ``ValueTooDeepError`` past ``MAX_VALUE_DEPTH`` levels."""
+    pending = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (list, dict)):
+            if depth >= MAX_VALUE_DEPTH:
+                raise ValueTooDeepError(_TOO_DEEP)
+            pending.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+        elif not isinstance(item, _PLAIN):
+            return False
+    return True
+
+
+def _parsed(text: str, source: str) -> Any:
+    """``parse_value(text)``; a value nested too deeply is refused naming its ``source``."""
+    try:
+        return parse_value(text)
+    except ValueTooDeepError as exc:
+        raise ValueTooDeepError(f"{source} {exc}") from None
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}..."
 
 
 def from_assignment(text: str, flag: str = "--set") -> Override:
@@ -79,7 +113,7 @@ def from_assignment(text: str, flag: str = "--set") -> Override:
     parts = key.split(".")
     if not sep or (len(parts) < 2 and key not in UNSECTIONED) or not all(parts):
         raise ConfigError(f"{flag} {text!r} must look like SECTION.KEY=VALUE, e.g. {flag} pipeline.batch_size=64")
-    return Override(key, parse_value(raw.strip()), f"{flag} {text}")
+    return Override(key, _parsed(raw.strip(), f"{flag} {_shown(text)}"), f"{flag} {text}")
 
 
 def from_environ(environ: Mapping[str, str]) -> list[Override]:
@@ -90,7 +124,8 @@ def from_environ(environ: Mapping[str, str]) -> list[Override]:
             continue
         if name[len(ENV_PREFIX) :].lower() in UNSECTIONED:
             key = name[len(ENV_PREFIX) :].lower()
-            found.append(Override(key, parse_value(environ[name]), f"environment variable {name}"))
+            source = f"environment variable {name}"
+            found.append(Override(key, _parsed(environ[name], source), source))
             continue
         if ENV_SEPARATOR not in name:
             continue
@@ -100,7 +135,8 @@ def from_environ(environ: Mapping[str, str]) -> list[Override]:
                 f"environment variable {name} must look like {ENV_PREFIX}SECTION{ENV_SEPARATOR}KEY, "
                 f"e.g. {ENV_PREFIX}PIPELINE{ENV_SEPARATOR}BATCH_SIZE"
             )
-        found.append(Override(".".join(parts), parse_value(environ[name]), f"environment variable {name}"))
+        source = f"environment variable {name}"
+        found.append(Override(".".join(parts), _parsed(environ[name], source), source))
     return found
 
 
@@ -200,6 +236,8 @@ def format_sources(config: Any) -> list[str]:
 
 __all__ = [
     "Override",
+    "ValueTooDeepError",
+    "MAX_VALUE_DEPTH",
     "parse_value",
     "from_assignment",
     "from_environ",

@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import stat
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -67,6 +68,13 @@ MAX_PREFETCH = 32
 MAX_WORKERS = 1024
 MAX_LEASES_AHEAD = 16  # leases a worker holds queued behind the file it reads (workers.leases_ahead)
 MAX_CPUS_PER_WORKER = 1024.0
+# Ray's resource granularity: a smaller CPU request is refused by Ray (1e-320 passed "> 0" here).
+MIN_CPUS_PER_WORKER = 0.0001
+# What ray.init accepts as workers.ray_address (None aside: a TOML file cannot say it). Any other scheme
+# makes Ray import a module of that name; whitespace or a control character is a typo or a paste.
+RAY_ADDRESS_FORMS = "'auto', 'local', 'HOST:PORT' or 'ray://HOST[:PORT]'"
+_RAY_HOST = r"(?:\[[0-9A-Za-z:.%]+\]|[A-Za-z0-9._\-]+)"  # a name, an IPv4 or a bracketed IPv6 address
+_RAY_ADDRESS = re.compile(rf"(?:ray://)?{_RAY_HOST}(?::(?P<port>[0-9]{{1,5}}))?")
 MAX_BATCH_SIZE = 1 << 24
 MAX_SHUFFLE_BUFFER = 1 << 28  # rows; the stage holds up to twice this many
 MAX_SAMPLES_PER_MESSAGE = 1 << 20
@@ -188,7 +196,9 @@ class WorkersConfig:
         check.text("transport", choices=TRANSPORTS)
         check.text("launcher", choices=LAUNCHERS)
         check.text("ray_address")
-        check.number("ray_cpus_per_worker", maximum=MAX_CPUS_PER_WORKER)
+        if not _is_ray_address(self.ray_address):
+            check.fail("ray_address", f"must be {RAY_ADDRESS_FORMS}, got {self.ray_address!r}")
+        check.number("ray_cpus_per_worker", minimum=MIN_CPUS_PER_WORKER, maximum=MAX_CPUS_PER_WORKER)
         if self.launcher == "ray" and self.transport != "zmq":
             check.fail(
                 "transport",
@@ -206,6 +216,18 @@ class WorkersConfig:
                 f"must be greater than workers.heartbeat_interval_s ({self.heartbeat_interval_s}), "
                 f"got {self.heartbeat_timeout_s}",
             )
+
+
+def _is_ray_address(value: str) -> bool:
+    """Whether ``value`` has one of ``RAY_ADDRESS_FORMS``, its port in 1..65535 (reachable or not: ray.init tells)."""
+    if value in ("auto", "local"):
+        return True
+    found = _RAY_ADDRESS.fullmatch(value)
+    if found is None:
+        return False
+    if found["port"] is None:
+        return value.startswith("ray://")  # Ray's client has a default port; a cluster's address needs one
+    return 0 < int(found["port"]) <= 65535
 
 
 @dataclass(frozen=True)
@@ -618,12 +640,9 @@ def load_config(
         )
     origin = os.fspath(path)
     try:
-        with open(origin, "rb") as fh:
-            data = tomllib.load(fh)
+        data = tomllib.loads(_config_text(origin))
     except FileNotFoundError:
         raise ConfigError(f"config file {origin!r} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config file {origin!r} is a directory") from None
     except OSError as exc:
         raise ConfigError(f"config file {origin!r} cannot be read: {exc.strerror or exc}") from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -645,6 +664,44 @@ def load_config(
             blamed = [origin, *blamed]
         raise ConfigError(str(exc).replace(f"({origin})", f"({', '.join(blamed)})")) from None
     return dataclasses.replace(config, sources=value_sources(config.to_dict(), data, applied, origin))
+
+
+# The most bytes a config file may hold. A config is a few KiB; one that names every file of a dataset can be
+# megabytes (100 MB loads in about 2 s). Past this it is not a config: /dev/zero behind a symlink was read
+# until memory ran out.
+MAX_CONFIG_BYTES = 256 * 1024 * 1024
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _config_text(origin: str) -> str:
+    """The text of the config file ``origin``: a regular file of at most ``MAX_CONFIG_BYTES``, else
+    ``ConfigError`` (its ``OSError`` and ``UnicodeDecodeError`` are left to the caller).
+
+    Its kind is checked before it is opened (a FIFO's open waited for a writer; a device was read without
+    end), and again on what was opened, with ``O_NONBLOCK``: a FIFO put in its place meanwhile cannot block."""
+    _refuse_not_regular(origin, os.stat(origin).st_mode)
+    fd = os.open(origin, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with open(fd, "rb") as fh:
+        _refuse_not_regular(origin, os.fstat(fh.fileno()).st_mode)
+        raw = fh.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"config file {origin!r} is larger than {MAX_CONFIG_BYTES / (1024 * 1024):g} MiB: not a loader config"
+        )
+    return raw.decode("utf-8")
+
+
+def _refuse_not_regular(origin: str, mode: int) -> None:
+    if stat.S_ISDIR(mode):
+        raise ConfigError(f"config file {origin!r} is a directory")
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _FILE_KINDS if test(mode)), f"mode {stat.filemode(mode)}")
+        raise ConfigError(f"config file {origin!r} is not a regular file ({kind}): give the path of a TOML file")
 
 
 def resolve(spec: str, what: str = "object") -> Any:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 import loader.service.client.ask as ask_module
 from loader.cli import main as cli_main
 from loader.errors import ServiceUnavailableError
+from loader.service.client.ask import query_status
 
 
 @pytest.fixture
@@ -61,3 +64,24 @@ def test_watch_followed_by_the_address_watches_that_address(monkeypatch, capsys,
     assert cli_main(["status", "--watch", address]) == 1
     assert asked == ["tcp://127.0.0.1:1"]
     assert "no daemon answered at tcp://127.0.0.1:1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("timeout", "match"),
+    [
+        ("inf", "--timeout must be at most 604800 seconds (a week), got inf"),
+        ("1e300", "--timeout must be at most 604800 seconds (a week), got 1e+300"),
+        ("604801", "--timeout must be at most 604800 seconds (a week), got 604801"),
+    ],
+)
+def test_a_timeout_that_cannot_be_waited_is_refused_before_any_query(queries, capsys, timeout, match) -> None:
+    # inf and 1e300 were "unexpected OverflowError: cannot convert float infinity to integer".
+    assert cli_main(["status", "127.0.0.1:1", f"--timeout={timeout}"]) == 1
+    assert match in capsys.readouterr().err
+    assert queries == []
+
+
+@pytest.mark.parametrize("timeout_s", [math.inf, 1e300, math.nan])
+def test_query_status_refuses_a_timeout_it_cannot_wait(timeout_s) -> None:
+    with pytest.raises(ValueError, match="timeout_s must be at most 604800 seconds"):
+        query_status("tcp://127.0.0.1:1", timeout_s=timeout_s)

@@ -3,14 +3,20 @@ request, and ``query_status`` (``loader status``, ``Loader``'s readiness checks)
 
 Also why a daemon may not have answered (``no_answer_hint``): the usual causes of silence look
 alike from this side, so the error names them.
+
+A status comes from whatever answers at the address: its socket takes at most ``MAX_STATUS_BYTES``, and
+what arrives is checked before anyone prints it (``status_problem``): a map of text keys to plain values,
+``MAX_STATUS_DEPTH`` deep and ``MAX_STATUS_VALUES`` values at most.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any
 
+from loader.config.sections import MAX_TIMEOUT_S
 from loader.errors import MalformedMessageError, ServiceUnavailableError
 from loader.service import protocol as P
 from loader.service import transport
@@ -18,6 +24,17 @@ from loader.service.transport import Channel
 from loader.service.transport.auth import ENV_PEER_KEY, CurveClient
 
 ANSWER_POLL_S = 0.1  # one wait for the answer, between looks at the deadline
+
+# The largest answer a status query takes (zmq's MAXMSGSIZE on its socket): zmq reads a bigger one's length
+# first and drops the connection without buffering it, so the answer is never seen (a 200 MB one was taken
+# whole). A daemon's status is about 100 bytes a worker and 300 a client: 16 MiB is tens of thousands of
+# each, far past what one daemon serves, and msgpack's decoding of it stays within a few hundred MB.
+MAX_STATUS_BYTES = 16 * 1024 * 1024
+# How deep a status nests (a daemon's: the status, a list, a row, 3) and how many values it holds in all
+# (a daemon's: about 8 a worker and 14 a client). Printing walks it: a peer's answer past either is refused.
+MAX_STATUS_DEPTH = 16
+MAX_STATUS_VALUES = 1_000_000
+_STATUS_SCALARS = (str, int, float, bool, type(None))  # what msgpack gives besides maps and lists: bytes, ext
 
 
 # The three usual causes of silence, which look alike from here: no daemon, another address, and a daemon with
@@ -42,19 +59,77 @@ def no_answer_hint(has_keys: bool | None = None) -> str:
 
 
 def query_status(address: str, timeout_s: float = 5.0, curve: CurveClient | None = None) -> dict[str, Any]:
-    """The daemon's ``status()`` dict; ``ServiceUnavailableError`` when it does not answer.
+    """The daemon's ``status()`` dict; ``ServiceUnavailableError`` when it does not answer, or answers
+    with something that is not a loader daemon's status (``status_problem``).
 
     ``curve``: this peer's keys for a daemon with CURVE on (default: from the environment).
     """
-    channel = transport.dealer(address, curve=curve)
+    # zmq's poll takes integer milliseconds: inf (or 1e300) raised OverflowError from inside the socket.
+    if not (math.isfinite(timeout_s) and timeout_s <= MAX_TIMEOUT_S):
+        raise ValueError(f"a status query's timeout_s must be at most {MAX_TIMEOUT_S:g} seconds, got {timeout_s!r}")
+    channel = _status_channel(address, curve)
     try:
         answer = request(channel, P.encode(P.Status()), (P.Status,), timeout_s, address)
     finally:
         channel.close()
     if not isinstance(answer, P.Status):
         hint = no_answer_hint(True if curve is not None else None)
-        raise ServiceUnavailableError(f"no loader daemon answered at {address} within {timeout_s:g}s{hint}")
-    return dict(answer.status or {})
+        # zmq drops an answer over the bound without a word: from here it is silence like the others.
+        raise ServiceUnavailableError(
+            f"no loader daemon answered at {address} within {timeout_s:g}s{hint}; an answer of more than "
+            f"{MAX_STATUS_BYTES // (1024 * 1024)} MiB is dropped unread: no loader daemon's status is that large"
+        )
+    status = answer.status or {}
+    problem = status_problem(status)
+    if problem:
+        raise ServiceUnavailableError(f"the peer at {address} did not answer with a loader daemon's status: {problem}")
+    return dict(status)
+
+
+def _status_channel(address: str, curve: CurveClient | None) -> Channel:
+    """The DEALER of a status query, ``MAX_STATUS_BYTES`` its bound (set before it connects)."""
+    return transport.dealer(address, curve=curve, max_message_bytes=MAX_STATUS_BYTES)
+
+
+def status_problem(status: Any) -> str | None:
+    """Why ``status`` is not a loader daemon's status, or None: a map of text keys whose values are text,
+    numbers, booleans, None, lists and maps of the same, ``MAX_STATUS_DEPTH`` deep and ``MAX_STATUS_VALUES``
+    values at most. Walked without recursion, stopping at the first problem."""
+    if type(status) is not dict:
+        return f"a {type(status).__name__}, not a map"
+    pending: list[tuple[Any, int]] = [(status, 1)]
+    counted = 0
+    while pending:
+        value, depth = pending.pop()
+        if depth > MAX_STATUS_DEPTH:
+            return f"maps and lists nested more than {MAX_STATUS_DEPTH} deep"
+        if type(value) is dict:
+            for key in value:
+                if type(key) is not str:
+                    return f"a key that is not text ({_shown(key)})"
+            children = list(value.values())
+        else:
+            children = value
+        counted += len(children)
+        if counted > MAX_STATUS_VALUES:
+            return f"more than {MAX_STATUS_VALUES} values"
+        for child in children:
+            if type(child) is dict or type(child) is list:
+                pending.append((child, depth + 1))
+            elif type(child) not in _STATUS_SCALARS:
+                return f"a value that is not text, a number, a boolean, None, a list or a map ({_shown(child)})"
+    return None
+
+
+def _shown(value: Any, chars: int = 40) -> str:
+    """A peer's key or value, short, for one line (``repr`` escapes control characters); of a kind with a
+    ``repr`` of its own (an ext type), only its kind: a ``repr`` of 16 MiB is not made to be cut."""
+    name = type(value).__name__
+    if isinstance(value, (str, bytes)):
+        return f"{name} {value[:chars]!r}{'...' if len(value) > chars else ''}"
+    if isinstance(value, (int, float, bool, type(None))):
+        return f"{name} {value!r}"
+    return name
 
 
 def request(
@@ -80,4 +155,14 @@ def request(
                 return message
 
 
-__all__ = ["query_status", "request", "no_answer_hint", "NO_ANSWER_HINT", "KEYED_NO_ANSWER_HINT"]
+__all__ = [
+    "query_status",
+    "status_problem",
+    "request",
+    "no_answer_hint",
+    "NO_ANSWER_HINT",
+    "KEYED_NO_ANSWER_HINT",
+    "MAX_STATUS_BYTES",
+    "MAX_STATUS_DEPTH",
+    "MAX_STATUS_VALUES",
+]

@@ -414,11 +414,24 @@ class Router(_Socket):
         return bytes(frames[0].buffer), frames[1:]
 
 
-def dealer(endpoint: str, identity: bytes | None = None, curve: CurveClient | None = None) -> ZmqChannel:
-    """A peer's control socket; a random identity unless given; CURVE keys given or from the environment."""
+def dealer(
+    endpoint: str,
+    identity: bytes | None = None,
+    curve: CurveClient | None = None,
+    max_message_bytes: int | None = None,
+) -> ZmqChannel:
+    """A peer's control socket; a random identity unless given; CURVE keys given or from the environment;
+    messages over ``max_message_bytes`` dropped unread (None: no bound)."""
     if identity is None:
         identity = b"\x01" + secrets.token_bytes(IDENTITY_BYTES - 1)  # zmq reserves a leading zero byte
-    return ZmqChannel(zmq.DEALER, endpoint, bind=False, identity=identity, curve=curve or peer_from_env())
+    return ZmqChannel(
+        zmq.DEALER,
+        endpoint,
+        bind=False,
+        identity=identity,
+        curve=curve or peer_from_env(),
+        max_message_bytes=max_message_bytes,
+    )
 
 
 def push(endpoint: str, curve: CurveClient | None = None) -> ZmqChannel:
