@@ -17,6 +17,9 @@ workers run, while every sample still travels over the worker's ZeroMQ sockets.
   kills an actor even after its run returned, since an idle actor keeps its CPUs;
   ``close`` kills any left and disconnects from Ray, shutting Ray down only when
   this launcher started it.
+* Connecting: ``ray.init`` (at the first ``start``) runs in a thread of the launcher while start-up waits
+  at most ``CONNECT_TIMEOUT_S``: an address where no cluster answers fails start-up in one line, and a
+  stop signal meanwhile ends the wait at once.
 * Reachability: a daemon bound to loopback or ipc:// can only be reached from its
   own node, so its actors are pinned there (``NodeAffinitySchedulingStrategy``);
   a wildcard bind (``tcp://0.0.0.0:PORT``) is dialled at this node's Ray address.
@@ -46,6 +49,11 @@ KILL_TIMEOUT_S = 5.0
 DEATH_POLL_S = 0.02
 # Reading the exit code of a run that has resolved (a small value held by this process: at once in practice).
 RESULT_TIMEOUT_S = 5.0
+# How long start-up waits for ray.init to reach workers.ray_address. Where no cluster answers, Ray retries
+# for many minutes without a word; the daemon fails start-up in one line instead.
+CONNECT_TIMEOUT_S = 60.0
+# The main thread waits for the connect in slices this long, so that a stop signal ends the wait promptly.
+CONNECT_POLL_S = 0.1
 _WILDCARD_HOSTS = ("0.0.0.0", "*", "[::]", "::")
 
 
@@ -151,21 +159,14 @@ class RayLauncher:
         self._node_ip = ""
         self._own_ray = False  # this launcher called ray.init, so ray.shutdown is its to call
         self._live: dict[int, RayWorker] = {}  # id(handle) -> handle: what close() must still stop
+        self._connecting: threading.Thread | None = None  # the thread running ray.init (``_init_ray``)
 
     def _connect(self) -> None:
         if self._actor_class is not None:
             return
         ray = self._ray
         if not ray.is_initialized():  # else this process already is a Ray driver: use its connection
-            extra = {"include_dashboard": False} if self._address == "local" else {}
-            try:
-                with _program_signal_handlers():
-                    ray.init(address=self._address, **extra)
-            except Exception as exc:  # ConnectionError, RuntimeError, ValueError: all mean "no cluster there"
-                raise TransportError(
-                    f"workers.launcher = 'ray' cannot reach a Ray cluster at workers.ray_address "
-                    f"{self._address!r} ({self._origin}): {_last_line(exc)}"
-                ) from exc
+            self._init_ray()
             self._own_ray = True
         options: dict[str, Any] = {"num_cpus": self._cpus, "max_restarts": 0, "max_task_retries": 0}
         if self._pinned:
@@ -176,6 +177,54 @@ class RayLauncher:
         self._node_ip = ray.util.get_node_ip_address()
         self._options = options
         self._actor_class = ray.remote(LoaderWorker)
+
+    def _init_ray(self) -> None:
+        """``ray.init`` at workers.ray_address within ``CONNECT_TIMEOUT_S``, else ``TransportError``.
+
+        ray.init has no deadline of its own (an address where nothing answers kept ``loader serve`` silent
+        for minutes, deaf to SIGTERM), so it runs in a thread of this launcher while the caller waits, in
+        slices a signal handler can run between. Off the main thread, Ray also leaves the program's
+        SIGTERM/SIGINT handlers alone."""
+        where = f"a Ray cluster at workers.ray_address {self._address!r} ({self._origin})"
+        if self._connecting is not None and self._connecting.is_alive():  # never two ray.init at once
+            raise TransportError(f"workers.launcher = 'ray' is still connecting to {where}, from an earlier start")
+        extra = {"include_dashboard": False} if self._address == "local" else {}
+        done = threading.Event()
+        failed: list[BaseException] = []
+
+        def connect() -> None:
+            quiet = logging.getLogger("ray._private.worker")  # Ray's warning that it set no SIGTERM handler
+            quiet.addFilter(_not_setting_sigterm)  # is this module's intent (the program keeps its own)
+            try:
+                self._ray.init(address=self._address, **extra)
+            except BaseException as exc:  # ConnectionError, RuntimeError, ValueError, Ray's SystemExit: all fail
+                failed.append(exc)
+            finally:
+                quiet.removeFilter(_not_setting_sigterm)
+                done.set()
+
+        # A daemon thread: when the deadline passes it is left behind, still inside ray.init (which cannot be
+        # cancelled), and start-up fails, so the process is exiting: a daemon thread does not hold that up.
+        # Should ray.init still succeed later, Ray's own exit hook (ray.shutdown at exit) disconnects.
+        thread = threading.Thread(target=connect, name="loader-ray-connect", daemon=True)
+        self._connecting = thread
+        stopped: list[int] = []
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        with _program_signal_handlers(), _noting_stop_signals(stopped):
+            thread.start()
+            while not done.wait(max(0.0, min(CONNECT_POLL_S, deadline - time.monotonic()))):
+                if stopped:  # the program's handler ran (and, for `loader serve`, asked the daemon to stop)
+                    name = signal.Signals(stopped[0]).name
+                    raise TransportError(f"workers.launcher = 'ray': {name} while connecting to {where}")
+                if time.monotonic() >= deadline:
+                    raise TransportError(
+                        f"workers.launcher = 'ray' cannot reach {where}: ray.init did not connect within "
+                        f"{CONNECT_TIMEOUT_S:g}s"
+                    )
+        self._connecting = None
+        if failed:
+            cause = failed[0]
+            raise TransportError(f"workers.launcher = 'ray' cannot reach {where}: {_last_line(cause)}") from cause
 
     def start(self, connect: Any, worker_id: str, entry: str) -> RayWorker:
         """Create one actor and call its ``run``; the call returns at once (the actor may wait for CPUs)."""
@@ -249,8 +298,9 @@ class RayLauncher:
 @contextlib.contextmanager
 def _program_signal_handlers() -> Iterator[None]:
     """Put back the SIGTERM and SIGINT handlers the program had set, which ``ray.init`` replaces in a
-    main-thread driver: ``loader serve`` stops on them by closing the daemon, which stops the actors and
-    the Ray it started (Ray's own handler would exit at once, leaving the daemon's shared memory behind)."""
+    main-thread driver (here it runs in a thread, but its native core worker may still install its own):
+    ``loader serve`` stops on them by closing the daemon, which stops the actors and the Ray it started
+    (Ray's own handler would exit at once, leaving the daemon's shared memory behind)."""
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
@@ -259,6 +309,36 @@ def _program_signal_handlers() -> Iterator[None]:
             for sig, handler in saved.items():
                 if callable(handler):  # a default disposition is left to Ray
                     signal.signal(sig, handler)
+
+
+def _not_setting_sigterm(record: logging.LogRecord) -> bool:
+    """A logging filter: False for Ray's warning that ray.init off the main thread sets no SIGTERM handler."""
+    return not str(record.msg).startswith("SIGTERM handler is not set")
+
+
+@contextlib.contextmanager
+def _noting_stop_signals(noted: list[int]) -> Iterator[None]:
+    """In the main thread: SIGTERM and SIGINT still run the program's own handler (which may raise, as
+    KeyboardInterrupt does), and are also appended to ``noted``, so a wait that polls it can end. A default
+    or ignored disposition is left as it is (the default ends the process at once anyway)."""
+    if threading.current_thread() is not threading.main_thread():  # only it may set handlers
+        yield
+        return
+    previous: dict[signal.Signals, Any] = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        program = signal.getsignal(sig)
+        if callable(program):
+
+            def chained(signum: int, frame: Any, program: Any = program) -> None:
+                noted.append(signum)
+                program(signum, frame)
+
+            previous[sig] = signal.signal(sig, chained)
+    try:
+        yield
+    finally:
+        for sig, program in previous.items():
+            signal.signal(sig, program)
 
 
 def _last_line(exc: BaseException) -> str:
