@@ -25,7 +25,6 @@ import contextlib
 import dataclasses
 import os
 import re
-import stat
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from loader.config.overrides import apply as apply_overrides
 from loader.config.overrides import collect as collect_overrides
 from loader.config.overrides import sources as value_sources
 from loader.config.source import SourceConfig, absolute_paths
+from loader.config.text_file import MAX_TEXT_FILE_BYTES, read_text_file
 from loader.errors import ConfigError
 from loader.runtime.imports import add_import_path, call_problem, import_object, rng_parameter, rng_passing
 
@@ -640,7 +640,7 @@ def load_config(
         )
     origin = os.fspath(path)
     try:
-        data = tomllib.loads(_config_text(origin))
+        data = tomllib.loads(read_text_file(origin, "config file", "a loader config (a TOML file)", MAX_CONFIG_BYTES))
     except FileNotFoundError:
         raise ConfigError(f"config file {origin!r} does not exist") from None
     except OSError as exc:
@@ -666,42 +666,9 @@ def load_config(
     return dataclasses.replace(config, sources=value_sources(config.to_dict(), data, applied, origin))
 
 
-# The most bytes a config file may hold. A config is a few KiB; one that names every file of a dataset can be
-# megabytes (100 MB loads in about 2 s). Past this it is not a config: /dev/zero behind a symlink was read
-# until memory ran out.
-MAX_CONFIG_BYTES = 256 * 1024 * 1024
-_FILE_KINDS = (
-    (stat.S_ISFIFO, "a named pipe"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def _config_text(origin: str) -> str:
-    """The text of the config file ``origin``: a regular file of at most ``MAX_CONFIG_BYTES``, else
-    ``ConfigError`` (its ``OSError`` and ``UnicodeDecodeError`` are left to the caller).
-
-    Its kind is checked before it is opened (a FIFO's open waited for a writer; a device was read without
-    end), and again on what was opened, with ``O_NONBLOCK``: a FIFO put in its place meanwhile cannot block."""
-    _refuse_not_regular(origin, os.stat(origin).st_mode)
-    fd = os.open(origin, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    with open(fd, "rb") as fh:
-        _refuse_not_regular(origin, os.fstat(fh.fileno()).st_mode)
-        raw = fh.read(MAX_CONFIG_BYTES + 1)
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(
-            f"config file {origin!r} is larger than {MAX_CONFIG_BYTES / (1024 * 1024):g} MiB: not a loader config"
-        )
-    return raw.decode("utf-8")
-
-
-def _refuse_not_regular(origin: str, mode: int) -> None:
-    if stat.S_ISDIR(mode):
-        raise ConfigError(f"config file {origin!r} is a directory")
-    if not stat.S_ISREG(mode):
-        kind = next((name for test, name in _FILE_KINDS if test(mode)), f"mode {stat.filemode(mode)}")
-        raise ConfigError(f"config file {origin!r} is not a regular file ({kind}): give the path of a TOML file")
+# The most bytes a config file may hold (``text_file.read_text_file``; a config naming every file of a dataset can
+# be megabytes).
+MAX_CONFIG_BYTES = MAX_TEXT_FILE_BYTES
 
 
 def resolve(spec: str, what: str = "object") -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 
 from loader.config.checks import Check, origin_field, plain_copy, show
 from loader.config.globbing import glob_files, unique_files
+from loader.config.text_file import read_text_file
 from loader.errors import ConfigError
 from loader.runtime.imports import import_object
 
@@ -178,12 +179,16 @@ class SourceConfig:
     def _read_list_file(self) -> list[str]:
         path = os.path.expanduser(str(self.list_file))
         try:
-            with open(path, encoding="utf-8") as fh:
-                lines = [line.strip() for line in fh]
+            text = read_text_file(path, "source.list_file", "a text file of data files, one a line")
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} ({self.origin})") from None
         except OSError as exc:
             raise ConfigError(
                 f"source.list_file {path!r} cannot be read: {exc.strerror or exc} ({self.origin})"
             ) from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"source.list_file {path!r} is not UTF-8 text: {exc} ({self.origin})") from None
+        lines = [line.strip() for line in text.splitlines()]
         names = [line for line in lines if line and not line.startswith("#")]
         if not names:
             raise ConfigError(f"source.list_file {path!r} lists no files ({self.origin})")

@@ -67,7 +67,9 @@ def test_a_socket_is_refused_and_a_symlink_to_a_regular_file_read(tmp_path) -> N
     path = tmp_path / "train.toml"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listening:
         listening.bind(str(path))
-        with pytest.raises(ConfigError, match=r"is not a regular file \(a socket\): give the path of a TOML file"):
+        with pytest.raises(
+            ConfigError, match=r"is not a regular file \(a socket\): give the path of a loader config \(a TOML file\)"
+        ):
             load_config(path)
     real = tmp_path / "real.toml"
     real.write_text('[source]\nfiles = ["data/*.npy"]\n[pipeline]\nbatch_size = 7\n')
@@ -87,7 +89,9 @@ def test_a_config_over_the_size_bound_is_refused_and_one_at_it_is_read(tmp_path,
     assert list(load_config(at_bound).source.files) == ["/nonexistent/*.npy"]
     over = tmp_path / "over.toml"
     over.write_text(CONFIG + "#" * (bound - len(CONFIG)) + "\n")
-    with pytest.raises(ConfigError, match=f"config file '{over}' is larger than .* MiB: not a loader config"):
+    with pytest.raises(
+        ConfigError, match=f"config file '{over}' is larger than .* MiB: not a loader config \\(a TOML file\\)"
+    ):
         load_config(over)
 
 
@@ -139,3 +143,18 @@ def test_the_cli_says_it_in_one_line(tmp_path, monkeypatch, capsys, how) -> None
     assert cli_main(args) == 1
     line = one_error_line(capsys.readouterr().err)
     assert "nests arrays or tables too deeply" in line and len(line) < 300
+
+
+# -- source.list_file, read the same way ----------------------------------------------------------------------
+def test_a_list_file_that_is_a_fifo_or_not_utf8_is_one_line(tmp_path) -> None:
+    # A FIFO as source.list_file blocked `loader check` in open(); bytes that are not UTF-8 were an unexpected error.
+    fifo = tmp_path / "files.txt"
+    os.mkfifo(fifo)
+    config = tmp_path / "c.toml"
+    config.write_text(f'[source]\nlist_file = "{fifo}"\n')
+    result = loader_cmd("check", str(config), "--no-batch")
+    assert f"source.list_file '{fifo}' is not a regular file (a named pipe)" in one_error_line(result.stderr)
+    os.remove(fifo)
+    fifo.write_bytes(b"\xff\xfe not text\n")
+    result = loader_cmd("check", str(config), "--no-batch")
+    assert f"source.list_file '{fifo}' is not UTF-8 text" in one_error_line(result.stderr)
