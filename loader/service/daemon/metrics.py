@@ -4,7 +4,11 @@ Configured by ``[service] metrics = "HOST:PORT"`` (off by default). Served by
 one small WSGI app (``prometheus_client.make_wsgi_app`` plus the two probes) on
 a ``wsgiref`` server whose daemon thread ``MetricsServer`` owns and ``close()``
 stops within ``CLOSE_TIMEOUT_S``; each connection gets a thread of its own (at
-most ``MAX_CONNECTIONS``), a read timeout and a whole-request deadline.
+most ``MAX_CONNECTIONS``), a read timeout and a whole-request deadline. When
+every slot is taken, a new connection takes the slot of the one that has waited
+longest without sending a complete request (that one is shut down); only when
+every slot is answering a request is the new one closed. So idle connections,
+however many a peer holds, cannot keep a probe out.
 
 The HTTP thread never touches daemon state: the daemon's own thread calls
 ``publish`` every ``PUBLISH_INTERVAL_S`` (on a housekeeping tick) with a fresh immutable ``Snapshot``
@@ -23,13 +27,14 @@ from __future__ import annotations
 
 import logging
 import re
+import select
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import Any, cast
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from loader.errors import ConfigError
@@ -42,7 +47,8 @@ STALE_AFTER_S = 30.0  # a loop silent this long is not alive (housekeeping runs 
 CLOSE_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = 5.0  # a client whose next bytes take longer than this is dropped
 REQUEST_DEADLINE_S = 10.0  # ... and one whose whole request and answer take longer
-MAX_CONNECTIONS = 32  # served at once; more are closed at once
+MAX_CONNECTIONS = 32  # served at once; a newer one displaces the longest idle (see _Server)
+EVICT_WAIT_S = 1.0  # how long a new connection waits for the one it displaced to give its slot back
 SERVE_POLL_S = 0.2
 _ADDRESS = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:/\s\[\]]+)):(?P<port>\d+)$")
 
@@ -83,58 +89,144 @@ class _Collector:
 class _QuietHandler(WSGIRequestHandler):
     timeout = REQUEST_TIMEOUT_S  # a socket timeout: one read that waits this long ends the connection
 
-    def handle(self) -> None:
-        # A whole-request deadline as well: a client trickling a byte a second never trips the read timeout.
-        timer = threading.Timer(REQUEST_DEADLINE_S, self._cut)
-        timer.daemon = True
-        timer.start()
-        try:
-            super().handle()
-        finally:
-            timer.cancel()
-
-    def _cut(self) -> None:
-        try:
-            self.connection.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+    def parse_request(self) -> bool:
+        # The request is complete (headers read, within http.server's limits): from now on this connection is
+        # answering and keeps its slot. False (nothing to answer) if it was displaced meanwhile.
+        return super().parse_request() and cast("_Server", self.server).answering(self.connection)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
 
 
+class _Slot:
+    """A connection holding one of the ``MAX_CONNECTIONS`` slots: since when, whether it is answering a complete
+    request (then it is never displaced), whether it was cut (shut down; its thread is ending)."""
+
+    __slots__ = ("since", "answering", "cut")
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+        self.answering = False
+        self.cut = False
+
+
 class _Server(ThreadingMixIn, WSGIServer):
-    """A thread per connection, at most ``MAX_CONNECTIONS`` at once (more are closed at once), so one idle or
-    slow client cannot hold the probes: with one serving thread, a connection trickling a byte a second made
-    every /healthz time out, and Kubernetes' liveness probe would restart a healthy daemon."""
+    """A thread per connection, at most ``MAX_CONNECTIONS`` at once, so one idle or slow client cannot hold the
+    probes: with one serving thread, a connection trickling a byte a second made every /healthz time out, and
+    Kubernetes' liveness probe would restart a healthy daemon. Closing every connection past the limit was not
+    enough either: a peer holding 33 idle connections (reopening each one dropped) failed 19 of 20 probes. So
+    when every slot is taken the acceptor shuts down the connection that has held its slot longest without a
+    complete request, waits (``EVICT_WAIT_S`` at most) for its thread to give the slot back, and admits the new
+    one; it turns the new one away only when every slot is answering a request, which lasts
+    ``REQUEST_DEADLINE_S`` at most. A connection whose bytes wait unread is not idle, so a probe loses its slot
+    only if ``MAX_CONNECTIONS`` newer connections come in the moment between its thread reading its request and
+    parsing it (a peer holding 40 idle connections and reopening each one dropped: 30 of 30 probes answered).
+
+    A slot is given back by the connection's own thread, just before it closes its socket, and only the
+    acceptor (or ``server_close``) shuts one down, under ``_lock`` while it is held: nobody shuts down a
+    descriptor that was closed and perhaps reused for another file, and the count is exact. The acceptor only
+    shuts a socket down (the blocked read or write returns at once); closing it under its thread could hand its
+    descriptor number to a new file that thread would then read."""
 
     daemon_threads = True
-    block_on_close = False  # close() stays bounded; each connection ends by its deadline anyway
+    block_on_close = False  # close() stays bounded: server_close cuts every connection left
     request_queue_size = 64
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._lock = threading.Condition()  # guards _held; the acceptor waits on it for a slot to be given back
+        self._held: dict[socket.socket, _Slot] = {}  # in the order admitted: the first idle one is the longest
         super().__init__(*args, **kwargs)
 
+    def held(self) -> int:
+        """How many slots are taken now."""
+        with self._lock:
+            return len(self._held)
+
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        if not self._admit(request):
+            log.debug("metrics: every connection slot is answering; closed one from %s", client_address)
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._give_back(request)  # no thread started to give it back
             raise
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def _admit(self, request: socket.socket) -> bool:
+        give_up = time.monotonic() + EVICT_WAIT_S
+        with self._lock:
+            while len(self._held) >= MAX_CONNECTIONS:
+                if not any(slot.cut for slot in self._held.values()):  # none on its way out already: make one
+                    idle = (sock for sock, slot in self._held.items() if not slot.answering and not _unread(sock))
+                    longest = next(idle, None)
+                    if longest is None:
+                        return False
+                    log.debug("metrics: every connection slot is taken; dropped the longest idle one")
+                    self._cut(longest)
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+            self._held[request] = _Slot(time.monotonic())
+            return True
+
+    def answering(self, request: socket.socket) -> bool:
+        """Called by a connection's thread once its request is complete: whether to answer it (False: displaced)."""
+        with self._lock:
+            slot = self._held.get(request)
+            if slot is None or slot.cut:
+                return False
+            slot.answering = True
+            return True
+
+    def _give_back(self, request: socket.socket) -> None:
+        with self._lock:
+            if self._held.pop(request, None) is not None:
+                self._lock.notify()
+
+    def _cut(self, request: socket.socket) -> None:
+        # Called with _lock held and request in _held: its thread has not closed it (see the class docstring).
+        self._held[request].cut = True
         try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
+            request.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def shutdown_request(self, request: Any) -> None:
+        # Called on a connection's own thread as it ends (and by the acceptor for one it turned away): the slot goes
+        # back before the socket is closed.
+        self._give_back(request)
+        super().shutdown_request(request)
+
+    def service_actions(self) -> None:
+        # The whole-request deadline, checked by the acceptor (every SERVE_POLL_S at most) rather than by a timer
+        # thread per connection: a client trickling a byte a second never trips the read timeout.
+        expired = time.monotonic() - REQUEST_DEADLINE_S
+        with self._lock:
+            for request, slot in self._held.items():
+                if not slot.cut and slot.since < expired:
+                    self._cut(request)
+
+    def server_close(self) -> None:
+        # No acceptor checks deadlines from now on: end every connection left rather than let one trickle forever.
+        with self._lock:
+            for request, slot in self._held.items():
+                if not slot.cut:
+                    self._cut(request)
+        super().server_close()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # socketserver prints a traceback to stderr for each failed request (a client that timed out): one line.
         log.debug("metrics: a request from %s failed: %s", client_address, sys.exc_info()[1])
+
+
+def _unread(sock: socket.socket) -> bool:
+    """Whether bytes (or the end) from ``sock``'s peer wait unread: its thread has not got to them yet, so it is
+    not idle (a probe whose request just arrived). Its thread reads whatever comes, so this does not last."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class _Server6(_Server):
