@@ -443,33 +443,29 @@ class FileJob:
 
 
 def changed_file(lease: P.Lease) -> tuple[str, str] | None:
-    """The first file of ``lease`` that is not what the daemon found at start-up (``Lease.seen``), and why; the
-    epoch's length, its pieces and checkpoints describe that file, so serving another silently would hand the
-    training loop other samples than ``len()`` and the resume promise say. A file that is gone is left to the
-    reader, which names it."""
+    """The first file of ``lease`` whose size is not what the daemon found at start-up (``Lease.seen``), and why:
+    the epoch's length, its pieces and checkpoints describe that file, so serving another silently would hand the
+    training loop other samples than ``len()`` and the resume promise say. Only the size: a copy of the same bytes
+    with another mtime (``cp`` without ``-p`` on another node, a ``touch``, an ``rsync`` refresh, a filesystem of
+    coarser times) is the same file to a reader. A file that is gone is left to the reader, which names it."""
     if lease.seen is None:
         return None
     paths = lease.paths
     if len(lease.seen) != len(paths):
-        raise MalformedMessageError(f"a lease of {len(paths)} files carries {len(lease.seen)} start-up stamps")
-    for path, seen in zip(paths, lease.seen):
-        if seen is None:
+        raise MalformedMessageError(f"a lease of {len(paths)} files carries {len(lease.seen)} start-up sizes")
+    for path, size in zip(paths, lease.seen):
+        if size is None:
             continue
         try:
             found = os.stat(path)
         except OSError:
             continue
-        size, mtime_ns = seen
         if found.st_size != size:
-            what = f"{size:,} bytes then, {found.st_size:,} now"
-        elif found.st_mtime_ns != mtime_ns:
-            what = "the same size, written since"
-        else:
-            continue
-        return path, (
-            f"{path} changed since the daemon started ({what}): its epochs, pieces and checkpoints describe the "
-            "file it found then; restart the daemon (or the Loader) to serve the new contents"
-        )
+            return path, (
+                f"{path} changed since the daemon started ({size:,} bytes then, {found.st_size:,} now): its epochs, "
+                "pieces and checkpoints describe the file it found then; restart the daemon (or the Loader) to "
+                "serve the new contents"
+            )
     return None
 
 

@@ -188,7 +188,7 @@ class SourceConfig:
             ) from exc
         except UnicodeDecodeError as exc:
             raise ConfigError(f"source.list_file {path!r} is not UTF-8 text: {exc} ({self.origin})") from None
-        lines = [line.strip() for line in text.splitlines()]
+        lines = [line.strip() for line in text.split("\n")]  # not splitlines(): \x1c or \u2028 may be in a name
         names = [line for line in lines if line and not line.startswith("#")]
         if not names:
             raise ConfigError(f"source.list_file {path!r} lists no files ({self.origin})")

@@ -146,22 +146,12 @@ def _more_paths(value: Any) -> bool:
     return isinstance(value, list) and 0 < len(value) < MAX_LEASE_FILES and all(_path(v) for v in value)
 
 
-def _stamps(value: Any) -> bool:
-    """Per file of a lease, ``[size, mtime_ns]`` as the daemon found it at start-up, or None (``Lease.seen``)."""
+def _sizes(value: Any) -> bool:
+    """Per file of a lease, its bytes when the daemon started, or None (``Lease.seen``)."""
     return (
         isinstance(value, list)
         and 0 < len(value) <= MAX_LEASE_FILES
-        and all(
-            stamp is None
-            or (
-                isinstance(stamp, list)
-                and len(stamp) == 2
-                and _count(stamp[0])
-                and type(stamp[1]) is int
-                and -MAX_INT < stamp[1] < MAX_INT
-            )
-            for stamp in value
-        )
+        and all(size is None or _count(size) for size in value)
     )
 
 
@@ -280,9 +270,9 @@ class Lease(Message):
     # A lease of a piece of a large file (``source.records_per_lease``): ``[first, count]``, its records
     # ``first .. first + count - 1``, read as one file whose records are numbered from 0 (``start`` too).
     piece: list[int] | None = wire("piece", _optional(_piece), None)
-    # Per file of ``paths``, ``[size, mtime_ns]`` when the daemon started (None: not a regular file then): a file
-    # changed since is refused by the worker, since the epoch's length, pieces and checkpoints describe the old one.
-    seen: list[list[int] | None] | None = wire("seen", _optional(_stamps), None)
+    # Per file of ``paths``, its bytes when the daemon started (None: not a regular file then): a file of another
+    # size is refused by the worker, since the epoch's length, pieces and checkpoints describe the old one.
+    seen: list[int | None] | None = wire("seen", _optional(_sizes), None)
 
     @property
     def paths(self) -> list[str]:

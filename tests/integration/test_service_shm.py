@@ -306,10 +306,10 @@ def test_a_file_replaced_before_the_padded_repeat_of_its_rows_fails_that_epoch_n
     # was replaced meanwhile: the copy raised out of the loop ("the daemon failed: FileRowsError") and the
     # daemon stopped serving every client.
     write_large_files(tmp_path, 2, 1)
-    # The FIFO below hangs the workers only if they open it: unstamped, f001 is not refused before that as a
+    # The FIFO below hangs the workers only if they open it: with no start-up size, f001 is not refused before that as a
     # file changed since start-up (test_service_untidy tests that refusal).
-    stamp = datasets._stamp
-    monkeypatch.setattr(datasets, "_stamp", lambda path: None if path.endswith("f001.npy") else stamp(path))
+    size = datasets._size
+    monkeypatch.setattr(datasets, "_size", lambda path: None if path.endswith("f001.npy") else size(path))
     config = make_config(
         tmp_path, pipeline={"on_error": "skip", "batch_size": 1}, workers={"count": 2, "progress_timeout_s": 1.0}
     )

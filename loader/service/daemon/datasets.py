@@ -58,7 +58,6 @@ class Dataset:
     # Per lease, the piece of its file it reads (None: the whole file); empty when no lease is a piece.
     pieces: list[Piece | None] = field(default_factory=list)
     sizes: list[int | None] | None = None  # bytes of each file at start-up (None: not a regular file)
-    stamps: list[list[int] | None] | None = None  # ``[size, mtime_ns]`` of each file at start-up (``Lease.seen``)
 
     @property
     def settings(self) -> StreamSettings:
@@ -79,7 +78,7 @@ class Dataset:
         key = file_index - self.offset
         more = self.leases[key][1:]
         piece = self.piece(file_index)
-        seen = self._seen[key]
+        seen = self._seen(key)
         return {
             "dataset": self.name,
             "seed": self.seed,
@@ -89,16 +88,18 @@ class Dataset:
             **({"seen": seen} if seen else {}),
         }
 
+    def _seen(self, key: int) -> list[int | None] | None:
+        """The sizes at start-up of lease ``key``'s files (``Lease.seen``), None when none was a regular file."""
+        if self.sizes is None:
+            return None
+        sizes = self.sizes
+        seen = [sizes[self._position[path]] for path in self.leases[key]]
+        return seen if any(size is not None for size in seen) else None
+
     @functools.cached_property
-    def _seen(self) -> list[list[list[int] | None] | None]:
-        # Per lease, its files' stamps (None when no file of it had one): built once, the leases' files sorted
-        # in ``files``, so a lookup per path would cost every lease a search.
-        if self.stamps is None:
-            return [None] * len(self.leases)
-        position = {path: i for i, path in enumerate(self.files)}
-        stamps = self.stamps
-        seen = [[stamps[position[path]] for path in lease] for lease in self.leases]
-        return [lease if any(stamp is not None for stamp in lease) else None for lease in seen]
+    def _position(self) -> dict[str, int]:
+        # Each file's index in ``files``, once: a lease's files are looked up by path as each lease is sent.
+        return {path: i for i, path in enumerate(self.files)}
 
     def file_record(self, file_index: int, record: int) -> int:
         """Record ``record`` of lease ``file_index`` as its number in the lease's (first) file."""
@@ -166,10 +167,9 @@ class DatasetTable:
             view = config.dataset(name)
             files = view.expand_files()  # ConfigError for no match / empty list, naming where the value came from
             seed = view.pipeline.seed if view.pipeline.seed is not None else random.SystemRandom().randrange(2**32)
-            stamps = [_stamp(path) for path in files]  # once: the fingerprint, the lease groups and the leases
-            sizes = [stamp[0] if stamp else None for stamp in stamps]
+            sizes = [_size(path) for path in files]  # once: the fingerprint, the lease groups and the leases
             leases, pieces = _leases(name, files, sizes, view, seed)
-            self.by_name[name] = Dataset(name, view, files, len(self.files), seed, leases, pieces, sizes, stamps)
+            self.by_name[name] = Dataset(name, view, files, len(self.files), seed, leases, pieces, sizes)
             self.files.extend(group[0] for group in leases)
         self._offsets = [d.offset for d in self.by_name.values()]
         self._names = list(self.by_name)
@@ -310,19 +310,13 @@ def _hint_small_files(name: str, files: list[str]) -> None:
 
 
 def _size(path: str) -> int | None:
-    """Bytes of ``path``; None for a name that is not a regular file."""
-    stamp = _stamp(path)
-    return stamp[0] if stamp else None
-
-
-def _stamp(path: str) -> list[int] | None:
-    """``[size, mtime_ns]`` of ``path``; None for a name that is not a regular file (a provider's name): it goes
-    alone, and no worker checks it."""
+    """Bytes of ``path``; None for a name that is not a regular file (a provider's name): it goes alone, and no
+    worker checks it (``Lease.seen``)."""
     try:
         found = os.stat(path)
     except OSError:
         return None
-    return [found.st_size, found.st_mtime_ns] if stat.S_ISREG(found.st_mode) else None
+    return found.st_size if stat.S_ISREG(found.st_mode) else None
 
 
 __all__ = ["Dataset", "DatasetTable"]

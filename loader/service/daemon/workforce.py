@@ -269,7 +269,12 @@ class WorkerPool:
                 f"{self.coordinator.progress_timeout_s:g} s each{since}{on}): a mapper or reader blocks; raise "
                 f"workers.progress_timeout_s if one sample legitimately takes longer"
             )
-            return WorkerError("WorkerDiedError", message, worker=worker, file=path, record=stuck).to_dict()
+            # In a lease of several files the record is the group's (the note says how they are numbered), not one of
+            # ``path``'s: the error's record field stays None rather than name a record the file may not have.
+            grouped = "more" in self._lease_fields(job.file_index)
+            return WorkerError(
+                "WorkerDiedError", message, worker=worker, file=path, record=None if grouped else stuck
+            ).to_dict()
         if how == SILENT:
             message = (
                 f"worker {record.worker_id} sent no heartbeat for {self.coordinator.heartbeat_timeout_s:g} s and was "

@@ -48,7 +48,7 @@ def test_a_daemon_leases_pieces_and_says_which_in_each_lease(tmp_path: Any) -> N
         "seed": 1,
         "file_key": 1,
         "piece": [100, 100],
-        "seen": [[found.st_size, found.st_mtime_ns]],  # what a worker checks the file against
+        "seen": [found.st_size],  # what a worker checks the file against
     }
     assert "piece" not in dataset.lease_fields(3)
     assert [pieces.file_record(i, 7) for i in range(4)] == [7, 107, 207, 7]
