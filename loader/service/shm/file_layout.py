@@ -37,7 +37,8 @@ class FileRowsError(ArenaError, DataError):
 
 class FileChangedError(FileRowsError):
     """The data file changed (size, mtime or inode) while its rows were read or in flight: a fact about the
-    file, seen by the daemon's own stat, never a claim of a peer (so the daemon fails that file, by name)."""
+    file, seen by the daemon's own stat, never a claim of a peer (so the daemon fails that file, by name). A worker
+    raises it too, for a file whose size is not the daemon's at start-up (``file_job.changed_file``)."""
 
 
 @dataclass(frozen=True)

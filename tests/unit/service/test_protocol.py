@@ -33,7 +33,7 @@ FILES = "files"
 PARTS = "parts"
 MORE = "more"
 PIECE = "piece"
-STAMPS = "stamps"
+SIZES = "sizes"
 READING = "reading"
 VERSIONED = {"v": COUNT, "lv": TEXT}
 FILE = {"s": COUNT, "f": COUNT, "l": COUNT, "w": TEXT, "t": TEXT}
@@ -54,7 +54,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
         "fk": COUNT,
         "more": MORE + "?",
         "piece": PIECE + "?",
-        "seen": STAMPS + "?",
+        "seen": SIZES + "?",
     },
     P.Heartbeat: {"at": READING + "?"},
     P.Cancel: {"lease": COUNT},
@@ -252,7 +252,7 @@ BAD: dict[str, list] = {
     MORE: [[], "/data/f", ["/data/f", ""], ["/data/f", 5], ["/f"] * P.MAX_LEASE_FILES, {"0": "/f"}, [None]],
     PIECE: [[], [0], [0, 0], [-1, 5], [0, 5, 1], [0, 1.5], [True, 1], [0, P.MAX_INT], "0 5", {"0": 5}],
     READING: [[], [1], [1, 2, 3], [-1, 2], [1, -2], [1, 2.5], [True, 1], [1, P.MAX_INT], "1 2", {"0": 1}],
-    STAMPS: [[], [None] * (P.MAX_LEASE_FILES + 1), [-1], [1.5], [True], [P.MAX_INT], ["1"], [[1, 2]], "1", {"0": 1}],
+    SIZES: [[], [None] * (P.MAX_LEASE_FILES + 1), [-1], [1.5], [True], [P.MAX_INT], ["1"], [[1, 2]], "1", {"0": 1}],
     FILES: [
         [],
         5,

@@ -9,6 +9,14 @@ from tests.helpers import wait_until
 from workers.control import ControlLink
 
 
+def _heard(daemon: FakeChannel) -> list[P.Message]:
+    """Every message the link sent to ``daemon``'s end, in order."""
+    said = []
+    while (frames := daemon.recv(0.1)) is not None:
+        said.append(P.decode(frames)[0])
+    return said
+
+
 def test_a_goodbye_sent_after_the_daemon_went_silent_still_goes_out():
     near, daemon = FakeChannel.pair()
     link = ControlLink(near, interval_s=0.05, timeout_s=0.3)
@@ -19,9 +27,7 @@ def test_a_goodbye_sent_after_the_daemon_went_silent_still_goes_out():
         link.send(P.Bye(reason=link.lost))
     finally:
         link.close()
-    said = []
-    while (frames := daemon.recv(0.1)) is not None:
-        said.append(P.decode(frames)[0])
+    said = _heard(daemon)
     assert said and all(isinstance(m, (P.Heartbeat, P.Bye)) for m in said)
     assert isinstance(said[-1], P.Bye) and said[-1].reason.startswith("daemon silent for "), said[-1]
 
@@ -40,7 +46,5 @@ def test_a_malformed_message_from_the_daemon_is_reported_and_the_goodbye_saying_
         link.send(P.Bye(reason=link.lost))
     finally:
         link.close()
-    said = []
-    while (frames := daemon.recv(0.1)) is not None:
-        said.append(P.decode(frames)[0])
+    said = _heard(daemon)
     assert isinstance(said[-1], P.Bye) and said[-1].reason.startswith("a malformed message from the daemon: ")
