@@ -142,7 +142,7 @@ class ControlLink:
                 # Said, not acted on here, as for a silent daemon: the thread runs on so the main loop's goodbye
                 # carries this to the daemon's log (ending the thread lost it, and the worker left unexplained).
                 if self.lost is None:
-                    self.lost = f"a malformed message from the daemon: {exc}"
+                    self.lost = f"{P.UNREADABLE_FROM_DAEMON}: {exc}"
                 continue
             if not isinstance(message, P.Heartbeat):
                 self._inbox.put(message)

@@ -55,6 +55,10 @@ MAX_LEASE_FILES = 4096  # files one lease may name (``Lease.more``; ``source.fil
 # Ranks of one job. Each costs the daemon a share of every global step and a padding block at the end of an
 # epoch: 4 million ranks from one hostile hello froze the loop for 13 s and took 1.4 GiB.
 MAX_WORLD_SIZE = 65536
+# How a worker's goodbye starts when it could not read what the daemon sent (a daemon's bug, or a value of the
+# dataset's that the daemon let through): the daemon counts it against the file of the lease, which would else
+# be leased again to each replacement without end.
+UNREADABLE_FROM_DAEMON = "a malformed message from the daemon"
 
 Check = Callable[[Any], bool]
 _MISSING: Any = dataclasses.MISSING
@@ -302,7 +306,8 @@ class Cancel(Message):
 @_kind("bye")
 @dataclass(frozen=True, kw_only=True)
 class Bye(Message):
-    """The sender is leaving (a worker, a client) or stopping (the daemon)."""
+    """The sender is leaving (a worker, a client) or stopping (the daemon). A worker that could not read a
+    message of the daemon's gives a reason that starts with ``UNREADABLE_FROM_DAEMON``."""
 
     reason: str = wire("reason", _text, "")
 
@@ -562,6 +567,7 @@ def version_mismatch(message: Versioned, peer: str) -> str | None:
 __all__ = [
     "PROTOCOL_VERSION",
     "INDEX_COLUMN",
+    "UNREADABLE_FROM_DAEMON",
     "Message",
     "Versioned",
     "Hello",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from loader.config.sections import MAX_TIMEOUT_S
@@ -24,6 +25,9 @@ from loader.service.transport import Channel
 from loader.service.transport.auth import ENV_PEER_KEY, CurveClient
 
 ANSWER_POLL_S = 0.1  # one wait for the answer, between looks at the deadline
+# A request unanswered this long calls its ``still_waiting`` once: a client that waits its whole timeout (30 s by
+# default) for a daemon that is not there said nothing until then, which looks like a hang in a first hour.
+STILL_WAITING_S = 5.0
 
 # The largest answer a status query takes (zmq's MAXMSGSIZE on its socket): zmq reads a bigger one's length
 # first and drops the connection without buffering it, so the answer is never seen (a 200 MB one was taken
@@ -133,16 +137,28 @@ def _shown(value: Any, chars: int = 40) -> str:
 
 
 def request(
-    channel: Channel, frames: list[Any], answers: tuple[type[P.Message], ...], timeout_s: float, address: str
+    channel: Channel,
+    frames: list[Any],
+    answers: tuple[type[P.Message], ...],
+    timeout_s: float,
+    address: str,
+    still_waiting: Callable[[float], None] | None = None,
 ) -> P.Message | None:
     """Send ``frames`` and wait for a message of one of the ``answers`` types (others are skipped);
-    the message, or None when none came within ``timeout_s``."""
+    the message, or None when none came within ``timeout_s``. ``still_waiting(seconds waited)`` is called
+    once when no answer came within ``STILL_WAITING_S`` (and the timeout is longer): the request is not sent
+    again, so a late answer still pairs with it."""
+    started = time.monotonic()
     channel.send(frames, timeout_s=timeout_s)
-    deadline = time.monotonic() + timeout_s
+    deadline = started + timeout_s
     while True:
-        left = deadline - time.monotonic()
+        now = time.monotonic()
+        left = deadline - now
         if left <= 0:
             return None
+        if still_waiting is not None and now - started >= STILL_WAITING_S:
+            still_waiting(now - started)
+            still_waiting = None
         got = channel.recv(min(ANSWER_POLL_S, left))
         if got is not None:
             try:
@@ -159,6 +175,7 @@ __all__ = [
     "query_status",
     "status_problem",
     "request",
+    "STILL_WAITING_S",
     "no_answer_hint",
     "NO_ANSWER_HINT",
     "KEYED_NO_ANSWER_HINT",

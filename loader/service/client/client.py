@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import logging
 import os
 import queue
 import threading
@@ -71,6 +72,8 @@ from loader.service.shm.cache import ArenaCache
 from loader.service.shm.file_rows import FileRowsError, RowFiles, is_file_id, source_of
 from loader.service.transport import Channel
 from loader.service.transport.auth import peer_for
+
+log = logging.getLogger("loader.client")
 
 # The receiver thread watches the daemon's socket (``transport.PeerWatch``): what that needs is imported now, in
 # the thread importing this module, not in the receiver thread while the training script may fork.
@@ -440,7 +443,14 @@ class Client(NotADataset):
         hello = P.ClientHello(
             rank=self.rank, world_size=self.world_size, prefetch=self.prefetch, dataset=self.dataset, job=self.job
         )
-        answer = request(self._channel, P.encode(hello), (P.ClientWelcome, P.Error), self.timeout_s, self.address)
+        answer = request(
+            self._channel,
+            P.encode(hello),
+            (P.ClientWelcome, P.Error),
+            self.timeout_s,
+            self.address,
+            still_waiting=self._still_waiting,
+        )
         if answer is None:
             origin = address_origin(self._given_address)
             raise ServiceUnavailableError(
@@ -456,6 +466,16 @@ class Client(NotADataset):
             self._channel.try_send(P.encode(P.Bye()), timeout_s=0.0)  # it opened a session for us: end it now
             raise ProtocolVersionError(mismatch)
         return answer
+
+    def _still_waiting(self, waited_s: float) -> None:
+        """Said once while the handshake waits: a missing daemon is else silent for the whole timeout."""
+        log.warning(
+            "no answer yet from a loader daemon at %s after %.0f s; waiting up to %g s in all%s",
+            self.address,
+            waited_s,
+            self.timeout_s,
+            no_answer_hint(self._keyed),
+        )
 
     def _receive_once(self, state: _ReceiverState, poller: Any) -> None:
         """One round of the receiver thread: commands, credits, messages (up to ``RECEIVER_POLL_S``), pings."""

@@ -56,10 +56,12 @@ EXITED = "exited"  # its process ended
 SILENT = "silent"  # no heartbeat for heartbeat_timeout_s
 HUNG = "hung"  # holding a lease, no data for progress_timeout_s
 LEFT = "left"  # it said goodbye (BYE): its own choice, or it took the daemon for gone
+UNREADABLE = "unreadable"  # it said goodbye because it could not read a message of the daemon's (a lease)
 
 
 class Departure(NamedTuple):
-    """A worker found gone: the record, the log's words for why, and how (``EXITED``, ``SILENT``, ``HUNG``, ``LEFT``)."""
+    """A worker found gone: the record, the log's words for why, and how (``EXITED``, ``SILENT``, ``HUNG``, ``LEFT``,
+    ``UNREADABLE``)."""
 
     record: WorkerRecord
     why: str
@@ -76,4 +78,4 @@ def identity_at_grant(path: str) -> dict[str, Identity]:
         return {}
 
 
-__all__ = ["Job", "WorkerRecord", "Departure", "EXITED", "SILENT", "HUNG", "LEFT", "identity_at_grant"]
+__all__ = ["Job", "WorkerRecord", "Departure", "EXITED", "SILENT", "HUNG", "LEFT", "UNREADABLE", "identity_at_grant"]

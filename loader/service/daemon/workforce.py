@@ -42,7 +42,7 @@ from loader.errors import WorkerDiedError, WorkerError
 from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator, Job, WorkerRecord
 from loader.service.daemon.launcher import CLAIM_SEP, Launcher, LocalLauncher
-from loader.service.daemon.records import EXITED, HUNG, LEFT, SILENT
+from loader.service.daemon.records import EXITED, HUNG, LEFT, SILENT, UNREADABLE
 from loader.service.daemon.rejects import LOG_EVERY_S, PeerLines
 from loader.service.shm.pool import ArenaPool
 from loader.service.transport.auth import CurveClient, Dial
@@ -180,8 +180,8 @@ class WorkerPool:
 
     def gone(self, record: WorkerRecord, why: str, *, replace: bool = True, how: str = EXITED) -> None:
         """Forget a worker: stop its process, re-lease its files, start a replacement (unless ``replace`` is False
-        or the daemon is stopping). ``how``: ``records.EXITED``, ``SILENT``, ``HUNG`` (the daemon stops it) or
-        ``LEFT`` (it said goodbye)."""
+        or the daemon is stopping). ``how``: ``records.EXITED``, ``SILENT``, ``HUNG`` (the daemon stops it),
+        ``LEFT`` (it said goodbye) or ``UNREADABLE`` (it said goodbye, unable to read a message of the daemon's)."""
         stopping = self.stopping
         # Ended by SIGTERM before the daemon stopped it: a signal from outside (the process group's, when stopping).
         proc = record.process
@@ -199,14 +199,15 @@ class WorkerPool:
         # Deaths before a first file, of workers this daemon started and did not retire, back off the next start.
         early = replace and started_here and not jobs and record.files_done == 0
         left = how == LEFT
-        self._note_start(record, early, exitcode, why if left else None)
+        self._note_start(record, early, exitcode, why if how in (LEFT, UNREADABLE) else None)
         # Only deaths of workers this daemon started count against a file: a peer that takes a lease and
         # leaves (says BYE, goes silent) must not be able to fail an epoch by doing it three times.
         # Only the file it was reading (the first granted): the files queued behind it did not kill it.
         # Not while the daemon stops: a stop signalled to the process group ended them, not the file.
+        # A worker of ours that could not read its lease does count: each replacement would be given the same.
         counted = jobs[:1] if started_here and not left and not stopping else []
         for job in counted:
-            self._count_loss(record, job, how, exitcode)
+            self._count_loss(record, job, how, exitcode, why)
         # A worker this daemon started says goodbye only when the daemon said so, or when it took the daemon for
         # gone (silent past heartbeat_timeout_s: a loop held up). Now that such a goodbye reaches the daemon
         # (workers/control.py), not replacing it would leave a daemon with no workers and every epoch stalled: the
@@ -226,7 +227,7 @@ class WorkerPool:
         stops (a stop signalled to the process group reaches every worker too) or while it held no lease (nothing
         to read again). SIGTERM from outside to a worker holding a lease is a warning."""
         level = logging.WARNING
-        if how == LEFT and (record.process is None or stopping):
+        if how in (LEFT, UNREADABLE) and (record.process is None or stopping):
             level = self._lines.level(record.peer, "left")
         elif why == RETIRED_IDLE:  # the autoscaler's own choice
             level = logging.INFO
@@ -236,19 +237,19 @@ class WorkerPool:
         count = len(record.leases)
         log.log(level, "worker %s (pid %s) left: %s; re-leasing %d file(s)", record.worker_id, record.pid, why, count)
 
-    def _count_loss(self, record: WorkerRecord, job: Job, how: str, exitcode: int | None) -> None:
+    def _count_loss(self, record: WorkerRecord, job: Job, how: str, exitcode: int | None, why: str) -> None:
         """Count a worker lost on ``job``'s file; fail the file (or skip it) once too many were."""
         losses = self._losses.setdefault((job.stream_id, job.file_index), FileLosses())
         losses.deaths += 1
         losses.hung += how == HUNG
         if losses.deaths < self._max_attempts and losses.hung < self._max_hung:
             return
-        error = self._loss_error(record, job, how, exitcode, losses)
+        error = self._loss_error(record, job, how, exitcode, losses, why)
         error["message"] += self._lease_note(job.file_index)  # which of a lease's files: any of them
         self._on_file_failed(job.stream_id, job.file_index, error)
 
     def _loss_error(
-        self, record: WorkerRecord, job: Job, how: str, exitcode: int | None, losses: FileLosses
+        self, record: WorkerRecord, job: Job, how: str, exitcode: int | None, losses: FileLosses, why: str
     ) -> dict[str, Any]:
         """``WorkerError.to_dict()`` for a file that lost too many workers, saying how the last was lost: the
         daemon stopped a hung or silent one itself, so its exit code (SIGTERM) would name no cause."""
@@ -275,14 +276,21 @@ class WorkerPool:
             return WorkerError(
                 "WorkerDiedError", message, worker=worker, file=path, record=None if grouped else stuck
             ).to_dict()
-        if how == SILENT:
+        if how == UNREADABLE:
+            message = (
+                f"{_workers(losses.deaths)} could not read what the daemon sent them for file {name} and left; the "
+                f"last {why}. This is a fault of the loader's (please report it), or a value of this dataset's it "
+                f"cannot carry"
+            )
+        elif how == SILENT:
             message = (
                 f"worker {record.worker_id} sent no heartbeat for {self.coordinator.heartbeat_timeout_s:g} s and was "
                 f"stopped, {_workers(losses.deaths)} lost on file {name} in all: a mapper or reader holding the GIL "
                 f"(C code), a stopped process or an unreachable host"
             )
-            return WorkerError("WorkerDiedError", message, worker=worker, file=path).to_dict()
-        return WorkerDiedError(f"worker {worker}", exitcode, worker=worker, file=path).to_dict()
+        else:
+            return WorkerDiedError(f"worker {worker}", exitcode, worker=worker, file=path).to_dict()
+        return WorkerError("WorkerDiedError", message, worker=worker, file=path).to_dict()
 
     def _note_start(self, record: WorkerRecord, early: bool, exitcode: int | None, goodbye: str | None) -> None:
         """Count deaths (and goodbyes: ``goodbye`` is why it left) before a first file; fail the waiting epochs
@@ -394,7 +402,9 @@ class WorkerPool:
         elif isinstance(message, P.Bye):
             # Its reason, when it gives one (a worker that took the daemon for gone says so), in the log's line.
             reason = P.printable(message.reason[:MAX_BYE_REASON])
-            self.gone(worker, f"said goodbye ({reason})" if reason else "said goodbye", how=LEFT)
+            # Only a worker of ours is taken at its word (``gone`` counts nothing against a file for a peer's).
+            how = UNREADABLE if message.reason.startswith(P.UNREADABLE_FROM_DAEMON) else LEFT
+            self.gone(worker, f"said goodbye ({reason})" if reason else "said goodbye", how=how)
         elif isinstance(message, P.Hello):  # the same connection again: the worker lost its welcome
             assert worker.peer is not None
             return self.hello(worker.peer, message, known=worker)

@@ -341,3 +341,28 @@ def test_an_address_of_the_wrong_kind_is_refused_in_one_line_naming_what_an_addr
     config.write_text(f'[source]\nfiles = ["*.npy"]\n[service]\nbind = "tcp://127.0.0.1:{port}"\n')
     with pytest.raises(ServiceUnavailableError, match=rf"127.0.0.1:{port} within .* is service.bind of"):
         Client(Path(config), timeout_s=0.2)  # a config file as a Path, read as its name is
+
+
+def test_a_client_waiting_for_a_daemon_that_is_not_there_says_so_before_its_timeout(monkeypatch, caplog):
+    """It said nothing for the whole timeout (30 s by default): a first hour's hang, to look at."""
+    import logging
+    import re
+
+    from loader.service.client import ask
+    from tests.helpers import free_port
+
+    monkeypatch.setattr(ask, "STILL_WAITING_S", 0.2)
+    caplog.set_level(logging.WARNING, logger="loader.client")
+    port = free_port()
+    with pytest.raises(ServiceUnavailableError, match="no loader daemon answered"):
+        Client(f"tcp://127.0.0.1:{port}", timeout_s=1.0)
+    (line,) = [r for r in caplog.records if r.name == "loader.client"]
+    said = line.getMessage()
+    assert re.match(
+        rf"no answer yet from a loader daemon at tcp://127.0.0.1:{port} after \d+ s; waiting up to 1 s", said
+    )
+    assert "is `loader serve` running at that address?" in said
+    caplog.clear()
+    with pytest.raises(ServiceUnavailableError):
+        Client(f"tcp://127.0.0.1:{port}", timeout_s=0.15)  # shorter than the note's wait: only the error
+    assert not [r for r in caplog.records if r.name == "loader.client"]

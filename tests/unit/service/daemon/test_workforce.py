@@ -232,6 +232,40 @@ def test_a_started_worker_that_took_the_daemon_for_gone_is_replaced_and_its_reas
     assert len(pool.launcher.started) == 2
 
 
+def test_workers_that_cannot_read_their_lease_fail_the_file_instead_of_leasing_it_for_ever(caplog):
+    """A lease a worker cannot decode (a daemon's bug, or a value it let through) was given to each replacement
+    again without end: its goodbye counted against no file, and the epoch never ended."""
+    caplog.set_level(logging.INFO, logger="loader.daemon")
+    pool = Pool()
+    for attempt in range(MAX_FILE_ATTEMPTS):
+        reading = pool.reading()
+        pool.pool.on_message(reading, P.Bye(reason=f"{P.UNREADABLE_FROM_DAEMON}: lease: seed out of range"))
+        assert caplog.records[-1].levelno == logging.WARNING
+        pool.pool._launch_at = [0.0]
+        pool.pool.reap()
+        assert len(pool.failed) == (attempt + 1 == MAX_FILE_ATTEMPTS)
+    ((_, _, error),) = pool.failed
+    assert error["file"] == "/data/part-2.npy" and error["type"] == "WorkerDiedError"
+    assert (
+        f"{MAX_FILE_ATTEMPTS} workers could not read what the daemon sent them for file part-2.npy"
+        in (error["message"])
+    ), error["message"]
+    assert "seed out of range" in error["message"]
+
+
+def test_a_peers_claim_that_it_cannot_read_its_lease_counts_against_no_file(caplog):
+    caplog.set_level(logging.INFO, logger="loader.daemon")
+    pool = Pool()
+    for n in range(2 * MAX_FILE_ATTEMPTS):
+        peer = pool.coordinator.add_worker(f"hand-started-{n}")
+        peer.peer = b"hand-%d" % n
+        assert pool.coordinator.next_job(peer) is not None, "it holds the file's lease"
+        pool.pool.on_message(peer, P.Bye(reason=f"{P.UNREADABLE_FROM_DAEMON}: forged"))
+        assert caplog.records[-1].levelno == logging.INFO, "a peer's goodbye is routine, whatever it says"
+    assert not pool.failed and not pool.pool._losses
+    assert pool.coordinator.restarts == 0, "a peer is not ours to restart"
+
+
 def test_goodbyes_before_a_first_file_back_off_and_in_the_end_fail_the_waiting_epochs():
     """A worker that says goodbye before its first file, each time, is not restarted in a busy loop for ever."""
     failed: list[dict[str, Any]] = []
