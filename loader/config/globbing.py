@@ -34,7 +34,7 @@ def glob_files(pattern: str) -> list[str]:
 def unique_files(paths: Iterable[str]) -> list[str]:
     """The regular files among ``paths`` (absolute), one name per real file, sorted."""
     by_real: dict[str, str] = {}
-    for path in paths:
+    for path in dict.fromkeys(paths):  # a name given twice is looked up once
         if not os.path.isfile(path):
             continue
         path = os.path.abspath(path)

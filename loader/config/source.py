@@ -137,10 +137,11 @@ class SourceConfig:
         """
         found: list[str] = []
         others: list[str] = []  # names a provider takes that are not files
+        # Each pattern once (and each listed name): a file named 200,000 times was looked up each time, 28 s.
         if self.list_file is not None:
             for name in self._read_list_file():
                 (found if os.path.isfile(name) else others).append(name)
-        for pattern in self.files:
+        for pattern in dict.fromkeys(self.files):
             matches = glob_files(pattern)
             if not matches:
                 if glob.has_magic(pattern):
@@ -189,7 +190,7 @@ class SourceConfig:
         except UnicodeDecodeError as exc:
             raise ConfigError(f"source.list_file {path!r} is not UTF-8 text: {exc} ({self.origin})") from None
         lines = [line.strip() for line in text.split("\n")]  # not splitlines(): \x1c or \u2028 may be in a name
-        names = [line for line in lines if line and not line.startswith("#")]
+        names = list(dict.fromkeys(line for line in lines if line and not line.startswith("#")))  # each once
         if not names:
             raise ConfigError(f"source.list_file {path!r} lists no files ({self.origin})")
         # Relative entries are relative to the list file, so a dataset directory can move as a whole.

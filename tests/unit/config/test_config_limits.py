@@ -96,3 +96,20 @@ def test_a_bind_failure_names_the_config_file(tmp_path):
             Daemon(load_config(path), start_workers=False)
     finally:
         taken.close()
+
+
+def test_a_file_named_many_times_is_looked_up_once(tmp_path, monkeypatch):
+    """200,000 copies of one path (or list file lines) took 28 s: each was globbed and its real path found."""
+    import os
+
+    from loader.config import globbing
+
+    (tmp_path / "a.npy").write_bytes(b"")
+    (tmp_path / "list.txt").write_text("a.npy\n" * 1000)
+    looked_up: list[str] = []
+    realpath = os.path.realpath
+    monkeypatch.setattr(globbing.os.path, "realpath", lambda p: looked_up.append(p) or realpath(p))
+    for source in ({"files": [str(tmp_path / "a.npy")] * 1000}, {"list_file": str(tmp_path / "list.txt")}):
+        looked_up.clear()
+        assert LoaderConfig.from_dict({"source": source}).source.expand_files() == [str(tmp_path / "a.npy")]
+        assert len(looked_up) <= 2, f"{len(looked_up)} lookups of {source.keys()}"
