@@ -166,6 +166,41 @@ def test_every_rank_gets_equal_batches_cut_from_one_global_sequence(data: Any, w
     assert all(len(per_rank[r][k]) == 8 for r in range(world_size) for k in range(steps - 1))
 
 
+def test_a_job_restarted_while_its_old_ranks_are_still_known_reads_one_stream(data: Any) -> None:
+    """A trainer restarted faster than the heartbeat timeout: its new ranks replace the old sessions. Old rank
+    0 had started the epoch, old rank 1 not; new rank 1 was given old rank 0's stream (never asked there by
+    rank 1), new rank 0 a new one, and each waited on the other's stream until the stall error."""
+    small_only(data)
+    directory, _ = data
+    with running_daemon(config(directory)) as daemon:
+        with clients(daemon.endpoint, 2, job="reference") as ranks:
+            expected = [read_ranks(ranks, epoch) for epoch in (0, 1)]
+        with clients(daemon.endpoint, 2, job="train") as old:
+            next(iter(old[0].epoch(0)))  # old rank 1 never asked
+            with clients(daemon.endpoint, 2, job="train") as new:  # the restart
+                assert read_ranks(new, 0) == expected[0]
+        # At an epoch's end: the old ranks read epoch 0, old rank 0 began epoch 1, and the new ranks resume at 1.
+        with clients(daemon.endpoint, 2, job="train") as old:
+            assert read_ranks(old, 0) == expected[0]
+            next(iter(old[0].epoch(1)))
+            with clients(daemon.endpoint, 2, job="train") as new:
+                assert read_ranks(new, 1) == expected[1]
+
+
+def test_an_epoch_taken_for_its_len_alone_asks_the_daemon_nothing(data: Any) -> None:
+    """len(client.epoch(0)) before iterating client.epoch(0), on one rank or on each: epoch() asked the daemon at
+    once, and the ranks' requests, paired in order, paired the len() one with the other rank's read one: a stall."""
+    small_only(data)
+    directory, _ = data
+    with running_daemon(config(directory)) as daemon:
+        with clients(daemon.endpoint, 2, job="reference") as ranks:
+            expected = read_ranks(ranks, 0)
+        for asking in ([0], [0, 1]):
+            with clients(daemon.endpoint, 2, job=f"len-on-{len(asking)}") as ranks:
+                assert [len(ranks[r].epoch(0)) for r in asking] == [len(expected[0])] * len(asking)
+                assert read_ranks(ranks, 0) == expected
+
+
 def test_drop_last_drops_the_incomplete_step_on_every_rank(data: Any) -> None:
     directory, ids = data
     with (

@@ -260,7 +260,8 @@ class Client(NotADataset):
     def epoch(self, epoch: int | None = None) -> EpochBatches:
         """Iterate the batches of the next epoch (or of ``epoch``); ends with ``StopIteration``.
 
-        ``len()`` of it is the number of batches, where the daemon knows it (see ``EpochBatches``).
+        ``len()`` of it is the number of batches, where the daemon knows it (see ``EpochBatches``). The
+        daemon is asked for the epoch at its first batch: taking ``len()`` alone asks nothing.
         """
         self._check_usable()
         number = self._next_epoch if epoch is None else _epoch_number(epoch)
@@ -269,9 +270,7 @@ class Client(NotADataset):
         place = resume if resume is not None and resume.epoch == number else Place(number)
         self._place = place
         gen = self._gen = next(self._gens)
-        self._commands.put(("epoch", place, gen))
-        self._waker.wake()
-        return EpochBatches(self._iterate(gen, number), self._length(place), number)
+        return EpochBatches(self._iterate(gen, number, place), self._length(place), number)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the training loop stands, as a small JSON-able dict to save with a checkpoint.
@@ -374,7 +373,13 @@ class Client(NotADataset):
         if self._fatal is not None:
             raise self._fatal
 
-    def _iterate(self, gen: int, epoch: int) -> Iterator[Any]:
+    def _iterate(self, gen: int, epoch: int, place: Place) -> Iterator[Any]:
+        # The daemon is asked at the first batch, not at epoch(): an epoch asked for only to take its len() is
+        # no request. The ranks of a job pair their requests in order, so one such request on each rank (or on
+        # one rank) paired their epochs wrongly, and the job stalled (``ClientDesk._stream_for``).
+        self._check_current(gen, epoch)
+        self._commands.put(("epoch", place, gen))
+        self._waker.wake()
         while True:
             self._check_current(gen, epoch)
             started = time.perf_counter()

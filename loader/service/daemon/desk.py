@@ -194,6 +194,7 @@ class ClientDesk:
             for other in list(self.stage.sessions.values()):
                 if other is not session and other.job == key and other.rank == session.rank:
                     why = f"replaced by client {session.session_id} of the same job and rank"
+                    self._close_streams_of(other)  # the trainer restarted: its ranks start afresh, all of them
                     # Told why, or its next message would only hear "no longer knows this client".
                     self._router.send(
                         other.peer, P.encode(P.Bye(reason=f"{why} (a restarted trainer; two jobs need job=)"))
@@ -319,6 +320,7 @@ class ClientDesk:
                 and stream.position == position
                 and stream.stream_id in self.stage.streams
                 and not stream.failed
+                and stream.joinable
                 and rank not in stream.attached_ever
             ):
                 return stream
@@ -344,10 +346,19 @@ class ClientDesk:
     def _sessions_of(self, job: Job) -> list[Session]:
         return [s for s in self.stage.sessions.values() if s.job == job.key]
 
+    def _close_streams_of(self, session: Session) -> None:
+        """No rank joins a stream ``session`` read any more (its job restarted)."""
+        job = self.jobs.get(session.job)
+        for stream in job.streams if job is not None else ():
+            if session.session_id in stream.sessions_ever:
+                stream.joinable = False
+
     def _tidy(self, job: Job) -> None:
-        """Drop the job's streams no rank needs: every rank left or finished them, or too many are kept."""
+        """Drop the job's streams no rank needs: every rank left or finished them, no rank reads one that none
+        may join, or too many are kept."""
         for stream in list(job.streams):
-            if stream.stream_id not in self.stage.streams or len(stream.released) >= job.world_size:
+            gone = stream.stream_id not in self.stage.streams or len(stream.released) >= job.world_size
+            if gone or (not stream.joinable and not stream.members):
                 self._drop_stream(job, stream)
         idle = [s for s in job.streams if not s.members]
         while len(job.streams) > MAX_STREAMS_PER_JOB and idle:
@@ -386,6 +397,11 @@ class ClientDesk:
         log.log(self._lines.level(session.peer, "detached"), "client %d detached: %s", session.session_id, why)
         if self._parked.get(session.peer) is session:
             del self._parked[session.peer]  # its waiting request goes with it
+        stream = session.current
+        if stream is not None and stream.members.get(session.rank) is session:
+            # It leaves the stream unfinished: its rank's part is never read, so another rank that joined it now
+            # would wait, on it, for the rank that (restarted) reads a new one. A finished stream stays joinable.
+            stream.joinable = False
         self.stage.close_session(session)
         job = self.jobs.get(session.job)
         if job is None:

@@ -276,6 +276,7 @@ class Stage:
         stream.gens[rank] = gen
         stream.cursors.setdefault(rank, 0)
         stream.attached_ever.add(rank)
+        stream.sessions_ever.add(session.session_id)
         # The epoch's credit may exceed the hello's prefetch (a client's "auto" prefetch): the buffer follows it.
         stream.prefetch = max(stream.prefetch, session.prefetch, min(credits, MAX_PREFETCH))
         session.current = stream
@@ -716,7 +717,18 @@ class Stage:
             return
         waiting = len(stream.sequencer.incomplete)
         missing = [rank for rank in range(stream.world_size) if rank not in stream.attached_ever]
-        if missing and stream.steps:
+        elsewhere = sorted(s.rank for s in self.sessions.values() if s.rank in missing and _read_another(s, stream))
+        if elsewhere:
+            # Each epoch() call is a request of its own, and a job's ranks pair their requests in order: a rank
+            # that asked once more (len(client.epoch(e)) before iterating another) reads a stream of its own.
+            shown = ", ".join(map(str, elsewhere[:8])) + (", ..." if len(elsewhere) > 8 else "")
+            message = (
+                f"epoch {stream.epoch} made no progress for {now - stream.starved_since:.0f}s: rank(s) {shown} of "
+                f"world_size {stream.world_size} read another request for epoch {stream.epoch}, and the job's "
+                "batches wait for every rank: the ranks asked for it a different number of times (each "
+                "client.epoch() call is a request, len(client.epoch()) too; every rank must make the same calls)"
+            )
+        elif missing and stream.steps:
             # The steps are cut for every rank and wait for the ones that never came: say so, not "no record".
             shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
             message = (
@@ -861,6 +873,15 @@ def _first_line(text: str, limit: int) -> str:
     terminal escapes do not reach the operator's terminal)."""
     line = P.printable(text.splitlines()[0] if text else "")
     return line if len(line) <= limit else line[:limit] + "..."
+
+
+def _read_another(session: Session, stream: Stream) -> bool:
+    """``session``, of ``stream``'s job, reads (or finished) another stream of the same epoch."""
+    if session.job != stream.job:
+        return False
+    if session.current is not None:
+        return session.current is not stream and session.current.epoch == stream.epoch
+    return session.finished is not None and session.finished[0] == stream.epoch
 
 
 __all__ = ["Stage", "Session", "Step", "Stream", "StreamSettings", "Traffic", "frames_nbytes"]

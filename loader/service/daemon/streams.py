@@ -117,6 +117,10 @@ class Stream:
     cursors: dict[int, int] = field(default_factory=dict)  # rank -> the next step to send it
     released: set[int] = field(default_factory=set)  # ranks that left or ended: nothing is kept for them
     attached_ever: set[int] = field(default_factory=set)
+    sessions_ever: set[int] = field(default_factory=set)  # ids of the sessions that read it
+    # False once a rank of an earlier run of the job left it unfinished, or that run was replaced (a restarted
+    # trainer): no rank joins it any more, as the rank that left would be on another stream for good.
+    joinable: bool = True
     sample_kind: str = "tuple"
     failed: bool = False
     ref_columns: frozenset[str] | None = None  # decided by the first chunk (stage_refs.py)

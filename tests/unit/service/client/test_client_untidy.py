@@ -49,11 +49,18 @@ def test_a_daemon_that_reads_nothing_is_reported_without_waiting_past_timeout():
     FakeDaemon(far, silent_after_hello=True)
     client = Client("fake://daemon", channel=near, prefetch=2, timeout_s=1.0)
     batches = client.epoch()
-    assert wait_until(lambda: _received(far, P.Epoch))  # the request went out before the daemon vanished
-    near.full.set()  # from here on the daemon is gone and its queue is full
+    asked = threading.Event()
+
+    def vanish_once_asked() -> None:
+        if wait_until(lambda: _received(far, P.Epoch)):  # the request goes out at the first batch
+            asked.set()
+            near.full.set()  # from here on the daemon is gone and its queue is full
+
+    threading.Thread(target=vanish_once_asked, daemon=True).start()
     with client, pytest.raises(ServiceUnavailableError):
         for _ in batches:
             pass
+    assert asked.is_set(), "the request went out before the daemon vanished"
     assert near.asked, "the client kept pinging"
     pings = [timeout for kind, timeout in near.asked if kind == "Ping"]
     # A ping never waits for room (it used to wait timeout_s, doubling the time to notice)...
