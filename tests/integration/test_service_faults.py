@@ -6,6 +6,7 @@ import collections
 import logging
 import re
 import socket
+import threading
 import time
 
 import pytest
@@ -227,9 +228,51 @@ def test_a_client_replaced_by_another_of_its_job_and_rank_is_told_why(tmp_path):
             first.close()
 
 
-def test_a_rank_that_never_comes_is_named_when_the_epoch_stalls(tmp_path, monkeypatch):
+def test_a_rank_that_never_comes_is_named_when_the_epoch_stalls(tmp_path, monkeypatch, caplog):
     # Rank 1 of 2 never connects: rank 0 reads its half of what the stage may hold, then waits. The stall's
-    # error names the missing rank, not "no record arrived" (records did arrive: they wait for rank 1).
+    # error names the missing rank, not "no record arrived" (records did arrive: they wait for rank 1); and
+    # before it, the daemon's log and `loader status` say it (the error came after 360 s by default, silent).
+    import loader.service.daemon.stage as stage_module
+
+    monkeypatch.setattr(stage_module, "MIN_STALL_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(stage_module, "RANKS_NOTE_S", 0.2)
+    caplog.set_level(logging.WARNING, logger="loader.stage")
+    write_id_files(tmp_path, 4, 20_000)
+    config = make_config(
+        tmp_path, pipeline={"batch_size": 100, "shuffle_buffer": 0}, workers={"count": 1, "progress_timeout_s": 0.5}
+    )
+    with running_daemon(config) as daemon, Client(daemon.endpoint, rank=0, world_size=2, timeout_s=10) as client:
+        raised: list[BaseException] = []
+        thread = threading.Thread(target=lambda: raised.extend(_read_all(client.epoch())), daemon=True)
+        thread.start()
+
+        def waiting_for() -> list[list[int] | None]:
+            return [c["waiting_for_ranks"] for c in query_status(daemon.endpoint, timeout_s=5)["clients"]]
+
+        assert wait_until(lambda: waiting_for() == [[1]], timeout_s=3.0), waiting_for()
+        thread.join(30)
+        assert not thread.is_alive()
+    ((error,),) = [raised]
+    assert isinstance(error, WorkerError)
+    assert re.search(r"rank\(s\) 1 of world_size 2, which never asked for this epoch", str(error)), str(error)
+    (note,) = [r.getMessage() for r in caplog.records if "waits for rank" in r.getMessage()]
+    assert note.startswith("epoch 0 of job 'default/default/2' waits for rank(s) 1 of world_size 2, which never")
+    assert note.endswith("it fails after 3 s without progress"), note
+
+
+def _read_all(batches) -> list[BaseException]:
+    """Read to the end; what it raised, if anything."""
+    try:
+        for _ in batches:
+            pass
+    except BaseException as exc:  # the caller checks it
+        return [exc]
+    return []
+
+
+def test_ranks_that_asked_for_an_epoch_a_different_number_of_times_are_told_so(tmp_path, monkeypatch):
+    # Rank 0 reads a batch of epoch 0 and asks for epoch 0 again; rank 1 asks once: it reads rank 0's first
+    # request (ranks pair their requests in order) while rank 0's second waits for it.
     import loader.service.daemon.stage as stage_module
 
     monkeypatch.setattr(stage_module, "MIN_STALL_TIMEOUT_S", 1.0)
@@ -237,7 +280,20 @@ def test_a_rank_that_never_comes_is_named_when_the_epoch_stalls(tmp_path, monkey
     config = make_config(
         tmp_path, pipeline={"batch_size": 100, "shuffle_buffer": 0}, workers={"count": 1, "progress_timeout_s": 0.5}
     )
-    with running_daemon(config) as daemon, Client(daemon.endpoint, rank=0, world_size=2, timeout_s=10) as client:
-        with pytest.raises(WorkerError, match=r"rank\(s\) 1 of world_size 2 never asked for this epoch"):
-            for _ in client.epoch():
-                pass
+    with running_daemon(config) as daemon:
+        ranks = [Client(daemon.endpoint, rank=r, world_size=2, timeout_s=10) for r in range(2)]
+        try:
+            first, second = ranks[0].epoch(0), ranks[1].epoch(0)
+            next(first), next(second)
+            raised: list[BaseException] = []
+            again = threading.Thread(target=lambda: raised.extend(_read_all(ranks[0].epoch(0))), daemon=True)
+            again.start()  # rank 0 asks again (at its first batch), leaving the first request
+            assert len(list(second)) > 0, "rank 1 reads the first request to its end"
+            again.join(30)
+            assert not again.is_alive()
+            ((error,),) = [raised]
+            assert isinstance(error, WorkerError)
+            assert "rank(s) 1 of world_size 2, which read another request for epoch 0" in str(error), str(error)
+        finally:
+            for client in ranks:
+                client.close()

@@ -97,6 +97,9 @@ THREAD_JOIN_TIMEOUT_S = 5.0
 # nothing. Longer than the daemon's own epoch stall timeout (3 * workers.progress_timeout_s, 360 s by
 # default), which fails the epoch with its cause first; this one is for a daemon that cannot.
 DEFAULT_PROGRESS_TIMEOUT_S = 600.0
+# An iterator that waited this long for a batch says so once (a WARNING): the wait may last progress_timeout_s,
+# and the daemon's log says why it waits (a rank not started, a blocked mapper) where the training script is not.
+WAITING_NOTE_S = 30.0
 
 
 class EpochBatches(Iterator[Any]):
@@ -424,7 +427,9 @@ class Client(NotADataset):
 
     def _get(self, gen: int) -> tuple[str, int | None, Any]:
         """The receiver's next item; ``EpochStalledError`` after ``progress_timeout_s`` without one."""
-        deadline = time.monotonic() + self.progress_timeout_s
+        started = time.monotonic()
+        deadline = started + self.progress_timeout_s
+        noted = False
         while True:
             self._check_usable()
             held, self._held = self._held, None
@@ -437,7 +442,18 @@ class Client(NotADataset):
             except queue.Empty:
                 if not self._thread.is_alive() and self._out.empty():
                     raise ServiceUnavailableError(f"the client's receiver for {self.address} stopped") from None
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if not noted and now - started >= WAITING_NOTE_S and now < deadline:
+                    noted = True
+                    log.warning(
+                        "no batch from the loader daemon at %s for %.0f s (request %d), though it answers; waiting "
+                        "up to %g s in all: its log or `loader status` says what the epoch waits for",
+                        self.address,
+                        now - started,
+                        gen,
+                        self.progress_timeout_s,
+                    )
+                if now > deadline:
                     raise EpochStalledError(
                         f"the loader daemon at {self.address} is alive but sent nothing for this epoch "
                         f"(request {gen}) for {self.progress_timeout_s:g}s: see its log or `loader status`"

@@ -656,6 +656,8 @@ class Daemon:
                     "wait_s": round(s.wait_s, 3),
                     # The epoch it asked for waits for the pace of epochs (``desk.EPOCH_PACING``): None when none.
                     "epoch_waiting": s.parked_epoch.epoch if s.parked_epoch is not None else None,
+                    # Ranks of its job that never asked for the epoch it reads, which its batches wait for ("-").
+                    "waiting_for_ranks": (self.stage.missing_ranks(s.current) if s.current is not None else []) or None,
                 }
                 for s in self.stage.sessions.values()
             ],

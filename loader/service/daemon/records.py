@@ -44,6 +44,7 @@ class WorkerRecord:
     progress_at: float = field(default_factory=time.monotonic)  # last lease granted or data received
     claim: str | None = None  # the secret a worker this daemon started must show in its first HELLO
     at: tuple[int, int] | None = None  # (lease, record) its last heartbeat said it was reading (``Heartbeat.at``)
+    slow_noted: float | None = None  # the ``progress_at`` whose long wait the log has told (``WorkerPool``)
 
     @property
     def alive(self) -> bool:

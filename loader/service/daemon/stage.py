@@ -66,6 +66,9 @@ SendFn = Callable[[bytes, list[Any]], bool]
 # may take (stop, spawn, hello).
 DEFAULT_STALL_TIMEOUT_S = 360.0
 MIN_STALL_TIMEOUT_S = 30.0
+# A stream whose steps wait for ranks that never asked for it says so in the log after this long, once: the
+# stall's error comes only after the stall timeout (360 s by default), and a forgotten rank looked like a hang.
+RANKS_NOTE_S = 10.0
 # Bytes of a stream's rows held for reordering (later files waiting for the head): ``service.reorder_window_mib``.
 DEFAULT_REORDER_BYTES = 64 * 1024 * 1024
 DEFAULT_STREAM_BUFFER_BYTES = 4096 * 1024 * 1024  # service.stream_buffer_mib
@@ -708,40 +711,65 @@ class Stage:
             stream.shuffle.forget_anchors_before(stream.steps[0].position // stream.shuffle.window_rows - 1)
 
     def _starving(self, session: Session, stream: Stream) -> None:
-        """The client has credits and nothing to receive: fail the epoch once that lasted the stall timeout."""
+        """The client has credits and nothing to receive: say once which ranks the job waits for, if it waits for
+        ranks, after ``RANKS_NOTE_S``; fail the epoch once that lasted the stall timeout."""
         now = time.monotonic()
         if stream.starved_since is None:
             stream.starved_since = now
             return
-        if now - stream.starved_since < self.stall_timeout_s or stream.input_done:
+        if stream.input_done:
             return
-        waiting = len(stream.sequencer.incomplete)
-        missing = [rank for rank in range(stream.world_size) if rank not in stream.attached_ever]
+        starved = now - stream.starved_since
+        ranks = self._ranks_waited_for(stream)
+        if ranks is not None and starved >= RANKS_NOTE_S and not stream.ranks_noted:
+            stream.ranks_noted = True  # once a stream: the stall's error follows, or the ranks come
+            log.warning(
+                "epoch %d of %s waits for %s (%.0f s so far); it fails after %g s without progress",
+                stream.epoch,
+                f"job {stream.job!r}",
+                ranks,
+                starved,
+                self.stall_timeout_s,
+            )
+        if starved < self.stall_timeout_s:
+            return
+        if ranks is not None:
+            message = f"epoch {stream.epoch} made no progress for {starved:.0f}s: it waits for {ranks}"
+        else:
+            message = (
+                f"epoch {stream.epoch} made no progress for {starved:.0f}s: {len(stream.sequencer.incomplete)} "
+                "file(s) still unread and no record arrived (see the daemon's log and `loader status`)"
+            )
+        self.fail_stream(stream, WorkerError("EpochStalledError", message).to_dict())
+
+    def missing_ranks(self, stream: Stream) -> list[int]:
+        """Ranks of ``stream``'s job that never asked for it while its steps wait for them (``loader status``)."""
+        if stream.starved_since is None or stream.input_done or not stream.steps:
+            return []
+        return [rank for rank in range(stream.world_size) if rank not in stream.attached_ever]
+
+    def _ranks_waited_for(self, stream: Stream) -> str | None:
+        """Which ranks the stream's steps wait for and why, as the log and the stall's error say it; None when it
+        waits for no rank (but for records)."""
+        missing = self.missing_ranks(stream)
+        if not missing:
+            return None
         elsewhere = sorted(s.rank for s in self.sessions.values() if s.rank in missing and _read_another(s, stream))
         if elsewhere:
             # Each epoch() call is a request of its own, and a job's ranks pair their requests in order: a rank
-            # that asked once more (len(client.epoch(e)) before iterating another) reads a stream of its own.
-            shown = ", ".join(map(str, elsewhere[:8])) + (", ..." if len(elsewhere) > 8 else "")
-            message = (
-                f"epoch {stream.epoch} made no progress for {now - stream.starved_since:.0f}s: rank(s) {shown} of "
-                f"world_size {stream.world_size} read another request for epoch {stream.epoch}, and the job's "
-                "batches wait for every rank: the ranks asked for it a different number of times (each "
-                "client.epoch() call is a request, len(client.epoch()) too; every rank must make the same calls)"
+            # that asked once more than the others reads a stream of its own.
+            return (
+                f"rank(s) {_ranks(elsewhere)} of world_size {stream.world_size}, which read another request for "
+                f"epoch {stream.epoch}: the job's batches wait for every rank, and the ranks asked for it a "
+                "different number of times (each client.epoch() iterated is a request; every rank must make the "
+                "same calls)"
             )
-        elif missing and stream.steps:
-            # The steps are cut for every rank and wait for the ones that never came: say so, not "no record".
-            shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
-            message = (
-                f"epoch {stream.epoch} made no progress for {now - stream.starved_since:.0f}s: rank(s) {shown} of "
-                f"world_size {stream.world_size} never asked for this epoch, and the job's batches wait for every "
-                "rank (start a client for each rank, or give the clients the world_size that runs)"
-            )
-        else:
-            message = (
-                f"epoch {stream.epoch} made no progress for {now - stream.starved_since:.0f}s: "
-                f"{waiting} file(s) still unread and no record arrived (see the daemon's log and `loader status`)"
-            )
-        self.fail_stream(stream, WorkerError("EpochStalledError", message).to_dict())
+        # The steps are cut for every rank and wait for the ones that never came: say so, not "no record".
+        return (
+            f"rank(s) {_ranks(missing)} of world_size {stream.world_size}, which never asked for this epoch: the "
+            "job's batches wait for every rank (start a client for each rank, or give the clients the world_size "
+            "that runs)"
+        )
 
     def _send_batch(
         self, session: Session, stream: Stream, group: list[tuple[Step, Block]], joined: Block | None = None
@@ -873,6 +901,10 @@ def _first_line(text: str, limit: int) -> str:
     terminal escapes do not reach the operator's terminal)."""
     line = P.printable(text.splitlines()[0] if text else "")
     return line if len(line) <= limit else line[:limit] + "..."
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
 
 
 def _read_another(session: Session, stream: Stream) -> bool:

@@ -121,6 +121,7 @@ class Stream:
     # False once a rank of an earlier run of the job left it unfinished, or that run was replaced (a restarted
     # trainer): no rank joins it any more, as the rank that left would be on another stream for good.
     joinable: bool = True
+    ranks_noted: bool = False  # the log said which ranks its steps wait for (``Stage._starving``)
     sample_kind: str = "tuple"
     failed: bool = False
     ref_columns: frozenset[str] | None = None  # decided by the first chunk (stage_refs.py)

@@ -62,6 +62,8 @@ SKIP_FILE_ATTEMPTS = 2
 # file whose workers hang is retried once (a network filesystem may stall once), not twice: a hang is mostly
 # a sample that blocks every time, and each try costs workers.progress_timeout_s (120 s by default).
 HUNG_FILE_ATTEMPTS = 2
+# A worker holding a lease that sent nothing for this long (or half of progress_timeout_s, if less) is logged once.
+SLOW_NOTE_S = 30.0
 # Workers that die before their first file (a broken environment, an entry point that exits) are
 # replaced after a growing pause, START_BACKOFF_S doubling up to MAX_START_BACKOFF_S; after
 # MAX_START_FAILURES such deaths in a row every epoch waiting for data fails with the cause.
@@ -172,11 +174,36 @@ class WorkerPool:
         for record, why, how in self.coordinator.find_dead():
             self.gone(record, why, how=how)
         now = time.monotonic()
+        self._note_slow(now)
         due = [t for t in self._launch_at if t <= now]
         if due and not self.stopping:
             self._launch_at = [t for t in self._launch_at if t > now]
             for _ in due:
                 self.launch()
+
+    def _note_slow(self, now: float) -> None:
+        """One warning per stall of a worker that has sent nothing from its lease for a while, well before
+        ``progress_timeout_s`` stops it (120 s by default, which a hanging mapper spent silent)."""
+        after = min(SLOW_NOTE_S, self.coordinator.progress_timeout_s / 2)
+        for record in self.coordinator.workers.values():
+            if not record.leases or now - record.progress_at <= after or record.slow_noted == record.progress_at:
+                continue
+            record.slow_noted = record.progress_at
+            job = next(iter(record.leases.values()))  # the first granted: the one it reads
+            where = ""
+            # The record its heartbeats name, but not in a lease of several files (numbered across the group).
+            grouped = "more" in self._lease_fields(job.file_index)
+            if record.at is not None and record.at[0] == job.lease_id and not grouped:
+                where = f", at record {self._file_record(job.file_index, record.at[1])}"
+            log.warning(
+                "worker %s has sent nothing from file %s for %.0f s%s: a slow or blocked mapper or reader? It is "
+                "stopped, and the file read again, after %g s without progress (workers.progress_timeout_s)",
+                record.worker_id,
+                os.path.basename(job.path),
+                now - record.progress_at,
+                where,
+                self.coordinator.progress_timeout_s,
+            )
 
     def gone(self, record: WorkerRecord, why: str, *, replace: bool = True, how: str = EXITED) -> None:
         """Forget a worker: stop its process, re-lease its files, start a replacement (unless ``replace`` is False

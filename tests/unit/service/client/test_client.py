@@ -20,8 +20,19 @@ from tests.helpers import wait_until
 class FakeDaemon:
     """Answers hello, then serves ``batches`` batches per epoch honouring credits."""
 
-    def __init__(self, channel, batches=5, fail=False, silent_after_hello=False, welcome=None, pack=1, bad_parts=False):
+    def __init__(
+        self,
+        channel,
+        batches=5,
+        fail=False,
+        silent_after_hello=False,
+        welcome=None,
+        pack=1,
+        bad_parts=False,
+        mute=False,
+    ):
         self.channel, self.batches, self.fail, self.silent = channel, batches, fail, silent_after_hello
+        self.mute = mute  # answers pings, never an epoch
         self.pack, self.bad_parts = pack, bad_parts  # batches per message (``Batch.parts``) when the client asks
         self.asked_pack = None
         self.welcome = welcome or {}
@@ -58,7 +69,7 @@ class FakeDaemon:
                     self.channel.send(P.encode(P.ClientWelcome(**welcome)))
                     if self.silent:
                         return
-                elif isinstance(message, P.Epoch):
+                elif isinstance(message, P.Epoch) and not self.mute:
                     credits, sent, gen, epoch, outstanding = message.credit, 0, message.gen, message.epoch, 0
                     self.asked_pack = message.pack
                 elif isinstance(message, P.Credit) and message.gen == gen:
@@ -366,3 +377,24 @@ def test_a_client_waiting_for_a_daemon_that_is_not_there_says_so_before_its_time
     with pytest.raises(ServiceUnavailableError):
         Client(f"tcp://127.0.0.1:{port}", timeout_s=0.15)  # shorter than the note's wait: only the error
     assert not [r for r in caplog.records if r.name == "loader.client"]
+
+
+def test_an_epoch_that_waits_long_for_a_batch_says_so_once_before_it_fails(monkeypatch, caplog):
+    """A daemon that answers but sends nothing (a rank of the job never started): the iterator waited
+    progress_timeout_s (600 s) without a word."""
+    import logging
+
+    from loader.service.client import client as client_module
+    from loader.service.client.client import EpochStalledError
+
+    monkeypatch.setattr(client_module, "WAITING_NOTE_S", 0.2)
+    caplog.set_level(logging.WARNING, logger="loader.client")
+    near, far = FakeChannel.pair()
+    daemon = FakeDaemon(far, mute=True)
+    with Client("fake://daemon", channel=near, prefetch=2, timeout_s=5.0, progress_timeout_s=1.0) as client:
+        with pytest.raises(EpochStalledError, match="sent nothing for this epoch"):
+            list(client.epoch())
+    daemon.stop.set()
+    (note,) = [r.getMessage() for r in caplog.records if r.name == "loader.client"]
+    assert note.startswith("no batch from the loader daemon at fake://daemon for 0 s (request 1), though it answers")
+    assert "waiting up to 1 s in all: its log or `loader status` says what the epoch waits for" in note

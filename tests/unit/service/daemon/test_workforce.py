@@ -299,3 +299,23 @@ def test_a_peers_goodbye_and_workers_leaving_while_the_daemon_stops_start_nothin
     pool.pool.on_message(reading, P.Bye(reason="daemon stopping"))
     assert caplog.records[-1].levelno == logging.INFO
     assert not pool.pool._launch_at and pool.coordinator.restarts == 0
+
+
+def test_a_worker_silent_on_its_lease_is_logged_once_long_before_it_is_stopped(caplog):
+    """A hanging mapper was silent for the whole progress_timeout_s (120 s by default) before anything said so."""
+    caplog.set_level(logging.INFO, logger="loader.daemon")
+    pool = Pool()
+    reading = pool.reading()
+    reading.at = (next(iter(reading.leases)), 7)
+    reading.progress_at = time.monotonic() - PROGRESS_TIMEOUT_S / 2 - 0.1  # half the timeout: noted, not stopped
+    pool.pool.reap()
+    pool.pool.reap()  # the same stall: one line
+    notes = [r for r in caplog.records if "has sent nothing from file" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].levelno == logging.WARNING
+    said = notes[0].getMessage()
+    assert said.startswith(f"worker {reading.worker_id} has sent nothing from file part-2.npy for 1 s, at record 7")
+    assert f"after {PROGRESS_TIMEOUT_S:g} s without progress (workers.progress_timeout_s)" in said
+    assert reading.worker_id in pool.coordinator.workers, "not stopped yet"
+    reading.progress_at = time.monotonic() - PROGRESS_TIMEOUT_S / 2 - 0.1  # data came, then another stall
+    pool.pool.reap()
+    assert len([r for r in caplog.records if "has sent nothing from file" in r.getMessage()]) == 2
