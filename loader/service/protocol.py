@@ -393,6 +393,9 @@ class ClientWelcome(Versioned):
     samples: int | None = wire("samples", _optional(_count), None)  # samples of an epoch, where counted
     # What a checkpoint's state must match (``service/order.py``: files, seed, batch size, shuffle, ...).
     fingerprint: dict[str, Any] | None = wire("fp", _optional(_mapping), None)
+    # The config file the daemon serves (absolute), so a client given a config can tell it reached another
+    # config's daemon (as `loader status CONFIG` does). A client of the first 5 ignores it.
+    config: str | None = wire("config", _optional(_path), None)
 
 
 @_kind("epoch")

@@ -357,3 +357,29 @@ def test_a_hand_started_worker_says_where_it_connected_and_the_daemon_logs_it(tm
                 proc.kill()
                 proc.wait(timeout=SCRIPT_TIMEOUT_S)
     assert "joined" in caplog.text
+
+
+def test_a_client_given_a_config_is_told_when_its_address_has_another_configs_daemon(tmp_path, caplog):
+    """Two projects' configs on the default port: a script given its own config read the other's data, no word
+    (`loader status CONFIG` said so; a Client did not)."""
+    import logging
+
+    from loader.config import load_config
+    from tests.helpers import free_port
+    from tests.integration.conftest import running_daemon
+
+    generate(str(tmp_path / "data"), format="npy", files=2, samples=20, dim=4)
+    port = free_port()
+    text = f'[source]\nfiles = ["data/*.npy"]\n[service]\nbind = "tcp://127.0.0.1:{port}"\n[workers]\ncount = 1\n'
+    (tmp_path / "served.toml").write_text(text)
+    (tmp_path / "other.toml").write_text(text)
+    caplog.set_level(logging.WARNING, logger="loader.client")
+    with running_daemon(load_config(str(tmp_path / "served.toml"))):
+        with loader.Client(str(tmp_path / "served.toml"), timeout_s=10):
+            assert not [r for r in caplog.records if r.name == "loader.client"], "its own config: no word"
+        with loader.Client(str(tmp_path / "other.toml"), timeout_s=10):
+            (line,) = [r.getMessage() for r in caplog.records if r.name == "loader.client"]
+    assert line == (
+        f"the daemon at tcp://127.0.0.1:{port} serves {tmp_path / 'served.toml'}, not {tmp_path / 'other.toml'}: "
+        "another config's daemon listens at its address"
+    )

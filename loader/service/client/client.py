@@ -246,6 +246,7 @@ class Client(NotADataset):
             self._channel.close()
             self._waker.close()
             raise
+        _note_another_config(self._given_address, address, self.info.config)
         self.batch_format = self.info.batch_format
         # Owned by the receiver thread from here on (it maps, reads and closes the arenas).
         self._arenas = _arena_cache(self.info.shm) if shm else None
@@ -811,6 +812,20 @@ def _stop_receiver(stop: threading.Event, waker: Any, thread: threading.Thread) 
     waker.wake()
     if not thread.is_alive():
         waker.close()
+
+
+def _note_another_config(given: str | None, address: str, serving: str | None) -> None:
+    """A WARNING when this client was given a config file and the daemon at its address serves another one:
+    two projects' daemons both on the default port, and a script read the other's data without a word."""
+    if not given or serving is None or given.startswith(("tcp://", "ipc://")) or not os.path.isfile(given):
+        return
+    if os.path.realpath(serving) != os.path.realpath(given):
+        log.warning(
+            "the daemon at %s serves %s, not %s: another config's daemon listens at its address",
+            address,
+            P.printable(serving),
+            given,
+        )
 
 
 class EpochStalledError(ServiceUnavailableError):

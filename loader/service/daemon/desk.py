@@ -28,6 +28,7 @@ the loop, which counts it.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +91,8 @@ class ClientDesk:
         datasets: DatasetTable | None = None,
     ) -> None:
         self.config = config
+        # Told to each client (``ClientWelcome.config``): a config given as a client's address names its daemon.
+        self._config_file = os.path.abspath(config.origin) if os.path.isfile(config.origin) else None
         self._router = router
         self.stage = stage
         self.coordinator = coordinator
@@ -181,6 +184,7 @@ class ClientDesk:
             batches=epoch_batches(samples, 0, world_size, pipeline.batch_size, pipeline.drop_last),
             samples=samples,
             fingerprint=dataset.fingerprint(),
+            config=self._config_file,
         )
         self._router.send(peer, P.encode(welcome))
         return None

@@ -82,6 +82,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
         "batches": COUNT + "?",
         "samples": COUNT + "?",
         "fp": MAPPING + "?",
+        "config": PATH + "?",
     },
     P.Epoch: {
         "e": COUNT,
@@ -182,6 +183,7 @@ EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
             batches=4,
             samples=130,
             fingerprint={"seed": 5},
+            config="/etc/loader/train.toml",
         ),
         {},
     ),
@@ -401,12 +403,13 @@ def test_error_dicts_travel_in_messages():
 # A version may have several schemas when a later one only adds a key older peers ignore (decode skips keys
 # it does not know): 4 then ``Ping.wait_s``, which a daemon of the first 4 reads as a plain ping; 5 then
 # ``Lease.seen``, which a worker of the first 5 ignores (it reads the file as it finds it, as before), and
-# ``Heartbeat.at``, which a daemon of the first 5 ignores (its hang errors name no record, as before).
+# ``Heartbeat.at``, which a daemon of the first 5 ignores (its hang errors name no record, as before), and
+# ``ClientWelcome.config``, which a client of the first 5 ignores (it cannot tell another config's daemon).
 SCHEMA_OF_VERSION = {
     2: ("08569ee2d0ba2c2c",),
     3: ("eab8ef5e470bcbc9",),
     4: ("4e3c87399b323b09", "e422ebcfbae7ec7c"),
-    5: ("2dd09cd992105c38", "fa7374bb4ef526a5", "ffa5e3ecf6153182"),
+    5: ("2dd09cd992105c38", "fa7374bb4ef526a5", "ffa5e3ecf6153182", "985d97a31f54befe"),
 }
 
 
