@@ -526,7 +526,13 @@ class LoaderConfig:
                     f"(known: {', '.join(sorted(known))}) ({self.origin})"
                 )
         _callable("source.reader", self.source.resolve_reader())
-        self.source.resolve_provider()
+        provider = self.source.resolve_provider()
+        # A plain process(settings, filename) passed here and failed every epoch in the workers.
+        if provider is not None and not callable(getattr(provider, "open", None)):
+            raise ConfigError(
+                f"source.provider {self.source.provider!r} is not a @loader.provider.provider function: decorate it "
+                f"with @provider(input_types=...) (docs/paddle.md) ({self.origin})"
+            )
         for key in ("mappers", "batch_mappers"):
             for spec, mapper in zip(getattr(self.pipeline, key), self.pipeline.resolve_mappers(key)):
                 _callable(f"pipeline.{key} ({spec!r})", mapper)

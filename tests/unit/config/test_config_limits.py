@@ -55,6 +55,14 @@ def test_a_mapper_that_is_not_callable_is_refused_at_check_imports(tmp_path):
     assert ORIGIN in str(info.value)
 
 
+def test_a_provider_without_its_decorator_is_refused_at_check_imports(tmp_path):
+    """A plain process(settings, filename) let `loader serve` start, then failed every epoch in the workers."""
+    config = _config(tmp_path, source={"files": [str(tmp_path / "a.npy")], "provider": "tests.helpers:identity_mapper"})
+    with pytest.raises(ConfigError, match=r"source.provider .* is not a @loader.provider.provider function") as info:
+        config.check_imports()
+    assert ORIGIN in str(info.value) and "@provider(input_types=...)" in str(info.value)
+
+
 def test_import_errors_name_the_file(tmp_path):
     config = _config(tmp_path, pipeline={"mappers": ["no_such_module_here:f"]})
     with pytest.raises(ConfigError, match="no_such_module_here") as info:
