@@ -287,3 +287,23 @@ def test_no_answer_to_keys_from_a_config_blames_the_keys_not_the_environment(key
         Client(str(config), timeout_s=0.2)
     assert cli_main(["status", str(config), "--timeout", "0.2"]) != 0
     assert "This side has CURVE keys" in capsys.readouterr().err
+
+
+def test_a_daemons_own_keyed_config_given_to_a_client_without_keys_is_refused_at_once(
+    keys, monkeypatch, tmp_path, capsys
+):
+    # The daemon's config (daemon_key, authorized_keys) and no peer keys anywhere: the client waited its whole
+    # timeout, then said the daemon might listen elsewhere.
+    _as(monkeypatch, keys, None)
+    config = tmp_path / "daemon.toml"
+    config.write_text(
+        f'[source]\nfiles = ["*.npy"]\n[service]\nbind = "ipc://{tmp_path / "daemon"}"\n'
+        f'daemon_key = "{keys["daemon_key"]}"\nauthorized_keys = "{keys["authorized_keys"]}"\n'
+    )
+    with pytest.raises(ConfigError, match=r"sets service.daemon_key, so its daemon answers only peers with CURVE keys"):
+        Client(str(config), timeout_s=2.0)
+    assert cli_main(["status", str(config), "--timeout", "2"]) != 0
+    assert "LOADER_PEER_KEY and LOADER_DAEMON_PUBLIC_KEY (`loader keys DIR` makes them" in capsys.readouterr().err
+    _as(monkeypatch, keys, keys["client"])  # the environment's keys serve: no error before the (absent) answer
+    with pytest.raises(ServiceUnavailableError):
+        Client(str(config), timeout_s=0.2)

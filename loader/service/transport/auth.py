@@ -97,11 +97,20 @@ def peer_for(given: str | None) -> CurveClient | None:
     from loader.config import load_config
 
     service = load_config(given).service
-    return peer_keys(
+    keys = peer_keys(
         service.peer_key or os.environ.get(ENV_PEER_KEY) or None,
         service.daemon_public_key or os.environ.get(ENV_DAEMON_PUBLIC_KEY) or None,
         f"{given}: service.peer_key (or {ENV_PEER_KEY}) and service.daemon_public_key (or {ENV_DAEMON_PUBLIC_KEY})",
     )
+    if keys is None and service.daemon_key:
+        # Its daemon answers only peers with keys: without any, this side waited its whole timeout for an answer
+        # that could not come, then guessed that the daemon listened elsewhere.
+        raise ConfigError(
+            f"{given} sets service.daemon_key, so its daemon answers only peers with CURVE keys, and this side has "
+            f"none: set service.peer_key and service.daemon_public_key there, or {ENV_PEER_KEY} and "
+            f"{ENV_DAEMON_PUBLIC_KEY} (`loader keys DIR` makes them; docs/security.md)"
+        )
+    return keys
 
 
 def server_keys(daemon_key: str, authorized_keys: str) -> CurveServer:
