@@ -34,7 +34,7 @@ from typing import Any
 
 import loader
 from loader.config.overrides import format_sources
-from loader.errors import LoaderError, ServiceUnavailableError, WorkerError
+from loader.errors import ConfigError, LoaderError, ServiceUnavailableError, WorkerError
 from loader.service.address_file import remove_address_file, write_address_file
 
 EXIT_OK = 0
@@ -250,6 +250,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     config = _load_checked(args.config, {}, args.set)
     check_service(config)  # what `loader serve` refuses before binding: check says it too
+    _check_metrics(config)
     # Every dataset's files, and its first batch, are read before "ok" is printed: a bad file, files a batch
     # cannot take together, or a mapper that fails on real data is the only line, not one after "ok".
     surveys = [(name, survey(config.dataset(name).source)) for name in config.dataset_names]
@@ -266,15 +267,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     batches: dict[str, tuple[int, list[dict[str, str]]] | None] = {}
     if not args.no_batch:
         try:
-            _read_first_batches(config, batches)
+            _read_first_batches(config, batches, {name: [f.name for f in found.fields] for name, found in surveys})
         except LoaderError as exc:
             name = next((name for name in config.dataset_names if name not in batches), config.dataset_names[0])
             print(f"loader: error: dataset {name}, first batch: {_error_line(exc)}", file=sys.stderr)
             return EXIT_ERROR
     from loader.service.daemon.datasets import DatasetTable
 
-    # The leases `loader serve` would make: too many pieces is refused here too, and its hints are logged.
-    leases = {name: dataset.leases for name, dataset in DatasetTable(config).by_name.items()}
+    # The leases `loader serve` would make: too many pieces is refused here too, and the hints its daemon logs
+    # (records_per_lease for few files and many workers, ...) are check's warnings, not a log line among them.
+    table = DatasetTable(config, advise=lambda line: print(f"loader: warning: {line}", file=sys.stderr))
+    leases = {name: dataset.leases for name, dataset in table.by_name.items()}
     workers = config.workers.count
     print(f"{args.config}: ok, {workers} worker{'s' if workers != 1 else ''}, bind {config.service.bind}")
     for name, found in surveys:
@@ -298,6 +301,30 @@ def cmd_check(args: argparse.Namespace) -> int:
     print("settings (value, and where it came from):")
     print("\n".join(format_sources(config)))
     return EXIT_OK
+
+
+def _check_metrics(config: Any) -> None:
+    """``service.metrics`` without prometheus_client: ``loader serve`` refuses to start so, and check says it the
+    same way (one ``ConfigError`` line naming where the value came from) rather than ``ok``."""
+    if not config.service.metrics:
+        return
+    from loader.service.daemon.metrics import require_prometheus_client
+
+    try:
+        require_prometheus_client()
+    except ConfigError as exc:
+        source = config.sources.get("service.metrics", "default")
+        raise ConfigError(f"{exc} ({config.origin if source == 'default' else source})") from None
+
+
+def _named_positions(rows: list[dict[str, str]], names: list[str]) -> list[dict[str, str]]:
+    """The rows of a list batch of tuples (or single values), whose fields ``describe_batch`` shows by position
+    ("0", "1", ...), named as check's file section names them: each position the name of the file's field there,
+    as the workers name a sample's values; positions past the names, or names that would repeat, stay numbers."""
+    named = [names[i] if i < len(names) else str(i) for i in range(len(rows))]
+    if len(set(named)) != len(named):
+        return rows
+    return [{**row, "field": field} for row, field in zip(rows, named)]
 
 
 def _leased(config: Any, name: str, leases: dict[str, list[list[str]]]) -> str:
@@ -375,22 +402,44 @@ def _why_no_samples(path: str) -> str:
     return "0 bytes: an empty file" if size == 0 else "no records"
 
 
-def _read_first_batches(config: Any, into: dict[str, Any]) -> None:
-    """Each dataset's first batch of epoch 0 described (or None when empty) into ``into``, in order."""
+def _read_first_batches(config: Any, into: dict[str, Any], field_names: dict[str, list[str]]) -> None:
+    """Each dataset's first batch of epoch 0 described (or None when empty) into ``into``, in order; the fields
+    of a list of tuples (``batch_format = "list"``) named by ``field_names`` (the survey's, per dataset)."""
     from loader.service.first_batch import describe_batch, first_batch_reader
 
     with first_batch_reader(config) as first_batch:
         for name in config.dataset_names:
             batch = first_batch(name)
-            into[name] = None if batch is None else describe_batch(batch)
+            if batch is None:
+                into[name] = None
+                continue
+            count, rows = describe_batch(batch)
+            if isinstance(batch, list) and batch and not isinstance(batch[0], dict):
+                rows = _named_positions(rows, field_names.get(name, []))
+            into[name] = (count, rows)
 
 
 def cmd_gen_data(args: argparse.Namespace) -> int:
-    from loader.examples.datagen import generate
+    from loader.examples.datagen import earlier_parts, generate
 
     paths = generate(args.dir, format=args.format, files=args.files, samples=args.samples, dim=args.dim, seed=args.seed)
     print(f"wrote {len(paths)} {args.format} files of {args.samples} samples (dim {args.dim}) to {args.dir}")
+    _warn_of_earlier_parts(args.dir, earlier_parts(args.dir, paths))
     return EXIT_OK
+
+
+def _warn_of_earlier_parts(directory: str, left: list[str]) -> None:
+    """One warning line for the part files an earlier ``gen-data`` run of more files (or another format) left in
+    ``directory``: a config's glob reads them too, and ``loader check`` then fails on their shape, or they are
+    served without a word. Said, never deleted (they may be the user's)."""
+    if not left:
+        return
+    shown = ", ".join(left[:2]) + (", ..." if len(left) > 2 else "")
+    print(
+        f"loader: warning: {directory} still holds {_count(len(left), 'part file')} of an earlier run ({shown}), "
+        "which a glob such as part-* reads too: remove them, or write into an empty directory",
+        file=sys.stderr,
+    )
 
 
 def _load_checked(path: str, options: dict[str, Any], assignments: list[str] | None = None) -> Any:

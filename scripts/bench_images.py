@@ -90,7 +90,7 @@ def _pillow() -> Any:
     try:
         from PIL import Image, ImageDraw, ImageFilter
     except ImportError:
-        sys.exit("bench_images needs Pillow: pip install 'loader-service[bench]' (or pip install pillow)")
+        sys.exit("bench_images needs Pillow: pip install '/path/to/loader[bench]' (or pip install pillow)")
     return Image, ImageDraw, ImageFilter
 
 

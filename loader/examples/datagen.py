@@ -17,6 +17,7 @@ Layouts, ``part-XXXXX.<format>`` per file:
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 
 import numpy as np
@@ -24,6 +25,7 @@ import numpy as np
 FORMATS = ("npy", "npz", "recordio")
 DEFAULT_DIM = 64
 LABEL_CLASSES = 10
+_PART = re.compile(r"part-\d{5,}\.(?:npy|label\.npy|npz|recordio)")  # ``file_name``'s files and npy companions
 
 
 def file_name(index: int, fmt: str) -> str:
@@ -73,6 +75,20 @@ def generate(
     return paths
 
 
+def earlier_parts(directory: str, written: list[str]) -> list[str]:
+    """The files of ``directory`` named as ``generate`` names its files (``part-XXXXX.npy``, its ``.label.npy``
+    companion, ``.npz``, ``.recordio``) other than those ``written`` (``generate``'s paths) wrote: left by an
+    earlier run of more files or another format, they are read by a glob that matches them too. Sorted names;
+    never removed here (they may be the user's)."""
+    ours = {os.path.basename(path) for path in written}
+    ours |= {name[: -len(".npy")] + ".label.npy" for name in ours if name.endswith(".npy")}
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(name for name in names if _PART.fullmatch(name) and name not in ours)
+
+
 def _write_recordio(path: str, features: np.ndarray, labels: np.ndarray) -> None:
     # Imported here: recordio is only needed for this format.
     from loader import recordio
@@ -97,4 +113,4 @@ def write_text(path: str, *, samples: int = 100, dim: int = 4, seed: int = 0) ->
     return path
 
 
-__all__ = ["generate", "write_text", "file_arrays", "FORMATS"]
+__all__ = ["generate", "earlier_parts", "write_text", "file_arrays", "FORMATS"]

@@ -19,7 +19,7 @@ In a config::
 ``decode_crop_flip`` takes the service's per-sample generator (its ``rng`` parameter), so the crop
 and the flip of every sample are the same in every run with a seed, whatever the worker count.
 
-Needs Pillow (``pip install 'loader-service[examples]'``), imported on first use.
+Needs Pillow (``pip install '/path/to/loader[examples]'`` from the checkout), imported on first use.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _pil_image() -> Any:
         from PIL import Image
     except ImportError:
         raise MissingDependencyError(
-            "loader.examples.images needs Pillow: pip install 'loader-service[examples]' (or pip install pillow)"
+            "loader.examples.images needs Pillow: pip install '/path/to/loader[examples]' from the project's checkout (or pip install pillow)"
         ) from None
     return Image
 

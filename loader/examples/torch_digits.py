@@ -13,7 +13,7 @@ are fixed by the config's ``pipeline.seed`` (one worker: see ``configs/example.t
 start by ``torch.manual_seed``, and torch runs deterministic kernels on one CPU thread, so a resumed run
 ends with exactly the weights of one never stopped (``scripts/digits_resume.py`` checks it).
 
-Needs torch and scikit-learn: ``pip install 'loader-service[examples]'``.
+Needs torch and scikit-learn: ``pip install '/path/to/loader[examples]'`` from the checkout.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Optional C codecs for RecordIO: cramjam's Snappy and google-crc32c, used when installed.
 
-``pip install 'loader-service[snappy]'`` (or the two packages by name) brings them; without them
+``pip install '/path/to/loader[snappy]'`` from the checkout (or the two packages by name) brings them; without them
 the pure-Python codecs in ``snappy`` and ``crc32c`` do the same work, only slower. Both paths
 give the same bytes: the tests compare them on the same inputs.
 """

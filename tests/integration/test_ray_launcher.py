@@ -24,7 +24,7 @@ from tests.integration.conftest import (
     write_id_files,
 )
 
-ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install 'loader-service[ray]'")
+ray = pytest.importorskip("ray", reason="the ray extra is not installed: pip install '/path/to/loader[ray]'")
 
 from loader.service.daemon import autoscale  # noqa: E402
 from loader.service.daemon.ray_launcher import RayWorker  # noqa: E402  (imports Ray's types only after the skip)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,9 @@ STILL_WAITING_S = 5.0
 # whole). A daemon's status is about 100 bytes a worker and 300 a client: 16 MiB is tens of thousands of
 # each, far past what one daemon serves, and msgpack's decoding of it stays within a few hundred MB.
 MAX_STATUS_BYTES = 16 * 1024 * 1024
+# A plain connection made after a status query got no answer, to tell "nothing listens there" (refused at once)
+# from a peer that may have sent an answer over that bound (``_size_note``).
+PROBE_TIMEOUT_S = 0.5
 # How deep a status nests (a daemon's: the status, a list, a row, 3) and how many values it holds in all
 # (a daemon's: about 8 a worker and 14 a client). Printing walks it: a peer's answer past either is refused.
 MAX_STATUS_DEPTH = 16
@@ -78,16 +82,44 @@ def query_status(address: str, timeout_s: float = 5.0, curve: CurveClient | None
         channel.close()
     if not isinstance(answer, P.Status):
         hint = no_answer_hint(True if curve is not None else None)
-        # zmq drops an answer over the bound without a word: from here it is silence like the others.
         raise ServiceUnavailableError(
-            f"no loader daemon answered at {address} within {timeout_s:g}s{hint}; an answer of more than "
-            f"{MAX_STATUS_BYTES // (1024 * 1024)} MiB is dropped unread: no loader daemon's status is that large"
+            f"no loader daemon answered at {address} within {timeout_s:g}s{hint}{_size_note(address)}"
         )
     status = answer.status or {}
     problem = status_problem(status)
     if problem:
         raise ServiceUnavailableError(f"the peer at {address} did not answer with a loader daemon's status: {problem}")
     return dict(status)
+
+
+def _size_note(address: str) -> str:
+    """For a status query that got no answer: zmq drops an answer over ``MAX_STATUS_BYTES`` without a word, so
+    from here it is silence like the others, and the error says so. Not where nothing listens at ``address``:
+    then no answer came at all, and the clause only sends the reader looking for a peer that is not there."""
+    if _nothing_listens(address):
+        return ""
+    megabytes = MAX_STATUS_BYTES // (1024 * 1024)
+    return f"; an answer of more than {megabytes} MiB is dropped unread: no loader daemon's status is that large"
+
+
+def _nothing_listens(address: str) -> bool:
+    """Whether a plain connection to ``address`` is refused: a TCP port no process listens on, an ``ipc://`` path
+    with no socket. False where one connects or the probe cannot tell (a timeout, a name that does not resolve,
+    an abstract socket or another scheme)."""
+    scheme, _, rest = address.partition("://")
+    try:
+        if scheme == "tcp":
+            host, _, port = rest.rpartition(":")
+            socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT_S).close()
+        elif scheme == "ipc" and not rest.startswith("@"):
+            with socket.socket(socket.AF_UNIX) as probe:
+                probe.settimeout(PROBE_TIMEOUT_S)
+                probe.connect(rest)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return True
+    except (OSError, ValueError):  # unreachable, slow, unresolved or not HOST:PORT: it may listen
+        return False
+    return False
 
 
 def _status_channel(address: str, curve: CurveClient | None) -> Channel:

@@ -22,6 +22,9 @@ from loader.service.protocol import MAX_PLACE
 
 STATE_KIND = "loader.Client"
 _KEYS = ("kind", "version", "dataset", "epoch", "position", "anchor", "fingerprint")
+# Where ``loader.torch.DataLoader.state_dict()`` keeps its reader's state (``loader.torch.STATE_KEYS``), named here
+# without importing that module: a DataLoader's state given to a Client or Loader is a mix-up the error names.
+TORCH_READER_KEY = "reader"
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,19 @@ def _check_value(dataset: str, epoch: int, position: int, anchor: tuple[int, int
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _not_a_state(state: dict[Any, Any], missing: list[str]) -> str:
+    """Why ``state`` is no loader state: a ``loader.torch.DataLoader`` state (the likeliest mix-up, since both
+    have ``state_dict``) says which of its values is one; anything else, which keys it lacks."""
+    inner = state.get(TORCH_READER_KEY)
+    if isinstance(inner, dict) and _text_is(inner.get("kind"), STATE_KIND):
+        return (
+            "not a loader state: it looks like a loader.torch.DataLoader state, which holds the loader's under "
+            f"{TORCH_READER_KEY!r}: pass state[{TORCH_READER_KEY!r}] here, or the whole state to that DataLoader's "
+            "load_state_dict"
+        )
+    return f"not a loader state (truncated or of something else): missing {', '.join(missing) or 'kind'}"
+
+
 def place_of(state: Any, dataset: str, fingerprint: dict[str, Any] | None) -> Place:
     """The place a state names, once it is known to be a state of this dataset under this config.
 
@@ -72,9 +88,7 @@ def place_of(state: Any, dataset: str, fingerprint: dict[str, Any] | None) -> Pl
         raise ConfigError(f"a loader state is a dict from state_dict(), got {type(state).__name__}")
     missing = [key for key in _KEYS if key not in state]
     if missing or not _text_is(state.get("kind"), STATE_KIND):
-        raise ConfigError(
-            f"not a loader state (truncated or of something else): missing {', '.join(missing) or 'kind'}"
-        )
+        raise ConfigError(_not_a_state(state, missing))
     version = state["version"]
     if not _count(version) or version > STATE_VERSION:
         raise ConfigError(

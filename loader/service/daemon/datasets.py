@@ -20,6 +20,7 @@ import math
 import os
 import random
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,14 @@ NOTE_FILES = 4  # files of a lease an error names (``Dataset.lease_note``)
 HINT_PIECES_PER_WORKER = 4
 MAX_PIECE_LEASES = 100_000  # leases a dataset's files may be cut into (the lease list lives in the daemon's loop)
 HINT_MIN_PIECE_RECORDS = 256  # ... unless a piece would hold fewer records than this (a dataset too small to care)
+
+
+# Where the start-up hints go (a line each): the daemon logs them; ``loader check`` shows them as its warnings.
+Advise = Callable[[str], None]
+
+
+def _log_advice(line: str) -> None:
+    log.info("%s", line)
 
 
 @dataclass(frozen=True)
@@ -157,9 +166,12 @@ class Dataset:
 
 
 class DatasetTable:
-    """The daemon's datasets by name, and the one list of leases they lease from."""
+    """The daemon's datasets by name, and the one list of leases they lease from.
 
-    def __init__(self, config: LoaderConfig) -> None:
+    ``advise`` takes each hint on how the files are leased (``records_per_lease``, ``files_per_lease``); by
+    default they are logged, as ``loader serve`` shows them."""
+
+    def __init__(self, config: LoaderConfig, advise: Advise = _log_advice) -> None:
         self.by_name: dict[str, Dataset] = {}
         # Per lease, its first file: what the coordinator leases and messages name (``Dataset.leases`` has all).
         self.files: list[str] = []
@@ -168,7 +180,7 @@ class DatasetTable:
             files = view.expand_files()  # ConfigError for no match / empty list, naming where the value came from
             seed = view.pipeline.seed if view.pipeline.seed is not None else random.SystemRandom().randrange(2**32)
             sizes = [_size(path) for path in files]  # once: the fingerprint, the lease groups and the leases
-            leases, pieces = _leases(name, files, sizes, view, seed)
+            leases, pieces = _leases(name, files, sizes, view, seed, advise)
             self.by_name[name] = Dataset(name, view, files, len(self.files), seed, leases, pieces, sizes)
             self.files.extend(group[0] for group in leases)
         self._offsets = [d.offset for d in self.by_name.values()]
@@ -199,15 +211,15 @@ class DatasetTable:
 
 
 def _leases(
-    name: str, files: list[str], sizes: list[int | None], config: LoaderConfig, seed: int
+    name: str, files: list[str], sizes: list[int | None], config: LoaderConfig, seed: int, advise: Advise
 ) -> tuple[list[list[str]], list[Piece | None]]:
     """``files`` cut or grouped into leases as ``source.records_per_lease`` or ``files_per_lease`` says (the
     files' headers read here, once; ``sizes``: their bytes): the files of each lease, and each lease's piece
-    (empty: none)."""
+    (empty: none). Hints on a better setting go to ``advise``."""
     source = config.source
     if source.records_per_lease > 0:
         counts = [_records(source, path) for path in files]
-        _note_uncounted(name, files, counts)
+        _note_uncounted(name, files, counts, advise)
         _refuse_too_many_pieces(name, counts, source.records_per_lease)
         cut = lease_pieces(counts, source.records_per_lease)
         return [[files[i]] for i, _ in cut], [piece for _, piece in cut]
@@ -215,8 +227,8 @@ def _leases(
         shuffle = config.pipeline.shuffle_buffer > 0
         groups = lease_groups(sizes, source.files_per_lease, SMALL_FILE_BYTES, seed, shuffle)
         return [[files[i] for i in group] for group in groups], []
-    _hint_small_files(name, files)
-    _hint_large_files(name, files, config)
+    _hint_small_files(name, files, advise)
+    _hint_large_files(name, files, config, advise)
     return [[path] for path in files], []
 
 
@@ -249,22 +261,18 @@ def _records(source: Any, path: str) -> int | None:
         return None
 
 
-def _note_uncounted(name: str, files: list[str], counts: list[int | None]) -> None:
-    """Log once that files whose headers give no record count are leased whole despite ``records_per_lease``."""
+def _note_uncounted(name: str, files: list[str], counts: list[int | None], advise: Advise) -> None:
+    """Say once that files whose headers give no record count are leased whole despite ``records_per_lease``."""
     uncounted = [path for path, count in zip(files, counts) if count is None]
     if uncounted:
-        log.info(
-            "dataset %r: %d of %d files (%s first) give no record count in their headers: leased whole "
-            "(source.records_per_lease cuts .npy and .npz files)",
-            name,
-            len(uncounted),
-            len(files),
-            os.path.basename(uncounted[0]),
+        advise(
+            f"dataset {name!r}: {len(uncounted)} of {len(files)} files ({os.path.basename(uncounted[0])} first) "
+            "give no record count in their headers: leased whole (source.records_per_lease cuts .npy and .npz files)"
         )
 
 
-def _hint_large_files(name: str, files: list[str], config: LoaderConfig) -> None:
-    """Log once that a dataset of fewer files than workers would keep more of them busy cut into pieces of
+def _hint_large_files(name: str, files: list[str], config: LoaderConfig, advise: Advise) -> None:
+    """Say once that a dataset of fewer files than workers would keep more of them busy cut into pieces of
     records (``records_per_lease``); only where the files' headers count their records (few files: cheap)."""
     workers = max(config.workers.count, config.workers.max)
     if len(files) >= workers:
@@ -280,19 +288,14 @@ def _hint_large_files(name: str, files: list[str], config: LoaderConfig) -> None
     suggested = min(suggested, int(window / (workers * max(1.0, record_bytes))))
     if suggested < HINT_MIN_PIECE_RECORDS:
         return
-    log.info(
-        "dataset %r: %d file(s) for %d workers, one lease each, so at most %d read at once: "
-        "source.records_per_lease = %d would cut them into pieces that every worker reads",
-        name,
-        len(files),
-        workers,
-        len(files),
-        suggested,
+    advise(
+        f"dataset {name!r}: {len(files)} file(s) for {workers} workers, one lease each, so at most {len(files)} "
+        f"read at once: source.records_per_lease = {suggested} would cut them into pieces that every worker reads"
     )
 
 
-def _hint_small_files(name: str, files: list[str]) -> None:
-    """Log once that many small files would be read faster several to a lease (``files_per_lease``)."""
+def _hint_small_files(name: str, files: list[str], advise: Advise) -> None:
+    """Say once that many small files would be read faster several to a lease (``files_per_lease``)."""
     if len(files) < HINT_FILES:
         return
     step = len(files) // HINT_SAMPLE
@@ -300,12 +303,10 @@ def _hint_small_files(name: str, files: list[str]) -> None:
     if len(sizes) < HINT_SAMPLE // 2 or sizes[len(sizes) // 2] >= HINT_FILE_BYTES:
         return
     median = sizes[len(sizes) // 2]
-    log.info(
-        "dataset %r: %d files of about %s, one lease each: source.files_per_lease = 64 would read "
-        "them several to a lease, a round trip per 64 files instead of one per file",
-        name,
-        len(files),
-        f"{median >> 10} KiB" if median >= 1 << 10 else f"{median} bytes",  # not "about 0 KiB"
+    about = f"{median >> 10} KiB" if median >= 1 << 10 else f"{median} bytes"  # not "about 0 KiB"
+    advise(
+        f"dataset {name!r}: {len(files)} files of about {about}, one lease each: source.files_per_lease = 64 "
+        "would read them several to a lease, a round trip per 64 files instead of one per file"
     )
 
 

@@ -50,6 +50,12 @@ REQUEST_DEADLINE_S = 10.0  # ... and one whose whole request and answer take lon
 MAX_CONNECTIONS = 32  # served at once; a newer one displaces the longest idle (see _Server)
 EVICT_WAIT_S = 1.0  # how long a new connection waits for the one it displaced to give its slot back
 SERVE_POLL_S = 0.2
+# The package is not on the package index (README, "Install"): the extra comes from the project's checkout or a
+# wheel built from it, not from `pip install 'loader-service[metrics]'`, which finds no distribution.
+INSTALL_HINT = (
+    "install the metrics extra from the project's checkout or the wheel you built "
+    "(pip install '/path/to/loader[metrics]', or pip install prometheus-client), or set service.metrics = \"\""
+)
 _ADDRESS = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:/\s\[\]]+)):(?P<port>\d+)$")
 
 
@@ -59,8 +65,7 @@ def require_prometheus_client() -> Any:
         import prometheus_client
     except ImportError:
         raise ConfigError(
-            "service.metrics is set but the prometheus_client package is not installed: "
-            "pip install 'loader-service[metrics]' (or set service.metrics = \"\")"
+            f"service.metrics is set but the prometheus_client package is not installed: {INSTALL_HINT}"
         ) from None
     return prometheus_client
 

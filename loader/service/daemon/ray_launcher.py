@@ -43,7 +43,9 @@ from loader.service.transport.auth import Dial
 
 log = logging.getLogger("loader.daemon")
 
-INSTALL_HINT = "pip install 'loader-service[ray]'"
+INSTALL_HINT = (
+    "install the ray extra from the project's checkout (pip install '/path/to/loader[ray]') or pip install ray"
+)
 # After ray.kill, how long stop() waits for Ray to report the actor dead (its CPUs then go back to the cluster).
 KILL_TIMEOUT_S = 5.0
 DEATH_POLL_S = 0.02

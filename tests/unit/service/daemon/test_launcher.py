@@ -56,7 +56,7 @@ def test_missing_ray_is_one_clear_error_before_anything_is_bound(tmp_path, monke
 
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if it were not installed
     config = _config(tmp_path, launcher="ray")
-    with pytest.raises(MissingDependencyError, match=r"pip install 'loader-service\[ray\]'") as info:
+    with pytest.raises(MissingDependencyError, match=r"pip install '/path/to/loader\[ray\]'") as info:
         Daemon(config)
     assert "workers.launcher = 'ray'" in str(info.value) and ORIGIN in str(info.value)
     assert isinstance(info.value, ImportError)
@@ -67,5 +67,5 @@ def test_missing_ray_is_one_clear_error_before_anything_is_bound(tmp_path, monke
     assert cli_main(["serve", str(path)]) != 0
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[-1].startswith("loader: error: workers.launcher = 'ray'")
-    assert "pip install 'loader-service[ray]'" in lines[-1]
+    assert "pip install '/path/to/loader[ray]'" in lines[-1]
     assert not any("Traceback" in line for line in lines)
