@@ -438,13 +438,14 @@ def _forged_chunks_are_refused(hostile: Any, forge: Callable[[FakeWorker, P.Leas
     try:
         with Client(daemon.endpoint, timeout_s=30) as client:
             fake.ask_lease()
-            batches = client.epoch()  # asks for the epoch now: its first lease goes to the fake, which asked first
+            # The epoch is asked for at its first batch, which the reading thread waits for: its first lease goes
+            # to the fake, which asked first (and a stage left full would stop reading every worker's data).
+            read = collect_ids_meanwhile(client.epoch())
             # Forged at once: a lease that sends nothing for progress_timeout_s is taken from its holder, and its
             # chunks then count as a lost worker's stale data, not as refused (waiting for a first batch before
             # forging took a loaded CI past it).
             lease = fake.lease()
             tag = {"stream": lease.stream, "file": lease.file, "lease": lease.lease, "worker": fake.welcome.worker}
-            read = collect_ids_meanwhile(batches)  # a stage left full would stop reading every worker's data
             fake.heartbeat()
             sent = forge(fake, lease, tag)
             assert wait_until(lambda: fake.heartbeat() or rejected(daemon) >= before + sent, timeout_s=10)

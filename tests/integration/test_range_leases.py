@@ -172,13 +172,14 @@ def test_chunks_of_records_past_a_piece_are_refused(tmp_path: Any) -> None:
             before = query_status(daemon.endpoint)["rejected_messages"]
             with Client(daemon.endpoint, timeout_s=30) as client:
                 fake.ask_lease()
-                batches = client.epoch(0)  # asks now: the fake, which asked first, gets the first lease
+                # Asked at the first batch, which the reading thread waits for: the fake, which asked first, gets
+                # the first lease (a stage left full would stop reading every worker's data).
+                read = collect_ids_meanwhile(client.epoch(0))
                 lease = fake.lease()
                 assert lease.piece is not None
                 first, count = lease.piece
                 tag = {"stream": lease.stream, "file": lease.file, "lease": lease.lease, "worker": fake.welcome.worker}
                 spec = {"data": {0: ["<i8", []]}}  # the id files hold int64 scalars
-                read = collect_ids_meanwhile(batches)  # a stage left full would stop reading every worker's data
                 fake.heartbeat()
                 for record in range(count + 3):  # the piece's records, then 3 of the next piece's as file rows
                     chunk = P.Chunk(**tag, token=lease.token, record=record, count=1, refs=spec)

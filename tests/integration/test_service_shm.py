@@ -17,7 +17,13 @@ from loader.service.daemon import datasets
 from loader.service.shm import file_rows as F
 from loader.service.shm.cache import ArenaCache
 from tests.helpers import wait_until
-from tests.integration.conftest import connected_workers, kill_leased_worker, make_config, running_daemon
+from tests.integration.conftest import (
+    collect_ids_meanwhile,
+    connected_workers,
+    kill_leased_worker,
+    make_config,
+    running_daemon,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -317,11 +323,11 @@ def test_a_file_replaced_before_the_padded_repeat_of_its_rows_fails_that_epoch_n
         with Client(daemon.endpoint, rank=0, world_size=2, job="j", timeout_s=30, read_ahead=False) as client:
             os.remove(tmp_path / "f001.npy")
             os.mkfifo(tmp_path / "f001.npy")  # opening it waits for a writer: every worker leased it hangs
-            batches = client.epoch()
+            read = collect_ids_meanwhile(client.epoch())  # the epoch is asked for at its first batch
             assert wait_until(lambda: query_status(daemon.endpoint)["clients"][0]["epoch_files_done"] == 1, 20)
             write_large_files(tmp_path, 1, 1)  # f000 rewritten: the stage's file row of it names another file
             with pytest.raises(Exception, match="changed") as failed:
-                list(batches)
+                read()
             assert not isinstance(failed.value, loader.ServiceUnavailableError), failed.value
             assert not daemon._closed and query_status(daemon.endpoint)["clients"]
 
