@@ -136,11 +136,13 @@ def _watch_interval(args: argparse.Namespace) -> float | None:
 
 def _note_another_config(given: str | None, address: str, status: dict[str, Any]) -> None:
     """When asked by a config file, say so if the daemon at its address serves another config."""
-    serving = status.get("config")
-    if not given or not os.path.isfile(given) or not isinstance(serving, str) or not os.path.isabs(serving):
+    from loader.config.address import another_config
+
+    if not given or not os.path.isfile(given):
         return
-    if os.path.realpath(serving) != os.path.realpath(given):
-        print(f"loader: note: the daemon at {address} serves {serving}, not {given}", file=sys.stderr)
+    other = another_config(given, status.get("config"))
+    if other is not None:
+        print(f"loader: note: the daemon at {address} serves {other}, not {given}", file=sys.stderr)
 
 
 def _render_status(status: dict[str, Any], as_json: bool) -> str:

@@ -57,4 +57,23 @@ def address_origin(given: str | None) -> str:
     )
 
 
-__all__ = ["daemon_address", "address_origin"]
+# The most of a daemon's config path a note shows: the path comes from the daemon (or whatever answers there).
+MAX_SHOWN_PATH = 256
+
+
+def another_config(given: str, serving: object) -> str | None:
+    """The config file a daemon says it serves (``serving``, from its status or its welcome), fit for one line,
+    when it is not ``given`` (a config file this side named the daemon by); None when it is the same file, or
+    when ``serving`` is no absolute path (an in-memory config; or a peer's value: text with NUL, not text)."""
+    if not isinstance(serving, str) or "\0" in serving or not os.path.isabs(serving):
+        return None
+    try:
+        if os.path.realpath(serving) == os.path.realpath(given):
+            return None
+    except (OSError, ValueError):
+        return None
+    shown = "".join(c if c.isprintable() else "?" for c in serving[:MAX_SHOWN_PATH])
+    return shown + ("..." if len(serving) > MAX_SHOWN_PATH else "")
+
+
+__all__ = ["daemon_address", "address_origin", "another_config"]

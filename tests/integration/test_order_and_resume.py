@@ -197,8 +197,28 @@ def test_an_epoch_taken_for_its_len_alone_asks_the_daemon_nothing(data: Any) -> 
             expected = read_ranks(ranks, 0)
         for asking in ([0], [0, 1]):
             with clients(daemon.endpoint, 2, job=f"len-on-{len(asking)}") as ranks:
-                assert [len(ranks[r].epoch(0)) for r in asking] == [len(expected[0])] * len(asking)
-                assert read_ranks(ranks, 0) == expected
+                assert [len(ranks[r].epoch()) for r in asking] == [len(expected[0])] * len(asking)
+                assert read_ranks(ranks) == expected, "the next epoch() is the same epoch 0"
+
+
+def test_an_epoch_taken_for_its_len_alone_moves_the_client_nowhere(data: Any) -> None:
+    """epoch() moved on at the call: len(client.epoch()) then client.epoch() read epoch 1, and after
+    load_state_dict the len() call used up the resume place, so the epoch iterated started over elsewhere."""
+    small_only(data)
+    directory, _ = data
+    with running_daemon(config(directory)) as daemon:
+        with clients(daemon.endpoint, 1) as [c]:
+            whole = [ids_of(b) for b in c.epoch(0)]
+        with clients(daemon.endpoint, 1) as [c]:
+            assert len(c.epoch()) == len(whole)
+            assert [ids_of(b) for b in c.epoch()] == whole
+            it = c.epoch(0)
+            head = [ids_of(next(it)) for _ in range(5)]
+            state = c.state_dict()
+        with clients(daemon.endpoint, 1) as [c]:
+            c.load_state_dict(state)
+            assert len(c.epoch()) == len(whole) - 5
+            assert head + [ids_of(b) for b in c.epoch()] == whole
 
 
 def test_drop_last_drops_the_incomplete_step_on_every_rank(data: Any) -> None:

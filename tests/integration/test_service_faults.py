@@ -268,32 +268,3 @@ def _read_all(batches) -> list[BaseException]:
     except BaseException as exc:  # the caller checks it
         return [exc]
     return []
-
-
-def test_ranks_that_asked_for_an_epoch_a_different_number_of_times_are_told_so(tmp_path, monkeypatch):
-    # Rank 0 reads a batch of epoch 0 and asks for epoch 0 again; rank 1 asks once: it reads rank 0's first
-    # request (ranks pair their requests in order) while rank 0's second waits for it.
-    import loader.service.daemon.stage as stage_module
-
-    monkeypatch.setattr(stage_module, "MIN_STALL_TIMEOUT_S", 1.0)
-    write_id_files(tmp_path, 4, 20_000)
-    config = make_config(
-        tmp_path, pipeline={"batch_size": 100, "shuffle_buffer": 0}, workers={"count": 1, "progress_timeout_s": 0.5}
-    )
-    with running_daemon(config) as daemon:
-        ranks = [Client(daemon.endpoint, rank=r, world_size=2, timeout_s=10) for r in range(2)]
-        try:
-            first, second = ranks[0].epoch(0), ranks[1].epoch(0)
-            next(first), next(second)
-            raised: list[BaseException] = []
-            again = threading.Thread(target=lambda: raised.extend(_read_all(ranks[0].epoch(0))), daemon=True)
-            again.start()  # rank 0 asks again (at its first batch), leaving the first request
-            assert len(list(second)) > 0, "rank 1 reads the first request to its end"
-            again.join(30)
-            assert not again.is_alive()
-            ((error,),) = [raised]
-            assert isinstance(error, WorkerError)
-            assert "rank(s) 1 of world_size 2, which read another request for epoch 0" in str(error), str(error)
-        finally:
-            for client in ranks:
-                client.close()

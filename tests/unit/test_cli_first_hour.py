@@ -381,3 +381,18 @@ def test_survey_takes_python_numbers_and_strings_as_a_batch_does(tmp_path) -> No
     config.add_import_path()
     found = survey(config.source)
     assert found.samples == 2 and found.mismatches == []  # numbers stack to one dtype; strings are not stacked
+
+
+def test_the_config_a_daemon_says_it_serves_is_shown_only_when_another_and_fit_for_a_line(tmp_path) -> None:
+    """A peer's welcome or status names any `config`: a NUL in it raised ValueError out of Client() (leaking its
+    socket), 65,000 characters made one log line of them, a relative path was resolved against this side's cwd."""
+    from loader.config.address import MAX_SHOWN_PATH, another_config
+
+    given = write_config(tmp_path / "train.toml", '[source]\nfiles = ["*.npy"]\n')
+    assert another_config(given, str(tmp_path / "train.toml")) is None, "the same file"
+    assert another_config(given, str(tmp_path / "other.toml")) == str(tmp_path / "other.toml")
+    for value in ("/etc/x\0y", "other.toml", None, 5, b"/etc/x"):
+        assert another_config(given, value) is None, value
+    long = another_config(given, "/" + "a" * 65_000)
+    assert long is not None and len(long) == MAX_SHOWN_PATH + 3 and long.endswith("...")
+    assert another_config(given, "/etc/\x1b[2Jx\nforged") == "/etc/?[2Jx?forged"

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from loader.config.address import address_origin, daemon_address
+from loader.config.address import address_origin, another_config, daemon_address
 from loader.config.sections import MAX_PREFETCH
 from loader.device import Placer
 from loader.errors import (
@@ -242,11 +242,11 @@ class Client(NotADataset):
         self._fatal: BaseException | None = None
         try:
             self.info = self._handshake()
+            _note_another_config(self._given_address, address, self.info.config)
         except BaseException:
             self._channel.close()
             self._waker.close()
             raise
-        _note_another_config(self._given_address, address, self.info.config)
         self.batch_format = self.info.batch_format
         # Owned by the receiver thread from here on (it maps, reads and closes the arenas).
         self._arenas = _arena_cache(self.info.shm) if shm else None
@@ -265,14 +265,14 @@ class Client(NotADataset):
         """Iterate the batches of the next epoch (or of ``epoch``); ends with ``StopIteration``.
 
         ``len()`` of it is the number of batches, where the daemon knows it (see ``EpochBatches``). The
-        daemon is asked for the epoch at its first batch: taking ``len()`` alone asks nothing.
+        epoch is taken at its first batch: the daemon is asked for it then, and only then does the next
+        ``epoch()`` move on to the epoch after it (or a loaded state's resume place get used up), so taking
+        ``len()`` alone changes nothing. The iterator of the epoch before ends here.
         """
         self._check_usable()
         number = self._next_epoch if epoch is None else _epoch_number(epoch)
-        self._next_epoch = number + 1
-        resume, self._resume = self._resume, None
+        resume = self._resume
         place = resume if resume is not None and resume.epoch == number else Place(number)
-        self._place = place
         gen = self._gen = next(self._gens)
         return EpochBatches(self._iterate(gen, number, place), self._length(place), number)
 
@@ -378,10 +378,12 @@ class Client(NotADataset):
             raise self._fatal
 
     def _iterate(self, gen: int, epoch: int, place: Place) -> Iterator[Any]:
-        # The daemon is asked at the first batch, not at epoch(): an epoch asked for only to take its len() is
-        # no request. The ranks of a job pair their requests in order, so one such request on each rank (or on
-        # one rank) paired their epochs wrongly, and the job stalled (``ClientDesk._stream_for``).
+        # The epoch is taken at its first batch, not at epoch(): one taken only for its len() is no request to
+        # the daemon and moves the client nowhere. The ranks of a job pair their requests in order, so such a
+        # request on one rank paired their epochs wrongly, and the job stalled (``ClientDesk._stream_for``);
+        # and epoch() moving on at once made len(client.epoch()) skip an epoch, or drop a loaded resume place.
         self._check_current(gen, epoch)
+        self._next_epoch, self._resume, self._place = epoch + 1, None, place
         self._commands.put(("epoch", place, gen))
         self._waker.wake()
         while True:
@@ -817,14 +819,12 @@ def _stop_receiver(stop: threading.Event, waker: Any, thread: threading.Thread) 
 def _note_another_config(given: str | None, address: str, serving: str | None) -> None:
     """A WARNING when this client was given a config file and the daemon at its address serves another one:
     two projects' daemons both on the default port, and a script read the other's data without a word."""
-    if not given or serving is None or given.startswith(("tcp://", "ipc://")) or not os.path.isfile(given):
+    if not given or given.startswith(("tcp://", "ipc://")) or not os.path.isfile(given):
         return
-    if os.path.realpath(serving) != os.path.realpath(given):
+    other = another_config(given, serving)
+    if other is not None:
         log.warning(
-            "the daemon at %s serves %s, not %s: another config's daemon listens at its address",
-            address,
-            P.printable(serving),
-            given,
+            "the daemon at %s serves %s, not %s: another config's daemon listens at its address", address, other, given
         )
 
 

@@ -55,6 +55,8 @@ log = logging.getLogger("loader.daemon")
 
 POLL_INTERVAL_S = 0.05
 HOUSEKEEPING_INTERVAL_S = 0.1
+# The ranks a status row names as its epoch waits for them (``waiting_for_ranks``), as the log's line does.
+STATUS_RANKS = 8
 MAX_DRAIN_MESSAGES = 64  # per socket per loop turn, so one busy socket cannot starve the other
 # ... and control messages stop for the turn once they took this long: a message may cost the loop O(files) (an
 # EPOCH makes a stream of every lease), and 64 of them from one client held worker data unread for seconds, so
@@ -657,7 +659,10 @@ class Daemon:
                     # The epoch it asked for waits for the pace of epochs (``desk.EPOCH_PACING``): None when none.
                     "epoch_waiting": s.parked_epoch.epoch if s.parked_epoch is not None else None,
                     # Ranks of its job that never asked for the epoch it reads, which its batches wait for ("-").
-                    "waiting_for_ranks": (self.stage.missing_ranks(s.current) if s.current is not None else []) or None,
+                    "waiting_for_ranks": (
+                        self.stage.missing_ranks(s.current, STATUS_RANKS) if s.current is not None else []
+                    )
+                    or None,
                 }
                 for s in self.stage.sessions.values()
             ],

@@ -720,8 +720,15 @@ class Stage:
         if stream.input_done:
             return
         starved = now - stream.starved_since
+        # Which ranks it waits for is looked at only when it is to be said (a look walks the sessions; this runs
+        # every loop turn for every starving client, and a job of 65,536 ranks made each turn take a second).
+        # At most once every RANKS_NOTE_S until said (the steps it waits on may be cut later), and at the stall.
+        noting = starved >= RANKS_NOTE_S and not stream.ranks_noted and now - stream.ranks_looked_at >= RANKS_NOTE_S
+        if not noting and starved < self.stall_timeout_s:
+            return
+        stream.ranks_looked_at = now
         ranks = self._ranks_waited_for(stream)
-        if ranks is not None and starved >= RANKS_NOTE_S and not stream.ranks_noted:
+        if ranks is not None and noting:
             stream.ranks_noted = True  # once a stream: the stall's error follows, or the ranks come
             log.warning(
                 "epoch %d of %s waits for %s (%.0f s so far); it fails after %g s without progress",
@@ -742,11 +749,13 @@ class Stage:
             )
         self.fail_stream(stream, WorkerError("EpochStalledError", message).to_dict())
 
-    def missing_ranks(self, stream: Stream) -> list[int]:
-        """Ranks of ``stream``'s job that never asked for it while its steps wait for them (``loader status``)."""
+    def missing_ranks(self, stream: Stream, most: int | None = None) -> list[int]:
+        """Ranks of ``stream``'s job that never asked for it while its steps wait for them, the first ``most``
+        of them when given (``loader status``: a row of a job of 65,536 ranks held 65,535 numbers)."""
         if stream.starved_since is None or stream.input_done or not stream.steps:
             return []
-        return [rank for rank in range(stream.world_size) if rank not in stream.attached_ever]
+        missing = (rank for rank in range(stream.world_size) if rank not in stream.attached_ever)
+        return list(itertools.islice(missing, most))
 
     def _ranks_waited_for(self, stream: Stream) -> str | None:
         """Which ranks the stream's steps wait for and why, as the log and the stall's error say it; None when it
@@ -754,7 +763,8 @@ class Stage:
         missing = self.missing_ranks(stream)
         if not missing:
             return None
-        elsewhere = sorted(s.rank for s in self.sessions.values() if s.rank in missing and _read_another(s, stream))
+        absent = set(missing)
+        elsewhere = sorted(s.rank for s in self.sessions.values() if s.rank in absent and _read_another(s, stream))
         if elsewhere:
             # Each epoch() call is a request of its own, and a job's ranks pair their requests in order: a rank
             # that asked once more than the others reads a stream of its own.

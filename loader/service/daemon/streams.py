@@ -122,6 +122,7 @@ class Stream:
     # trainer): no rank joins it any more, as the rank that left would be on another stream for good.
     joinable: bool = True
     ranks_noted: bool = False  # the log said which ranks its steps wait for (``Stage._starving``)
+    ranks_looked_at: float = 0.0  # when it was last looked at which ranks it waits for (a walk of every rank)
     sample_kind: str = "tuple"
     failed: bool = False
     ref_columns: frozenset[str] | None = None  # decided by the first chunk (stage_refs.py)

@@ -398,3 +398,25 @@ def test_an_epoch_that_waits_long_for_a_batch_says_so_once_before_it_fails(monke
     (note,) = [r.getMessage() for r in caplog.records if r.name == "loader.client"]
     assert note.startswith("no batch from the loader daemon at fake://daemon for 0 s (request 1), though it answers")
     assert "waiting up to 1 s in all: its log or `loader status` says what the epoch waits for" in note
+
+
+def test_a_welcome_naming_another_config_is_a_warning_and_a_forged_one_nothing(tmp_path, caplog):
+    import logging
+
+    config = tmp_path / "train.toml"
+    config.write_text('[source]\nfiles = ["*.npy"]\n')
+    caplog.set_level(logging.WARNING, logger="loader.client")
+    for serving, said in [("/srv/other.toml", True), ("/etc/x\0y", False), (str(config), False)]:
+        caplog.clear()
+        near, far = FakeChannel.pair()
+        daemon = FakeDaemon(far, welcome={"config": serving})
+        with Client(str(config), channel=near, timeout_s=5.0):  # a NUL raised ValueError here, its socket left open
+            pass
+        daemon.stop.set()
+        lines = [r.getMessage() for r in caplog.records if r.name == "loader.client"]
+        assert bool(lines) == said, (serving, lines)
+        if said:
+            assert lines == [
+                f"the daemon at {config} serves /srv/other.toml, not {config}: another config's "
+                "daemon listens at its address"
+            ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+from typing import Any
 
 import numpy as np
 from hypothesis import given, settings
@@ -155,3 +156,56 @@ def test_every_record_exactly_once_whatever_the_arrival(sizes, chunk, shuffle, r
     assert sorted(got) == list(range(int(offsets[-1])))
     lengths = [len(m[2]["x"]) for m in rec.messages if isinstance(m[1], P.Batch)]
     assert all(n == 3 for n in lengths[:-1])
+
+
+def _starving_stream(world_size: int, attached: set[int]) -> Any:
+    """What ``Stage._starving`` and ``missing_ranks`` look at of a stream of a job starving since now, its steps cut."""
+    import time
+    import types
+
+    return types.SimpleNamespace(
+        starved_since=time.monotonic(),
+        input_done=False,
+        steps=[object()],
+        world_size=world_size,
+        attached_ever=attached,
+        ranks_noted=False,
+        ranks_looked_at=0.0,
+        epoch=0,
+        job=f"default/j/{world_size}",
+    )
+
+
+def test_which_ranks_a_starving_stream_waits_for_is_looked_at_once_and_shown_capped(monkeypatch):
+    """A job of 65,536 ranks, 32 of them attached and starving: the look at which ranks it waited for (every rank,
+    every session) ran each loop turn for each client (a turn took a second; workers took the daemon for gone),
+    and each status row listed 65,504 ranks."""
+    from loader.service.daemon import stage as stage_module
+
+    stage = _stage(lambda peer, frames: True)
+    stream = _starving_stream(65536, set(range(32)))
+    looked: list[int] = []
+    monkeypatch.setattr(stage, "_ranks_waited_for", lambda s: looked.append(1) or "rank(s) 32, ...")
+    for _ in range(100):
+        stage._starving(None, stream)  # type: ignore[arg-type]
+    assert not looked, "before RANKS_NOTE_S nothing is looked at"
+    stream.starved_since -= stage_module.RANKS_NOTE_S
+    for _ in range(100):
+        stage._starving(None, stream)  # type: ignore[arg-type]
+    assert len(looked) == 1, "once at RANKS_NOTE_S, then once every RANKS_NOTE_S until said, and at the stall"
+    assert stage.missing_ranks(stream, 8) == list(range(32, 40))  # type: ignore[arg-type]
+
+
+def test_a_stream_waiting_for_a_rank_that_reads_another_request_of_the_epoch_says_so():
+    """Ranks that asked for an epoch a different number of times (each iterated client.epoch() is a request):
+    the stall's error said "never asked" of a rank that did ask, for another stream of the epoch."""
+    import types
+
+    stage = _stage(lambda peer, frames: True)
+    waiting = _starving_stream(2, {0})
+    assert "rank(s) 1 of world_size 2, which never asked for this epoch" in stage._ranks_waited_for(waiting)
+    other = types.SimpleNamespace(epoch=0)
+    stage.sessions[b"rank-1"] = types.SimpleNamespace(rank=1, job="default/j/2", current=other, finished=None)
+    assert "rank(s) 1 of world_size 2, which read another request for epoch 0" in stage._ranks_waited_for(waiting)
+    stage.sessions[b"rank-1"].current, stage.sessions[b"rank-1"].finished = None, (0, 4, 4, 600)  # read it to its end
+    assert "which read another request for epoch 0" in stage._ranks_waited_for(waiting)
