@@ -66,13 +66,21 @@ def no_leaks():
     yield
     deadline = time.monotonic() + LEAK_GRACE_S
     while time.monotonic() < deadline:
-        extra_threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+        extra_threads = [
+            t for t in threading.enumerate() if t not in threads_before and t.is_alive() and not _process_wide(t)
+        ]
         extra_children = child_pids() - children_before
         if not extra_threads and not extra_children:
             return
         time.sleep(0.05)
     assert not extra_threads, f"leaked threads: {[t.name for t in extra_threads]}"
     assert not extra_children, f"leaked child processes: {sorted(extra_children)}"
+
+
+def _process_wide(thread: threading.Thread) -> bool:
+    """pyzmq's garbage collector thread: started by its first zero-copy send of the process and kept for the
+    process's life, whichever test came first (test_torch_digits alone counted it as its leak)."""
+    return type(thread).__name__ == "GarbageCollectorThread" and type(thread).__module__.startswith("zmq.")
 
 
 class _StartedProcesses:
