@@ -34,7 +34,7 @@ from typing import Any
 
 import loader
 from loader.config.overrides import format_sources
-from loader.errors import ConfigError, LoaderError, ServiceUnavailableError, WorkerError
+from loader.errors import LoaderError, ServiceUnavailableError, WorkerError
 from loader.service.address_file import remove_address_file, write_address_file
 
 EXIT_OK = 0
@@ -138,8 +138,6 @@ def _note_another_config(given: str | None, address: str, status: dict[str, Any]
     """When asked by a config file, say so if the daemon at its address serves another config."""
     from loader.config.address import another_config
 
-    if not given or not os.path.isfile(given):
-        return
     other = another_config(given, status.get("config"))
     if other is not None:
         print(f"loader: note: the daemon at {address} serves {other}, not {given}", file=sys.stderr)
@@ -251,8 +249,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from loader.service.daemon.loop import check_service
 
     config = _load_checked(args.config, {}, args.set)
-    check_service(config)  # what `loader serve` refuses before binding: check says it too
-    _check_metrics(config)
+    check_service(config)  # what `loader serve` refuses at start: check says it too
     # Every dataset's files, and its first batch, are read before "ok" is printed: a bad file, files a batch
     # cannot take together, or a mapper that fails on real data is the only line, not one after "ok".
     surveys = [(name, survey(config.dataset(name).source)) for name in config.dataset_names]
@@ -303,20 +300,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     print("settings (value, and where it came from):")
     print("\n".join(format_sources(config)))
     return EXIT_OK
-
-
-def _check_metrics(config: Any) -> None:
-    """``service.metrics`` without prometheus_client: ``loader serve`` refuses to start so, and check says it the
-    same way (one ``ConfigError`` line naming where the value came from) rather than ``ok``."""
-    if not config.service.metrics:
-        return
-    from loader.service.daemon.metrics import require_prometheus_client
-
-    try:
-        require_prometheus_client()
-    except ConfigError as exc:
-        source = config.sources.get("service.metrics", "default")
-        raise ConfigError(f"{exc} ({config.origin if source == 'default' else source})") from None
 
 
 def _named_positions(rows: list[dict[str, str]], names: list[str]) -> list[dict[str, str]]:

@@ -61,10 +61,13 @@ def address_origin(given: str | None) -> str:
 MAX_SHOWN_PATH = 256
 
 
-def another_config(given: str, serving: object) -> str | None:
+def another_config(given: str | None, serving: object) -> str | None:
     """The config file a daemon says it serves (``serving``, from its status or its welcome), fit for one line,
-    when it is not ``given`` (a config file this side named the daemon by); None when it is the same file, or
-    when ``serving`` is no absolute path (an in-memory config; or a peer's value: text with NUL, not text)."""
+    when this side named the daemon by a config file, ``given``, and it is another; None when ``given`` is no
+    file (an address), when it is the same file, or when ``serving`` is no absolute path (an in-memory config;
+    or a peer's value: text with NUL, not text)."""
+    if not given or not os.path.isfile(given):
+        return None
     if not isinstance(serving, str) or "\0" in serving or not os.path.isabs(serving):
         return None
     try:

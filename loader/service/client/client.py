@@ -819,8 +819,6 @@ def _stop_receiver(stop: threading.Event, waker: Any, thread: threading.Thread) 
 def _note_another_config(given: str | None, address: str, serving: str | None) -> None:
     """A WARNING when this client was given a config file and the daemon at its address serves another one:
     two projects' daemons both on the default port, and a script read the other's data without a word."""
-    if not given or given.startswith(("tcp://", "ipc://")) or not os.path.isfile(given):
-        return
     other = another_config(given, serving)
     if other is not None:
         log.warning(

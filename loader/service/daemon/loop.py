@@ -41,10 +41,10 @@ from loader.service.daemon.coordinator import Coordinator
 from loader.service.daemon.datasets import DatasetTable
 from loader.service.daemon.desk import ClientDesk
 from loader.service.daemon.launcher import DEFAULT_WORKER_ENTRY, make_launcher
-from loader.service.daemon.metrics import MetricsServer, start_metrics
+from loader.service.daemon.metrics import MetricsServer, require_prometheus_client, start_metrics
 from loader.service.daemon.rate import RecentRate
 from loader.service.daemon.rejects import LOG_EVERY_S, Rejects
-from loader.service.daemon.stage import Stage, frames_nbytes
+from loader.service.daemon.stage import SHOWN_RANKS, Stage, frames_nbytes
 from loader.service.daemon.streams import Session
 from loader.service.daemon.workforce import HUNG_FILE_ATTEMPTS, MAX_FILE_ATTEMPTS, WorkerPool
 from loader.service.shm.file_layout import FileChangedError
@@ -55,8 +55,6 @@ log = logging.getLogger("loader.daemon")
 
 POLL_INTERVAL_S = 0.05
 HOUSEKEEPING_INTERVAL_S = 0.1
-# The ranks a status row names as its epoch waits for them (``waiting_for_ranks``), as the log's line does.
-STATUS_RANKS = 8
 MAX_DRAIN_MESSAGES = 64  # per socket per loop turn, so one busy socket cannot starve the other
 # ... and control messages stop for the turn once they took this long: a message may cost the loop O(files) (an
 # EPOCH makes a stream of every lease), and 64 of them from one client held worker data unread for seconds, so
@@ -89,13 +87,18 @@ def _sources(config: Any) -> dict[str, str]:
 
 
 def check_service(config: Any) -> None:
-    """What the daemon refuses of ``config.service`` before it binds (for ``loader check``): a bind beyond
-    loopback without authentication (unless ``insecure``), and key files it cannot read."""
+    """What the daemon refuses of ``config.service`` at start (for ``loader check``): a bind beyond loopback
+    without authentication (unless ``insecure``), key files it cannot read, and metrics without their package."""
     service = config.service
     if service.authenticated:
         _server_keys(service, _sources(config))
     else:
         _refuse_unauthenticated(service, _sources(config))
+    if service.metrics:
+        try:
+            require_prometheus_client()
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} ({_source(config, 'service.metrics')})") from None
 
 
 def _server_keys(service: ServiceConfig, sources: Mapping[str, str]) -> auth.CurveServer:
@@ -660,7 +663,7 @@ class Daemon:
                     "epoch_waiting": s.parked_epoch.epoch if s.parked_epoch is not None else None,
                     # Ranks of its job that never asked for the epoch it reads, which its batches wait for ("-").
                     "waiting_for_ranks": (
-                        self.stage.missing_ranks(s.current, STATUS_RANKS) if s.current is not None else []
+                        self.stage.missing_ranks(s.current, SHOWN_RANKS) if s.current is not None else []
                     )
                     or None,
                 }

@@ -69,6 +69,7 @@ MIN_STALL_TIMEOUT_S = 30.0
 # A stream whose steps wait for ranks that never asked for it says so in the log after this long, once: the
 # stall's error comes only after the stall timeout (360 s by default), and a forgotten rank looked like a hang.
 RANKS_NOTE_S = 10.0
+SHOWN_RANKS = 8  # the ranks a line (and a status row) names of those a stream waits for
 # Bytes of a stream's rows held for reordering (later files waiting for the head): ``service.reorder_window_mib``.
 DEFAULT_REORDER_BYTES = 64 * 1024 * 1024
 DEFAULT_STREAM_BUFFER_BYTES = 4096 * 1024 * 1024  # service.stream_buffer_mib
@@ -914,7 +915,7 @@ def _first_line(text: str, limit: int) -> str:
 
 
 def _ranks(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
+    return ", ".join(map(str, ranks[:SHOWN_RANKS])) + (", ..." if len(ranks) > SHOWN_RANKS else "")
 
 
 def _read_another(session: Session, stream: Stream) -> bool:

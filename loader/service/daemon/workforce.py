@@ -190,11 +190,9 @@ class WorkerPool:
                 continue
             record.slow_noted = record.progress_at
             job = next(iter(record.leases.values()))  # the first granted: the one it reads
-            where = ""
             # The record its heartbeats name, but not in a lease of several files (numbered across the group).
-            grouped = "more" in self._lease_fields(job.file_index)
-            if record.at is not None and record.at[0] == job.lease_id and not grouped:
-                where = f", at record {self._file_record(job.file_index, record.at[1])}"
+            at = None if self._grouped(job) else self._heard_record(record, job)
+            where = f", at record {at}" if at is not None else ""
             log.warning(
                 "worker %s has sent nothing from file %s for %.0f s%s: a slow or blocked mapper or reader? It is "
                 "stopped, and the file read again, after %g s without progress (workers.progress_timeout_s)",
@@ -286,9 +284,7 @@ class WorkerPool:
             at = self._next_record(job.stream_id, job.file_index)
             since = f", nothing arrived from record {at} on" if at is not None else ""
             # Where the last of them was stuck, as its heartbeats said: the record to look at.
-            stuck = (
-                self._file_record(job.file_index, record.at[1]) if record.at and record.at[0] == job.lease_id else None
-            )
+            stuck = self._heard_record(record, job)
             on = f"; the last was on record {stuck}" if stuck is not None else ""
             others = losses.deaths - losses.hung
             row = " in a row" if not others else f" ({others} more died on it)"
@@ -299,9 +295,8 @@ class WorkerPool:
             )
             # In a lease of several files the record is the group's (the note says how they are numbered), not one of
             # ``path``'s: the error's record field stays None rather than name a record the file may not have.
-            grouped = "more" in self._lease_fields(job.file_index)
             return WorkerError(
-                "WorkerDiedError", message, worker=worker, file=path, record=None if grouped else stuck
+                "WorkerDiedError", message, worker=worker, file=path, record=None if self._grouped(job) else stuck
             ).to_dict()
         if how == UNREADABLE:
             message = (
@@ -318,6 +313,17 @@ class WorkerPool:
         else:
             return WorkerDiedError(f"worker {worker}", exitcode, worker=worker, file=path).to_dict()
         return WorkerError("WorkerDiedError", message, worker=worker, file=path).to_dict()
+
+    def _heard_record(self, record: WorkerRecord, job: Job) -> int | None:
+        """The record of ``job``'s lease that ``record``'s last heartbeat said it was reading, numbered in its file
+        (in a lease group: across the group), or None when its heartbeats named none of this lease."""
+        if record.at is None or record.at[0] != job.lease_id:
+            return None
+        return self._file_record(job.file_index, record.at[1])
+
+    def _grouped(self, job: Job) -> bool:
+        """Whether ``job``'s lease holds several files (``source.files_per_lease``)."""
+        return "more" in self._lease_fields(job.file_index)
 
     def _note_start(self, record: WorkerRecord, early: bool, exitcode: int | None, goodbye: str | None) -> None:
         """Count deaths (and goodbyes: ``goodbye`` is why it left) before a first file; fail the waiting epochs
