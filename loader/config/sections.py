@@ -355,6 +355,23 @@ _SECTIONS: dict[str, type] = {
 }
 
 
+def _refuse_assignment(section: str | None) -> Any:
+    """A frozen config's ``__setattr__`` whose error shows the way to a changed copy: dataclasses' own says
+    only "cannot assign to field 'count'", and a new user's next guess is to build the config again by hand."""
+
+    def refuse(self: Any, name: str, value: Any) -> None:
+        if section is not None:
+            dotted = f"{section}.{name}"
+        else:
+            dotted = f"{name}.KEY" if name in _SECTIONS else name
+        raise dataclasses.FrozenInstanceError(
+            f"cannot assign to field {name!r}: a config is read-only; make a changed copy with "
+            f"config.override({{{dotted!r}: value}})"
+        )
+
+    return refuse
+
+
 @dataclass(frozen=True)
 class LoaderConfig:
     """A whole service config; build it with ``load_config`` or ``from_dict``."""
@@ -558,6 +575,11 @@ class LoaderConfig:
         parser = self.source.file_reader_options().get("parser")
         if parser is not None:
             _callable("source.format_options.parser", parser)
+
+
+for _name, _section_cls in _SECTIONS.items():
+    _section_cls.__setattr__ = _refuse_assignment(_name)  # type: ignore[method-assign]
+LoaderConfig.__setattr__ = _refuse_assignment(None)  # type: ignore[method-assign]
 
 
 def _callable(what: str, obj: Any) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from loader.cli import main
 from loader.errors import ConfigError, ServiceUnavailableError
+from loader.service.client import ask
 from loader.service.client.ask import query_status
 from loader.service.client.checkpoint import TORCH_READER_KEY, Place, place_of
 from tests.helpers import free_port
@@ -82,6 +83,18 @@ def test_no_answer_where_nothing_listens_says_nothing_of_oversized_answers(tmp_p
     line = str(info.value)
     assert line.startswith(f"no loader daemon answered at {address} within 0.3s (is `loader serve` running"), line
     assert "MiB" not in line and "dropped unread" not in line, line
+
+
+def test_the_probe_looks_up_no_host_name_and_tries_localhost(monkeypatch) -> None:
+    port = free_port()
+    assert ask._nothing_listens(f"tcp://localhost:{port}")  # /etc/hosts, no resolver: probed
+    assert ask._nothing_listens(f"tcp://127.0.0.1:{port}")
+
+    def no_lookup(*args, **kwargs):
+        raise AssertionError(f"looked up {args[0]!r}: a broken resolver would hold the error line for seconds")
+
+    monkeypatch.setattr(ask.socket, "create_connection", no_lookup)
+    assert ask._nothing_listens(f"tcp://daemon.example:{port}") is False  # cannot tell: the size clause stays
 
 
 # -- D: gen-data over an earlier run's files ------------------------------------------------------------------------

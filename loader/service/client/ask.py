@@ -104,13 +104,17 @@ def _size_note(address: str) -> str:
 
 def _nothing_listens(address: str) -> bool:
     """Whether a plain connection to ``address`` is refused: a TCP port no process listens on, an ``ipc://`` path
-    with no socket. False where one connects or the probe cannot tell (a timeout, a name that does not resolve,
-    an abstract socket or another scheme)."""
+    with no socket. False where one connects or the probe cannot tell (a timeout, a host name other than
+    ``localhost``, an abstract socket or another scheme): a name is not looked up, since a lookup has no timeout
+    of its own and a broken resolver holds it for many seconds after the query's own timeout ran out."""
     scheme, _, rest = address.partition("://")
     try:
         if scheme == "tcp":
             host, _, port = rest.rpartition(":")
-            socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT_S).close()
+            host = host.strip("[]")
+            if host != "localhost":
+                socket.getaddrinfo(host, int(port), flags=socket.AI_NUMERICHOST)  # gaierror for a name
+            socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
         elif scheme == "ipc" and not rest.startswith("@"):
             with socket.socket(socket.AF_UNIX) as probe:
                 probe.settimeout(PROBE_TIMEOUT_S)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import glob
 import json
 import os
+import pickle
 import re
 import sys
 
@@ -178,8 +180,16 @@ def test_values_are_normalized_and_frozen() -> None:
     assert config.source.files == (os.path.join(os.getcwd(), "data/*.npy"),)
     assert config.source.fields == ("x", "y") and config.pipeline.mappers == ("os.path:basename",)
     assert isinstance(config.workers.heartbeat_interval_s, float)
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(dataclasses.FrozenInstanceError) as info:
         config.workers.count = 3  # type: ignore[misc]
+    hint = "a config is read-only; make a changed copy with config.override({'workers.count': value})"
+    assert str(info.value) == f"cannot assign to field 'count': {hint}"
+    assert config.override({"workers.count": 3}).workers.count == 3  # the way the error shows
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"config.override\(\{'pipeline.KEY': value\}\)"):
+        config.pipeline = config.pipeline  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"config.override\(\{'import_path': value\}\)"):
+        config.import_path = ()  # type: ignore[misc]
+    assert copy.deepcopy(config) == config and pickle.loads(pickle.dumps(config)) == config
 
 
 def test_relative_paths_resolve_against_the_config_file(tmp_path) -> None:
