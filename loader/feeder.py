@@ -52,6 +52,7 @@ from here and from ``loader``.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -59,6 +60,9 @@ from typing import Any
 from loader.device import Placer, device_count, place_name
 from loader.fields import Field, FieldConverter, as_field, declared_field, program_field
 from loader.lod_tensor import LoDTensor
+
+log = logging.getLogger(__name__)
+_CPU_NUM_WARNED = False  # the CPU_NUM warning is given once a process, as Paddle's
 
 
 def resolve_field(entry: Any, program: Any) -> Field:
@@ -155,7 +159,18 @@ class DataFeeder:
         if self.placer.is_cuda:
             return device_count(self.placer)
         env = os.environ.get("CPU_NUM")
-        return int(env) if env and env.isdigit() and int(env) > 0 else (os.cpu_count() or 1)
+        if env and env.isdigit() and int(env) > 0:
+            return int(env)
+        # Paddle's cpu_places(): one place when CPU_NUM is unset (with a warning). The core count grouped a
+        # short epoch's batches into groups it then dropped: 3 batches on a 4-core host fed nothing.
+        global _CPU_NUM_WARNED
+        if not _CPU_NUM_WARNED:
+            _CPU_NUM_WARNED = True
+            log.warning(
+                "CPU_NUM is %s: feeding one CPU place, as Paddle does; set CPU_NUM=N (or pass num_places) for N",
+                "not set" if env is None else f"{env!r}, not a positive whole number",
+            )
+        return 1
 
     def _placer_for(self, index: int) -> Placer:
         if not self.placer.is_cuda:

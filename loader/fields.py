@@ -123,8 +123,10 @@ class FieldConverter:
                 leaves.append(item)
         try:
             array = np.asarray(leaves, dtype=self.dtype)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise DataError(f"field {self.field.name!r}: values cannot be converted to {self.dtype}: {exc}") from None
+        if self._became_nan(array) and any(leaf is None for leaf in leaves):
+            raise DataError(f"field {self.field.name!r}: a value is None, which {self.dtype} would hold as NaN")
         shape = self.field.shape
         if sum(d < 0 for d in shape) > 1 or array.ndim == len(shape):
             return array  # as Paddle: several free dimensions mean no reshape
@@ -163,8 +165,10 @@ class FieldConverter:
         else:
             try:
                 array = np.asarray(items, dtype=self.dtype)
-            except (ValueError, TypeError):
+            except (ValueError, TypeError, OverflowError):  # 256 for uint8, 2**63 for int64: OverflowError
                 return self._stack_one_by_one(items, lengths)
+            if self._became_nan(array):
+                self._refuse_none(items, lengths)
         target = _reshape_target(array.shape[1:], self.element) if array.ndim >= 1 else None
         if target is None:
             if len(items) == 0:
@@ -178,11 +182,13 @@ class FieldConverter:
         for i, item in enumerate(items):
             try:
                 row = np.asarray(item, dtype=self.dtype)
-            except (ValueError, TypeError) as exc:
+            except (ValueError, TypeError, OverflowError) as exc:
                 raise DataError(
                     f"field {self.field.name!r}: {self._where(i, lengths)} cannot be converted to "
                     f"{self.dtype} with shape {self.element}: {exc}"
                 ) from None
+            if self._became_nan(row):
+                self._refuse_none([item], lengths, first=i)
             target = _reshape_target(row.shape, self.element)
             if target is None:
                 raise ShapeMismatchError(
@@ -201,6 +207,21 @@ class FieldConverter:
                 f"every sample, received {rows[bad].shape} in {self._where(bad, lengths)} after {first}"
             ) from None
 
+    def _became_nan(self, array: np.ndarray) -> bool:
+        """Whether a float or complex ``array`` holds a NaN: numpy turns None into NaN there without a word, so
+        only then are the values looked through for a None (a NaN of the data itself costs that look only)."""
+        return self.dtype.kind in "fc" and bool(np.isnan(array).any())
+
+    def _refuse_none(self, items: Sequence[Any], lengths: list[list[int]] | None, first: int = 0) -> None:
+        """``DataError`` naming the first of ``items`` that is or holds a None; nothing when none does."""
+        for i, item in enumerate(items, start=first):
+            if _holds_none(item):
+                what = "is None" if item is None else "holds a None"
+                raise DataError(
+                    f"field {self.field.name!r}: {self._where(i, lengths)} {what}, which {self.dtype} would hold "
+                    f"as NaN; expected shape {_describe(self.element)}"
+                )
+
     @staticmethod
     def _where(index: int, lengths: list[list[int]] | None) -> str:
         """'sample i', or for flattened sequence data 'element j of sample i'."""
@@ -211,6 +232,20 @@ class FieldConverter:
             offsets = np.cumsum(level)
             owner = int(np.searchsorted(offsets, owner, side="right"))
         return f"element {index} of the flattened data (sample {owner})"
+
+
+def _holds_none(value: Any) -> bool:
+    """Whether ``value`` is None or a list, tuple or object array with a None anywhere inside."""
+    pending = [value]
+    while pending:  # without recursion: nesting is the user's
+        item = pending.pop()
+        if item is None:
+            return True
+        if isinstance(item, (list, tuple)):
+            pending.extend(item)
+        elif isinstance(item, np.ndarray) and item.dtype == object:
+            pending.extend(item.ravel().tolist())
+    return False
 
 
 # Fluid's VarType names (``VarType.FP32``, ``paddle.float32``) -> numpy dtype names.

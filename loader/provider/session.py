@@ -15,6 +15,7 @@ from loader.provider.batching import assemble
 from loader.provider.check import InvalidSample, check_sample, normalize
 from loader.provider.settings import ProviderLike, Settings
 from loader.provider.types import CacheType, DataType, SequenceType
+from loader.reader._util import forked_pass
 
 # Shuffle granularity when min_pool_size and pool_size are both -1. The original then pooled the whole data
 # set before the first batch (PaddlePaddle issue #4030: memory grew with the data); a fixed default keeps memory bounded.
@@ -111,7 +112,10 @@ class ProviderSession:
             # Only one pass at a time fills the cache; a pass started meanwhile just reads.
             filling = self.settings.cache == CacheType.CACHE_PASS_IN_MEM and cached is None and not self._cache_filling
             self._cache_filling = self._cache_filling or filling
-        rng = random.Random(f"{self.seed}:{epoch}") if self.seed is not None else random.Random()
+        # In a multiprocess_reader child the session is a fresh copy every pass: forked_pass() counts the passes
+        # the parent made, so pass k of the merged reader shuffles as the k-th call (as loader.shuffle does).
+        seeded_pass = epoch + forked_pass()
+        rng = random.Random(f"{self.seed}:{seeded_pass}") if self.seed is not None else random.Random()
         if cached is not None:
             yield from self._from_cache(cached, rng)
             return

@@ -23,8 +23,12 @@ Failures: an exception in a child arrives as ``MultiprocessReaderError``, both
 a ``WorkerError`` (type name, message, traceback text) and a ``ValueError``
 (what the original raised, so code catching that still does); a child that dies without a word (killed,
 ``os._exit``) shows as end-of-file on its pipe and is raised as
-``WorkerDiedError`` with its exit code. The children are stopped on every exit
-path of the consumer's generator (end, error, ``break``, ``close()``, GC).
+``WorkerDiedError`` with its exit code. A child's death is also seen by its process
+sentinel, so it is found even when another process forked meanwhile holds a copy of
+the child's write end (a ``multiprocess_reader`` on another thread: forks here
+are serialised so they do not, but other code may fork too). The children are
+stopped on every exit path of the consumer's generator (end, error, ``break``,
+``close()``, GC); those that said goodbye share one grace period to exit.
 
 A ``None`` sample is delivered like any other: the original refused it
 (``ValueError("sample has None")``) only because ``None`` was its end marker.
@@ -33,10 +37,13 @@ A ``None`` sample is delivered like any other: the original refused it
 from __future__ import annotations
 
 import itertools
+import logging
 import multiprocessing.connection
 import os
 import pickle
 import sys
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -47,6 +54,13 @@ from loader.runtime.processes import PROCESS_JOIN_TIMEOUT_S, context, start_proc
 from loader.runtime.threads import POLL_INTERVAL_S  # idle wait between checks; also the child's credit poll
 
 TURN_PATIENCE_S = 1.0  # how long a reader may keep its round-robin turn waiting
+
+log = logging.getLogger(__name__)
+
+# Held from a child's Pipe() to the close of the parent's copy of its write end: a fork on another thread in
+# between (another multiprocess_reader's child) would take a copy of that write end along, and the child's death
+# would then never read as end-of-file here. Reset in every child, which may start readers of its own.
+_FORK_LOCK = threading.Lock()
 
 _SAMPLE = b"s"
 _PICKLED = b"p"  # a sample the codec cannot encode, pickled by the user's own child process
@@ -76,6 +90,8 @@ def _send_credit_wait(credits: Any, parent_pid: int) -> None:
 
 def _child_main(reader: Reader, conn: Any, inherited: list[Any], credits: Any, name: str, number: int) -> None:
     """Body of one child, for pass ``number``: send every sample of ``reader()``, then an end (or error) message."""
+    global _FORK_LOCK
+    _FORK_LOCK = threading.Lock()  # forked while the parent held it: this copy would stay locked for good
     for other in inherited:
         other.close()  # read ends copied by fork; holding them would hide a dead parent
     enter_forked_pass(number)  # a seeded shuffle in here shuffles each pass anew (_util.forked_pass)
@@ -121,20 +137,25 @@ class _Children:
             raise
 
     def _start(self, ctx: Any, index: int, reader: Reader) -> None:
-        read_end, write_end = ctx.Pipe(duplex=False)
-        self._conns.append(read_end)
-        try:
-            args = (reader, write_end, list(self._conns), self._credits, self._names[index], self._number)
-            self._procs.append(start_process(_child_main, args, name=self._names[index], method="fork"))
-        finally:
-            # Only the child may hold the write end, so its death reads as end-of-file here.
-            write_end.close()
+        with _FORK_LOCK:
+            read_end, write_end = ctx.Pipe(duplex=False)
+            self._conns.append(read_end)
+            try:
+                args = (reader, write_end, list(self._conns), self._credits, self._names[index], self._number)
+                self._procs.append(start_process(_child_main, args, name=self._names[index], method="fork"))
+            finally:
+                # Only the child may hold the write end, so its death reads as end-of-file here.
+                write_end.close()
         self.active.append(index)
 
     def receive(self, index: int) -> tuple[bool, Any]:
-        """Read one message from child ``index``: ``(True, sample)`` or ``(False, None)`` at its end."""
+        """Read one message from child ``index``, which ``ready`` named: ``(True, sample)`` or ``(False, None)``
+        at its end. ``WorkerDiedError`` when its pipe is at end-of-file, or empty with its process gone."""
+        conn = self._conns[index]
+        if not conn.poll(0):  # woken by the sentinel alone: the process exited and sent nothing more
+            raise self._died(index)
         try:
-            message = self._conns[index].recv_bytes()
+            message = conn.recv_bytes()
         except (EOFError, OSError):
             raise self._died(index) from None
         tag, body = message[:1], memoryview(message)[1:]
@@ -154,23 +175,41 @@ class _Children:
         proc.join(timeout=PROCESS_JOIN_TIMEOUT_S)
         return WorkerDiedError(self._names[index], proc.exitcode, worker=self._names[index])
 
-    def conn(self, index: int) -> Any:
-        return self._conns[index]
-
-    def wait_any(self, indices: list[int], timeout: float) -> list[int]:
-        """The children among ``indices`` with a message (or end-of-file) ready, in list order."""
-        ready = set(multiprocessing.connection.wait([self._conns[i] for i in indices], timeout=timeout))
-        return [i for i in indices if self._conns[i] in ready]
+    def ready(self, indices: list[int], timeout: float) -> list[int]:
+        """The children among ``indices`` with a message or end-of-file to read, or whose process has exited,
+        in list order (a process's sentinel: its pipe alone says nothing while a copy of its write end lives
+        on in a process another thread forked)."""
+        flowing = [i for i in indices if self._conns[i].poll(0)]
+        if flowing:  # the common case while samples flow: no wait, no selector built
+            return flowing
+        owners: dict[Any, int] = {}
+        for i in indices:
+            owners[self._conns[i]] = i
+            owners[self._procs[i].sentinel] = i
+        woken = {owners[w] for w in multiprocessing.connection.wait(list(owners), timeout=timeout)}
+        return [i for i in indices if i in woken]
 
     def close(self) -> None:
-        """Close the pipes (a child blocked on send then fails) and stop every process."""
+        """Close the pipes (a child blocked on send then fails) and stop every process: at once those still
+        sending, the others after one grace period for them all (``PROCESS_JOIN_TIMEOUT_S``)."""
         for conn in self._conns:
             conn.close()
+        finished = []
         for index, proc in enumerate(self._procs):
-            if index not in self.active:
-                stop_process(proc)  # it said goodbye; it is exiting by itself
-            else:
+            if index in self.active:
                 terminate_now(proc)
+            else:
+                finished.append((index, proc))
+        deadline = time.monotonic() + PROCESS_JOIN_TIMEOUT_S
+        for index, proc in finished:  # each said goodbye and is exiting by itself, unless something holds it
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                log.warning(
+                    "%s sent all its samples but had not exited %gs later (a thread that is not a daemon?); stopped",
+                    self._names[index],
+                    PROCESS_JOIN_TIMEOUT_S,
+                )
+            stop_process(proc, join_timeout_s=0.0)
         self._procs.clear()
 
 
@@ -180,7 +219,7 @@ def _round_robin(children: _Children) -> Iterator[Any]:
         progressed = False
         for index in list(children.active):
             patience = 0.0 if index in lagging else TURN_PATIENCE_S
-            if not children.conn(index).poll(patience):
+            if not children.ready([index], patience):
                 lagging.add(index)
                 continue
             lagging.discard(index)
@@ -189,12 +228,12 @@ def _round_robin(children: _Children) -> Iterator[Any]:
             if got:
                 yield sample
         if not progressed and children.active:
-            children.wait_any(children.active, POLL_INTERVAL_S)
+            children.ready(children.active, POLL_INTERVAL_S)
 
 
 def _as_ready(children: _Children) -> Iterator[Any]:
     while children.active:
-        for index in children.wait_any(children.active, POLL_INTERVAL_S):
+        for index in children.ready(children.active, POLL_INTERVAL_S):
             got, sample = children.receive(index)
             if got:
                 yield sample

@@ -42,6 +42,32 @@ def test_a_wrong_size_names_field_expected_and_received_shape():
         feeder.feed([([0] * 783, [9]), ([1] * 783, [1])])
 
 
+@pytest.mark.parametrize(
+    ("dtype", "value", "says"),
+    [("int64", 2**64, "too large"), ("uint8", 256, "out of bounds"), ("uint8", -1, "out of bounds")],
+)
+def test_an_integer_out_of_its_dtypes_range_names_the_field_and_sample(dtype, value, says):
+    feeder = DataFeeder([Field("x", [-1, 2]), Field("y", [-1, 1], dtype)])
+    with pytest.raises(DataError, match=rf"field 'y': sample 1 cannot be converted to {dtype} .*{says}"):
+        feeder.feed([([0.0, 1.0], [1]), ([0.0, 1.0], [value])])
+
+
+def test_a_none_is_named_not_turned_into_nan():
+    feeder = DataFeeder([Field("x", [-1, 3]), Field("s", [-1], "float32")])
+    for batch, where, what in [
+        ([([1, 2, 3], 1.0), (None, 2.0)], "'x': sample 1", "is None"),
+        ([([1, 2, 3], 1.0), ([1, None, 3], 2.0)], "'x': sample 1", "holds a None"),
+        ([([1, 2, 3], 1.0), ([1, 2, 3], None)], "'s': sample 1", "is None"),
+        ([(np.array([1, None, 3], dtype=object), 1.0)], "'x': sample 0", "holds a None"),
+    ]:
+        with pytest.raises(DataError, match=rf"field {where} {what}, which float32 would hold as NaN"):
+            feeder.feed(batch)
+    out = feeder.feed([([1, float("nan"), 3], float("nan"))])  # the data's own NaNs stay
+    assert np.isnan(out["x"][0, 1]) and np.isnan(out["s"][0])
+    with pytest.raises(DataError, match=r"field 'f': a value is None, which float32 would hold as NaN"):
+        DataFeeder([Field("f", [-1, 2], flatten=True)]).feed([([1.0, None],)])
+
+
 def test_same_rank_mismatch_is_an_error_unlike_the_original():
     feeder = DataFeeder([Field("x", [-1, 3])])
     with pytest.raises(ShapeMismatchError, match=r"field 'x': expected shape \(3,\).*received shape \(2,\)"):
@@ -160,6 +186,24 @@ def test_feed_parallel_default_places_from_cpu_num(monkeypatch):
     monkeypatch.setenv("CPU_NUM", "2")
     outs = _mnist_feeder().feed_parallel([[([0] * 784, [0])]] * 2)
     assert len(outs) == 2
+
+
+def test_without_cpu_num_there_is_one_cpu_place_as_in_paddle(monkeypatch, caplog):
+    monkeypatch.delenv("CPU_NUM", raising=False)
+    monkeypatch.setattr("loader.feeder._CPU_NUM_WARNED", False)
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    feeder = _mnist_feeder()
+
+    def three_batches():
+        for i in range(3):
+            yield [([i] * 784, [i])]
+
+    with caplog.at_level("WARNING", logger="loader.feeder"):
+        groups = list(feeder.decorate_reader(three_batches, multi_devices=True)())
+        assert len(feeder.feed_parallel([[([0] * 784, [0])]])) == 1
+    assert [len(g) for g in groups] == [1, 1, 1]  # every batch fed (4 places dropped them all)
+    (warning,) = [r.getMessage() for r in caplog.records]  # once a process
+    assert warning.startswith("CPU_NUM is not set: feeding one CPU place, as Paddle does"), warning
 
 
 def test_decorate_reader_single_and_multi_devices():

@@ -10,6 +10,7 @@ import pytest
 
 from loader.errors import DataError
 from loader.provider import DEFAULT_MAX_OPEN_FILES, dense_vector, integer_value, provider
+from loader.reader import multiprocess_reader
 from tests.helpers import Boom
 from tests.unit.provider import fixtures as fx
 
@@ -90,6 +91,16 @@ def test_seeded_shuffle_is_reproducible_and_fresh_without_seed():
     unseeded = fx.numbered.reader(files, is_train=True)
     assert _ids(unseeded) != _ids(unseeded)
     assert sorted(a) == sorted(f * 1000 + i for f in range(20) for i in range(10))
+
+
+def test_a_seeded_provider_in_a_multiprocess_reader_child_shuffles_each_pass_anew():
+    files = _files(6)
+    here = fx.numbered.reader(files, is_train=True, seed=9)
+    expected = [_ids(here) for _ in range(3)]  # passes 0, 1, 2 in this process
+    merged = multiprocess_reader([fx.numbered.reader(files, is_train=True, seed=9)])
+    # Each pass forks a fresh copy of the provider's session: pass k of the merged reader is pass k.
+    assert [_ids(merged) for _ in range(3)] == expected
+    assert expected[0] != expected[1] != expected[2]
 
 
 def test_should_shuffle_defaults_to_is_train_and_strings_are_normalised():

@@ -7,6 +7,7 @@ import dataclasses
 import multiprocessing
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 
 from loader import reader
 from loader.errors import WorkerDiedError, WorkerError
+from loader.reader import multiprocess
 from tests.helpers import ListReader, RangeReader, child_pids, exit_with, hang_forever, open_fd_count, raise_on
 
 MODES = [pytest.param(True, id="pipe"), pytest.param(False, id="queue")]
@@ -106,11 +108,106 @@ class KillSelf:
         yield 2
 
 
+class DieAtOnce:
+    def __call__(self):
+        os.kill(os.getpid(), signal.SIGKILL)
+        yield 1
+
+
 @pytest.mark.parametrize("use_pipe", MODES)
 def test_killed_child_is_reported(use_pipe, no_leaks):
     with pytest.raises(WorkerDiedError) as info:
         list(reader.multiprocess_reader([KillSelf()], use_pipe)())
     assert info.value.exitcode == -signal.SIGKILL
+
+
+def _bounded(run, seconds: float = 10.0):
+    """``run()``'s exception, from a thread given ``seconds``: a hang fails the test instead of stopping it."""
+    outcome: list[BaseException | None] = []
+
+    def body():
+        try:
+            run()
+            outcome.append(None)
+        except BaseException as exc:  # handed to the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still running after {seconds:g}s"
+    return outcome[0]
+
+
+@pytest.mark.parametrize("use_pipe", MODES)
+def test_a_killed_child_is_found_while_another_process_holds_a_copy_of_its_pipe(use_pipe, monkeypatch):
+    # Some other code forks (on another thread) between the child's Pipe() and the parent's close of its write
+    # end: that process's copy kept the pipe open, no end-of-file came, and the reader hung until it exited.
+    holders = []
+    started = multiprocess.start_process
+
+    def start_then_fork_elsewhere(*args, **kwargs):
+        proc = started(*args, **kwargs)
+        holder = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,), daemon=True)
+        holder.start()
+        holders.append(holder)
+        return proc
+
+    monkeypatch.setattr(multiprocess, "start_process", start_then_fork_elsewhere)
+    try:
+        error = _bounded(lambda: list(reader.multiprocess_reader([KillSelf()], use_pipe)()))
+        assert isinstance(error, WorkerDiedError) and error.exitcode == -signal.SIGKILL, error
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.join(5)
+
+
+def test_a_killed_child_is_found_while_another_reader_forks_on_another_thread(no_leaks):
+    # The reviewer's case: a train reader and an eval reader, each iterated on its own thread.
+    other = reader.multiprocess_reader([RangeReader(10_000_000)], use_pipe=True)
+    stop = threading.Event()
+    held = []  # the other reader's passes stay open: their children live on, with what they copied
+
+    def fork_often():
+        while not stop.is_set() and len(held) < 150:
+            it = other()
+            next(it)
+            held.append(it)
+
+    forker = threading.Thread(target=fork_often, daemon=True)
+    forker.start()
+    try:
+        killed = reader.multiprocess_reader([DieAtOnce()], use_pipe=True)
+        for _ in range(15):
+            assert isinstance(_bounded(lambda: list(killed())), WorkerDiedError)
+    finally:
+        stop.set()
+        forker.join(30)
+        for it in held:
+            it.close()
+
+
+def _linger_then_count(n):
+    def lingering():
+        threading.Thread(target=time.sleep, args=(30,)).start()  # not a daemon: the child cannot exit
+        yield from range(n)
+
+    return lingering
+
+
+@pytest.mark.parametrize("use_pipe", MODES)
+def test_children_that_cannot_exit_share_one_grace_period(use_pipe, monkeypatch, caplog, no_leaks):
+    monkeypatch.setattr(multiprocess, "PROCESS_JOIN_TIMEOUT_S", 1.0)
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="loader.reader.multiprocess"):
+        got = list(reader.multiprocess_reader([_linger_then_count(3) for _ in range(6)], use_pipe)())
+    took = time.monotonic() - started
+    assert sorted(got) == sorted(list(range(3)) * 6)
+    assert took < 4.0, f"{took:.1f}s: a grace period each (6 x 1 s) instead of one for all"
+    stopped = sorted(r.getMessage().split(" ")[0] for r in caplog.records)
+    assert stopped == [f"multiprocess_reader[{i}]" for i in range(6)]
+    assert "sent all its samples but had not exited 1s later" in caplog.records[0].getMessage()
 
 
 @pytest.mark.parametrize("use_pipe", MODES)
