@@ -328,6 +328,10 @@ class FileJob:
                     check.restart(builder.fields)
                     if not builder.fits(mapped) and not self._flush(builder, done):
                         return None
+                elif builder.fields is None and source.fields is not None:
+                    # Names the first good record gave, after a damaged first record (FileSource._after_read).
+                    builder.fields = list(source.fields)
+                    check.restart(builder.fields)
                 try:
                     builder.add(record, mapped, check(mapped))  # the parts the check made: one split a sample
                 except Exception as exc:

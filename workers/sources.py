@@ -62,6 +62,8 @@ class FileSource:
         self._reader: Any = None
         self._samples: Any = None
         self._names_pending = False  # source.fields still to be checked against names the first record gives
+        self._names_later = False  # no source.fields, and a damaged first record: names from the first good one
+        self._failed_first: Exception | None = None  # that first record's failure, for the first read to raise
         if self.source.provider is not None:
             process = self.source.resolve_provider()
             if not callable(getattr(process, "open", None)):
@@ -74,13 +76,30 @@ class FileSource:
         else:
             self._reader = _open_file_reader(path, self.source)
             if self.fields is None:
-                self.fields = list(self._reader.slot_names)
+                self.fields = names_known(self._reader) or self._first_record_names()
             else:
                 known = names_known(self._reader)
                 refuse_shuffled_names(path, self.fields, known)
                 # A format whose records carry the names (RecordIO dicts) learns them at its first record, which
                 # is not read here (a damaged one would fail the whole file): checked after that read instead.
                 self._names_pending = not known
+
+    def _first_record_names(self) -> list[str] | None:
+        """The slot names a format learns from its first record (RecordIO, text lines), read for them here. A
+        damaged first record is not a file that cannot be opened: its failure is raised at the first read,
+        where ``on_error`` applies to it alone (under "skip" the records after it were lost with it), and the
+        names come from the first record that reads."""
+        try:
+            return list(self._reader.slot_names)
+        except Exception as exc:
+            self._failed_first = exc
+            self._names_later = True
+            return None
+
+    def _raise_failed_first(self) -> None:
+        failure, self._failed_first = self._failed_first, None
+        if failure is not None:
+            raise failure
 
     @property
     def can_read_blocks(self) -> bool:
@@ -112,12 +131,21 @@ class FileSource:
         """Samples one by one (tuples of slot arrays for file readers)."""
         if self._reader is None:
             return iter(self._samples)
-        return _reader_instances(self._reader, self._check_names)
+        return _reader_instances(self._reader, self._after_read, self._raise_failed_first)
 
     def skip(self, count: int) -> int:
         """Read past up to ``count`` records in blocks of the reader's own (views of a mapped file are never
         copied, as ``read_block``'s contiguous copies may be); the records passed, fewer at the end of the file."""
         passed = 0
+        failure = self._failed_first
+        if count > 0 and failure is not None:
+            # A damaged first record that the format stepped past is passed like any other; one it could not
+            # step past, or past more records than asked (a first chunk lost), leaves the rest unreadable here.
+            self._failed_first = None
+            lost = getattr(failure, "records_skipped", None)
+            if not isinstance(lost, int) or not 1 <= lost <= count:
+                raise failure
+            passed = lost
         while passed < count:
             arrays = self._reader.read_block(min(count - passed, SKIP_BLOCK_ROWS))
             if not arrays:
@@ -127,10 +155,11 @@ class FileSource:
 
     def read_block(self, max_rows: int) -> dict[str, np.ndarray] | None:
         """Up to ``max_rows`` samples as columns, or None at the end of the file."""
+        self._raise_failed_first()
         arrays = self._reader.read_block(max_rows)
         if not arrays:
             return None
-        self._check_names()
+        self._after_read()
         if self.fields and len(self.fields) != len(arrays):
             if not self._batch_mapped:  # the batch would name the slots "0", "1", ... (loader check refuses it too)
                 own = names_known(self._reader) or [str(i) for i in range(len(arrays))]
@@ -143,12 +172,16 @@ class FileSource:
             names = self.fields or [str(i) for i in range(len(arrays))]
         return {name: np.ascontiguousarray(a) for name, a in zip(names, arrays)}
 
-    def _check_names(self) -> None:
-        """Refuse ``source.fields`` that name the file's own slots out of place, once its first record told
-        them. Until it passes, every read refuses: renaming by position would swap the slots' data silently."""
+    def _after_read(self) -> None:
+        """After a record read: refuse ``source.fields`` that name the file's own slots out of place, once its
+        first record told them (until it passes, every read refuses: renaming by position would swap the
+        slots' data silently); or take the slot names from the first good record after a damaged first one."""
         if self._names_pending:
             refuse_shuffled_names(self.path, self.fields or [], names_known(self._reader))
             self._names_pending = False
+        if self._names_later:
+            self.fields = list(self._reader.slot_names)
+            self._names_later = False
 
     def close(self) -> None:
         close = getattr(self._reader, "close", None) or getattr(self._samples, "close", None)
@@ -238,14 +271,18 @@ class _reader_instances:
     """A reader's instances as tuples. Not a generator: after a failed read the caller may go on
     with the next record when the reader stepped past the damage (a generator would be finished)."""
 
-    def __init__(self, reader: Any, after_read: Callable[[], None]) -> None:
+    def __init__(self, reader: Any, after_read: Callable[[], None], before_first: Callable[[], None]) -> None:
         self._reader = reader
-        self._after_read = after_read  # FileSource._check_names
+        self._after_read = after_read  # FileSource._after_read
+        self._before_first: Callable[[], None] | None = before_first  # raises a damaged first record's failure
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         return self
 
     def __next__(self) -> tuple[Any, ...]:
+        if self._before_first is not None:
+            before_first, self._before_first = self._before_first, None
+            before_first()
         instance = self._reader.read_next()
         if not instance:
             raise StopIteration
@@ -271,8 +308,8 @@ class GroupSource:
 
     def __init__(self, config: Any, paths: list[str]) -> None:
         self.config, self.paths = config, list(paths)
-        # The fields of the file being read (``source.fields``, or its reader's): a new list at each file.
-        self.fields: list[str] | None = list(config.source.fields) if config.source.fields else None
+        # ``source.fields``, then the fields of the file last closed; those of the file being read are its own.
+        self._fields: list[str] | None = list(config.source.fields) if config.source.fields else None
         # Blocks need the built-in file readers (``FileSource.can_read_blocks``) for every file.
         self.can_read_blocks = config.source.provider is None and config.source.reader is None
         self.record = 0  # the group's record number of the next record read
@@ -285,6 +322,13 @@ class GroupSource:
     @property
     def path(self) -> str:
         return self.paths[max(0, len(self._firsts) - 1)]
+
+    @property
+    def fields(self) -> list[str] | None:
+        """The fields of the file being read (``source.fields``, or its reader's; known only after its first
+        good record when the first was damaged), as one file per lease names them: archives may list their
+        members in another order."""
+        return self._current.fields if self._current is not None else self._fields
 
     @property
     def files_begun(self) -> int:
@@ -393,13 +437,12 @@ class GroupSource:
             self.record += 1
             exc.records_skipped = 1  # type: ignore[attr-defined]
             raise
-        # The file's own fields, as one file per lease names them (archives may list their members in another order).
-        self.fields = self._current.fields
         return True
 
     def close(self) -> None:
         current, self._current, self._samples = self._current, None, None
         if current is not None:
+            self._fields = current.fields
             current.close()
 
 

@@ -107,3 +107,72 @@ def test_dict_records_named_in_their_own_order_read_as_before(tmp_path) -> None:
     finally:
         source.close()
     assert block is not None and list(block) == ["label", "x"] and block["label"].tolist() == [0, 1, 2, 3]
+
+
+def same(sample):
+    """A mapper that changes nothing: the file is then read sample by sample, not in blocks."""
+    return sample
+
+
+HERE = __name__
+
+
+def _damaged_first(tmp_path, kind: str):
+    """A file of ``kind`` whose first record (or chunk) is damaged and whose others hold 3.., with no
+    ``source.fields``: its names must come from its first good record, not fail the whole file at open."""
+    path = tmp_path / ("part-0.txt" if kind == "text" else "part-0.recordio")
+    if kind == "text":
+        path.write_text("a header the parser refuses\n" + "".join(f"{i} {-i}\n" for i in range(3, 9)))
+        return path, {"format": "text", "format_options": {"parser": f"{HERE}:numbers"}}, 1, ["slot0", "slot1"]
+    if kind == "chunk":
+        first = bytearray(_recordio(tmp_path / "a.recordio", [[np.array([i]), np.array([-i])] for i in range(3)]))
+        first[-3] ^= 0xFF  # the first chunk's payload: its checksum fails, the framing holds
+        path.write_bytes(
+            bytes(first) + _recordio(tmp_path / "b.recordio", [[np.array([i]), np.array([-i])] for i in range(3, 9)])
+        )
+        return path, {}, 3, ["slot0", "slot1"]
+    with Writer(str(path), Compressor.NONE) as writer:  # one chunk; record 0 is not a sample at all
+        writer.write_raw(b"\x00\x01 not a record")
+        for i in range(3, 9):
+            writer.write({"a": np.array([i]), "b": np.array([-i])})
+    return path, {}, 1, ["a", "b"]
+
+
+def _two_more(tmp_path, kind: str):
+    if kind == "text":
+        path = tmp_path / "part-1.txt"
+        path.write_text("9 -9\n10 -10\n")
+        return path
+    path = tmp_path / "part-1.recordio"
+    with Writer(str(path), Compressor.NONE) as writer:
+        for i in (9, 10):
+            pair = [np.array([i]), np.array([-i])]
+            writer.write(dict(zip("ab", pair)) if kind == "record" else pair)
+    return path
+
+
+def numbers(line: str):
+    first, second = line.split()
+    return [np.array([int(first)]), np.array([int(second)])]
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["file", "group"])
+@pytest.mark.parametrize("mapped", [False, True], ids=["blocks", "samples"])
+@pytest.mark.parametrize("kind", ["chunk", "record", "text"])
+def test_a_damaged_first_record_is_skipped_alone_without_fields(tmp_path, kind, mapped, group) -> None:
+    # Without source.fields the worker read the first record at open for the file's names: a damaged one
+    # failed the whole file as "could not be opened", one record counted and every good record lost.
+    path, source, bad, names = _damaged_first(tmp_path, kind)
+    pipeline = {"batch_size": 2, "on_error": "skip", "mappers": [f"{HERE}:same"] if mapped else []}
+    files = [str(path)]
+    if group:  # another file of the same kind after it in the lease, records 9 and 10
+        files.append(str(_two_more(tmp_path, kind)))
+    config = LoaderConfig.from_dict({"source": {"files": files, **source}, "pipeline": pipeline})
+    lease = P.Lease(lease=1, stream=1, epoch=0, file=0, path=str(path), start=0, more=files[1:] or None)
+    messages = [P.decode(frames) for frames in run_file_job(lease, config)]
+    done = messages[-1][0]
+    assert isinstance(done, P.FileDone), done
+    assert (done.sent, done.skipped) == (6 + 2 * group, bad)
+    chunks = [columns for _, columns in messages[:-1]]
+    assert all(list(columns) == names for columns in chunks), [list(c) for c in chunks]
+    assert [int(v) for columns in chunks for v in np.ravel(columns[names[0]])] == list(range(3, 9 + 2 * group))
