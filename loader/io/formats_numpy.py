@@ -42,6 +42,7 @@ import numpy as np
 
 from loader.errors import DataError, ShapeMismatchError
 from loader.io.file_reader import FileReader
+from loader.io.zip_crc import check_stored_crc
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., file name length, extra field length
 # numpy parses .npy headers with ast.literal_eval, and on CPython 3.11 (seen here on 3.11.7,
@@ -53,6 +54,7 @@ _ArraySource = Callable[[], np.ndarray]
 # Uncompressed .npz members below this are read at open instead of memory-mapped.
 SMALL_MEMBER_BYTES = 256 * 1024
 _NPY_MAGIC = b"\x93NUMPY"
+_NPY_VERSIONS = ((1, 0), (2, 0), (3, 0))  # np.save writes 3.0 for dtypes whose field names need UTF-8
 # numpy's own limit on a header's length (read_array_header's max_header_size): a longer one is refused.
 _MAX_HEADER_BYTES = 10000
 # The most bytes a file's compressed .npz members may inflate to, together. They are inflated whole into memory
@@ -165,6 +167,13 @@ class ArrayFileReader(FileReader):
         self._arrays: list[np.ndarray] | None = None
         self._length = next(iter(lengths.values()))
         self._row_nbytes = sum(math.prod(shape[1:]) * dtype.itemsize for shape, dtype in metas)
+        if self._row_nbytes == 0 and self._length > os.path.getsize(self.path):
+            # Nothing ties a count of empty rows to the file's size: 128 bytes claiming 10**12 of them made an
+            # epoch of months and a `loader check` that never ended. No real array holds more rows than bytes.
+            raise DataError(
+                f"{self.path}: its header claims {self._length:,} rows of 0 bytes each in a file of "
+                f"{os.path.getsize(self.path):,} bytes; rows that hold nothing are not a dataset"
+            )
 
     @property
     def rows(self) -> int:
@@ -261,12 +270,16 @@ NPY_MAGIC = b"\x93NUMPY"
 
 def _load_npy(path: str) -> np.ndarray:
     with open(path, "rb") as fh:  # a missing or unreadable file raises its OSError, as np.load did
-        start = fh.read(len(NPY_MAGIC))
+        start = fh.read(len(NPY_MAGIC) + 6)  # magic, version, and a header length of 2 or 4 bytes
     # np.load takes any file without the magic string for a pickle, and its advice (allow_pickle) is not ours.
     if not start:
         raise DataError(f"{path}: not a readable .npy array (the file is empty)")
-    if start != NPY_MAGIC:
+    if not start.startswith(NPY_MAGIC):
         raise DataError(f"{path}: not a readable .npy array (it does not start with the .npy magic string)")
+    length = _header_length(start[len(NPY_MAGIC) :])
+    if length is not None and length > _MAX_HEADER_BYTES:
+        # np.load reads a header of any claimed length before its own limit applies: 4 GiB raised MemoryError.
+        raise DataError(f"{path}: not a readable .npy array (a header of {length} bytes; at most {_MAX_HEADER_BYTES})")
     try:
         with _HEADER_LOCK:
             return np.load(path, mmap_mode="r", allow_pickle=False)
@@ -275,6 +288,15 @@ def _load_npy(path: str) -> np.ndarray:
         if "allow_pickle" in reason:
             reason = "it holds Python objects (an object array), which loader never unpickles"
         raise DataError(f"{path}: not a readable .npy array ({reason})") from exc
+
+
+def _header_length(after_magic: bytes) -> int | None:
+    """The header length a .npy file's version and length fields claim; None when they are cut or unknown."""
+    if len(after_magic) < 2 or (after_magic[0], after_magic[1]) not in _NPY_VERSIONS:
+        return None
+    length_format = "<H" if after_magic[0] == 1 else "<I"
+    field = after_magic[2 : 2 + struct.calcsize(length_format)]
+    return struct.unpack(length_format, field)[0] if len(field) == struct.calcsize(length_format) else None
 
 
 class NpzFileReader(ArrayFileReader):
@@ -331,14 +353,17 @@ class NpzFileReader(ArrayFileReader):
             signature, name_len, extra_len = _LOCAL_HEADER.unpack(raw.read(_LOCAL_HEADER.size))
             if signature != b"PK\x03\x04":
                 raise ValueError(f"member {info.filename!r}: bad local header")
-            offset = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len + header_len
+            payload = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len  # the member's bytes
+            offset = payload + header_len
             order: Literal["F", "C"] = "F" if fortran else "C"
             nbytes = math.prod(shape) * dtype.itemsize  # Python ints: a hostile shape cannot overflow
+            stored = (name, payload, info.compress_size, info.CRC)  # what check_stored_crc compares
             if nbytes < SMALL_MEMBER_BYTES:
                 raw.seek(offset)
                 data = raw.read(nbytes)
                 if len(data) != nbytes:
                     raise ValueError(f"member {info.filename!r}: {len(data)} of its {nbytes} bytes are in the file")
+                check_stored_crc(path, raw.fileno(), *stored)
                 array = np.frombuffer(data, dtype=dtype).reshape(shape, order=order)  # read-only, like a mapping
                 return (shape, dtype), functools.partial(_same, array)
             present = os.fstat(raw.fileno()).st_size - offset
@@ -346,9 +371,8 @@ class NpzFileReader(ArrayFileReader):
                 raise ValueError(f"member {info.filename!r}: {max(0, present)} of its {nbytes} bytes are in the file")
             if not self._mapped:
                 self._map(path)
-            return (shape, dtype), lambda: np.memmap(
-                path, dtype=dtype, mode="r", offset=offset, shape=shape, order=order
-            )
+            # The CRC is checked at the first read, not here: the daemon opens files to count their rows only.
+            return (shape, dtype), functools.partial(_mapped_member, path, stored, dtype, offset, shape, order)
         self._inflated_bytes += math.prod(shape) * dtype.itemsize
         if self._inflated_bytes > MAX_INFLATED_BYTES:
             raise DataError(
@@ -360,13 +384,27 @@ class NpzFileReader(ArrayFileReader):
         return (shape, dtype), lambda: _inflate(path, name)
 
 
+def _mapped_member(
+    path: str,
+    stored: tuple[str, int, int, int],
+    dtype: np.dtype,
+    offset: int,
+    shape: tuple[int, ...],
+    order: Literal["F", "C"],
+) -> np.ndarray:
+    """A stored member's array, memory-mapped once its bytes matched the archive's CRC-32 (once per process)."""
+    with open(path, "rb") as fh:
+        check_stored_crc(path, fh.fileno(), *stored)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order=order)
+
+
 def _read_header_bytes(member: Any, name: str) -> bytes:
     """A member's .npy magic, version, header length and header, as bytes (the key of ``_parse_header``)."""
     prefix = member.read(len(_NPY_MAGIC) + 2)
     if len(prefix) < len(_NPY_MAGIC) + 2 or not prefix.startswith(_NPY_MAGIC):
         raise ValueError(f"member {name!r}: not a .npy array (no magic string)")
     version = (prefix[-2], prefix[-1])
-    if version not in ((1, 0), (2, 0)):
+    if version not in _NPY_VERSIONS:
         raise ValueError(f"member {name!r}: unsupported .npy format version {version}")
     length_format = "<H" if version == (1, 0) else "<I"
     length_bytes = member.read(struct.calcsize(length_format))
@@ -389,6 +427,7 @@ def _parse_header(header: bytes) -> tuple[tuple[int, ...], bool, np.dtype]:
     with _HEADER_LOCK:
         if version == (1, 0):
             return np.lib.format.read_array_header_1_0(fh)
+        # 3.0 is 2.0 with a UTF-8 header (for field names beyond latin-1, of structured dtypes, which are refused).
         return np.lib.format.read_array_header_2_0(fh)
 
 

@@ -120,7 +120,7 @@ def _npy_header(fh: BinaryIO, target: str) -> tuple[int, tuple[int, ...], bool, 
     with _HEADER_LOCK:  # numpy parses headers with ast.literal_eval: one thread at a time (formats_numpy)
         if version == (1, 0):
             shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
-        elif version == (2, 0):
+        elif version in ((2, 0), (3, 0)):  # 3.0: 2.0 with a UTF-8 header (np.load reads both)
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
         else:
             raise ValueError(f"unsupported .npy format version {version}")

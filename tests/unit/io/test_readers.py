@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import zipfile
+import zlib
 
 import numpy as np
 import pytest
@@ -132,6 +133,66 @@ def test_stored_npz_members_are_memory_mapped_or_read_at_open_when_small(tmp_pat
     np.testing.assert_array_equal(small[0], np.arange(8).reshape(4, 2))
     np.testing.assert_array_equal(small[1], np.ones((4, 3)))
     assert not small[0].flags.writeable and not small[1].flags.writeable, "read-only, like a mapping"
+
+
+@pytest.mark.parametrize("mapped", [False, True], ids=["read at open", "mapped"])
+def test_a_bit_flipped_in_a_stored_npz_member_is_refused_not_served(tmp_path, mapped, monkeypatch):
+    # zipfile checks a CRC only when a member is read through it: these are read or mapped straight from the file.
+    from loader.io import formats_numpy, zip_crc
+
+    rows = formats_numpy.SMALL_MEMBER_BYTES // 64 + (1000 if mapped else -10)
+    x = np.arange(rows * 16, dtype=np.float32).reshape(rows, 16)
+    np.savez(tmp_path / "good.npz", x=x, label=np.arange(rows))
+    data = bytearray((tmp_path / "good.npz").read_bytes())
+    data[data.find(x[100].tobytes()) + 2] ^= 0x40  # one bit of row 100
+    (tmp_path / "bad.npz").write_bytes(data)
+    with pytest.raises(zipfile.BadZipFile, match="Bad CRC-32"):
+        np.load(tmp_path / "bad.npz")["x"]  # numpy's own verdict
+    with pytest.raises(DataError) as caught:
+        lio.create_file_reader(tmp_path / "bad.npz").read_block(rows)
+    assert str(caught.value).startswith(f"{tmp_path / 'bad.npz'}: member 'x.npy' of the .npz archive is damaged")
+    summed, crc32 = [], zlib.crc32
+    monkeypatch.setattr(zip_crc.zlib, "crc32", lambda block, crc: summed.append(len(block)) or crc32(block, crc))
+    for _ in range(3):  # a worker reads its files every epoch: a good member is summed once
+        np.testing.assert_array_equal(lio.create_file_reader(tmp_path / "good.npz").read_block(rows)[0], x)
+    with zipfile.ZipFile(tmp_path / "good.npz") as archive:
+        assert sum(summed) == sum(info.compress_size for info in archive.infolist())  # both members, once
+    (tmp_path / "good.npz").write_bytes((tmp_path / "good.npz").read_bytes())  # a new file (inode, mtime): again
+    summed.clear()
+    lio.create_file_reader(tmp_path / "good.npz").read_block(1)
+    assert summed
+
+
+def test_a_header_claiming_more_empty_rows_than_the_file_has_bytes_is_refused(tmp_path):
+    import struct
+
+    header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000, 0), }"
+    header += b" " * (63 - (10 + len(header)) % 64) + b"\n"
+    (tmp_path / "empty.npy").write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header)
+    assert np.load(tmp_path / "empty.npy", mmap_mode="r").shape == (10**12, 0)  # numpy takes it
+    with pytest.raises(DataError, match=r"claims 1,000,000,000,000 rows of 0 bytes each in a file of 128 bytes"):
+        lio.create_file_reader(tmp_path / "empty.npy")
+    np.savez(tmp_path / "empty.npz", a=np.zeros((10**6, 0)), b=np.zeros((10**6, 0), np.int8))
+    with pytest.raises(DataError, match=r"1,000,000 rows of 0 bytes"):
+        lio.create_file_reader(tmp_path / "empty.npz")
+    np.save(tmp_path / "few.npy", np.zeros((5, 0), np.float32))  # as many as it could be: read as before
+    assert lio.create_file_reader(tmp_path / "few.npy").read_block(8)[0].shape == (5, 0)
+
+
+def test_npy_format_3_and_a_header_length_past_numpys_limit(tmp_path):
+    import struct
+
+    values = np.arange(24, dtype=np.float32).reshape(6, 4)
+    with open(tmp_path / "v3.npy", "wb") as fh:
+        np.lib.format.write_array(fh, values, version=(3, 0))
+    np.testing.assert_array_equal(lio.create_file_reader(tmp_path / "v3.npy").read_block(6)[0], values)
+    with open(tmp_path / "v3.npy", "rb") as member, zipfile.ZipFile(tmp_path / "v3.npz", "w") as archive:
+        archive.writestr("x.npy", member.read())
+    np.testing.assert_array_equal(lio.create_file_reader(tmp_path / "v3.npz").read_block(6)[0], values)
+    # The length is refused before np.load reads it: 4 GiB of header was a MemoryError under a memory limit.
+    (tmp_path / "long.npy").write_bytes(b"\x93NUMPY\x02\x00" + struct.pack("<I", 0xFFFFFFF0) + b"{}")
+    with pytest.raises(DataError, match=r"long.npy: not a readable .npy array \(a header of 4294967280 bytes; at most"):
+        lio.create_file_reader(tmp_path / "long.npy")
 
 
 def test_npz_headers_are_parsed_once_per_distinct_header(tmp_path):

@@ -1,0 +1,52 @@
+"""The CRC-32 of a stored (uncompressed) zip member, checked against the archive's once per process.
+
+zipfile checks a member's CRC only when the member is read through it to its end. ``.npz`` members stored by
+``np.savez`` are memory-mapped or read straight from the file instead (``formats_numpy``), so a flipped bit in
+one was served as data: ``np.load`` refuses the same file ("Bad CRC-32"). Here the member's bytes are read once
+and their CRC compared; a member already found good, in a file of the same identity (size, mtime, inode,
+device), is not read again, so a worker reading the file every epoch, or in pieces, pays it once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import zlib
+
+from loader.errors import DataError
+
+BLOCK_BYTES = 8 << 20  # read and summed a block at a time: zlib.crc32 releases the GIL for each
+MAX_REMEMBERED = 65536  # members remembered as good; past it the memory starts over (they are read again)
+
+_good: set[tuple[object, ...]] = set()
+_lock = threading.Lock()
+
+
+def check_stored_crc(path: str, fd: int, member: str, start: int, size: int, expected: int) -> None:
+    """``DataError`` naming ``path`` and ``member`` unless the ``size`` bytes at ``start`` of the open file
+    ``fd`` sum to the CRC-32 ``expected`` (the archive's, ``ZipInfo.CRC``)."""
+    st = os.fstat(fd)
+    key = (path, member, start, size, expected, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+    with _lock:
+        if key in _good:
+            return
+    crc = 0
+    done = 0
+    while done < size:
+        block = os.pread(fd, min(BLOCK_BYTES, size - done), start + done)
+        if not block:
+            raise DataError(f"{path}: member {member!r} of the .npz archive is cut short ({done} of {size} bytes)")
+        crc = zlib.crc32(block, crc)
+        done += len(block)
+    if crc != expected:
+        raise DataError(
+            f"{path}: member {member!r} of the .npz archive is damaged: its bytes sum to CRC-32 {crc:#010x}, "
+            f"the archive says {expected:#010x} (np.load refuses it too); write the file again"
+        )
+    with _lock:
+        if len(_good) >= MAX_REMEMBERED:
+            _good.clear()
+        _good.add(key)
+
+
+__all__ = ["check_stored_crc", "BLOCK_BYTES"]
