@@ -133,6 +133,11 @@ def _resolve(format_name: str) -> Factory:
     return factory
 
 
+def reader_factory(format: str | None, path: str | os.PathLike[str]) -> Factory:
+    """The factory ``create_file_reader`` would call for ``path`` (``UnknownFormatError`` for none), not called."""
+    return _resolve(format if format is not None else format_for(path))
+
+
 def create_file_reader(
     path: str | os.PathLike[str],
     format: str | None = None,  # the documented name
@@ -142,7 +147,7 @@ def create_file_reader(
     **options: Any,
 ) -> ReaderBase:
     """A reader over the one file at ``path``, chosen by ``format`` or by the file's suffix."""
-    factory = _resolve(format if format is not None else format_for(path))
+    factory = reader_factory(format, path)
     reader = factory(os.fspath(path), shapes=shapes, dtypes=dtypes, lod_levels=lod_levels, **options)
     if not isinstance(reader, ReaderBase):
         raise TypeError(
@@ -166,5 +171,6 @@ __all__ = [
     "unregister_file_reader",
     "registered_formats",
     "create_file_reader",
+    "reader_factory",
     "format_for",
 ]

@@ -220,10 +220,14 @@ def header_rows(source: Any, path: str) -> int | None:
         # Replaced since the list was expanded (by a FIFO, whose open would wait for a writer: this
         # runs in the daemon's loop) or gone: the workers will report it; the count is unknown.
         return None
-    from loader.io.formats_numpy import ArrayFileReader
-    from loader.io.registry import create_file_reader
+    from loader.io.formats_numpy import ArrayFileReader, NpyFileReader, NpzFileReader
+    from loader.io.registry import create_file_reader, reader_factory
 
     source.register_formats()
+    # Only the built-in array readers, which read headers alone: this runs in the daemon's loop, where a user's
+    # format factory (source.formats) that hung or called sys.exit() on one bad file froze or ended the daemon.
+    if reader_factory(source.format, path) not in (NpyFileReader, NpzFileReader):
+        return None
     with create_file_reader(path, format=source.format, **source.file_reader_options()) as reader:
         return reader.rows if isinstance(reader, ArrayFileReader) else None
 

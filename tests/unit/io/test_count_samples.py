@@ -44,3 +44,20 @@ def test_a_fifo_in_a_files_place_is_not_opened(tmp_path):
     thread.join(5.0)
     assert not thread.is_alive(), "counting opened a FIFO and waited for a writer"
     assert counted == [None]
+
+
+def refuses_to_be_called(path, **options):
+    """A user's format factory: the daemon must not run it in its loop (one that called sys.exit() on a bad
+    file ended the daemon, one that slept on it froze every client's hello)."""
+    raise SystemExit(f"a user's factory ran in the daemon's loop for {path}")
+
+
+def test_a_users_format_factory_is_not_run_to_count(tmp_path):
+    (tmp_path / "a.csv").write_text("1,2\n")
+    source = SourceConfig(files=(str(tmp_path / "a.csv"),), formats={"csv": f"{__name__}:refuses_to_be_called"})
+    assert survey.count_samples(source, [str(tmp_path / "a.csv")]) is None
+    # Even under a built-in suffix, when the user's format is named for it:
+    files = datagen.generate(str(tmp_path), format="npz", files=1, samples=7)
+    named = SourceConfig(files=tuple(files), format="mine", formats={"mine": f"{__name__}:refuses_to_be_called"})
+    assert survey.count_samples(named, files) is None
+    assert survey.count_samples(SourceConfig(files=tuple(files)), files) == [7]
