@@ -696,6 +696,10 @@ def _error_line(exc: BaseException) -> str:
     text = exc._summary() if isinstance(exc, WorkerError) else str(exc)  # no remote traceback here
     if isinstance(exc, OSError) and exc.strerror:
         text = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    # Where a reader met it (a text format's "while parsing line 5 of a.txt"): the note is the where.
+    for note in getattr(exc, "__notes__", None) or ():
+        note = str(note).strip()
+        text = f"{text} {note if note.startswith('(') else f'({note})'}"
     return " ".join(text.split()) or type(exc).__name__
 
 

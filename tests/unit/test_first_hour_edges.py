@@ -97,6 +97,23 @@ def test_the_probe_looks_up_no_host_name_and_tries_localhost(monkeypatch) -> Non
     assert ask._nothing_listens(f"tcp://daemon.example:{port}") is False  # cannot tell: the size clause stays
 
 
+def test_check_names_the_line_a_text_parser_refused(tmp_path, capsys) -> None:
+    lines = [f"{i}\t1 2 3 4" for i in range(1, 5)] + ["bad line", "6\t1 2 3 4"]
+    (tmp_path / "a.txt").write_text("\n".join(lines) + "\n")
+    cfg = write_config(
+        tmp_path / "c.toml",
+        '[source]\nfiles = ["a.txt"]\nformat = "text"\n'
+        '[source.format_options]\nparser = "loader.examples:parse_labeled_line"\n',
+    )
+    assert main(["check", cfg]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    # The parser's own words, then where: the reader's note (it said neither file nor line).
+    assert line == (
+        "loader: error: invalid literal for int() with base 10: 'bad line' "
+        f"(while parsing line 5 of {tmp_path / 'a.txt'})"
+    ), line
+
+
 # -- D: gen-data over an earlier run's files ------------------------------------------------------------------------
 def test_gen_data_warns_of_part_files_an_earlier_run_left(tmp_path, capsys) -> None:
     out = str(tmp_path / "g")
