@@ -232,7 +232,14 @@ class PieceSource:
         """Up to ``max_rows`` records of the piece as columns, or None after its last record."""
         if self._left <= 0:
             return None
-        block = self._file.read_block(min(max_rows, self._left))
+        try:
+            block = self._file.read_block(min(max_rows, self._left))
+        except Exception as exc:
+            # Records a reader stepped past (as _piece_samples counts them) were the piece's too.
+            lost = getattr(exc, "records_skipped", None)
+            if isinstance(lost, int) and lost >= 1:
+                self._left -= lost
+            raise
         if block is not None:
             self._left -= block_rows(block)
         return block

@@ -176,3 +176,47 @@ def test_a_damaged_first_record_is_skipped_alone_without_fields(tmp_path, kind, 
     chunks = [columns for _, columns in messages[:-1]]
     assert all(list(columns) == names for columns in chunks), [list(c) for c in chunks]
     assert [int(v) for columns in chunks for v in np.ravel(columns[names[0]])] == list(range(3, 9 + 2 * group))
+
+
+def test_records_a_reader_steps_past_are_skipped_without_reading_the_file_again(tmp_path, monkeypatch) -> None:
+    # Each bad record of a block used to reopen the file and read up to it again (a chunk inflated once per bad
+    # record: 17 s for 200 of them, the worker taken for stalled).
+    from workers.file_job import FileJob
+
+    path = tmp_path / "part-0.recordio"
+    with Writer(str(path), Compressor.ZLIB) as writer:  # one chunk, records 5..44 not samples at all
+        for i in range(50):
+            if 5 <= i < 45:
+                writer.write_raw(b"\x00\x01 not a record")
+            else:
+                writer.write([np.array([i]), np.array([-i])])
+    opened = []
+    real_open = FileJob._open
+    monkeypatch.setattr(FileJob, "_open", lambda job: opened.append(1) or real_open(job))
+    config = LoaderConfig.from_dict({"source": {"files": [str(path)]}, "pipeline": {"on_error": "skip"}})
+    lease = P.Lease(lease=1, stream=1, epoch=0, file=0, path=str(path), start=0)
+    messages = [P.decode(frames) for frames in run_file_job(lease, config)]
+    done = messages[-1][0]
+    assert (done.sent, done.skipped) == (10, 40)
+    assert [int(v) for _, columns in messages[:-1] for v in np.ravel(columns["slot0"])] == [*range(5), *range(45, 50)]
+    assert len(opened) == 1, "read once, on past each bad record"
+
+
+def test_a_file_that_cannot_be_read_past_a_record_says_the_rest_is_lost(tmp_path, caplog) -> None:
+    path = tmp_path / "part-0.recordio"
+    good = _recordio(tmp_path / "a.recordio", [[np.array([i]), np.array([-i])] for i in range(6)])  # chunks of 3
+    damaged = bytearray(good)
+    second = damaged.find(b"\x04\x03\x02\x01", 4)  # the second chunk's magic number (little-endian 0x01020304)
+    assert second > 0
+    damaged[second : second + 4] = b"\xef\xbe\xad\xde"  # its framing lost: nothing after it can be found
+    path.write_bytes(bytes(damaged))
+    config = LoaderConfig.from_dict({"source": {"files": [str(path)]}, "pipeline": {"on_error": "skip"}})
+    lease = P.Lease(lease=1, stream=1, epoch=0, file=0, path=str(path), start=0)
+    with caplog.at_level("WARNING", logger="loader.worker"):
+        messages = [P.decode(frames) for frames in run_file_job(lease, config)]
+    done = messages[-1][0]
+    assert (done.sent, done.skipped) == (3, 1)
+    lost = [r.getMessage() for r in caplog.records if "could not read" in r.getMessage()]
+    assert lost == [
+        f"could not read {path} past record 3: its records after it are skipped too, uncounted (how many is unknown)"
+    ]
