@@ -7,8 +7,10 @@ Part of ``loader.config`` (import the names from there); the value checks are in
 from __future__ import annotations
 
 import copy
+import errno
 import glob
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -201,7 +203,7 @@ class SourceConfig:
             return [full if os.path.exists(full) else name for name, full in zip(names, paths)]
         for name, full in zip(names, paths):
             if not os.path.isfile(full):
-                raise ConfigError(f"source.list_file {path!r} names {name!r}, which does not exist ({self.origin})")
+                raise ConfigError(f"source.list_file {path!r} names {name!r}, {_not_a_file(full)} ({self.origin})")
         return paths
 
     def file_reader_options(self) -> dict[str, Any]:
@@ -241,6 +243,22 @@ def absolute_paths(values: dict[str, Any], base_dir: str | None) -> dict[str, An
     if values.get("list_file") is not None:
         values["list_file"] = absolute(values["list_file"])
     return values
+
+
+def _not_a_file(path: str) -> str:
+    """Why ``path`` is not a data file, for the list file's error: "does not exist" sent users looking for a
+    missing file where a directory, a FIFO or a symlink loop stood."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "which is a symbolic link that loops"
+        if os.path.islink(path):
+            return "which is a symbolic link to nothing"
+        return "which does not exist"
+    if stat.S_ISDIR(mode):
+        return "which is a directory, not a file"
+    return "which is not a regular file (a FIFO, a socket or a device)"
 
 
 __all__ = ["SourceConfig", "absolute_paths"]

@@ -415,6 +415,21 @@ def test_list_file(tmp_path) -> None:
     listing.write_text("b.rec\nmissing.rec\n")
     with pytest.raises(ConfigError, match=r"names 'missing.rec', which does not exist"):
         SourceConfig(list_file=str(listing)).expand_files()
+    # What stands there instead of a file is named: "does not exist" sent users looking for a missing file.
+    os.mkdir(tmp_path / "data" / "dir.rec")
+    os.mkfifo(tmp_path / "data" / "fifo.rec")
+    os.symlink("loop.rec", tmp_path / "data" / "loop.rec")
+    os.symlink("nowhere", tmp_path / "data" / "dangling.rec")
+    for name, why in [
+        ("dir.rec", "which is a directory, not a file"),
+        ("fifo.rec", "which is not a regular file (a FIFO, a socket or a device)"),
+        ("loop.rec", "which is a symbolic link that loops"),
+        ("dangling.rec", "which is a symbolic link to nothing"),
+    ]:
+        listing.write_text(f"b.rec\n{name}\n")
+        with pytest.raises(ConfigError, match=rf"names '{name}', {re.escape(why)} \("):
+            SourceConfig(list_file=str(listing)).expand_files()
+    listing.write_text("b.rec\nmissing.rec\n")
     # A provider may take names that are not files: those pass through as written.
     assert SourceConfig(list_file=str(listing), provider="m:f").expand_files() == [b, "missing.rec"]
 
