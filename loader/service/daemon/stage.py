@@ -70,6 +70,7 @@ MIN_STALL_TIMEOUT_S = 30.0
 # stall's error comes only after the stall timeout (360 s by default), and a forgotten rank looked like a hang.
 RANKS_NOTE_S = 10.0
 SHOWN_RANKS = 8  # the ranks a line (and a status row) names of those a stream waits for
+MAX_DEPARTED = 65536  # ranks remembered as left (``Stage.departed``), the oldest forgotten first
 # Bytes of a stream's rows held for reordering (later files waiting for the head): ``service.reorder_window_mib``.
 DEFAULT_REORDER_BYTES = 64 * 1024 * 1024
 DEFAULT_STREAM_BUFFER_BYTES = 4096 * 1024 * 1024  # service.stream_buffer_mib
@@ -122,6 +123,9 @@ class Stage:
         self.send = send
         self.sessions: dict[bytes, Session] = {}
         self.streams: dict[int, Stream] = {}
+        # (job, rank) -> when its client left (wall clock), until a client of that job and rank reads again: a
+        # stream waiting for that rank then says it left, not that it "never asked" (``_ranks_waited_for``).
+        self.departed: dict[tuple[str, int], float] = {}
         self.events: list[StageEvent] = []
         self._ids = itertools.count(1)
         self.skipped_records = 0
@@ -145,6 +149,11 @@ class Stage:
     def close_session(self, session: Session) -> None:
         """Forget a session: its rank no longer holds its stream back, its rows are freed."""
         self.sessions.pop(session.peer, None)
+        if session.world_size > 1 and session.job:
+            self.departed.pop((session.job, session.rank), None)  # re-inserted last: the oldest go first
+            self.departed[(session.job, session.rank)] = time.time()
+            while len(self.departed) > MAX_DEPARTED:
+                del self.departed[next(iter(self.departed))]
         self.detach(session)
         self.refs.release_outstanding(session)
 
@@ -163,6 +172,9 @@ class Stage:
             piece = step.slices[rank]
             if piece is not None:
                 step.slices[rank] = None
+                # No longer buffered: left counted, the rows of a rank that left held the stream "full", and the
+                # ranks still reading waited for files never leased, until the stall timeout failed the epoch.
+                stream.step_rows -= block_rows(piece)
                 self._free(stream, [piece])
         self._trim(stream)
 
@@ -281,6 +293,8 @@ class Stage:
         stream.cursors.setdefault(rank, 0)
         stream.attached_ever.add(rank)
         stream.sessions_ever.add(session.session_id)
+        if self.departed:
+            self.departed.pop((session.job, rank), None)
         # The epoch's credit may exceed the hello's prefetch (a client's "auto" prefetch): the buffer follows it.
         stream.prefetch = max(stream.prefetch, session.prefetch, min(credits, MAX_PREFETCH))
         session.current = stream
@@ -774,6 +788,16 @@ class Stage:
                 f"epoch {stream.epoch}: the job's batches wait for every rank, and the ranks asked for it a "
                 "different number of times (each client.epoch() iterated is a request; every rank must make the "
                 "same calls)"
+            )
+        left = [rank for rank in missing if (stream.job, rank) in self.departed]
+        if left:
+            # A rank whose client left (a crash, a kill) and did not come back: the job's other ranks would wait
+            # for it in their collectives too (torch.distributed). Say which, and when it left.
+            when = time.strftime("%H:%M:%S", time.localtime(self.departed[(stream.job, left[0])]))
+            return (
+                f"rank(s) {_ranks(left)} of world_size {stream.world_size}, whose client left (rank {left[0]} at "
+                f"{when}) and has not come back: the job's batches wait for every rank; a job that lost a rank is "
+                "restarted as a whole (as torchrun restarts it), or its client started again with the same job"
             )
         # The steps are cut for every rank and wait for the ones that never came: say so, not "no record".
         return (

@@ -109,6 +109,29 @@ def test_may_lease_stops_when_buffer_is_full():
     assert not stage.may_lease(12345, 0)
 
 
+def test_the_rows_a_rank_leaves_behind_stop_counting_against_the_buffer():
+    # A 2-rank job whose rank 1 left mid-epoch: its share of the steps cut was freed but still counted as
+    # buffered, so the stream stayed "full", no file was leased and rank 0 waited until the stall timeout.
+    rec = Recorder()
+    stage = _stage(rec)
+    ranks = [stage.open_session(f"peer{r}".encode(), r, 2, prefetch=1) for r in range(2)]
+    stream = stage.new_stream(settings=stage.settings, epoch=0, world_size=2, order=[0, 1], job="job", prefetch=1)
+    for session in ranks:
+        stage.attach(session, stream, gen=1, credits=0)
+    record = 0
+    while stage.may_lease(stream.stream_id, 0):  # fill the buffer while neither rank takes a batch
+        stage.on_chunk(*_chunk(stream, 0, record, list(range(record, record + 8))))
+        record += 8
+    assert stream.step_rows > 0 and not stage.may_lease(stream.stream_id, 1)
+    rank_0_rows = sum(len(step.slices[0]["x"]) for step in stream.steps if step.slices[0] is not None)
+    stage.close_session(ranks[1])  # rank 1 leaves
+    assert stream.step_rows == rank_0_rows, "only what rank 0 has still to take is buffered"
+    ranks[0].credits += 10**6
+    while stream.steps:  # rank 0 reads what it has
+        stage.pump(ranks[0])
+    assert stream.step_rows == 0 and stage.may_lease(stream.stream_id, 1), "room for the next file again"
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     sizes=st.lists(st.integers(0, 30), min_size=1, max_size=5),
@@ -209,3 +232,26 @@ def test_a_stream_waiting_for_a_rank_that_reads_another_request_of_the_epoch_say
     assert "rank(s) 1 of world_size 2, which read another request for epoch 0" in stage._ranks_waited_for(waiting)
     stage.sessions[b"rank-1"].current, stage.sessions[b"rank-1"].finished = None, (0, 4, 4, 600)  # read it to its end
     assert "which read another request for epoch 0" in stage._ranks_waited_for(waiting)
+
+
+def test_a_stream_waiting_for_a_rank_whose_client_left_says_it_left_and_when():
+    """A 2-rank job whose rank 1 crashed in epoch 0: rank 0's next epoch waits for rank 1, and the stall said
+    rank 1 "never asked", which sent users looking for a misconfigured world_size."""
+    stage = _stage(lambda peer, frames: True)
+    gone = stage.open_session(b"rank-1", 1, 2, prefetch=1)
+    gone.job = "default/j/2"
+    stage.close_session(gone)  # its client went silent, or said goodbye
+    waiting = _starving_stream(2, {0})
+    said = stage._ranks_waited_for(waiting)
+    assert said.startswith("rank(s) 1 of world_size 2, whose client left (rank 1 at "), said
+    assert "restarted as a whole" in said
+    back = stage.open_session(b"rank-1-again", 1, 2, prefetch=1)  # the same job and rank read again
+    back.job = "default/j/2"
+    later = stage.new_stream(settings=stage.settings, epoch=1, world_size=2, order=[0], job=back.job, prefetch=1)
+    stage.attach(back, later, gen=1, credits=1)
+    assert "which never asked for this epoch" in stage._ranks_waited_for(waiting)
+    for rank in range(2, 2 + 70_000):  # remembered ranks are bounded
+        left = stage.open_session(f"r{rank}".encode(), rank, 100_000, prefetch=1)
+        left.job = "default/big/100000"
+        stage.close_session(left)
+    assert len(stage.departed) <= 65_536
