@@ -72,10 +72,18 @@ _MAX_PENDING_CHECK = 64
 
 
 def _try_import(name: str) -> Any:
+    """The module ``name``, or None when it is not installed; ``MissingDependencyError`` with the import's own
+    words when it is installed but does not import (a missing CUDA library, a script named like a module
+    it imports): "not installed, pip install torch" sent users to reinstall what was there."""
     try:
         return importlib.import_module(name)
-    except ImportError:
-        return None
+    except ModuleNotFoundError as exc:
+        if exc.name == name:
+            return None
+        error: ImportError = exc
+    except ImportError as exc:
+        error = exc
+    raise MissingDependencyError(f"{name} is installed but does not import: {type(error).__name__}: {error}")
 
 
 def import_torch(needed_by: str) -> Any:

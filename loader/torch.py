@@ -13,7 +13,9 @@
             ...
             checkpoint = {"model": ..., "optimizer": ..., "epoch": epoch, "data": data.state_dict()}
 
-Iterating it runs one epoch, as iterating ``torch.utils.data.DataLoader`` does. ``state_dict`` and
+Iterating it runs one epoch, as iterating ``torch.utils.data.DataLoader`` does, one iteration at a time: a
+later ``iter()`` (or ``load_state_dict``, ``close``) ends the one before, whose next ``next()`` raises
+``ClosedError`` (torch runs iterations side by side; ``zip(data, data)`` fails here). ``state_dict`` and
 ``load_state_dict`` follow torchdata's ``StatefulDataLoader`` (``StatefulDataLoader`` below is the same
 class), so Lightning, torchtitan and ``torch.distributed.checkpoint`` save and restore it as they do
 that one: the state is taken at the last batch the loop took, and after ``load_state_dict`` the next
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import operator
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, cast
@@ -39,6 +42,7 @@ from typing import Any, Protocol, cast
 from loader.config import LoaderConfig, load_config
 from loader.config.sections import ClientConfig
 from loader.device import Placer, import_torch, place_name
+from loader.errors import ClosedError
 
 STATE_KEYS = ("epoch", "resume", "reader")  # the keys of DataLoader.state_dict()
 
@@ -110,7 +114,7 @@ class DataLoader:
             self._open_next()
         assert self._open is not None
         self._open_started = True
-        return self._run(self._open)
+        return self._run(self._open, self._open_epoch)
 
     def __len__(self) -> int:
         """Batches in the epoch being iterated, or else in the next one (``TypeError`` where the daemon cannot count)."""
@@ -139,7 +143,8 @@ class DataLoader:
             if number != resuming:
                 raise ValueError(
                     f"the loaded state is in the middle of epoch {resuming}: set_epoch({resuming}) continues it; "
-                    f"set_epoch({number}) would drop the rest of it"
+                    f"set_epoch({number}) would drop the rest of it (a state taken at the epoch's last batch: "
+                    f"set_epoch({resuming}) and iterate, which ends at once)"
                 )
             return
         if self._open is not None and not self._open_started:  # opened ahead by len()
@@ -220,7 +225,7 @@ class DataLoader:
         self._open_epoch, self._next_epoch = number, number + 1
         self._open_started = self._open_done = False
 
-    def _run(self, batches: Iterator[Any]) -> Iterator[Any]:
+    def _run(self, batches: Iterator[Any], epoch: int) -> Iterator[Any]:
         if self._tensors is None:
             yield from batches
         else:
@@ -228,6 +233,16 @@ class DataLoader:
                 yield self._tensors.place_now(batch)
         if self._open is batches:
             self._open_done = True
+        else:
+            # Ended by a later iter(), load_state_dict() or close(), not at its end: zip(data, data) ran no step,
+            # and an outer loop stopped after an inner pass, without a word. torch's iterations run side by
+            # side; these read one stream of epochs, one at a time (as Client.epoch() and Loader.epoch() say).
+            raise ClosedError(
+                f"this iteration of epoch {epoch} was ended by "
+                + ("close()" if self._closed else "a later iter() or load_state_dict()")
+                + " before its end: loader.torch.DataLoader runs one iteration at a time (torch's runs several "
+                "side by side); finish or leave one before the next"
+            )
 
     def _close_open(self) -> None:
         if self._open is not None:
@@ -350,11 +365,14 @@ def _local(config: LoaderConfig, device: Any, dataset: str, options: dict[str, A
     separate = "a config runs a daemon of its own in each process, which shares no epoch between ranks or jobs"
     if (rank, world_size or 1, job) != (0, 1, None):
         raise ValueError(f"{separate}: run `loader serve CONFIG` and give every rank its address")
-    from loader.service.client.env import integer_variable  # the client package imports zmq
+    from loader.service.client.env import integer_variable, process_group  # the client package imports zmq
 
     # torchrun's variable only: SLURM_NTASKS is also set for one plain `python train.py` in an sbatch script.
     ranks, variable = integer_variable(os.environ, ("WORLD_SIZE",), 1)
-    if world_size is None and ranks > 1:  # torchrun or Slurm started this process as one of several ranks
+    group = process_group()
+    if variable is None and group is not None:  # mp.spawn's ranks: a process group, and no variable
+        ranks, variable = group[1], "torch.distributed's world_size"
+    if world_size is None and ranks > 1:  # torchrun, Slurm or mp.spawn started this process as one of several ranks
         raise ValueError(
             f"{variable}={ranks}: this process is one of {ranks} ranks, and {separate}, so each would read "
             "the whole dataset: run `loader serve CONFIG` and give every rank its address (or pass world_size=1 "
@@ -384,6 +402,8 @@ def _torch_place(device: Any) -> Any:
     """``device`` as a ``Client`` place of torch tensors: ``"cpu"`` means CPU tensors here, as in torch, and so
     do None (torch's "the default device") and fluid's ``CPUPlace()``, which a ``Client`` reads as numpy."""
     device = place_name(device)  # None and fluid's places as place strings
+    if type(device).__module__.startswith("torch") and getattr(device, "type", None) == "cpu":
+        return "torch:cpu"  # torch.device("cpu"): became the text "cpu" for a config, which a Loader gives as numpy
     if isinstance(device, str):
         text = device.strip().lower()
         if text == "cpu":
@@ -399,7 +419,18 @@ def _parse_state(state: Mapping[str, Any]) -> tuple[int, bool, Mapping[str, Any]
     epoch, resume, reader = state["epoch"], state["resume"], state["reader"]
     if not isinstance(resume, bool) or not isinstance(reader, Mapping):
         raise ValueError("not a loader.torch.DataLoader state: 'resume' must be a bool and 'reader' a dict")
-    return _epoch_number(epoch), resume, reader
+    number = _epoch_number(epoch)
+    from loader.service.client.checkpoint import STATE_KIND  # the service stack only when needed
+
+    inner = reader.get("epoch")
+    if resume and reader.get("kind") == STATE_KIND and inner != number:
+        # The reader's part is checked (its digest); this number is not, and it said which epoch the iterations
+        # after the resumed one run: an edited 2 over a reader in epoch 1 skipped epoch 2 without a word.
+        raise ValueError(
+            f"a loader.torch.DataLoader state in the middle of epoch {number} whose reader stands in epoch "
+            f"{inner!r}: the state was edited or damaged; save it again from state_dict()"
+        )
+    return number, resume, reader
 
 
 def _epoch_start(reader: Mapping[str, Any], epoch: int) -> dict[str, Any]:
@@ -413,9 +444,18 @@ def _epoch_start(reader: Mapping[str, Any], epoch: int) -> dict[str, Any]:
 
 
 def _epoch_number(epoch: Any) -> int:
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise ValueError(f"an epoch is a number >= 0, got {epoch!r}")
-    return epoch
+    """A whole number >= 0: an int, a numpy integer or a one-element integer tensor (DistributedSampler's
+    set_epoch takes those); not a bool or a float."""
+    if isinstance(epoch, bool) or getattr(getattr(epoch, "dtype", None), "is_floating_point", False):
+        number = None
+    else:
+        try:
+            number = operator.index(epoch)
+        except TypeError:
+            number = None
+    if number is None or number < 0:
+        raise ValueError(f"an epoch is a whole number >= 0, got {type(epoch).__name__} {epoch!r}")
+    return number
 
 
 __all__ = ["DataLoader", "StatefulDataLoader", "Reader"]

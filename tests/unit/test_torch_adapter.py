@@ -116,13 +116,19 @@ def test_each_iteration_runs_the_next_epoch_of_torch_tensors(torch):
     assert _seen(second) == [(1, i) for i in range(BATCHES)]
 
 
-def test_set_epoch_picks_the_epoch_of_the_next_iteration():
+def test_set_epoch_picks_the_epoch_of_the_next_iteration(torch):
+    import numpy as np
+
     data = _adapter()
     data.set_epoch(5)
     assert {epoch for epoch, _ in _seen(data)} == {5}
     assert {epoch for epoch, _ in _seen(data)} == {6}
-    with pytest.raises(ValueError, match="epoch"):
-        data.set_epoch(-1)
+    for bad in (-1, 1.0, True, "2", torch.tensor(2.0)):
+        with pytest.raises(ValueError, match="an epoch is a whole number >= 0"):
+            data.set_epoch(bad)
+    for number in (np.int64(8), torch.tensor(9)):  # as DistributedSampler.set_epoch takes them
+        data.set_epoch(number)
+        assert {epoch for epoch, _ in _seen(data)} == {int(number)}
 
 
 def test_len_is_the_epoch_length_and_asks_for_no_extra_epoch():
@@ -166,6 +172,25 @@ def test_a_new_iteration_drops_the_unfinished_epoch_as_torch_does():
     next(iter(data))
     assert _seen(data) == [(1, i) for i in range(BATCHES)]
     assert reader.epochs[0].closed
+
+
+def test_an_iteration_ended_by_a_later_one_says_so_instead_of_stopping_silently():
+    # zip(data, data) ran no step and an outer loop ended after an inner pass, without a word.
+    from loader.errors import ClosedError
+
+    data = _adapter()
+    with pytest.raises(ClosedError, match=r"iteration of epoch 0 was ended by a later iter\(\)"):
+        sum(1 for _ in zip(data, data))
+    outer = iter(data)
+    next(outer)
+    assert len(list(data)) == BATCHES  # an inner pass, to its end
+    with pytest.raises(ClosedError, match="runs one iteration at a time"):
+        next(outer)
+    last = iter(data)
+    next(last)
+    data.close()
+    with pytest.raises(ClosedError, match=r"ended by close\(\)"):
+        next(last)
 
 
 def test_state_mid_epoch_resumes_with_the_next_batch_in_a_new_adapter():
@@ -301,6 +326,49 @@ def test_torch_arguments_to_a_daemons_dataloader_say_where_they_live():
 
     with pytest.raises(TypeError, match=r"not \['batch_size', 'shuffle'\] \(batch_size: \[pipeline\] batch_size"):
         DataLoader("127.0.0.1:1", batch_size=32, shuffle=True)  # refused before connecting
+
+
+class _ProcessGroup:
+    """torch.distributed with an initialised default group, as mp.spawn's ranks have it (no RANK/WORLD_SIZE)."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def get_rank(self) -> int:
+        return self.rank
+
+    def get_world_size(self) -> int:
+        return self.world_size
+
+
+def test_ranks_started_by_mp_spawn_take_their_share_from_the_process_group(tmp_path, monkeypatch):
+    # init_process_group(rank=r, world_size=2) sets no variable: each rank read the whole dataset, silently.
+    from loader.service.client.env import from_environment
+    from loader.torch import DataLoader
+
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setitem(sys.modules, "torch.distributed", _ProcessGroup(1, 2))
+    assert from_environment("tcp://h:1", None, None, "cpu")[1:3] == (1, 2)
+    assert from_environment("tcp://h:1", 0, 1, "cpu")[1:3] == (0, 1)  # given: it wins
+    assert from_environment("tcp://h:1", None, 1, "cpu")[1:3] == (0, 1)  # world_size=1: all of it
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    assert from_environment("tcp://h:1", None, None, "cpu")[1:3] == (3, 4)  # torchrun's variables first
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("RANK")
+    config = tmp_path / "c.toml"
+    config.write_text('[source]\nfiles = ["*.npz"]\n')
+    with pytest.raises(ValueError, match=r"torch.distributed's world_size=2: this process is one of 2 ranks"):
+        DataLoader(config)
+    monkeypatch.setitem(sys.modules, "torch.distributed", _ProcessGroup(0, 1))
+    assert from_environment("tcp://h:1", None, None, "cpu")[1:3] == (0, 1)
 
 
 def test_a_config_under_torchrun_is_refused_unless_each_rank_is_to_read_it_all(tmp_path, monkeypatch):
@@ -439,6 +507,28 @@ def test_without_torch_the_module_imports_and_using_it_says_how_to_install(runs_
     assert issubclass(MissingDependencyError, LoaderError)
 
 
+def test_a_torch_that_is_installed_but_does_not_import_says_why(monkeypatch):
+    # A missing CUDA library (or a script named like a module torch imports) was reported as "not installed".
+    import importlib
+
+    from loader import device
+
+    real = importlib.import_module
+
+    def broken(name, *args):
+        if name == "torch":
+            raise ImportError("libcudart.so.12: cannot open shared object file: No such file or directory")
+        return real(name, *args)
+
+    monkeypatch.setattr(device.importlib, "import_module", broken)
+    with pytest.raises(MissingDependencyError) as caught:
+        device.import_torch("loader.torch.DataLoader")
+    assert str(caught.value) == (
+        "torch is installed but does not import: ImportError: libcudart.so.12: cannot open shared object file: "
+        "No such file or directory"
+    )
+
+
 @pytest.mark.parametrize("kind", ["dataset", "list"])
 def test_a_torch_dataset_as_the_source_says_what_the_source_is(torch, kind):
     # What a torch user passes first: it failed inside load_config with "expected str, bytes or os.PathLike
@@ -468,6 +558,36 @@ def test_device_none_gives_cpu_tensors_over_a_daemon_and_over_a_config(tmp_path,
         with DataLoader(daemon.endpoint, device=None) as data:  # its daemon's address
             batch = next(iter(data))
             assert isinstance(batch["label"], torch.Tensor) and batch["label"].device.type == "cpu"
+
+
+def test_a_torch_device_of_the_cpu_gives_tensors_over_a_config(tmp_path, torch):
+    import numpy as np
+
+    from loader.torch import DataLoader
+
+    config = _npy_config(tmp_path, np.arange(16, dtype=np.float32))
+    with DataLoader(config, device=torch.device("cpu")) as data:  # was numpy: "cpu" as the config's text
+        batch = next(iter(data))
+        assert isinstance(batch["label"], torch.Tensor) and isinstance(batch["data"], torch.Tensor)
+
+
+def test_a_state_whose_epoch_differs_from_its_readers_is_refused(tmp_path, torch):
+    import numpy as np
+
+    from loader.torch import DataLoader
+
+    config = _npy_config(tmp_path, np.arange(64, dtype=np.float32))
+    with DataLoader(config) as data:
+        data.set_epoch(1)
+        batches = iter(data)
+        next(batches)
+        state = data.state_dict()
+    assert (state["epoch"], state["resume"], state["reader"]["epoch"]) == (1, True, 1)
+    with DataLoader(config) as data:
+        with pytest.raises(ValueError, match=r"in the middle of epoch 2 whose reader stands in epoch 1: .*edited"):
+            data.load_state_dict({**state, "epoch": 2})  # would have skipped epoch 2 after the resumed one
+        data.load_state_dict(state)
+        assert len(list(data)) == 64 // 8 - 1
 
 
 def test_a_list_batch_gives_the_scalar_fields_of_its_samples_as_tensors_too(tmp_path, torch):

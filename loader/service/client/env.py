@@ -8,6 +8,10 @@ environment:
                     ``address`` is given
 ``RANK``            this trainer's rank (torchrun); else ``SLURM_PROCID``; else 0
 ``WORLD_SIZE``      the number of trainers (torchrun); else ``SLURM_NTASKS``; else 1
+(none of them)      the rank and size of torch.distributed's default process group,
+                    when this process has one (``mp.spawn`` and
+                    ``init_process_group(rank=, world_size=)`` set no variables):
+                    ranks that each read the whole epoch would not say so
 ``LOCAL_RANK``      the GPU of this trainer on its host: a device that names no
                     GPU (``"cuda"``, ``"gpu"``, ``"torch:cuda"``,
                     ``torch.device("cuda")``) becomes ``cuda:LOCAL_RANK``
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -82,6 +87,10 @@ def from_environment(
         raise ConfigError(
             f"environment variables {rank_from}={rank} and {world_from}={world_size}: the rank must be below the world size"
         )
+    group = process_group() if rank_defaulted and world_defaulted else None
+    if group is not None:
+        rank, world_size = group
+        rank_from = world_from = "torch.distributed's process group"
     if world_from is not None and world_size > 1:
         # Said once per client: Slurm's variables in an salloc shell made a plain script read a quarter of the
         # data without a word.
@@ -89,7 +98,7 @@ def from_environment(
             "rank %d of %d from %s: this client reads its 1/%d share of each epoch",
             rank,
             world_size,
-            " and ".join(name for name in (rank_from, world_from) if name),
+            " and ".join(dict.fromkeys(name for name in (rank_from, world_from) if name)),
             world_size,
         )
     # Every spelling of "a GPU, not saying which": torch.device("cuda") after torch.cuda.set_device(local_rank)
@@ -100,6 +109,19 @@ def from_environment(
         if local_rank is not None and _visible(env, local_rank):
             device = f"{bare}:{local_rank}"
     return address, rank, world_size, device
+
+
+def process_group() -> tuple[int, int] | None:
+    """(rank, world_size) of torch.distributed's default process group, when this process has one of more than
+    one rank; else None. torch is not imported for it: a script that made a process group has imported it."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        rank, world_size = int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:  # a torch too old or too odd to say: the variables and arguments decide, as without it
+        return None
+    return (rank, world_size) if world_size > 1 and 0 <= rank < world_size else None
 
 
 def _visible(env: Mapping[str, str], gpu: int) -> bool:
