@@ -160,15 +160,14 @@ class FieldConverter:
         return items, lengths
 
     def _stack(self, items: Any, lengths: list[list[int]] | None) -> np.ndarray:
-        if isinstance(items, np.ndarray):
+        if isinstance(items, np.ndarray) and items.dtype != object:
             array = items
         else:
             try:
                 array = np.asarray(items, dtype=self.dtype)
             except (ValueError, TypeError, OverflowError):  # 256 for uint8, 2**63 for int64: OverflowError
                 return self._stack_one_by_one(items, lengths)
-            if self._became_nan(array):
-                self._refuse_none(items, lengths)
+            self._refuse_none_in_nan_rows(items, array, lengths)
         target = _reshape_target(array.shape[1:], self.element) if array.ndim >= 1 else None
         if target is None:
             if len(items) == 0:
@@ -187,8 +186,7 @@ class FieldConverter:
                     f"field {self.field.name!r}: {self._where(i, lengths)} cannot be converted to "
                     f"{self.dtype} with shape {self.element}: {exc}"
                 ) from None
-            if self._became_nan(row):
-                self._refuse_none([item], lengths, first=i)
+            self._refuse_none_in_nan_rows([item], row.reshape(1, -1), lengths, first=i)
             target = _reshape_target(row.shape, self.element)
             if target is None:
                 raise ShapeMismatchError(
@@ -208,18 +206,27 @@ class FieldConverter:
             ) from None
 
     def _became_nan(self, array: np.ndarray) -> bool:
-        """Whether a float or complex ``array`` holds a NaN: numpy turns None into NaN there without a word, so
-        only then are the values looked through for a None (a NaN of the data itself costs that look only)."""
+        """Whether a float or complex ``array`` holds a NaN: numpy turns None into NaN there without a word."""
         return self.dtype.kind in "fc" and bool(np.isnan(array).any())
 
-    def _refuse_none(self, items: Sequence[Any], lengths: list[list[int]] | None, first: int = 0) -> None:
-        """``DataError`` naming the first of ``items`` that is or holds a None; nothing when none does."""
-        for i, item in enumerate(items, start=first):
+    def _refuse_none_in_nan_rows(
+        self, items: Sequence[Any], array: np.ndarray, lengths: list[list[int]] | None, first: int = 0
+    ) -> None:
+        """``DataError`` naming the first of ``items`` that is or holds a None, which numpy made a NaN of row
+        ``i`` of the float or complex ``array`` without a word. Arrays of numbers hold no None, so a column of
+        them is not looked at; otherwise only the items whose rows hold a NaN are walked (a NaN of the data's
+        own, common in missing values, cost a walk of every value of the batch)."""
+        if self.dtype.kind not in "fc" or array.ndim == 0 or not len(array):
+            return
+        if all(type(item) is np.ndarray and item.dtype != object for item in items):
+            return
+        for row in np.flatnonzero(np.isnan(array.reshape(len(array), -1)).any(axis=1)).tolist():
+            item = items[row]
             if _holds_none(item):
                 what = "is None" if item is None else "holds a None"
                 raise DataError(
-                    f"field {self.field.name!r}: {self._where(i, lengths)} {what}, which {self.dtype} would hold "
-                    f"as NaN; expected shape {_describe(self.element)}"
+                    f"field {self.field.name!r}: {self._where(first + row, lengths)} {what}, which {self.dtype} "
+                    f"would hold as NaN; expected shape {_describe(self.element)}"
                 )
 
     @staticmethod

@@ -103,6 +103,7 @@ class DataLoader:
         self._open: Iterator[Any] | None = None  # the epoch being iterated, or opened ahead by len()
         self._open_epoch = 0
         self._open_started = False  # handed out by iter() (not merely opened ahead by len())
+        self._open_taken = 0  # batches of it the loop took
         self._open_resumed = False  # continues a loaded state's epoch
         self._open_done = False  # iterated to its end
         self._closed = False
@@ -159,8 +160,10 @@ class DataLoader:
         if self._loaded is not None:
             return dict(self._loaded)  # nothing taken since it was loaded: that is still where the loop is
         if self._open is not None and not self._open_done:
-            # Handed out, or continuing a loaded state: the loop is inside it. Opened ahead by len(): it is next.
-            resume = self._open_started or self._open_resumed
+            # A batch of it taken, or continuing a loaded state: the loop is inside it. Opened ahead by len(), or
+            # handed out by iter() with no batch taken yet (the reader still stands where the epoch before
+            # left it): it is next, from its start.
+            resume = self._open_taken > 0 or self._open_resumed
             return {"epoch": self._open_epoch, "resume": resume, "reader": self._reader.state_dict()}
         return {"epoch": self._next_epoch, "resume": False, "reader": self._reader.state_dict()}
 
@@ -224,13 +227,14 @@ class DataLoader:
             self._open_resumed = False
         self._open_epoch, self._next_epoch = number, number + 1
         self._open_started = self._open_done = False
+        self._open_taken = 0
 
     def _run(self, batches: Iterator[Any], epoch: int) -> Iterator[Any]:
-        if self._tensors is None:
-            yield from batches
-        else:
-            for batch in batches:
-                yield self._tensors.place_now(batch)
+        place = self._tensors.place_now if self._tensors is not None else None
+        for batch in batches:
+            if self._open is batches:
+                self._open_taken += 1
+            yield batch if place is None else place(batch)
         if self._open is batches:
             self._open_done = True
         else:

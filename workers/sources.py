@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from loader.io.slots import default_slot_names
 from loader.io.survey import field_count_text, names_known, refuse_shuffled_names
 from loader.service.blocks import block_rows
 
@@ -159,7 +160,7 @@ class FileSource:
         arrays = self._reader.read_block(max_rows)
         if not arrays:
             return None
-        self._after_read()
+        self._after_read(len(arrays))
         if self.fields and len(self.fields) != len(arrays):
             if not self._batch_mapped:  # the batch would name the slots "0", "1", ... (loader check refuses it too)
                 own = names_known(self._reader) or [str(i) for i in range(len(arrays))]
@@ -172,15 +173,17 @@ class FileSource:
             names = self.fields or [str(i) for i in range(len(arrays))]
         return {name: np.ascontiguousarray(a) for name, a in zip(names, arrays)}
 
-    def _after_read(self) -> None:
-        """After a record read: refuse ``source.fields`` that name the file's own slots out of place, once its
-        first record told them (until it passes, every read refuses: renaming by position would swap the
-        slots' data silently); or take the slot names from the first good record after a damaged first one."""
+    def _after_read(self, slots: int) -> None:
+        """After a record of ``slots`` slots was read: refuse ``source.fields`` that name the file's own slots out
+        of place, once its first record told them (until it passes, every read refuses: renaming by position
+        would swap the slots' data silently); or, after a damaged first record, name the slots as the first
+        good one does: its keys, else ``slot0``, ``slot1``... Not ``slot_names``, which reads a record ahead
+        when the records carry no names: a damaged one there failed the read of the good one before it."""
         if self._names_pending:
             refuse_shuffled_names(self.path, self.fields or [], names_known(self._reader))
             self._names_pending = False
         if self._names_later:
-            self.fields = list(self._reader.slot_names)
+            self.fields = names_known(self._reader) or default_slot_names(slots)
             self._names_later = False
 
     def close(self) -> None:
@@ -278,7 +281,7 @@ class _reader_instances:
     """A reader's instances as tuples. Not a generator: after a failed read the caller may go on
     with the next record when the reader stepped past the damage (a generator would be finished)."""
 
-    def __init__(self, reader: Any, after_read: Callable[[], None], before_first: Callable[[], None]) -> None:
+    def __init__(self, reader: Any, after_read: Callable[[int], None], before_first: Callable[[], None]) -> None:
         self._reader = reader
         self._after_read = after_read  # FileSource._after_read
         self._before_first: Callable[[], None] | None = before_first  # raises a damaged first record's failure
@@ -293,7 +296,7 @@ class _reader_instances:
         instance = self._reader.read_next()
         if not instance:
             raise StopIteration
-        self._after_read()
+        self._after_read(len(instance))
         return tuple(instance)
 
 

@@ -359,11 +359,18 @@ class NpzFileReader(ArrayFileReader):
             nbytes = math.prod(shape) * dtype.itemsize  # Python ints: a hostile shape cannot overflow
             stored = (name, payload, info.compress_size, info.CRC)  # what check_stored_crc compares
             if nbytes < SMALL_MEMBER_BYTES:
-                raw.seek(offset)
-                data = raw.read(nbytes)
+                # The member read whole when it is no more than its array (and a little): its CRC from the same
+                # bytes. One that claims more (bytes after its array) has its data read alone, summed apart.
+                whole = info.compress_size <= header_len + nbytes + 4096
+                raw.seek(payload if whole else offset)
+                data = raw.read(info.compress_size if whole else nbytes)
+                if whole:
+                    check_stored_crc(path, raw.fileno(), *stored, data=data)
+                    data = data[header_len : header_len + nbytes]
                 if len(data) != nbytes:
                     raise ValueError(f"member {info.filename!r}: {len(data)} of its {nbytes} bytes are in the file")
-                check_stored_crc(path, raw.fileno(), *stored)
+                if not whole:
+                    check_stored_crc(path, raw.fileno(), *stored)
                 array = np.frombuffer(data, dtype=dtype).reshape(shape, order=order)  # read-only, like a mapping
                 return (shape, dtype), functools.partial(_same, array)
             present = os.fstat(raw.fileno()).st_size - offset

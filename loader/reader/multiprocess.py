@@ -59,8 +59,19 @@ log = logging.getLogger(__name__)
 
 # Held from a child's Pipe() to the close of the parent's copy of its write end: a fork on another thread in
 # between (another multiprocess_reader's child) would take a copy of that write end along, and the child's death
-# would then never read as end-of-file here. Reset in every child, which may start readers of its own.
+# would then never read as end-of-file here.
 _FORK_LOCK = threading.Lock()
+
+
+def _new_fork_lock() -> None:
+    """In every forked child (ours, a torch DataLoader's, os.fork's): a copy forked while another thread held the
+    lock stays locked for good, and the child's first multiprocess_reader hung."""
+    global _FORK_LOCK
+    _FORK_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_new_fork_lock)
 
 _SAMPLE = b"s"
 _PICKLED = b"p"  # a sample the codec cannot encode, pickled by the user's own child process
@@ -90,8 +101,6 @@ def _send_credit_wait(credits: Any, parent_pid: int) -> None:
 
 def _child_main(reader: Reader, conn: Any, inherited: list[Any], credits: Any, name: str, number: int) -> None:
     """Body of one child, for pass ``number``: send every sample of ``reader()``, then an end (or error) message."""
-    global _FORK_LOCK
-    _FORK_LOCK = threading.Lock()  # forked while the parent held it: this copy would stay locked for good
     for other in inherited:
         other.close()  # read ends copied by fork; holding them would hide a dead parent
     enter_forked_pass(number)  # a seeded shuffle in here shuffles each pass anew (_util.forked_pass)

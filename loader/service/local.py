@@ -183,10 +183,19 @@ class Loader(NotADataset):
     def client(self, dataset: str = "default", **options: Any) -> Client:
         """Another ``Client`` of this loader's daemon, e.g. for the dataset ``"eval"`` of the config's
         ``[datasets.eval]``; closed with the ``Loader``. ``options`` are ``Client``'s keyword arguments
-        (device, prefetch, timeout_s default to the config's ``[client]``)."""
+        (device, prefetch, timeout_s default to the config's ``[client]``; rank and world_size to the whole of it,
+        as for the ``Loader``'s own client: this daemon serves this process alone, whatever RANK or
+        torch.distributed's process group say)."""
         self._check_open()
         client = self.config.client
-        options = {"device": client.device, "prefetch": client.prefetch, "timeout_s": client.timeout_s, **options}
+        options = {
+            "device": client.device,
+            "prefetch": client.prefetch,
+            "timeout_s": client.timeout_s,
+            "rank": 0,
+            "world_size": 1,
+            **options,
+        }
         made = Client(self._daemon.endpoint, dataset=dataset, **options)
         self._parts.more_clients.append(made)
         return made

@@ -92,7 +92,13 @@ def test_len_of_an_epoch_follows_the_dataset(tmp_path):
             assert len(epoch) == len(list(epoch)) == 6  # 30 samples in batches of 5
 
 
-def test_a_local_loader_reads_its_second_dataset_through_another_client(tmp_path):
+@pytest.mark.parametrize("placed", [False, True], ids=["alone", "a rank of two"])
+def test_a_local_loader_reads_its_second_dataset_through_another_client(tmp_path, monkeypatch, placed):
+    # A rank's Loader serves that process alone: its other clients read all of their dataset, whatever RANK and
+    # WORLD_SIZE (or torch.distributed's process group) say; they read half of it.
+    if placed:
+        monkeypatch.setenv("RANK", "1")
+        monkeypatch.setenv("WORLD_SIZE", "2")
     config = _two_datasets(tmp_path)
     with loader.Loader(config) as local:
         evaluate = local.client("eval")

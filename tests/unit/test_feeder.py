@@ -64,6 +64,15 @@ def test_a_none_is_named_not_turned_into_nan():
             feeder.feed(batch)
     out = feeder.feed([([1, float("nan"), 3], float("nan"))])  # the data's own NaNs stay
     assert np.isnan(out["x"][0, 1]) and np.isnan(out["s"][0])
+    from loader.fields import FieldConverter
+
+    column = np.empty(2, dtype=object)  # a column given as one object array: astype made its None a NaN
+    column[0], column[1] = np.array([1.0, 2.0, 3.0]), np.array([1.0, None, 3.0], dtype=object)
+    with pytest.raises(DataError, match=r"field 'x': sample 1 holds a None"):
+        FieldConverter(Field("x", [-1, 3]))(column)
+    sequences = DataFeeder([Field("q", [-1, 1], lod_level=1)])
+    with pytest.raises(DataError, match=r"field 'q': element 2 of the flattened data \(sample 1\) holds a None"):
+        sequences.feed([([[1.0], [2.0]],), ([np.array([None], dtype=object)],)])
     with pytest.raises(DataError, match=r"field 'f': a value is None, which float32 would hold as NaN"):
         DataFeeder([Field("f", [-1, 2], flatten=True)]).feed([([1.0, None],)])
 

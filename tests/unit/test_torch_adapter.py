@@ -590,6 +590,27 @@ def test_a_state_whose_epoch_differs_from_its_readers_is_refused(tmp_path, torch
         assert len(list(data)) == 64 // 8 - 1
 
 
+def test_a_state_taken_after_iter_and_before_its_first_batch_starts_that_epoch(tmp_path, torch):
+    # The reader still stood in the epoch left by `break`: the state said "in the middle of epoch 1" over a reader
+    # in epoch 0, which the epoch check refused as edited (and before it, epoch 0's rest was served as epoch 1).
+    import numpy as np
+
+    from loader.torch import DataLoader
+
+    config = _npy_config(tmp_path, np.arange(64, dtype=np.float32))
+    with DataLoader(config) as data:
+        for index, _ in enumerate(data):
+            if index == 1:
+                break
+        batches = iter(data)  # epoch 1 handed out, nothing taken
+        state = data.state_dict()
+        expected = [batch["label"].tolist() for batch in batches]  # epoch 1 as it runs
+    assert (state["epoch"], state["resume"]) == (1, False)
+    with DataLoader(config) as data:
+        data.load_state_dict(state)
+        assert [batch["label"].tolist() for batch in data] == expected
+
+
 def test_a_list_batch_gives_the_scalar_fields_of_its_samples_as_tensors_too(tmp_path, torch):
     # With batch_format = "list" a sample's scalar fields (the label) are numpy scalars: they stayed numpy
     # (np.int64) beside the tensors of its array fields, so torch.stack of the labels failed.

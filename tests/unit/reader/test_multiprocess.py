@@ -188,6 +188,22 @@ def test_a_killed_child_is_found_while_another_reader_forks_on_another_thread(no
             it.close()
 
 
+def test_a_process_forked_while_another_thread_starts_a_reader_can_start_readers(no_leaks):
+    # A fork (os.fork, a torch DataLoader worker) taken while another thread held the module's fork lock copied it
+    # locked: the forked process's first multiprocess_reader waited for it for good.
+    with multiprocess._FORK_LOCK:  # as if another thread were inside _Children._start
+        pid = os.fork()
+        if pid == 0:  # the child: never back into pytest
+            code = 3
+            try:
+                signal.alarm(10)  # a hang ends the child, not the test
+                code = 0 if list(reader.multiprocess_reader([RangeReader(3)])()) == [0, 1, 2] else 1
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child's multiprocess_reader hung (SIGALRM) or failed"
+
+
 def _linger_then_count(n):
     def lingering():
         threading.Thread(target=time.sleep, args=(30,)).start()  # not a daemon: the child cannot exit

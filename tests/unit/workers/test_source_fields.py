@@ -178,6 +178,31 @@ def test_a_damaged_first_record_is_skipped_alone_without_fields(tmp_path, kind, 
     assert [int(v) for columns in chunks for v in np.ravel(columns[names[0]])] == list(range(3, 9 + 2 * group))
 
 
+@pytest.mark.parametrize("mapped", [False, True], ids=["blocks", "samples"])
+@pytest.mark.parametrize(
+    "lines, values",
+    [(["bad", "1 -1", "bad", *(f"{i} {-i}" for i in range(3, 8))], [1, 3, 4, 5, 6, 7]), (["bad", "1 -1"], [1])],
+    ids=["a damaged record after the first good one", "one good record"],
+)
+def test_the_names_after_a_damaged_first_record_come_from_the_good_one_read(tmp_path, mapped, lines, values):
+    # They were taken with slot_names, which reads a record ahead where records carry no names: a damaged one
+    # there failed the good record (lost, every later record numbered one too low), and at the end of the file
+    # the slots went out as "0", "1".
+    path = tmp_path / "part-0.txt"
+    path.write_text("\n".join(lines) + "\n")
+    source = {"files": [str(path)], "format": "text", "format_options": {"parser": f"{HERE}:numbers"}}
+    pipeline = {"batch_size": 2, "on_error": "skip", "mappers": [f"{HERE}:same"] if mapped else []}
+    config = LoaderConfig.from_dict({"source": source, "pipeline": pipeline})
+    lease = P.Lease(lease=1, stream=1, epoch=0, file=0, path=str(path), start=0)
+    messages = [P.decode(frames) for frames in run_file_job(lease, config)]
+    done = messages[-1][0]
+    assert (done.sent, done.skipped) == (len(values), len(lines) - len(values))
+    chunks = messages[:-1]
+    assert all(list(columns)[:2] == ["slot0", "slot1"] for _, columns in chunks)
+    assert [int(v) for _, columns in chunks for v in np.ravel(columns["slot0"])] == values
+    assert chunks[0][0].record == 1  # the good line's own number
+
+
 def test_records_a_reader_steps_past_are_skipped_without_reading_the_file_again(tmp_path, monkeypatch) -> None:
     # Each bad record of a block used to reopen the file and read up to it again (a chunk inflated once per bad
     # record: 17 s for 200 of them, the worker taken for stalled).
