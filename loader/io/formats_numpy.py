@@ -51,6 +51,8 @@ _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, ..., file name length, e
 # one at a time.
 _HEADER_LOCK = threading.Lock()
 _ArraySource = Callable[[], np.ndarray]
+# The most entries an .npz's central directory may list (zipfile parses them all at open; see _read_members).
+MAX_ARCHIVE_MEMBERS = 10_000
 # Uncompressed .npz members below this are read at open instead of memory-mapped.
 SMALL_MEMBER_BYTES = 256 * 1024
 _NPY_MAGIC = b"\x93NUMPY"
@@ -313,6 +315,15 @@ class NpzFileReader(ArrayFileReader):
 
     def _read_members(self, raw: Any, names: list[str], metas: list[Any], sources: list[_ArraySource]) -> None:
         try:
+            listed = _members_listed(raw)
+            if listed is not None and listed > MAX_ARCHIVE_MEMBERS:
+                # zipfile parses every entry of the central directory when it opens an archive, and the daemon opens
+                # .npz files in its loop to count their rows: 300,000 entries took 2.2 s, a few million would
+                # silence it past its workers' patience. An .npz holds one member a field.
+                raise DataError(
+                    f"{self.path}: the archive lists {listed:,} members, more than {MAX_ARCHIVE_MEMBERS:,} "
+                    "(an .npz holds one array a field)"
+                )
             with zipfile.ZipFile(raw) as archive:
                 for info in archive.infolist():
                     if not info.filename.endswith(".npy"):
@@ -389,6 +400,17 @@ class NpzFileReader(ArrayFileReader):
                 "np.savez_compressed), which are memory-mapped instead, or split them into smaller files"
             )
         return (shape, dtype), lambda: _inflate(path, name)
+
+
+def _members_listed(raw: Any) -> int | None:
+    """The number of entries an archive's end record says its central directory lists (ZIP64's too), read from
+    the end of the file without parsing the entries; None where the record is not found (zipfile then says why)."""
+    end_record = getattr(zipfile, "_EndRecData", None)  # zipfile's own reader of that record, private but long-lived
+    if end_record is None:
+        return None
+    found = end_record(raw)
+    raw.seek(0)
+    return int(found[zipfile._ECD_ENTRIES_TOTAL]) if found else None  # type: ignore[attr-defined]
 
 
 def _mapped_member(
