@@ -123,6 +123,14 @@ class DataLoader:
             self._open_next()  # ahead: the next iter() takes this one, so len() asks for no extra epoch
         return len(cast(Any, self._open))
 
+    @property
+    def batch_size(self) -> int | None:
+        """Samples in each of this rank's batches (the config's ``pipeline.batch_size``; the last may be short
+        unless ``drop_last``), as torch's ``DataLoader.batch_size``; None for a reader that does not say."""
+        info = getattr(self._reader, "info", None)
+        size = getattr(info, "batch_size", None)
+        return size if isinstance(size, int) else None
+
     def __getitem__(self, index: Any) -> Any:
         # torch.utils.data.DataLoader(this) takes it for a map-style Dataset: after len() it indexes it, which
         # failed inside torch with "'DataLoader' object is not subscriptable".

@@ -180,6 +180,12 @@ class Loader(NotADataset):
         self._check_open()
         return self._client.epoch(epoch)
 
+    @property
+    def info(self) -> Any:
+        """What the daemon told this loader's client when it attached (``Client.info``): ``batch_size``, an
+        epoch's ``samples`` and ``batches`` where counted, ``files``, ``batch_format``."""
+        return self._client.info
+
     def client(self, dataset: str = "default", **options: Any) -> Client:
         """Another ``Client`` of this loader's daemon, e.g. for the dataset ``"eval"`` of the config's
         ``[datasets.eval]``; closed with the ``Loader``. ``options`` are ``Client``'s keyword arguments

@@ -560,6 +560,22 @@ def test_device_none_gives_cpu_tensors_over_a_daemon_and_over_a_config(tmp_path,
             assert isinstance(batch["label"], torch.Tensor) and batch["label"].device.type == "cpu"
 
 
+def test_batch_size_is_the_configs_as_torch_users_read_it(tmp_path, torch):
+    import numpy as np
+
+    from loader.service.local import Loader
+    from loader.torch import DataLoader
+
+    config = _npy_config(tmp_path, np.arange(16, dtype=np.float32))
+    with DataLoader(config) as data:
+        assert data.batch_size == 8 == len(next(iter(data))["label"])
+    with Loader(config) as local:
+        assert local.info.batch_size == 8 and local.info.samples == 16
+        with DataLoader(local.endpoint) as data:  # over the daemon's address: a Client's welcome
+            assert data.batch_size == 8
+    assert _adapter().batch_size is None  # a reader of your own that does not say
+
+
 def test_a_torch_device_of_the_cpu_gives_tensors_over_a_config(tmp_path, torch):
     import numpy as np
 
