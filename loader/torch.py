@@ -118,9 +118,17 @@ class DataLoader:
         return self._run(self._open, self._open_epoch)
 
     def __len__(self) -> int:
-        """Batches in the epoch being iterated, or else in the next one (``TypeError`` where the daemon cannot count)."""
+        """Batches in the epoch being iterated, or else in the next one (``TypeError`` where the daemon cannot count).
+
+        The whole epoch's, after ``load_state_dict`` too, as torchdata's ``StatefulDataLoader``: a training loop
+        that counts the batches taken before the state (Lightning's batch progress does) compares that count
+        with ``len()``, and the rest's number would end the resumed epoch early."""
         if self._open is None or self._open_done:
             self._open_next()  # ahead: the next iter() takes this one, so len() asks for no extra epoch
+        if self._open_resumed:
+            whole = getattr(getattr(self._reader, "info", None), "batches", None)  # Client's and Loader's welcome
+            if isinstance(whole, int):
+                return whole
         return len(cast(Any, self._open))
 
     @property

@@ -576,6 +576,26 @@ def test_batch_size_is_the_configs_as_torch_users_read_it(tmp_path, torch):
     assert _adapter().batch_size is None  # a reader of your own that does not say
 
 
+def test_len_after_a_resume_is_the_whole_epochs_as_torchdatas(tmp_path, torch):
+    # It was the batches left: a loop that counts the batches taken before the state against len() (as Lightning's
+    # batch progress does) would end the resumed epoch early.
+    import numpy as np
+
+    from loader.torch import DataLoader
+
+    config = _npy_config(tmp_path, np.arange(64, dtype=np.float32))
+    with DataLoader(config) as data:
+        batches = iter(data)
+        for _ in range(3):
+            next(batches)
+        state = data.state_dict()
+    with DataLoader(config) as data:
+        data.load_state_dict(state)
+        assert len(data) == 8
+        assert sum(1 for _ in data) == 5  # the rest of the epoch
+        assert len(data) == 8  # the next one
+
+
 def test_a_torch_device_of_the_cpu_gives_tensors_over_a_config(tmp_path, torch):
     import numpy as np
 
