@@ -94,6 +94,11 @@ class ServiceUnavailableError(TransportError):
     """The loader daemon did not answer in time, or stopped."""
 
 
+class EpochStalledError(ServiceUnavailableError):
+    """An epoch made no progress for its timeout although the daemon answers: the client's own
+    ``progress_timeout_s`` without a batch, or the daemon's stall timeout, which it reports to the client."""
+
+
 class ProtocolVersionError(TransportError):
     """The peer speaks another protocol version; the message names both versions."""
 
@@ -274,6 +279,7 @@ __all__ = [
     "WorkerDiedError",
     "TransportError",
     "ServiceUnavailableError",
+    "EpochStalledError",
     "ProtocolVersionError",
     "MalformedMessageError",
     "ClosedError",

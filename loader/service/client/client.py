@@ -49,6 +49,7 @@ from loader.device import Placer
 from loader.errors import (
     ClosedError,
     ConfigError,
+    EpochStalledError,
     LoaderError,
     MalformedMessageError,
     ProtocolVersionError,
@@ -621,11 +622,19 @@ class Client(NotADataset):
                     raise ServiceUnavailableError(f"the loader daemon at {self.address} no longer knows this client")
                 state.over = True
                 info = message.error or {"type": "LoaderError", "message": message.message}
-                self._out.put(("error", message.gen, WorkerError.from_dict(info)))
+                self._out.put(("error", message.gen, self._failure(info)))
             elif isinstance(message, P.Bye):
                 raise ServiceUnavailableError(
                     f"the loader daemon at {self.address} ended this client ({message.reason})"
                 )
+
+    def _failure(self, info: dict[str, Any]) -> LoaderError:
+        """The exception an ERROR describes: the daemon's own stall as ``EpochStalledError`` (what a training
+        script catches for a stall, whichever side saw it first), anything else as ``WorkerError``."""
+        error = WorkerError.from_dict(info)
+        if error.type_name == "EpochStalledError" and error.worker is None and error.file is None:
+            return EpochStalledError(f"the loader daemon at {self.address}: {error.message}")
+        return error
 
     def _decode(self, frames: list[Any]) -> tuple[P.Message, dict[str, np.ndarray]]:
         """The daemon's message; one line naming the daemon when it does not decode."""
@@ -824,10 +833,6 @@ def _note_another_config(given: str | None, address: str, serving: str | None) -
         log.warning(
             "the daemon at %s serves %s, not %s: another config's daemon listens at its address", address, other, given
         )
-
-
-class EpochStalledError(ServiceUnavailableError):
-    """An epoch made no progress for ``progress_timeout_s`` although the daemon answers."""
 
 
 class _ReceiverState:

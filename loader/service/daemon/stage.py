@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from loader.config.sections import MAX_PREFETCH
-from loader.errors import WorkerError
+from loader.errors import EpochStalledError, WorkerError
 from loader.service import protocol as P
 from loader.service.blocks import Block, block_rows, concat, row_nbytes_estimate, rows_slice
 from loader.service.daemon import fit
@@ -762,7 +762,7 @@ class Stage:
                 f"epoch {stream.epoch} made no progress for {starved:.0f}s: {len(stream.sequencer.incomplete)} "
                 "file(s) still unread and no record arrived (see the daemon's log and `loader status`)"
             )
-        self.fail_stream(stream, WorkerError("EpochStalledError", message).to_dict())
+        self.fail_stream(stream, WorkerError(EpochStalledError.__name__, message).to_dict())
 
     def missing_ranks(self, stream: Stream, most: int | None = None) -> list[int]:
         """Ranks of ``stream``'s job that never asked for it while its steps wait for them, the first ``most``
