@@ -178,6 +178,9 @@ class WorkersConfig:
     # each worker's actor requests (fractions allowed).
     ray_address: str = "auto"
     ray_cpus_per_worker: float = 1.0
+    # How long start-up waits for ray.init to reach ray_address before it fails in one line (where no
+    # cluster answers, Ray retries for many minutes without a word); raise it for a head still starting.
+    ray_connect_timeout_s: float = 60.0
     origin: str = origin_field()
 
     def __post_init__(self) -> None:
@@ -199,6 +202,7 @@ class WorkersConfig:
         if not _is_ray_address(self.ray_address):
             check.fail("ray_address", f"must be {RAY_ADDRESS_FORMS}, got {self.ray_address!r}")
         check.number("ray_cpus_per_worker", minimum=MIN_CPUS_PER_WORKER, maximum=MAX_CPUS_PER_WORKER)
+        check.number("ray_connect_timeout_s", maximum=MAX_TIMEOUT_S)
         if self.launcher == "ray" and self.transport != "zmq":
             check.fail(
                 "transport",

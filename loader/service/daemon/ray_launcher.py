@@ -18,7 +18,7 @@ workers run, while every sample still travels over the worker's ZeroMQ sockets.
   ``close`` kills any left and disconnects from Ray, shutting Ray down only when
   this launcher started it.
 * Connecting: ``ray.init`` (at the first ``start``) runs in a thread of the launcher while start-up waits
-  at most ``CONNECT_TIMEOUT_S``: an address where no cluster answers fails start-up in one line, and a
+  at most ``workers.ray_connect_timeout_s`` (60 s): an address where no cluster answers fails start-up in one line, and a
   stop signal meanwhile ends the wait at once.
 * Reachability: a daemon bound to loopback or ipc:// can only be reached from its
   own node, so its actors are pinned there (``NodeAffinitySchedulingStrategy``);
@@ -51,9 +51,6 @@ KILL_TIMEOUT_S = 5.0
 DEATH_POLL_S = 0.02
 # Reading the exit code of a run that has resolved (a small value held by this process: at once in practice).
 RESULT_TIMEOUT_S = 5.0
-# How long start-up waits for ray.init to reach workers.ray_address. Where no cluster answers, Ray retries
-# for many minutes without a word; the daemon fails start-up in one line instead.
-CONNECT_TIMEOUT_S = 60.0
 # The main thread waits for the connect in slices this long, so that a stop signal ends the wait promptly.
 CONNECT_POLL_S = 0.1
 _WILDCARD_HOSTS = ("0.0.0.0", "*", "[::]", "::")
@@ -153,6 +150,7 @@ class RayLauncher:
         self._ray = require_ray(config.origin)
         workers = config.workers
         self._address: str = workers.ray_address
+        self._connect_timeout_s: float = workers.ray_connect_timeout_s
         self._cpus: float = workers.ray_cpus_per_worker
         self._origin: str = config.origin
         self._pinned = config.service.is_loopback  # only this node can dial a loopback or ipc:// address
@@ -181,7 +179,7 @@ class RayLauncher:
         self._actor_class = ray.remote(LoaderWorker)
 
     def _init_ray(self) -> None:
-        """``ray.init`` at workers.ray_address within ``CONNECT_TIMEOUT_S``, else ``TransportError``.
+        """``ray.init`` at workers.ray_address within workers.ray_connect_timeout_s, else ``TransportError``.
 
         ray.init has no deadline of its own (an address where nothing answers kept ``loader serve`` silent
         for minutes, deaf to SIGTERM), so it runs in a thread of this launcher while the caller waits, in
@@ -211,7 +209,7 @@ class RayLauncher:
         thread = threading.Thread(target=connect, name="loader-ray-connect", daemon=True)
         self._connecting = thread
         stopped: list[int] = []
-        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        deadline = time.monotonic() + self._connect_timeout_s
         with _program_signal_handlers(), _noting_stop_signals(stopped):
             thread.start()
             while not done.wait(max(0.0, min(CONNECT_POLL_S, deadline - time.monotonic()))):
@@ -221,7 +219,7 @@ class RayLauncher:
                 if time.monotonic() >= deadline:
                     raise TransportError(
                         f"workers.launcher = 'ray' cannot reach {where}: ray.init did not connect within "
-                        f"{CONNECT_TIMEOUT_S:g}s"
+                        f"{self._connect_timeout_s:g}s (workers.ray_connect_timeout_s)"
                     )
         self._connecting = None
         if failed:

@@ -17,7 +17,6 @@ import pytest
 
 from loader.config import LoaderConfig
 from loader.errors import ConfigError, TransportError
-from loader.service.daemon import ray_launcher
 from loader.service.daemon.ray_launcher import RayLauncher
 
 ORIGIN = "configs/ray.toml"
@@ -63,16 +62,20 @@ def fake_ray(monkeypatch: Any) -> Iterator[FakeRay]:
         fake.release.set()  # the connect thread left behind ends now, not with the test process
 
 
-def test_unreachable_cluster_fails_start_within_the_deadline(tmp_path: Any, fake_ray: FakeRay, monkeypatch) -> None:
-    monkeypatch.setattr(ray_launcher, "CONNECT_TIMEOUT_S", DEADLINE_S)
-    launcher = RayLauncher(_config(tmp_path, launcher="ray", ray_address=UNREACHABLE))
+def test_unreachable_cluster_fails_start_within_the_deadline(tmp_path: Any, fake_ray: FakeRay) -> None:
+    launcher = RayLauncher(_config(tmp_path, launcher="ray", ray_address=UNREACHABLE, ray_connect_timeout_s=DEADLINE_S))
     began = time.monotonic()
     with pytest.raises(TransportError) as info:
         launcher.start("tcp://127.0.0.1:5555", "w-1", "workers.entry:run")
     waited = time.monotonic() - began
     assert DEADLINE_S <= waited < PROMPT_S, waited
     message = str(info.value)
-    assert "\n" not in message and UNREACHABLE in message and ORIGIN in message and f"{DEADLINE_S:g}s" in message
+    assert (
+        "\n" not in message
+        and UNREACHABLE in message
+        and ORIGIN in message
+        and f"{DEADLINE_S:g}s (workers.ray_connect_timeout_s)" in message
+    )
     # The connect ran in the launcher's own thread, a daemon thread (left inside ray.init while the process exits).
     ((address, thread),) = fake_ray.calls
     assert address == UNREACHABLE and thread is not threading.current_thread() and thread.daemon
@@ -123,8 +126,10 @@ def test_sigterm_while_connecting_ends_the_wait_at_once(tmp_path: Any, fake_ray:
         ({"ray_address": "head:0"}, r"workers\.ray_address must be .*got 'head:0'"),
         # A subnormal float: it shows as 9.99989e-321.
         ({"ray_cpus_per_worker": 1e-320}, r"workers\.ray_cpus_per_worker must be >= 0\.0001, got [0-9.]+e-32"),
+        ({"ray_connect_timeout_s": 0}, r"workers\.ray_connect_timeout_s must be > 0, got 0"),
+        ({"ray_connect_timeout_s": float("inf")}, r"workers\.ray_connect_timeout_s must be a finite number"),
     ],
-    ids=["nul", "blank", "http", "newline", "port-0", "subnormal-cpus"],
+    ids=["nul", "blank", "http", "newline", "port-0", "subnormal-cpus", "no-connect-time", "endless-connect"],
 )
 def test_absurd_ray_keys_are_refused_in_one_line(tmp_path: Any, values: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match) as info:
