@@ -557,3 +557,47 @@ def test_records_skipped_by_leases_that_were_cut_are_counted_once(tmp_path: Any,
     assert sorted(i for b in one for i in b) == sorted(i for i in ids if i % 19)
     assert three == one
     assert skipped_one == skipped_three == bad
+
+
+def test_ranks_resumed_from_states_of_different_steps_are_warned_of(data: Any, caplog: Any) -> None:
+    """Each such rank reads a stream of its own, so their batch counts for the rest of the epoch differ (DDP's
+    collectives would hang at its end): not refused (a job restarted before its old ranks were seen leaving
+    looks alike for a moment), but the daemon's log says so, naming the ranks and both places."""
+    small_only(data)
+    directory, _ = data
+    with running_daemon(config(directory, workers=1)) as daemon:
+        with clients(daemon.endpoint, 2) as ranks:
+            steps = [iter(r.epoch(0)) for r in ranks]
+            for _ in range(3):
+                [next(step) for step in steps]
+            early = ranks[0].state_dict()
+            for _ in range(2):
+                [next(step) for step in steps]
+            late = ranks[1].state_dict()
+        assert early["epoch"] == late["epoch"] == 0 and early["position"] != late["position"]
+        with caplog.at_level("WARNING", logger="loader.daemon"):
+            with clients(daemon.endpoint, 2, job="resumed") as ranks:
+                ranks[0].load_state_dict(early)
+                ranks[1].load_state_dict(late)
+                # Each rank's stream waits for the other rank, which reads elsewhere: a step each, no more.
+                firsts = [ids_of(next(iter(r.epoch()))) for r in ranks]
+    assert all(firsts), firsts
+    (line,) = [r.getMessage() for r in caplog.records if "states of different steps" in r.getMessage()]
+    assert f"rank 1 starts epoch 0 at sample {late['position']}" in line
+    assert f"rank(s) 0 of the job read it from sample {early['position']}" in line
+
+
+def test_ranks_resumed_from_one_state_read_one_stream_without_a_warning(data: Any, caplog: Any) -> None:
+    small_only(data)
+    directory, _ = data
+    with running_daemon(config(directory, workers=1)) as daemon:
+        with clients(daemon.endpoint, 2) as ranks:
+            read_ranks(ranks, 0, stop_after=3)
+            state = ranks[1].state_dict()
+        with caplog.at_level("WARNING", logger="loader.daemon"):
+            with clients(daemon.endpoint, 2, job="resumed") as ranks:
+                for r in ranks:
+                    r.load_state_dict(state)
+                tail = read_ranks(ranks)
+    assert len(tail[0]) == len(tail[1]) > 0
+    assert not [r for r in caplog.records if "states of different steps" in r.getMessage()]

@@ -63,6 +63,8 @@ SURVEY_BUDGET_S = 1.0
 # 1/(1 + EPOCH_PACING) of the loop, not all of it (another client's epoch stalled). An epoch of a few hundred
 # files costs about a millisecond: its pace goes unseen.
 EPOCH_PACING = 4.0
+# Ranks a log line names at most (a job may have 65,536).
+MAX_RANKS_SHOWN = 8
 
 
 @dataclass
@@ -296,6 +298,7 @@ class ClientDesk:
         job = self.jobs[session.job]
         self.stage.on_epoch_request(session, message.shm, message.pack)
         self.stage.detach(session)
+        self._note_resumed_apart(session, job, message)
         stream = self._stream_for(job, session.rank, message.epoch, message.position, anchor)
         credits = message.credit if message.credit is not None else session.prefetch
         self.stage.attach(session, stream, message.gen, credits)
@@ -315,6 +318,41 @@ class ClientDesk:
         if not window * size <= message.position <= (window + 1) * size or order_index > len(job.dataset.leases):
             return f"the resume position {message.position} does not lie in its anchor {message.anchor} (a bad state)"
         return (window, order_index, record)
+
+    def _note_resumed_apart(self, session: Session, job: Job, message: P.Epoch) -> None:
+        """A WARNING when ``session``'s rank starts an epoch at another place than ranks of its job that read it.
+
+        Each rank then gets a stream of its own, so the ranks get different numbers of batches for the rest of
+        the epoch and data-parallel collectives hang at its end. Not refused: a job restarted before the
+        daemon saw its old ranks leave looks the same for a moment, and its new ranks are right."""
+        for stream in job.streams:
+            if (
+                stream.epoch == message.epoch
+                and stream.position != message.position
+                and stream.attached_ever
+                and session.rank not in stream.attached_ever
+                and stream.joinable
+                and not stream.failed
+                and stream.stream_id in self.stage.streams
+            ):
+                others = sorted(stream.attached_ever)
+                shown = ", ".join(map(str, others[:MAX_RANKS_SHOWN])) + (
+                    ", ..." if len(others) > MAX_RANKS_SHOWN else ""
+                )
+                log.log(
+                    self._lines.level(session.peer, "resumed apart", logging.WARNING),
+                    "job %r: rank %d starts epoch %d at sample %d of it, but rank(s) %s of the job read it from "
+                    "sample %d: ranks that loaded states of different steps get different numbers of batches for "
+                    "the rest of the epoch (data-parallel collectives hang at its end); every rank loads a state "
+                    "of the same step (a state is global: rank 0's serves every rank)",
+                    job.key,
+                    session.rank,
+                    message.epoch,
+                    message.position,
+                    shown,
+                    stream.position,
+                )
+                return
 
     def _stream_for(self, job: Job, rank: int, epoch: int, position: int, anchor: Anchor) -> Stream:
         """The job's stream of this epoch and start that ``rank`` has not read yet, or a new one."""
