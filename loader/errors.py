@@ -21,6 +21,7 @@ person needs to act on them.
     │   └── WorkerDiedError                       a child process died without a word
     ├── TransportError                            the socket or pipe failed
     │   ├── ServiceUnavailableError               the daemon is unreachable or went away
+    │   │   └── EpochStalledError                 an epoch made no progress though the daemon answers
     │   ├── ProtocolVersionError                  the peer runs another loader protocol version
     │   └── MalformedMessageError                 a peer sent a message that breaks the protocol
     └── ClosedError                               used after close()

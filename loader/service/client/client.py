@@ -93,12 +93,12 @@ PING_INTERVAL_S = 0.5
 # stopped without a goodbye): found in seconds, not after timeout_s of silence. zmq retries every 0.1-0.2 s.
 PEER_GONE_AFTER_S = 2.0
 RECEIVER_POLL_S = 0.1
-# On the way out the receiver says BYE, then takes in (and drops) what the daemon had in flight until none
-# arrives for CLOSE_QUIET_S, CLOSE_DRAIN_S at most, before it closes its socket. A socket closed while batches
+# On the way out the receiver says BYE and, when batches it gave credit for may still be on their way, takes in
+# (and drops) what arrives until none has for CLOSE_QUIET_S, CLOSE_DRAIN_S at most, before it closes its socket. A socket closed while batches
 # were still arriving left about 0.4 MiB of C memory in use for good (below zmq's Python objects: tracemalloc
 # saw nothing), so a script that closed a client mid-epoch again and again grew without end; one closed with
 # nothing in flight leaves nothing.
-CLOSE_QUIET_S = 0.02
+CLOSE_QUIET_S = 0.05
 CLOSE_DRAIN_S = 0.25
 THREAD_JOIN_TIMEOUT_S = 5.0
 # The longest an epoch's iterator waits for its next batch from a daemon that answers pings but sends
@@ -789,8 +789,9 @@ def _receive(client_ref: weakref.ReferenceType[Client]) -> None:
         out.put(("fatal", None, exc))
     finally:
         try:
-            if channel.try_send(P.encode(P.Bye()), timeout_s=0.0):
-                _drop_in_flight(channel)
+            said_bye = channel.try_send(P.encode(P.Bye()), timeout_s=0.0)
+            if said_bye and state.gen is not None and not state.over and state.received < state.allowed:
+                _drop_in_flight(channel)  # batches it gave credit for may still be on their way
         except Exception:  # best effort on the way out
             pass
         channel.close()
