@@ -18,8 +18,8 @@ workers run, while every sample still travels over the worker's ZeroMQ sockets.
   ``close`` kills any left and disconnects from Ray, shutting Ray down only when
   this launcher started it.
 * Connecting: ``ray.init`` (at the first ``start``) runs in a thread of the launcher while start-up waits
-  at most ``workers.ray_connect_timeout_s`` (60 s): an address where no cluster answers fails start-up in one line, and a
-  stop signal meanwhile ends the wait at once.
+  at most ``workers.ray_connect_timeout_s`` (60 s): an address where no cluster answers fails start-up in
+  one line, and a stop signal meanwhile ends the wait at once.
 * Reachability: a daemon bound to loopback or ipc:// can only be reached from its
   own node, so its actors are pinned there (``NodeAffinitySchedulingStrategy``);
   a wildcard bind (``tcp://0.0.0.0:PORT``) is dialled at this node's Ray address.
