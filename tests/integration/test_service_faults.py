@@ -13,7 +13,7 @@ import pytest
 
 from loader import Client
 from loader.config import LoaderConfig
-from loader.errors import ConfigError, ServiceUnavailableError, TransportError, WorkerError
+from loader.errors import ConfigError, EpochStalledError, ServiceUnavailableError, TransportError, WorkerError
 from loader.service.client.client import query_status
 from loader.service.daemon.loop import Daemon
 from tests.helpers import child_pids, wait_until
@@ -253,7 +253,7 @@ def test_a_rank_that_never_comes_is_named_when_the_epoch_stalls(tmp_path, monkey
         thread.join(30)
         assert not thread.is_alive()
     ((error,),) = [raised]
-    assert isinstance(error, WorkerError)
+    assert isinstance(error, EpochStalledError)  # the daemon's stall, as the client's own would be
     assert re.search(r"rank\(s\) 1 of world_size 2, which never asked for this epoch", str(error)), str(error)
     (note,) = [r.getMessage() for r in caplog.records if "waits for rank" in r.getMessage()]
     assert note.startswith("epoch 0 of job 'default/default/2' waits for rank(s) 1 of world_size 2, which never")
