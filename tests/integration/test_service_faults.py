@@ -268,3 +268,52 @@ def _read_all(batches) -> list[BaseException]:
     except BaseException as exc:  # the caller checks it
         return [exc]
     return []
+
+
+def test_ranks_on_different_epochs_after_a_resume_are_named_when_they_stall(tmp_path, monkeypatch, caplog):
+    # Only rank 0 loads the checkpoint's state (epoch 1, mid-way); rank 1 starts over at epoch 0. Each stream
+    # waits for the rank reading the other: the note and the error say so, and what to do, where they said
+    # "which never asked for this epoch" (rank 1 did ask: for another one).
+    import loader.service.daemon.stage as stage_module
+
+    monkeypatch.setattr(stage_module, "MIN_STALL_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(stage_module, "RANKS_NOTE_S", 0.2)
+    caplog.set_level(logging.WARNING, logger="loader.stage")
+    write_id_files(tmp_path, 4, 20_000)
+    config = make_config(
+        tmp_path, pipeline={"batch_size": 100, "shuffle_buffer": 0}, workers={"count": 1, "progress_timeout_s": 0.5}
+    )
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, rank=0, world_size=1, timeout_s=10) as alone:
+            steps = iter(alone.epoch(1))
+            for _ in range(3):
+                next(steps)
+            state = alone.state_dict()
+        ranks = [Client(daemon.endpoint, rank=r, world_size=2, timeout_s=10) for r in range(2)]
+        try:
+            ranks[0].load_state_dict(state)  # rank 1 does not
+            raised: list[list[BaseException]] = [[], []]
+            threads = [
+                threading.Thread(target=lambda r=r: raised[r].extend(_read_all(ranks[r].epoch())), daemon=True)
+                for r in range(2)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+            assert not any(thread.is_alive() for thread in threads)
+        finally:
+            for client in ranks:
+                client.close()
+    ((stalled_1,), (stalled_0,)) = raised
+    assert isinstance(stalled_1, EpochStalledError) and isinstance(stalled_0, EpochStalledError)
+    assert "rank(s) 1 of world_size 2, which read another epoch (rank 1: epoch 0 from sample 0; this is epoch 1" in str(
+        stalled_1
+    ), str(stalled_1)
+    position = state["position"]
+    assert f"rank(s) 0 of world_size 2, which read another epoch (rank 0: epoch 1 from sample {position}" in str(
+        stalled_0
+    ), str(stalled_0)
+    assert "every rank loads the same state" in str(stalled_0)
+    notes = [r.getMessage() for r in caplog.records if "which read another epoch" in r.getMessage()]
+    assert len(notes) == 2, notes

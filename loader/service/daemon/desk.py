@@ -40,7 +40,7 @@ from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator
 from loader.service.daemon.datasets import Dataset, DatasetTable
 from loader.service.daemon.rejects import PeerLines
-from loader.service.daemon.stage import Stage
+from loader.service.daemon.stage import Stage, shown_ranks
 from loader.service.daemon.streams import FileComplete, FileCut, Session, Stream
 from loader.service.daemon.workforce import WorkerPool
 from loader.service.order import Anchor, epoch_batches, start_anchor, window_rows
@@ -63,8 +63,6 @@ SURVEY_BUDGET_S = 1.0
 # 1/(1 + EPOCH_PACING) of the loop, not all of it (another client's epoch stalled). An epoch of a few hundred
 # files costs about a millisecond: its pace goes unseen.
 EPOCH_PACING = 4.0
-# Ranks a log line names at most (a job may have 65,536).
-MAX_RANKS_SHOWN = 8
 
 
 @dataclass
@@ -335,10 +333,6 @@ class ClientDesk:
                 and not stream.failed
                 and stream.stream_id in self.stage.streams
             ):
-                others = sorted(stream.attached_ever)
-                shown = ", ".join(map(str, others[:MAX_RANKS_SHOWN])) + (
-                    ", ..." if len(others) > MAX_RANKS_SHOWN else ""
-                )
                 log.log(
                     self._lines.level(session.peer, "resumed apart", logging.WARNING),
                     "job %r: rank %d starts epoch %d at sample %d of it, but rank(s) %s of the job read it from "
@@ -349,7 +343,7 @@ class ClientDesk:
                     session.rank,
                     message.epoch,
                     message.position,
-                    shown,
+                    shown_ranks(sorted(stream.attached_ever)),
                     stream.position,
                 )
                 return

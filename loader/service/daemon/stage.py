@@ -784,10 +784,25 @@ class Stage:
             # Each epoch() call is a request of its own, and a job's ranks pair their requests in order: a rank
             # that asked once more than the others reads a stream of its own.
             return (
-                f"rank(s) {_ranks(elsewhere)} of world_size {stream.world_size}, which read another request for "
+                f"rank(s) {shown_ranks(elsewhere)} of world_size {stream.world_size}, which read another request for "
                 f"epoch {stream.epoch}: the job's batches wait for every rank, and the ranks asked for it a "
                 "different number of times (each client.epoch() iterated is a request; every rank must make the "
                 "same calls)"
+            )
+        behind = sorted(
+            (s.rank, s.current.epoch, s.current.position)
+            for s in self.sessions.values()
+            if s.rank in absent and s.job == stream.job and s.current is not None and s.current.epoch != stream.epoch
+        )
+        if behind:
+            # Ranks on another epoch: most often only some ranks loaded the checkpoint's state, so the others
+            # started over. Their streams wait for each other; no rank of either will ever come.
+            rank, epoch, position = behind[0]
+            return (
+                f"rank(s) {shown_ranks([r for r, _, _ in behind])} of world_size {stream.world_size}, which read "
+                f"another epoch (rank {rank}: epoch {epoch} from sample {position}; this is epoch {stream.epoch} from "
+                f"sample {stream.position}): the job's ranks must read the same epochs in step; after a resume, every "
+                "rank loads the same state (a state is global: rank 0's serves every rank)"
             )
         left = [rank for rank in missing if (stream.job, rank) in self.departed]
         if left:
@@ -795,13 +810,13 @@ class Stage:
             # for it in their collectives too (torch.distributed). Say which, and when it left.
             when = time.strftime("%H:%M:%S", time.localtime(self.departed[(stream.job, left[0])]))
             return (
-                f"rank(s) {_ranks(left)} of world_size {stream.world_size}, whose client left (rank {left[0]} at "
+                f"rank(s) {shown_ranks(left)} of world_size {stream.world_size}, whose client left (rank {left[0]} at "
                 f"{when}) and has not come back: the job's batches wait for every rank; a job that lost a rank is "
                 "restarted as a whole (as torchrun restarts it), or its client started again with the same job"
             )
         # The steps are cut for every rank and wait for the ones that never came: say so, not "no record".
         return (
-            f"rank(s) {_ranks(missing)} of world_size {stream.world_size}, which never asked for this epoch: the "
+            f"rank(s) {shown_ranks(missing)} of world_size {stream.world_size}, which never asked for this epoch: the "
             "job's batches wait for every rank (start a client for each rank, or give the clients the world_size "
             "that runs)"
         )
@@ -938,7 +953,8 @@ def _first_line(text: str, limit: int) -> str:
     return line if len(line) <= limit else line[:limit] + "..."
 
 
-def _ranks(ranks: list[int]) -> str:
+def shown_ranks(ranks: list[int]) -> str:
+    """Ranks as a log line or an error names them: the first ``SHOWN_RANKS``, then "..." (a job may have 65,536)."""
     return ", ".join(map(str, ranks[:SHOWN_RANKS])) + (", ..." if len(ranks) > SHOWN_RANKS else "")
 
 
@@ -951,4 +967,4 @@ def _read_another(session: Session, stream: Stream) -> bool:
     return session.finished is not None and session.finished[0] == stream.epoch
 
 
-__all__ = ["Stage", "Session", "Step", "Stream", "StreamSettings", "Traffic", "frames_nbytes"]
+__all__ = ["Stage", "Session", "Step", "Stream", "StreamSettings", "Traffic", "frames_nbytes", "shown_ranks"]

@@ -195,6 +195,7 @@ def _starving_stream(world_size: int, attached: set[int]) -> Any:
         ranks_noted=False,
         ranks_looked_at=0.0,
         epoch=0,
+        position=0,
         job=f"default/j/{world_size}",
     )
 
@@ -249,7 +250,10 @@ def test_a_stream_waiting_for_a_rank_whose_client_left_says_it_left_and_when():
     back.job = "default/j/2"
     later = stage.new_stream(settings=stage.settings, epoch=1, world_size=2, order=[0], job=back.job, prefetch=1)
     stage.attach(back, later, gen=1, credits=1)
-    assert "which never asked for this epoch" in stage._ranks_waited_for(waiting)
+    # Back on another epoch than the one waiting for it: said so, with both places, and what to do.
+    said = stage._ranks_waited_for(waiting)
+    assert "rank(s) 1 of world_size 2, which read another epoch (rank 1: epoch 1 from sample 0; this is epoch 0" in said
+    assert "every rank loads the same state" in said
     for rank in range(2, 2 + 70_000):  # remembered ranks are bounded
         left = stage.open_session(f"r{rank}".encode(), rank, 100_000, prefetch=1)
         left.job = "default/big/100000"
