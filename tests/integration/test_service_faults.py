@@ -232,15 +232,7 @@ def test_a_rank_that_never_comes_is_named_when_the_epoch_stalls(tmp_path, monkey
     # Rank 1 of 2 never connects: rank 0 reads its half of what the stage may hold, then waits. The stall's
     # error names the missing rank, not "no record arrived" (records did arrive: they wait for rank 1); and
     # before it, the daemon's log and `loader status` say it (the error came after 360 s by default, silent).
-    import loader.service.daemon.stage as stage_module
-
-    monkeypatch.setattr(stage_module, "MIN_STALL_TIMEOUT_S", 3.0)
-    monkeypatch.setattr(stage_module, "RANKS_NOTE_S", 0.2)
-    caplog.set_level(logging.WARNING, logger="loader.stage")
-    write_id_files(tmp_path, 4, 20_000)
-    config = make_config(
-        tmp_path, pipeline={"batch_size": 100, "shuffle_buffer": 0}, workers={"count": 1, "progress_timeout_s": 0.5}
-    )
+    config = _quick_stall_config(tmp_path, monkeypatch, caplog)
     with running_daemon(config) as daemon, Client(daemon.endpoint, rank=0, world_size=2, timeout_s=10) as client:
         raised: list[BaseException] = []
         thread = threading.Thread(target=lambda: raised.extend(_read_all(client.epoch())), daemon=True)
@@ -274,15 +266,7 @@ def test_ranks_on_different_epochs_after_a_resume_are_named_when_they_stall(tmp_
     # Only rank 0 loads the checkpoint's state (epoch 1, mid-way); rank 1 starts over at epoch 0. Each stream
     # waits for the rank reading the other: the note and the error say so, and what to do, where they said
     # "which never asked for this epoch" (rank 1 did ask: for another one).
-    import loader.service.daemon.stage as stage_module
-
-    monkeypatch.setattr(stage_module, "MIN_STALL_TIMEOUT_S", 3.0)
-    monkeypatch.setattr(stage_module, "RANKS_NOTE_S", 0.2)
-    caplog.set_level(logging.WARNING, logger="loader.stage")
-    write_id_files(tmp_path, 4, 20_000)
-    config = make_config(
-        tmp_path, pipeline={"batch_size": 100, "shuffle_buffer": 0}, workers={"count": 1, "progress_timeout_s": 0.5}
-    )
+    config = _quick_stall_config(tmp_path, monkeypatch, caplog)
     with running_daemon(config) as daemon:
         with Client(daemon.endpoint, rank=0, world_size=1, timeout_s=10) as alone:
             steps = iter(alone.epoch(1))
@@ -317,3 +301,16 @@ def test_ranks_on_different_epochs_after_a_resume_are_named_when_they_stall(tmp_
     assert "every rank loads the same state" in str(stalled_0)
     notes = [r.getMessage() for r in caplog.records if "which read another epoch" in r.getMessage()]
     assert len(notes) == 2, notes
+
+
+def _quick_stall_config(tmp_path, monkeypatch, caplog) -> LoaderConfig:
+    """Id files and a config whose epochs stall within seconds (3 s), the note of the ranks waited for at once."""
+    import loader.service.daemon.stage as stage_module
+
+    monkeypatch.setattr(stage_module, "MIN_STALL_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(stage_module, "RANKS_NOTE_S", 0.2)
+    caplog.set_level(logging.WARNING, logger="loader.stage")
+    write_id_files(tmp_path, 4, 20_000)
+    return make_config(
+        tmp_path, pipeline={"batch_size": 100, "shuffle_buffer": 0}, workers={"count": 1, "progress_timeout_s": 0.5}
+    )
