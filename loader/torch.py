@@ -152,18 +152,27 @@ class DataLoader:
 
         Unlike ``DistributedSampler``, iterating again without it runs the epoch after, not the same one.
         After ``load_state_dict`` of a mid-epoch state, only that epoch's number is accepted, so a loop
-        that calls ``set_epoch(epoch)`` from the checkpoint's epoch resumes where the state was taken.
+        that calls ``set_epoch(epoch)`` from the checkpoint's epoch resumes where the state was taken; or the
+        next epoch's, when the state was taken at its epoch's last batch (nothing is left to drop).
         """
         number = _epoch_number(epoch)
         resuming = self._resuming_epoch()
         if resuming is not None:
-            if number != resuming:
-                raise ValueError(
-                    f"the loaded state is in the middle of epoch {resuming}: set_epoch({resuming}) continues it; "
-                    f"set_epoch({number}) would drop the rest of it (a state taken at the epoch's last batch: "
-                    f"set_epoch({resuming}) and iterate, which ends at once)"
-                )
-            return
+            if number == resuming:
+                return
+            left = self._loaded_batches_left()
+            if number == resuming + 1 and left == 0:
+                # A state taken at its epoch's last batch (a loop that counted the epoch done): the next epoch
+                # drops nothing, so it starts from its first batch.
+                self._close_open()
+                self._reader.load_state_dict(_epoch_start(self._reader.state_dict(), number))
+                self._next_epoch = number
+                return
+            rest = "the rest of it" if left is None else f"the {left} batch(es) left of it"
+            raise ValueError(
+                f"the loaded state is in the middle of epoch {resuming}: set_epoch({resuming}) continues it; "
+                f"set_epoch({number}) would drop {rest}"
+            )
         if self._open is not None and not self._open_started:  # opened ahead by len()
             if self._open_epoch == number:
                 return  # for this very epoch: the next iteration takes it, the one after runs number + 1
@@ -229,6 +238,16 @@ class DataLoader:
         if self._open is not None and self._open_resumed and not self._open_started:
             return self._open_epoch  # the loaded epoch, opened ahead by len()
         return None
+
+    def _loaded_batches_left(self) -> int | None:
+        """Batches left of the loaded state's epoch, opened ahead as ``len()`` opens it (asking the daemon
+        nothing); None where the reader cannot count them."""
+        if self._open is None or self._open_started:
+            self._open_next()
+        try:
+            return len(cast(Any, self._open))
+        except TypeError:
+            return None
 
     def _open_next(self) -> None:
         """Open the epoch the next iteration runs; an epoch left unfinished is dropped, as DataLoader does."""

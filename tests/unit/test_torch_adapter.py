@@ -721,3 +721,44 @@ def test_a_loader_or_client_given_to_torchs_dataloader_says_to_use_loader_torch(
             iter(data.client())  # was "'Client' object is not iterable"
         batches = list(data)  # list() asks len() for a size hint, and goes on without one
     assert len(batches) == 2 and sorted(np.concatenate([b["label"] for b in batches]).tolist()) == list(range(16))
+
+
+def test_set_epoch_of_the_next_epoch_after_a_state_taken_at_an_epochs_last_batch(tmp_path):
+    # A loop that saves its state at every step and counts an epoch done after its last batch resumes with
+    # set_epoch(next epoch): it was refused ("in the middle of epoch 0"), though nothing was left to drop.
+    import numpy as np
+
+    from loader.torch import DataLoader
+
+    config = _npy_config(tmp_path, np.arange(1000, 1200, dtype=np.int64))
+
+    def rows(batches: Any) -> list[list[int]]:
+        return [b["data"].tolist() for b in batches]
+
+    with DataLoader(config) as data:
+        epoch_0 = iter(data)
+        for _ in range(len(data)):
+            next(epoch_0)
+        at_last_batch = data.state_dict()
+        next(epoch_0, None)
+        epoch_1 = rows(data)
+    assert at_last_batch["resume"] is True and len(epoch_1) == 25
+    with DataLoader(config) as data:
+        data.load_state_dict(at_last_batch)
+        data.set_epoch(1)
+        assert rows(data) == epoch_1
+    with DataLoader(config) as data:
+        data.load_state_dict(at_last_batch)
+        len(data)  # opened ahead first, as a loop that sizes its progress bar does
+        data.set_epoch(1)
+        assert rows(data) == epoch_1
+    with DataLoader(config) as data:
+        early = iter(data)
+        for _ in range(5):
+            next(early)
+        mid_epoch = data.state_dict()
+    with DataLoader(config) as data:
+        data.load_state_dict(mid_epoch)
+        with pytest.raises(ValueError, match=r"set_epoch\(1\) would drop the 20 batch\(es\) left of it"):
+            data.set_epoch(1)
+        assert len(rows(data)) == 20  # still where it stood: set_epoch(0) or iterating goes on with the rest
