@@ -584,11 +584,7 @@ def test_len_after_a_resume_is_the_whole_epochs_as_torchdatas(tmp_path, torch):
     from loader.torch import DataLoader
 
     config = _npy_config(tmp_path, np.arange(64, dtype=np.float32))
-    with DataLoader(config) as data:
-        batches = iter(data)
-        for _ in range(3):
-            next(batches)
-        state = data.state_dict()
+    state = _state_after(config, 3)
     with DataLoader(config) as data:
         data.load_state_dict(state)
         assert len(data) == 8
@@ -752,13 +748,20 @@ def test_set_epoch_of_the_next_epoch_after_a_state_taken_at_an_epochs_last_batch
         len(data)  # opened ahead first, as a loop that sizes its progress bar does
         data.set_epoch(1)
         assert rows(data) == epoch_1
-    with DataLoader(config) as data:
-        early = iter(data)
-        for _ in range(5):
-            next(early)
-        mid_epoch = data.state_dict()
+    mid_epoch = _state_after(config, 5)
     with DataLoader(config) as data:
         data.load_state_dict(mid_epoch)
         with pytest.raises(ValueError, match=r"set_epoch\(1\) would drop the 20 batch\(es\) left of it"):
             data.set_epoch(1)
         assert len(rows(data)) == 20  # still where it stood: set_epoch(0) or iterating goes on with the rest
+
+
+def _state_after(config: Any, batches: int) -> dict[str, Any]:
+    """A ``loader.torch.DataLoader``'s state after taking ``batches`` batches of its first epoch."""
+    from loader.torch import DataLoader
+
+    with DataLoader(config) as data:
+        epoch = iter(data)
+        for _ in range(batches):
+            next(epoch)
+        return data.state_dict()
