@@ -160,7 +160,7 @@ class DataLoader:
         if resuming is not None:
             if number == resuming:
                 return
-            left = self._loaded_batches_left()
+            left = self._loaded_batches_left()  # a Client's or Loader's len() of a resumed epoch: what is left
             if number == resuming + 1 and left == 0:
                 # A state taken at its epoch's last batch (a loop that counted the epoch done): the next epoch
                 # drops nothing, so it starts from its first batch.
@@ -168,11 +168,7 @@ class DataLoader:
                 self._reader.load_state_dict(_epoch_start(self._reader.state_dict(), number))
                 self._next_epoch = number
                 return
-            rest = "the rest of it" if left is None else f"the {left} batch(es) left of it"
-            raise ValueError(
-                f"the loaded state is in the middle of epoch {resuming}: set_epoch({resuming}) continues it; "
-                f"set_epoch({number}) would drop {rest}"
-            )
+            raise ValueError(_refused_epoch(resuming, number, left))
         if self._open is not None and not self._open_started:  # opened ahead by len()
             if self._open_epoch == number:
                 return  # for this very epoch: the next iteration takes it, the one after runs number + 1
@@ -480,6 +476,27 @@ def _epoch_start(reader: Mapping[str, Any], epoch: int) -> dict[str, Any]:
 
     state = dict(reader)
     return at_epoch_start(state, epoch) if state.get("kind") == STATE_KIND else state
+
+
+def _refused_epoch(resuming: int, number: int, left: int | None) -> str:
+    """Why ``set_epoch(number)`` is refused after loading a state in epoch ``resuming`` with ``left`` batches
+    left (None: not known)."""
+    skipped = f"epoch {resuming + 1}" if number == resuming + 2 else f"epochs {resuming + 1}-{number - 1}"
+    if left == 0:
+        return (
+            f"the loaded state was taken at epoch {resuming}'s last batch: set_epoch({resuming + 1}) starts the next "
+            f"epoch; set_epoch({number}) would skip {skipped}"
+        )
+    rest = "the rest of it" if left is None else f"the {left} batch(es) left of it"
+    if number > resuming + 1:
+        rest += f" and skip {skipped}"
+    message = (
+        f"the loaded state is in the middle of epoch {resuming}: set_epoch({resuming}) continues it; "
+        f"set_epoch({number}) would drop {rest}"
+    )
+    if left is None:  # the next epoch's number is taken only when the rest is known to be empty
+        message += f" (a state taken at its last batch: set_epoch({resuming}) and iterate, which ends at once)"
+    return message
 
 
 def _epoch_number(epoch: Any) -> int:

@@ -233,6 +233,19 @@ def test_set_epoch_refuses_to_skip_the_rest_of_a_loaded_epoch():
         resumed.set_epoch(1)
 
 
+def test_set_epoch_after_a_state_of_a_reader_that_cannot_count_says_how_to_go_on():
+    data = _adapter(FakeReader(length=None))
+    batches = iter(data)
+    next(batches)
+    resumed = _adapter(FakeReader(length=None))
+    resumed.load_state_dict(data.state_dict())
+    with pytest.raises(
+        ValueError, match=r"would drop the rest of it \(a state taken at its last batch: set_epoch\(0\)"
+    ):
+        resumed.set_epoch(1)
+    assert _seen(resumed) == [(0, i) for i in range(1, BATCHES)]  # still where it stood
+
+
 def test_state_between_epochs_goes_on_with_the_next_epoch():
     reader = FakeReader()
     data = _adapter(reader)
@@ -741,7 +754,16 @@ def test_set_epoch_of_the_next_epoch_after_a_state_taken_at_an_epochs_last_batch
     assert at_last_batch["resume"] is True and len(epoch_1) == 25
     with DataLoader(config) as data:
         data.load_state_dict(at_last_batch)
+        with pytest.raises(
+            ValueError,
+            match=r"taken at epoch 0's last batch: set_epoch\(1\) starts the next epoch; "
+            r"set_epoch\(2\) would skip epoch 1",
+        ):
+            data.set_epoch(2)
         data.set_epoch(1)
+        state = data.state_dict()  # the reader moved to the start of epoch 1, as a between-epochs state says
+        assert (state["epoch"], state["resume"]) == (1, False)
+        assert (state["reader"]["epoch"], state["reader"]["position"]) == (1, 0)
         assert rows(data) == epoch_1
     with DataLoader(config) as data:
         data.load_state_dict(at_last_batch)
@@ -751,8 +773,12 @@ def test_set_epoch_of_the_next_epoch_after_a_state_taken_at_an_epochs_last_batch
     mid_epoch = _state_after(config, 5)
     with DataLoader(config) as data:
         data.load_state_dict(mid_epoch)
-        with pytest.raises(ValueError, match=r"set_epoch\(1\) would drop the 20 batch\(es\) left of it"):
+        with pytest.raises(ValueError, match=r"set_epoch\(1\) would drop the 20 batch\(es\) left of it$"):
             data.set_epoch(1)
+        with pytest.raises(
+            ValueError, match=r"set_epoch\(4\) would drop the 20 batch\(es\) left of it and skip epochs 1-3"
+        ):
+            data.set_epoch(4)
         assert len(rows(data)) == 20  # still where it stood: set_epoch(0) or iterating goes on with the rest
 
 

@@ -795,14 +795,24 @@ class Stage:
             if s.rank in absent and s.job == stream.job and s.current is not None and s.current.epoch != stream.epoch
         )
         if behind:
-            # Ranks on another epoch: most often only some ranks loaded the checkpoint's state, so the others
-            # started over. Their streams wait for each other; no rank of either will ever come.
             rank, epoch, position = behind[0]
+            ranks = shown_ranks(sorted({r for r, _, _ in behind}))
+            where = (
+                f"rank {rank}: epoch {epoch}, begun at sample {position}; this is epoch {stream.epoch}, begun at "
+                f"sample {stream.position}"
+            )
+            if stream.position or any(p for _, _, p in behind):
+                # A resume on one side: most often only some ranks loaded the checkpoint's state and the others
+                # started over. Their streams wait for each other; no rank of either will ever come.
+                return (
+                    f"rank(s) {ranks} of world_size {stream.world_size}, which read another epoch ({where}): the "
+                    "job's ranks read the same epochs in step; after a resume, every rank loads the same state (a "
+                    "state is global: rank 0's serves every rank)"
+                )
+            # No resume: a rank that is slower by an epoch (the next comes once it has finished its own).
             return (
-                f"rank(s) {shown_ranks([r for r, _, _ in behind])} of world_size {stream.world_size}, which read "
-                f"another epoch (rank {rank}: epoch {epoch} from sample {position}; this is epoch {stream.epoch} from "
-                f"sample {stream.position}): the job's ranks must read the same epochs in step; after a resume, every "
-                "rank loads the same state (a state is global: rank 0's serves every rank)"
+                f"rank(s) {ranks} of world_size {stream.world_size}, which still read another epoch ({where}): "
+                "the job's batches wait for every rank, and ranks that do not read their epochs in step wait here"
             )
         left = [rank for rank in missing if (stream.job, rank) in self.departed]
         if left:

@@ -250,9 +250,16 @@ def test_a_stream_waiting_for_a_rank_whose_client_left_says_it_left_and_when():
     back.job = "default/j/2"
     later = stage.new_stream(settings=stage.settings, epoch=1, world_size=2, order=[0], job=back.job, prefetch=1)
     stage.attach(back, later, gen=1, credits=1)
-    # Back on another epoch than the one waiting for it: said so, with both places, and what to do.
+    # Back on another epoch than the one waiting for it, both begun at their start (no resume): said so.
     said = stage._ranks_waited_for(waiting)
-    assert "rank(s) 1 of world_size 2, which read another epoch (rank 1: epoch 1 from sample 0; this is epoch 0" in said
+    assert said.startswith(
+        "rank(s) 1 of world_size 2, which still read another epoch (rank 1: epoch 1, begun at sample 0; this is "
+        "epoch 0, begun at sample 0)"
+    ), said
+    assert "state" not in said  # no resume: no advice about states
+    later.position = 300  # as if it had resumed there: then the advice about states
+    said = stage._ranks_waited_for(waiting)
+    assert "which read another epoch (rank 1: epoch 1, begun at sample 300;" in said, said
     assert "every rank loads the same state" in said
     for rank in range(2, 2 + 70_000):  # remembered ranks are bounded
         left = stage.open_session(f"r{rank}".encode(), rank, 100_000, prefetch=1)
