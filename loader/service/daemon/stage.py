@@ -779,6 +779,25 @@ class Stage:
         if not missing:
             return None
         absent = set(missing)
+        apart = sorted(
+            (s.rank, s.current.position)
+            for s in self.sessions.values()
+            if s.rank in absent
+            and s.job == stream.job
+            and s.current is not None
+            and s.current.epoch == stream.epoch
+            and s.current.position != stream.position
+        )
+        if apart:
+            # The same epoch begun at another place: ranks that loaded states of different steps (the desk warned
+            # of it when the second asked).
+            rank, position = apart[0]
+            return (
+                f"rank(s) {shown_ranks(sorted({r for r, _ in apart}))} of world_size {stream.world_size}, which read "
+                f"this epoch from another place (rank {rank}: begun at sample {position}; this stream at sample "
+                f"{stream.position}): ranks that loaded states of different steps; every rank loads the same state (a "
+                "state is global: rank 0's serves every rank)"
+            )
         elsewhere = sorted(s.rank for s in self.sessions.values() if s.rank in absent and _read_another(s, stream))
         if elsewhere:
             # Each epoch() call is a request of its own, and a job's ranks pair their requests in order: a rank

@@ -228,11 +228,29 @@ def test_a_stream_waiting_for_a_rank_that_reads_another_request_of_the_epoch_say
     stage = _stage(lambda peer, frames: True)
     waiting = _starving_stream(2, {0})
     assert "rank(s) 1 of world_size 2, which never asked for this epoch" in stage._ranks_waited_for(waiting)
-    other = types.SimpleNamespace(epoch=0)
+    other = types.SimpleNamespace(epoch=0, position=0)
     stage.sessions[b"rank-1"] = types.SimpleNamespace(rank=1, job="default/j/2", current=other, finished=None)
     assert "rank(s) 1 of world_size 2, which read another request for epoch 0" in stage._ranks_waited_for(waiting)
     stage.sessions[b"rank-1"].current, stage.sessions[b"rank-1"].finished = None, (0, 4, 4, 600)  # read it to its end
     assert "which read another request for epoch 0" in stage._ranks_waited_for(waiting)
+
+
+def test_a_stream_waiting_for_a_rank_that_read_its_epoch_from_another_place_says_so():
+    """Ranks that loaded states of different steps read one epoch from two places, each stream waiting for the
+    other's rank: said so, not "the ranks asked for it a different number of times"."""
+    stage = _stage(lambda peer, frames: True)
+    waiting = _starving_stream(2, {0})
+    rank_1 = stage.open_session(b"rank-1", 1, 2, prefetch=1)
+    rank_1.job = waiting.job
+    elsewhere = stage.new_stream(
+        settings=stage.settings, epoch=0, world_size=2, order=[0], job=rank_1.job, prefetch=1, position=24
+    )
+    stage.attach(rank_1, elsewhere, gen=1, credits=1)
+    said = stage._ranks_waited_for(waiting)
+    assert said.startswith(
+        "rank(s) 1 of world_size 2, which read this epoch from another place (rank 1: begun at sample 24; this "
+        "stream at sample 0): ranks that loaded states of different steps"
+    ), said
 
 
 def test_a_stream_waiting_for_a_rank_whose_client_left_says_it_left_and_when():
