@@ -235,17 +235,23 @@ def test_a_stream_waiting_for_a_rank_that_reads_another_request_of_the_epoch_say
     assert "which read another request for epoch 0" in stage._ranks_waited_for(waiting)
 
 
+def _reading(stage: Any, peer: bytes, job: str, *, epoch: int, position: int = 0) -> Any:
+    """A session of rank 1 of 2 in ``job``, reading a stream of ``epoch`` begun at ``position``; the stream."""
+    session = stage.open_session(peer, 1, 2, prefetch=1)
+    session.job = job
+    stream = stage.new_stream(
+        settings=stage.settings, epoch=epoch, world_size=2, order=[0], job=job, prefetch=1, position=position
+    )
+    stage.attach(session, stream, gen=1, credits=1)
+    return stream
+
+
 def test_a_stream_waiting_for_a_rank_that_read_its_epoch_from_another_place_says_so():
     """Ranks that loaded states of different steps read one epoch from two places, each stream waiting for the
     other's rank: said so, not "the ranks asked for it a different number of times"."""
     stage = _stage(lambda peer, frames: True)
     waiting = _starving_stream(2, {0})
-    rank_1 = stage.open_session(b"rank-1", 1, 2, prefetch=1)
-    rank_1.job = waiting.job
-    elsewhere = stage.new_stream(
-        settings=stage.settings, epoch=0, world_size=2, order=[0], job=rank_1.job, prefetch=1, position=24
-    )
-    stage.attach(rank_1, elsewhere, gen=1, credits=1)
+    _reading(stage, b"rank-1", waiting.job, epoch=0, position=24)
     said = stage._ranks_waited_for(waiting)
     assert said.startswith(
         "rank(s) 1 of world_size 2, which read this epoch from another place (rank 1: begun at sample 24; this "
@@ -264,10 +270,7 @@ def test_a_stream_waiting_for_a_rank_whose_client_left_says_it_left_and_when():
     said = stage._ranks_waited_for(waiting)
     assert said.startswith("rank(s) 1 of world_size 2, whose client left (rank 1 at "), said
     assert "restarted as a whole" in said
-    back = stage.open_session(b"rank-1-again", 1, 2, prefetch=1)  # the same job and rank read again
-    back.job = "default/j/2"
-    later = stage.new_stream(settings=stage.settings, epoch=1, world_size=2, order=[0], job=back.job, prefetch=1)
-    stage.attach(back, later, gen=1, credits=1)
+    later = _reading(stage, b"rank-1-again", "default/j/2", epoch=1)  # the same job and rank read again
     # Back on another epoch than the one waiting for it, both begun at their start (no resume): said so.
     said = stage._ranks_waited_for(waiting)
     assert said.startswith(
