@@ -40,7 +40,7 @@ from loader.service import protocol as P
 from loader.service.daemon.coordinator import Coordinator
 from loader.service.daemon.datasets import Dataset, DatasetTable
 from loader.service.daemon.rejects import PeerLines
-from loader.service.daemon.stage import Stage, shown_ranks
+from loader.service.daemon.stage import SAME_STATE_ADVICE, Stage, shown_ranks
 from loader.service.daemon.streams import FileComplete, FileCut, Session, Stream
 from loader.service.daemon.workforce import WorkerPool
 from loader.service.order import Anchor, epoch_batches, start_anchor, window_rows
@@ -337,14 +337,14 @@ class ClientDesk:
                     self._lines.level(session.peer, "resumed apart", logging.WARNING),
                     "job %r: rank %d starts epoch %d at sample %d of it, but rank(s) %s of the job read it from "
                     "sample %d: ranks that loaded states of different steps get different numbers of batches for "
-                    "the rest of the epoch (data-parallel collectives hang at its end); every rank loads a state "
-                    "of the same step (a state is global: rank 0's serves every rank)",
+                    "the rest of the epoch (data-parallel collectives hang at its end); %s",
                     job.key,
                     session.rank,
                     message.epoch,
                     message.position,
                     shown_ranks(sorted(stream.attached_ever)),
                     stream.position,
+                    SAME_STATE_ADVICE,
                 )
                 return
 

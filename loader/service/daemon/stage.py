@@ -70,6 +70,8 @@ MIN_STALL_TIMEOUT_S = 30.0
 # stall's error comes only after the stall timeout (360 s by default), and a forgotten rank looked like a hang.
 RANKS_NOTE_S = 10.0
 SHOWN_RANKS = 8  # the ranks a line (and a status row) names of those a stream waits for
+# What ranks that resumed apart are told (the stage's stall lines, the desk's warning).
+SAME_STATE_ADVICE = "every rank loads the same state (a state is global: rank 0's serves every rank)"
 MAX_DEPARTED = 65536  # ranks remembered as left (``Stage.departed``), the oldest forgotten first
 # Bytes of a stream's rows held for reordering (later files waiting for the head): ``service.reorder_window_mib``.
 DEFAULT_REORDER_BYTES = 64 * 1024 * 1024
@@ -779,15 +781,13 @@ class Stage:
         if not missing:
             return None
         absent = set(missing)
-        apart = sorted(
-            (s.rank, s.current.position)
+        # Ranks waited for that read another stream of the job: (rank, its epoch, where that stream began).
+        others = sorted(
+            (s.rank, s.current.epoch, s.current.position)
             for s in self.sessions.values()
-            if s.rank in absent
-            and s.job == stream.job
-            and s.current is not None
-            and s.current.epoch == stream.epoch
-            and s.current.position != stream.position
+            if s.rank in absent and s.job == stream.job and s.current is not None and s.current is not stream
         )
+        apart = [(r, p) for r, e, p in others if e == stream.epoch and p != stream.position]
         if apart:
             # The same epoch begun at another place: ranks that loaded states of different steps (the desk warned
             # of it when the second asked).
@@ -795,8 +795,7 @@ class Stage:
             return (
                 f"rank(s) {shown_ranks(sorted({r for r, _ in apart}))} of world_size {stream.world_size}, which read "
                 f"this epoch from another place (rank {rank}: begun at sample {position}; this stream at sample "
-                f"{stream.position}): ranks that loaded states of different steps; every rank loads the same state (a "
-                "state is global: rank 0's serves every rank)"
+                f"{stream.position}): ranks that loaded states of different steps; {SAME_STATE_ADVICE}"
             )
         elsewhere = sorted(s.rank for s in self.sessions.values() if s.rank in absent and _read_another(s, stream))
         if elsewhere:
@@ -808,11 +807,7 @@ class Stage:
                 "different number of times (each client.epoch() iterated is a request; every rank must make the "
                 "same calls)"
             )
-        behind = sorted(
-            (s.rank, s.current.epoch, s.current.position)
-            for s in self.sessions.values()
-            if s.rank in absent and s.job == stream.job and s.current is not None and s.current.epoch != stream.epoch
-        )
+        behind = [other for other in others if other[1] != stream.epoch]
         if behind:
             rank, epoch, position = behind[0]
             ranks = shown_ranks(sorted({r for r, _, _ in behind}))
@@ -825,8 +820,7 @@ class Stage:
                 # started over. Their streams wait for each other; no rank of either will ever come.
                 return (
                     f"rank(s) {ranks} of world_size {stream.world_size}, which read another epoch ({where}): the "
-                    "job's ranks read the same epochs in step; after a resume, every rank loads the same state (a "
-                    "state is global: rank 0's serves every rank)"
+                    f"job's ranks read the same epochs in step; after a resume, {SAME_STATE_ADVICE}"
                 )
             # No resume: a rank that is slower by an epoch (the next comes once it has finished its own).
             return (
@@ -996,4 +990,14 @@ def _read_another(session: Session, stream: Stream) -> bool:
     return session.finished is not None and session.finished[0] == stream.epoch
 
 
-__all__ = ["Stage", "Session", "Step", "Stream", "StreamSettings", "Traffic", "frames_nbytes", "shown_ranks"]
+__all__ = [
+    "Stage",
+    "Session",
+    "Step",
+    "Stream",
+    "StreamSettings",
+    "Traffic",
+    "frames_nbytes",
+    "shown_ranks",
+    "SAME_STATE_ADVICE",
+]
