@@ -13,9 +13,11 @@
             ...
             checkpoint = {"model": ..., "optimizer": ..., "epoch": epoch, "data": data.state_dict()}
 
-Iterating it runs one epoch, as iterating ``torch.utils.data.DataLoader`` does, one iteration at a time: a
-later ``iter()`` (or ``load_state_dict``, ``close``) ends the one before, whose next ``next()`` raises
-``ClosedError`` (torch runs iterations side by side; ``zip(data, data)`` fails here). ``state_dict`` and
+Iterating it runs one epoch, as iterating ``torch.utils.data.DataLoader`` does, one iteration at a time: an
+iteration takes its epoch at its first batch; a later ``iter()`` (or ``load_state_dict``, ``close``) ends
+the one before, whose next ``next()`` raises ``ClosedError`` (torch runs iterations side by side;
+``zip(data, data)`` fails here), and an ``iter()`` that took no batch runs no epoch (Lightning makes one to
+check the dataloader). ``sampler.set_epoch`` is ``set_epoch``, where Lightning calls it. ``state_dict`` and
 ``load_state_dict`` follow torchdata's ``StatefulDataLoader`` (``StatefulDataLoader`` below is the same
 class), so Lightning, torchtitan and ``torch.distributed.checkpoint`` save and restore it as they do
 that one: the state is taken at the last batch the loop took, and after ``load_state_dict`` the next
@@ -102,7 +104,7 @@ class DataLoader:
         self._loaded: dict[str, Any] | None = None  # a mid-epoch state loaded and not iterated yet
         self._open: Iterator[Any] | None = None  # the epoch being iterated, or opened ahead by len()
         self._open_epoch = 0
-        self._open_started = False  # handed out by iter() (not merely opened ahead by len())
+        self._iterations = 0  # iter() calls: only the latest iteration reads the open epoch
         self._open_taken = 0  # batches of it the loop took
         self._open_resumed = False  # continues a loaded state's epoch
         self._open_done = False  # iterated to its end
@@ -110,12 +112,17 @@ class DataLoader:
 
     # -- what torch.utils.data.DataLoader users call --------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        """The batches of the next epoch (``set_epoch``'s, or the one after the last, or the interrupted one)."""
-        if self._open is None or self._open_started:
-            self._open_next()
-        assert self._open is not None
-        self._open_started = True
-        return self._run(self._open, self._open_epoch)
+        """The batches of the next epoch (``set_epoch``'s, or the one after the last, or the interrupted one).
+
+        An iteration takes its epoch at its first batch, and one that took no batch runs no epoch: the next
+        ``iter()`` takes the epoch over. Lightning calls ``iter()`` once to check that a dataloader is iterable
+        and drops it, then makes the epoch's iterator before calling ``set_epoch``: the first had used up
+        epoch 0, so every epoch of a fit ran one ahead, and a fit resumed from an epoch-end checkpoint ran
+        the epoch before again."""
+        if not self._open_untouched():
+            self._open_next()  # ends an iteration that took batches now, as torch drops an unfinished epoch
+        self._iterations += 1
+        return self._run(self._iterations)
 
     def __len__(self) -> int:
         """Batches in the epoch being iterated, or else in the next one (``TypeError`` where the daemon cannot count).
@@ -138,6 +145,15 @@ class DataLoader:
         info = getattr(self._reader, "info", None)
         size = getattr(info, "batch_size", None)
         return size if isinstance(size, int) else None
+
+    @property
+    def sampler(self) -> EpochSetter:
+        """What a trainer reaches for as ``dataloader.sampler.set_epoch(epoch)`` (Lightning, at each epoch's start,
+        and after resuming from an epoch-end checkpoint, where it loads no state): this ``set_epoch``."""
+        return EpochSetter(self)  # made each time: held here, it would tie this object into a reference cycle
+
+    # torch's DataLoader has one; Lightning reads it beside ``sampler`` (None: batches are made by the daemon).
+    batch_sampler = None
 
     def __getitem__(self, index: Any) -> Any:
         # torch.utils.data.DataLoader(this) takes it for a map-style Dataset: after len() it indexes it, which
@@ -169,7 +185,7 @@ class DataLoader:
                 self._next_epoch = number
                 return
             raise ValueError(_refused_epoch(resuming, number, left))
-        if self._open is not None and not self._open_started:  # opened ahead by len()
+        if self._open_untouched():  # opened ahead by len(), or by an iter() that took no batch
             if self._open_epoch == number:
                 return  # for this very epoch: the next iteration takes it, the one after runs number + 1
             self._close_open()
@@ -231,14 +247,14 @@ class DataLoader:
     def _resuming_epoch(self) -> int | None:
         if self._loaded is not None:
             return int(self._loaded["epoch"])
-        if self._open is not None and self._open_resumed and not self._open_started:
-            return self._open_epoch  # the loaded epoch, opened ahead by len()
+        if self._open_resumed and self._open_untouched():
+            return self._open_epoch  # the loaded epoch, opened ahead by len() or by an iter() that took no batch
         return None
 
     def _loaded_batches_left(self) -> int | None:
         """Batches left of the loaded state's epoch, opened ahead as ``len()`` opens it (asking the daemon
         nothing); None where the reader cannot count them."""
-        if self._open is None or self._open_started:
+        if not self._open_untouched():
             self._open_next()
         try:
             return len(cast(Any, self._open))
@@ -257,27 +273,48 @@ class DataLoader:
             self._open = self._reader.epoch(number)
             self._open_resumed = False
         self._open_epoch, self._next_epoch = number, number + 1
-        self._open_started = self._open_done = False
+        self._open_done = False
         self._open_taken = 0
 
-    def _run(self, batches: Iterator[Any], epoch: int) -> Iterator[Any]:
+    def _open_untouched(self) -> bool:
+        """An epoch is open that the next iteration takes: opened ahead by ``len()``, or handed out by an
+        ``iter()`` that took no batch of it."""
+        return self._open is not None and not self._open_done and self._open_taken == 0
+
+    def _run(self, iteration: int) -> Iterator[Any]:
+        if self._iterations != iteration or self._closed:
+            raise ClosedError(self._ended(None))
+        if not self._open_untouched():  # set_epoch() or load_state_dict() since iter() closed what it had opened
+            self._open_next()
+        batches, epoch = self._open, self._open_epoch
+        assert batches is not None
         place = self._tensors.place_now if self._tensors is not None else None
-        for batch in batches:
-            if self._open is batches:
-                self._open_taken += 1
+        # Asked before each batch: an iteration that took none shares its epoch with the iter() after it.
+        while self._open is batches and self._iterations == iteration:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                self._open_done = True
+                return
+            self._open_taken += 1
             yield batch if place is None else place(batch)
-        if self._open is batches:
-            self._open_done = True
-        else:
-            # Ended by a later iter(), load_state_dict() or close(), not at its end: zip(data, data) ran no step,
-            # and an outer loop stopped after an inner pass, without a word. torch's iterations run side by
-            # side; these read one stream of epochs, one at a time (as Client.epoch() and Loader.epoch() say).
-            raise ClosedError(
-                f"this iteration of epoch {epoch} was ended by "
-                + ("close()" if self._closed else "a later iter() or load_state_dict()")
-                + " before its end: loader.torch.DataLoader runs one iteration at a time (torch's runs several "
-                "side by side); finish or leave one before the next"
-            )
+        raise ClosedError(self._ended(epoch))
+
+    def _ended(self, epoch: int | None) -> str:
+        # Ended by a later iter(), load_state_dict() or close(), not at its end: zip(data, data) ran no step,
+        # and an outer loop stopped after an inner pass, without a word. torch's iterations run side by
+        # side; these read one stream of epochs, one at a time (as Client.epoch() and Loader.epoch() say).
+        if self._closed:
+            ended = "close()"
+        else:  # before its first batch, only a later iter(): load_state_dict() moves where it will start
+            ended = "a later iter()" if epoch is None else "a later iter() or load_state_dict()"
+        which = "this iteration" if epoch is None else f"this iteration of epoch {epoch}"
+        return (
+            f"{which} was ended by {ended}"
+            + (" before its first batch" if epoch is None else " before its end")
+            + ": loader.torch.DataLoader runs one iteration at a time (torch's runs several side by side); finish "
+            "or leave one before the next"
+        )
 
     def _close_open(self) -> None:
         if self._open is not None:
@@ -285,6 +322,21 @@ class DataLoader:
             if close is not None:
                 close()
         self._open = None
+
+
+class EpochSetter:
+    """``DataLoader.sampler``: its ``set_epoch`` is the ``DataLoader``'s. There are no indices to sample: the
+    daemon's config shuffles and batches."""
+
+    def __init__(self, data: DataLoader) -> None:
+        self._data = data
+
+    def set_epoch(self, epoch: int) -> None:
+        """``DataLoader.set_epoch(epoch)``."""
+        self._data.set_epoch(epoch)
+
+    def __repr__(self) -> str:
+        return "<loader.torch.DataLoader.sampler: set_epoch only>"
 
 
 StatefulDataLoader = DataLoader  # torchdata's name for a DataLoader with state_dict/load_state_dict
@@ -514,4 +566,4 @@ def _epoch_number(epoch: Any) -> int:
     return number
 
 
-__all__ = ["DataLoader", "StatefulDataLoader", "Reader"]
+__all__ = ["DataLoader", "EpochSetter", "Reader", "StatefulDataLoader"]

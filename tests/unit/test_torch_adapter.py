@@ -174,12 +174,47 @@ def test_a_new_iteration_drops_the_unfinished_epoch_as_torch_does():
     assert reader.epochs[0].closed
 
 
+def test_an_iteration_that_took_no_batch_runs_no_epoch():
+    # Lightning calls iter() to check a dataloader is iterable and drops it: that used up epoch 0.
+    reader = FakeReader()
+    data = _adapter(reader)
+    iter(data)
+    assert len(data) == BATCHES
+    assert _seen(data) == [(0, i) for i in range(BATCHES)]
+    iter(data)
+    assert _seen(data) == [(1, i) for i in range(BATCHES)]
+    assert reader.calls == [0, 1]
+
+
+def test_an_iteration_takes_its_epoch_at_its_first_batch():
+    # Lightning makes the epoch's iterator, then calls sampler.set_epoch(epoch), then takes the batches.
+    reader = FakeReader()
+    data = _adapter(reader)
+    batches = iter(data)
+    data.sampler.set_epoch(3)
+    assert _seen(batches) == [(3, i) for i in range(BATCHES)]
+    batches = iter(data)
+    data.sampler.set_epoch(4)  # the epoch this iteration opened: nothing is opened again
+    assert _seen(batches) == [(4, i) for i in range(BATCHES)]
+    assert reader.calls == [0, 3, 4]
+    assert data.batch_sampler is None  # as torch's DataLoader with a sampler; Lightning reads both
+
+    taken = iter(data)
+    next(taken)
+    state = data.state_dict()
+    resumed = _adapter()
+    batches = iter(resumed)
+    resumed.load_state_dict(state)  # as Lightning loads a mid-epoch checkpoint's state: after its check iter()
+    resumed.sampler.set_epoch(5)  # the resumed epoch's number: it goes on where the state was taken
+    assert _seen(batches) == [(5, i) for i in range(1, BATCHES)]
+
+
 def test_an_iteration_ended_by_a_later_one_says_so_instead_of_stopping_silently():
     # zip(data, data) ran no step and an outer loop ended after an inner pass, without a word.
     from loader.errors import ClosedError
 
     data = _adapter()
-    with pytest.raises(ClosedError, match=r"iteration of epoch 0 was ended by a later iter\(\)"):
+    with pytest.raises(ClosedError, match=r"this iteration was ended by a later iter\(\) before its first batch"):
         sum(1 for _ in zip(data, data))
     outer = iter(data)
     next(outer)
