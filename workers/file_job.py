@@ -21,7 +21,6 @@ row-wise, since where chunks are cut is no function of the data alone.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +41,7 @@ from workers.columns import (
     value_nbytes,
 )
 from workers.control import Whereabouts
+from workers.file_pin import changed_since_start
 from workers.mapping import BatchMappers, SampleMappers
 from workers.sample_check import SampleCheck
 from workers.sources import FileSource, GroupSource, PieceSource, Source
@@ -83,6 +83,8 @@ class FileJob:
         self._block_bytes = min(BLOCK_CHUNK_BYTES, self._largest_message // 2)
         self._chunk_bytes_at_most = min(MAX_BATCH_CHUNK_BYTES, self._largest_message // 2)  # a batch of big rows
         self._skips_logged = 0
+        self._sent = 0  # records of the lease sent in chunks (FILE_DONE's count, which the stage checks)
+        self._progress: _Progress | None = None  # the sending loop's count of sent and skipped records
         self._where = whereabouts if whereabouts is not None else Whereabouts()  # the record being read or mapped
 
     def run(self) -> None:
@@ -120,17 +122,35 @@ class FileJob:
                 counts = self._send_blocks(source)
             else:
                 counts = self._send_samples(source, mappers)
+            if counts is not None:
+                self._check_unchanged()  # cut short or written after the last chunk: the end of the read
+        except _ChangedWhileRead as written:
+            counts = self._changed_while_read(written)
         finally:
             source.close()
         if counts is not None:
             self._done(*counts)
+
+    def _check_unchanged(self) -> None:
+        """Raise ``_ChangedWhileRead`` when a file read since the last check was written since it was opened
+        (``workers.file_pin``): after reading rows and before sending them, so changed rows are never sent."""
+        found = self._opened.changed() if self._opened is not None else None
+        if found is not None:
+            raise _ChangedWhileRead(*found)
+
+    def _changed_while_read(self, changed: _ChangedWhileRead) -> tuple[int, int] | None:
+        """FILE_ERROR for a file written while it was read; under ``on_error = "skip"`` the rest of the lease is
+        skipped, counted as one record, and the counts for FILE_DONE are returned."""
+        if not self._failed(FileChangedError(changed.why), None, path=changed.path):
+            return None
+        return self._sent, (self._progress.skipped if self._progress is not None else 0) + 1
 
     def _open(self) -> Source:
         """The lease's file, its group of files or its piece of a file (a fresh reader each call)."""
         lease = self.lease
         source: Source
         if lease.more:
-            source = GroupSource(self.config, lease.paths)
+            source = GroupSource(self.config, lease.paths, lease.seen)
         elif lease.piece:
             source = PieceSource(self.config, lease.path, *lease.piece)
         else:
@@ -160,6 +180,9 @@ class FileJob:
             path, record = self._opened.locate(record)  # a group's file, a piece's record in its file
         error = WorkerError.from_exception(exc, worker=self.worker_id, file=path, record=record)
         if self.config.pipeline.on_error == "skip":
+            if record is None and isinstance(exc, FileChangedError):  # from here on (it counts as one record)
+                log.warning("skipping the rest of %s: %s", path, exc)
+                return True
             if record is None:  # the file could not be opened (it counts as one record)
                 log.warning("skipping %s, which could not be opened: %s: %s", path, type(exc).__name__, exc)
                 return True
@@ -185,7 +208,7 @@ class FileJob:
         rows = 1
         if known is not None and not self._batch:
             rows = rows_for_bytes(known, wanted, batch_size, self._block_bytes, self._chunk_bytes_at_most)
-        done = _Progress(record=0)
+        done = self._progress = _Progress(record=0)
         fresh: Source | None = None  # a reader reopened to salvage a failed block (closed here)
         if self.lease.start:
             # Records before the lease's start were taken from an earlier lease (a cut or resumed file).
@@ -311,6 +334,7 @@ class FileJob:
         check = SampleCheck(source.fields, stacked=self.config.pipeline.batch_format == "stacked")
         samples = source.samples()
         record, done = 0, _Progress(record=0)  # ``record``: the reader's position; ``done``: sent and skipped
+        self._progress = done
         start = self.lease.start  # records before it were taken from an earlier lease: read, not mapped or sent
         where, lease_id = self._where, self.lease.lease
         while True:
@@ -432,6 +456,7 @@ class FileJob:
             done.skipped += n
             return 0
         done.sent += n
+        self._sent += n
         return nbytes
 
     def _send_chunk(
@@ -461,6 +486,7 @@ class FileJob:
                     f"{what} takes a message of {size / 1024**2:.1f} MiB, over service.max_message_mib = {self.config.service.max_message_mib} "
                     "(the largest message the daemon accepts from a worker): raise it, or make samples smaller"
                 )
+            self._check_unchanged()
             self._send_data(frames)
         except BaseException:
             current = self._arena()  # after a re-WELCOME, refs into the old arena are not its to free
@@ -469,30 +495,26 @@ class FileJob:
             raise
 
 
+class _ChangedWhileRead(Exception):
+    """A file of the lease was written while it was read: ends the sending loops, up to ``FileJob._run``."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(why)
+        self.path, self.why = path, why
+
+
 def changed_file(lease: P.Lease) -> tuple[str, str] | None:
-    """The first file of ``lease`` whose size is not what the daemon found at start-up (``Lease.seen``), and why:
-    the epoch's length, its pieces and checkpoints describe that file, so serving another silently would hand the
-    training loop other samples than ``len()`` and the resume promise say. Only the size: a copy of the same bytes
-    with another mtime (``cp`` without ``-p`` on another node, a ``touch``, an ``rsync`` refresh, a filesystem of
-    coarser times) is the same file to a reader. A file that is gone is left to the reader, which names it."""
+    """The first file of ``lease`` whose size is not what the daemon found at start-up (``Lease.seen``), and why
+    (``file_pin.changed_since_start``)."""
     if lease.seen is None:
         return None
     paths = lease.paths
     if len(lease.seen) != len(paths):
         raise MalformedMessageError(f"a lease of {len(paths)} files carries {len(lease.seen)} start-up sizes")
     for path, size in zip(paths, lease.seen):
-        if size is None:
-            continue
-        try:
-            found = os.stat(path)
-        except OSError:
-            continue
-        if found.st_size != size:
-            return path, (
-                f"{path} changed since the daemon started ({size:,} bytes then, {found.st_size:,} now): its epochs, "
-                "pieces and checkpoints describe the file it found then; restart the daemon (or the Loader) to "
-                "serve the new contents"
-            )
+        why = changed_since_start(path, size)
+        if why is not None:
+            return path, why
     return None
 
 

@@ -29,6 +29,8 @@ import numpy as np
 from loader.io.slots import default_slot_names
 from loader.io.survey import field_count_text, names_known, refuse_shuffled_names
 from loader.service.blocks import block_rows
+from loader.service.shm.file_layout import FileChangedError
+from workers.file_pin import FilePin, changed_since_start, first_change
 
 SKIP_BLOCK_ROWS = 1 << 20  # rows per read while skipping to a piece's first record (views: nothing is copied)
 
@@ -57,6 +59,7 @@ class FileSource:
 
     def __init__(self, config: Any, path: str) -> None:
         self.path = path
+        self.pin = FilePin(path)  # before the reader opens it: a write between the two is caught, never missed
         self.source = config.source
         self.fields = list(self.source.fields) if self.source.fields else None
         self._batch_mapped = bool(config.pipeline.batch_mappers)
@@ -127,6 +130,10 @@ class FileSource:
     def locate(self, record: int) -> tuple[str, int | None]:
         """The file a record came from, and its number there (``GroupSource.locate``, ``PieceSource.locate``)."""
         return self.path, record
+
+    def changed(self) -> tuple[str, str] | None:
+        """The file, and why, when it was written since it was opened (``FilePin``); else None."""
+        return first_change([self.pin])
 
     def samples(self) -> Iterator[Any]:
         """Samples one by one (tuples of slot arrays for file readers)."""
@@ -228,6 +235,9 @@ class PieceSource:
     def locate(self, record: int) -> tuple[str, int | None]:
         return self.path, self.first + record
 
+    def changed(self) -> tuple[str, str] | None:
+        return self._file.changed()
+
     def samples(self) -> Iterator[Any]:
         return _piece_samples(self, self._file.samples())
 
@@ -316,8 +326,9 @@ class GroupSource:
     row_bytes = None
     reads_array_file = False
 
-    def __init__(self, config: Any, paths: list[str]) -> None:
+    def __init__(self, config: Any, paths: list[str], seen: list[int | None] | None = None) -> None:
         self.config, self.paths = config, list(paths)
+        self._seen = seen  # each file's size when the daemon started (``Lease.seen``), checked again as it opens
         # ``source.fields``, then the fields of the file last closed; those of the file being read are its own.
         self._fields: list[str] | None = list(config.source.fields) if config.source.fields else None
         # Blocks need the built-in file readers (``FileSource.can_read_blocks``) for every file.
@@ -328,6 +339,7 @@ class GroupSource:
         self._current: FileSource | None = None
         self._samples: Iterator[Any] | None = None
         self._held: dict[str, np.ndarray] | BaseException | None = None  # for the next read_block (see there)
+        self._pins: list[FilePin] = []  # files read from since the last changed(): the one open, those closed since
 
     @property
     def path(self) -> str:
@@ -352,6 +364,14 @@ class GroupSource:
         if k < 0:
             return self.paths[0], record
         return self.paths[k], None if k in self._unopened else record - self._firsts[k]
+
+    def changed(self) -> tuple[str, str] | None:
+        """A file of the group read from since the last call that was written since it was opened, and why. A
+        file closed before that call was checked after its last read, so only the open one stays to check."""
+        found = first_change(self._pins)
+        if found is None:
+            self._pins = [self._current.pin] if self._current is not None else []
+        return found
 
     def samples(self) -> Iterator[Any]:
         return _group_samples(self)
@@ -441,7 +461,12 @@ class GroupSource:
         position = len(self._firsts)
         self._firsts.append(self.record)
         try:
+            # Checked for the whole group as the lease began; a file opened later may have changed since.
+            why = changed_since_start(self.paths[position], self._seen[position]) if self._seen else None
+            if why is not None:
+                raise FileChangedError(why)
             self._current = FileSource(self.config, self.paths[position])
+            self._pins.append(self._current.pin)
         except Exception as exc:
             self._unopened.add(position)
             self.record += 1

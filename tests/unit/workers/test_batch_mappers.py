@@ -232,6 +232,9 @@ class _DamagedSource:
     def locate(self, record: int) -> tuple[str, int]:
         return self.path, record
 
+    def changed(self) -> None:  # never written while read
+        return None
+
     def samples(self) -> Any:
         class Reading:
             def __init__(self) -> None:
