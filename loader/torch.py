@@ -108,6 +108,7 @@ class DataLoader:
         self._open_taken = 0  # batches of it the loop took
         self._open_resumed = False  # continues a loaded state's epoch
         self._open_done = False  # iterated to its end
+        self._open_failed = False  # raised instead of a batch: not for a later iteration to take over
         self._closed = False
 
     # -- what torch.utils.data.DataLoader users call --------------------------------------------------------------
@@ -273,13 +274,13 @@ class DataLoader:
             self._open = self._reader.epoch(number)
             self._open_resumed = False
         self._open_epoch, self._next_epoch = number, number + 1
-        self._open_done = False
+        self._open_done = self._open_failed = False
         self._open_taken = 0
 
     def _open_untouched(self) -> bool:
         """An epoch is open that the next iteration takes: opened ahead by ``len()``, or handed out by an
         ``iter()`` that took no batch of it."""
-        return self._open is not None and not self._open_done and self._open_taken == 0
+        return self._open is not None and not (self._open_done or self._open_failed) and self._open_taken == 0
 
     def _run(self, iteration: int) -> Iterator[Any]:
         if self._iterations != iteration or self._closed:
@@ -296,6 +297,11 @@ class DataLoader:
             except StopIteration:
                 self._open_done = True
                 return
+            except BaseException:
+                # A worker's error at its first batch: the next iter() runs the next epoch, as after one that
+                # failed later, not this one's spent iterator (which would end at once, without a word).
+                self._open_failed = True
+                raise
             self._open_taken += 1
             yield batch if place is None else place(batch)
         raise ClosedError(self._ended(epoch))

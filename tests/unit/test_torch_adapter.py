@@ -186,6 +186,30 @@ def test_an_iteration_that_took_no_batch_runs_no_epoch():
     assert reader.calls == [0, 1]
 
 
+class FailingReader(FakeReader):
+    """Its epoch 0 fails at its first batch, as a worker's error does."""
+
+    def epoch(self, epoch: int | None = None) -> Any:
+        made = super().epoch(epoch)
+        if made.epoch == 0:
+
+            def fail() -> Iterator[Any]:
+                raise LoaderError("a worker failed")
+                yield
+
+            made._batches = fail()
+        return made
+
+
+def test_an_epoch_that_failed_at_its_first_batch_is_not_taken_over_by_the_next_iteration():
+    # An iteration that took no batch lends its epoch to the next iter(); one that failed must not, or the next
+    # iteration ends at once on its spent iterator, with no batch and no error.
+    data = _adapter(FailingReader())
+    with pytest.raises(LoaderError, match="a worker failed"):
+        list(data)
+    assert _seen(data) == [(1, i) for i in range(BATCHES)]
+
+
 def test_an_iteration_takes_its_epoch_at_its_first_batch():
     # Lightning makes the epoch's iterator, then calls sampler.set_epoch(epoch), then takes the batches.
     reader = FakeReader()
