@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 import operator
 import os
 from collections.abc import Iterator, Mapping
@@ -47,6 +48,8 @@ from loader.device import Placer, import_torch, place_name
 from loader.errors import ClosedError
 
 STATE_KEYS = ("epoch", "resume", "reader")  # the keys of DataLoader.state_dict()
+
+log = logging.getLogger("loader.torch")
 
 
 class Reader(Protocol):
@@ -109,6 +112,7 @@ class DataLoader:
         self._open_resumed = False  # continues a loaded state's epoch
         self._open_done = False  # iterated to its end
         self._open_failed = False  # raised instead of a batch: not for a later iteration to take over
+        self._moved_on: int | None = None  # set_epoch(n) while it was iterated: n, until a batch or iter() says why
         self._closed = False
 
     # -- what torch.utils.data.DataLoader users call --------------------------------------------------------------
@@ -190,6 +194,11 @@ class DataLoader:
             if self._open_epoch == number:
                 return  # for this very epoch: the next iteration takes it, the one after runs number + 1
             self._close_open()
+        elif self._open_running():
+            # Left by a `break`, the next iteration runs `number`; if this iteration goes on instead, ``_run``
+            # settles it: the same epoch was meant (Lightning's first batch is fetched before its set_epoch),
+            # another is refused.
+            self._moved_on = number
         self._next_epoch = number
 
     def state_dict(self) -> dict[str, Any]:
@@ -197,7 +206,7 @@ class DataLoader:
         the last one the loop took (torchdata's ``StatefulDataLoader.state_dict``)."""
         if self._loaded is not None:
             return dict(self._loaded)  # nothing taken since it was loaded: that is still where the loop is
-        if self._open is not None and not self._open_done:
+        if (self._open_running() and self._moved_on is None) or self._open_untouched():
             # A batch of it taken, or continuing a loaded state: the loop is inside it. Opened ahead by len(), or
             # handed out by iter() with no batch taken yet (the reader still stands where the epoch before
             # left it): it is next, from its start.
@@ -276,6 +285,11 @@ class DataLoader:
         self._open_epoch, self._next_epoch = number, number + 1
         self._open_done = self._open_failed = False
         self._open_taken = 0
+        self._moved_on = None
+
+    def _open_running(self) -> bool:
+        """An epoch is open that the loop took batches of and may go on with: not at its end, not failed."""
+        return self._open is not None and self._open_taken > 0 and not (self._open_done or self._open_failed)
 
     def _open_untouched(self) -> bool:
         """An epoch is open that the next iteration takes: opened ahead by ``len()``, or handed out by an
@@ -296,12 +310,26 @@ class DataLoader:
                 batch = next(batches)
             except StopIteration:
                 self._open_done = True
+                if self._moved_on == epoch:  # set_epoch of this very epoch at its last batch: the next is next
+                    self._moved_on, self._next_epoch = None, epoch + 1
                 return
             except BaseException:
                 # A worker's error at its first batch: the next iter() runs the next epoch, as after one that
                 # failed later, not this one's spent iterator (which would end at once, without a word).
                 self._open_failed = True
                 raise
+            if self._moved_on == epoch:  # set_epoch of this very epoch, during it: the next one is still next
+                self._moved_on, self._next_epoch = None, epoch + 1
+            elif self._moved_on is not None:
+                # Another epoch asked for while this one goes on: Lightning, where len() is unknown, takes the
+                # first batch before calling set_epoch (resumed from an epoch-end checkpoint, this epoch is
+                # epoch 0 and it asks for the next). Going on would run the wrong epoch whole; this iteration
+                # runs the epoch asked for from its start, the batches taken before counted with it.
+                log.warning(_moved_on(epoch, self._moved_on, self._open_taken))
+                self._open_next()
+                assert self._open is not None
+                batches, epoch = self._open, self._open_epoch
+                continue
             self._open_taken += 1
             yield batch if place is None else place(batch)
         raise ClosedError(self._ended(epoch))
@@ -555,6 +583,16 @@ def _refused_epoch(resuming: int, number: int, left: int | None) -> str:
     if left is None:  # the next epoch's number is taken only when the rest is known to be empty
         message += f" (a state taken at its last batch: set_epoch({resuming}) and iterate, which ends at once)"
     return message
+
+
+def _moved_on(epoch: int, number: int, taken: int) -> str:
+    """The warning for an iteration of ``epoch`` that went on after ``set_epoch(number)``."""
+    return (
+        f"set_epoch({number}) was called while an iteration of epoch {epoch} was under way ({taken} batch(es) "
+        f"taken), and that iteration went on: it now runs epoch {number} from its first batch, after the "
+        f"batch(es) of epoch {epoch} it gave. Call set_epoch before iter() (Lightning calls it after fetching a "
+        "batch where len() is unknown, and resumed from an epoch-end checkpoint that is a batch of epoch 0)"
+    )
 
 
 def _epoch_number(epoch: Any) -> int:

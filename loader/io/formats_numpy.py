@@ -178,6 +178,11 @@ class ArrayFileReader(FileReader):
             )
 
     @property
+    def mapped_files(self) -> list[str]:
+        """The files whose rows are read from a memory mapping: the file, and a ``.npy``'s companions."""
+        return [path for path, _, _ in self._mapped]
+
+    @property
     def rows(self) -> int:
         """Instances in the file (known from the headers alone)."""
         return int(self._length)

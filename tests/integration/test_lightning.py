@@ -126,3 +126,37 @@ def test_a_fit_resumed_from_a_mid_epoch_checkpoint_goes_on_with_the_next_batch(c
     assert len(first.seen) == 32 and len(rest.seen) == EPOCHS * BATCHES - 32
     assert [epoch for epoch, _ in first.seen + rest.seen] == [n for n in range(EPOCHS) for _ in range(BATCHES)]
     assert [rows for _, rows in first.seen + rest.seen] == [rows for epoch in by_hand for rows in epoch]
+
+
+@pytest.fixture
+def uncounted(tmp_path: Path) -> LoaderConfig:
+    """A RecordIO file: the daemon cannot count its batches ahead, so len() is unknown to Lightning."""
+    from loader.recordio import Writer
+
+    with Writer(str(tmp_path / "rows.recordio"), max_num_records=16) as writer:
+        for value in range(1000, 1200):
+            writer.write({"data": np.int64(value)})
+    return LoaderConfig.from_dict(
+        {
+            "source": {"files": [str(tmp_path / "rows.recordio")], "format": "recordio"},
+            "pipeline": {"batch_size": 8, "seed": 7, "shuffle_buffer": 16},
+            "workers": {"count": 1},
+        }
+    )
+
+
+def test_with_len_unknown_an_epoch_end_resume_runs_the_next_epoch_after_one_batch_fetched_early(
+    uncounted, tmp_path, caplog
+):
+    # Lightning fetches the first batch before set_epoch when len() is unknown: resumed from an epoch-end
+    # checkpoint it trained on epoch 0 again as epoch 1, and epoch 1 never ran. Now epoch 1 runs whole, after
+    # the one batch of epoch 0 Lightning took before asking for it, with a warning that says so.
+    with DataLoader(uncounted) as data:
+        by_hand = [[batch["data"].tolist() for batch in data] for _ in range(EPOCHS)]
+    assert _epochs(_fit(uncounted, tmp_path / "whole")) == by_hand
+    saved = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "checkpoints"), save_top_k=-1)
+    _fit(uncounted, tmp_path, max_epochs=1, callbacks=[saved], enable_checkpointing=True)
+    (checkpoint,) = (tmp_path / "checkpoints").iterdir()
+    rest = _epochs(_fit(uncounted, tmp_path, resume_from=checkpoint))
+    assert rest == [[], [by_hand[0][0], *by_hand[1]], by_hand[2]]
+    assert "set_epoch(1) was called while an iteration of epoch 0 was under way" in caplog.text

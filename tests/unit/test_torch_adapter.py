@@ -233,6 +233,56 @@ def test_an_iteration_takes_its_epoch_at_its_first_batch():
     assert _seen(batches) == [(5, i) for i in range(1, BATCHES)]
 
 
+def test_set_epoch_of_the_epoch_being_iterated_keeps_the_next_epoch_next():
+    # Lightning, when len() is unknown, fetches an epoch's first batch before sampler.set_epoch(epoch): that
+    # set_epoch rewound the next epoch to this one, so a state taken at the epoch's end said "epoch 0" again.
+    data = _adapter(FakeReader(length=None))
+    for epoch in range(3):
+        batches = iter(data)
+        first = next(batches)
+        data.sampler.set_epoch(epoch)
+        assert _seen([first, *batches]) == [(epoch, i) for i in range(BATCHES)]
+        assert (data.state_dict()["epoch"], data.state_dict()["resume"]) == (epoch + 1, False)
+
+
+def test_set_epoch_of_another_epoch_during_an_iteration_that_goes_on_runs_that_epoch_with_a_warning(caplog):
+    # Lightning resumed from an epoch-end checkpoint over a source of unknown len(): it fetched epoch 0's first
+    # batch, then called set_epoch(1), and trained on epoch 0 again as epoch 1, without a word.
+    data = _adapter(FakeReader(length=None))
+    batches = iter(data)
+    first = next(batches)
+    data.sampler.set_epoch(1)
+    state = data.state_dict()
+    assert (state["epoch"], state["resume"]) == (1, False)  # what runs next, as a break would leave it
+    assert _seen([first, *batches]) == [(0, 0)] + [(1, i) for i in range(BATCHES)]
+    assert "set_epoch(1) was called while an iteration of epoch 0 was under way (1 batch(es) taken)" in caplog.text
+    assert _seen(data) == [(2, i) for i in range(BATCHES)]
+
+    resumed = _adapter(FakeReader(length=None))
+    resumed.load_state_dict(state)
+    assert _seen(resumed) == [(1, i) for i in range(BATCHES)]
+
+
+def test_after_a_break_set_epoch_picks_the_next_iterations_epoch_the_same_one_included():
+    data = _adapter()
+    for _ in zip(range(2), data):
+        pass
+    data.set_epoch(0)  # epoch 0 again, from its start
+    assert _seen(data) == [(0, i) for i in range(BATCHES)]
+    for _ in zip(range(2), data):
+        pass
+    data.set_epoch(5)
+    assert _seen(data) == [(5, i) for i in range(BATCHES)]
+
+
+def test_a_state_after_a_failed_epoch_says_what_the_next_iteration_runs():
+    data = _adapter(FailingReader())
+    with pytest.raises(LoaderError):
+        list(data)
+    state = data.state_dict()
+    assert (state["epoch"], state["resume"]) == (1, False)
+
+
 def test_an_iteration_ended_by_a_later_one_says_so_instead_of_stopping_silently():
     # zip(data, data) ran no step and an outer loop ended after an inner pass, without a word.
     from loader.errors import ClosedError

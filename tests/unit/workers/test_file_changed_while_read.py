@@ -12,6 +12,7 @@ after the same record on every run.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,8 @@ def _append_recordio(path: Path) -> None:
         file.write(extra.read_bytes())
 
 
-CASES = {
+Case = tuple[str, Callable[[Path], dict[str, Any]], Callable[[Path], None]]  # file name, make it, write it
+CASES: dict[str, Case] = {
     "text appended to, its last line half-written": ("rows.txt", _text, _append_text),
     "text cut short": ("rows.txt", _text, _cut_text),
     ".npy rewritten in place, bigger": ("rows.npy", _npy, _rewrite_npy_bigger),
@@ -87,9 +89,11 @@ CASES = {
 }
 
 
-def _run(tmp_path: Path, case: str, *, on_error: str, mapped: bool, group: bool = False) -> tuple[list[int], P.Message]:
+def _run(
+    tmp_path: Path, case: str | Case, *, on_error: str, mapped: bool, group: bool = False
+) -> tuple[list[int], P.Message]:
     """One lease read while the file is written: (every record value sent, the closing message)."""
-    name, make, write = CASES[case]
+    name, make, write = CASES[case] if isinstance(case, str) else case
     path = tmp_path / name
     source = make(path)
     paths = [str(path)]
@@ -176,3 +180,22 @@ def test_a_pin_sees_writes_in_place_but_not_a_file_moved_over_it_or_removed(tmp_
     with open(path, "ab") as file:
         file.write(b"z")
     assert "is 101 bytes, not 100" in (pin.changed() or "")
+
+
+@pytest.mark.parametrize("mapped", [False, True], ids=["blocks", "mapped samples"])
+def test_a_companion_written_while_read_fails_the_lease_naming_it(tmp_path, mapped):
+    # part.label.npy is the field "label" of part.npy's samples: rewritten mid-read, labels of the new file were
+    # paired with rows of the old one, without a word.
+    def write(path: Path) -> None:
+        np.save(tmp_path / "rows.label.npy", np.arange(5000, 5000 + 2 * ROWS, dtype=np.int64))
+
+    values, end = _run(tmp_path, ("rows.npy", _npy_with_labels, write), on_error="raise", mapped=mapped)
+    assert isinstance(end, P.FileError), end
+    assert end.error["type"] == "FileChangedError" and end.error["file"].endswith("rows.label.npy")
+    assert values == list(range(len(values))) and len(values) < ROWS
+
+
+def _npy_with_labels(path: Path) -> dict[str, Any]:
+    np.save(path, np.arange(ROWS, dtype=np.int64))
+    np.save(path.with_name("rows.label.npy"), np.arange(ROWS, dtype=np.int64))
+    return {}
