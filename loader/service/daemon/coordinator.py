@@ -88,6 +88,7 @@ class Coordinator:
         self._requeued: set[tuple[int, int]] = set()
         self.leases_granted = 0  # counters for the metrics endpoint
         self.re_leases = 0
+        self._busy_ended_s = 0.0  # worker-seconds of lease holding that ended (busy_seconds adds those going on)
         self.taken_back = 0  # leases queued behind a slow file returned to the queue (``take_back``)
 
     # -- jobs ---------------------------------------------------------------
@@ -128,7 +129,7 @@ class Coordinator:
             job.start = self.lease_start(stream_id, job.file_index)
             self._queues.move_to_end(stream_id)
             if not worker.leases:
-                worker.progress_at = worker.reading_since = time.monotonic()
+                worker.progress_at = worker.reading_since = worker.busy_since = time.monotonic()
             job.worker = worker.worker_id
             job.token = secrets.token_hex(LEASE_TOKEN_BYTES)
             job.heard = False
@@ -226,6 +227,12 @@ class Coordinator:
     def leased(self) -> int:
         return sum(len(w.leases) for w in self.workers.values())
 
+    def busy_seconds(self, now: float) -> float:
+        """Worker-seconds spent holding a lease so far, counted from grant to end (``loader_worker_busy_seconds``).
+        It was sampled at each metrics snapshot: an epoch that fell between two snapshots counted nothing."""
+        going_on = sum(max(0.0, now - w.busy_since) for w in self.workers.values() if w.leases)
+        return self._busy_ended_s + going_on
+
     # -- workers ------------------------------------------------------------
     def add_worker(self, worker_id: str, process: Any = None) -> WorkerRecord:
         record = WorkerRecord(worker_id, process=process, pid=getattr(process, "pid", None))
@@ -260,6 +267,8 @@ class Coordinator:
         if lease_id == next(iter(worker.leases)):
             worker.reading_since = time.monotonic()  # its worker goes on to the next one it holds
         job = worker.leases.pop(lease_id)
+        if not worker.leases:
+            self._busy_ended_s += time.monotonic() - worker.busy_since
         self._remember(worker.worker_id, job)
         return job
 
@@ -310,6 +319,8 @@ class Coordinator:
         order granted: the first is the file it was reading, the rest waited behind it."""
         self.workers.pop(record.worker_id, None)
         held = list(record.leases.values())
+        if held:
+            self._busy_ended_s += time.monotonic() - record.busy_since
         for job in held:
             self._remember(record.worker_id, job)
             job.worker = None

@@ -38,6 +38,7 @@ class WorkerRecord:
     asked: int = 0  # lease requests not yet answered
     leases: dict[int, Job] = field(default_factory=dict)  # in the order granted: the worker reads the first
     reading_since: float = 0.0  # when the worker began its first lease (as the daemon sees it)
+    busy_since: float = 0.0  # when it last went from holding no lease to holding one
     last_file_s: float = 0.0  # how long its last complete file took, from there to its end
     files_done: int = 0
     started: float = field(default_factory=time.monotonic)

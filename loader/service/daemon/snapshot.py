@@ -96,11 +96,9 @@ class Snapshot:
 
 
 class Snapshotter:
-    """Lives on the daemon's thread: integrates worker busy time and takes snapshots."""
+    """Lives on the daemon's thread: takes snapshots, and keeps each dataset's recent rate."""
 
     def __init__(self) -> None:
-        self.busy_seconds = 0.0
-        self._last: float | None = None
         self._rates: dict[str, RecentRate] = {}  # dataset -> its samples received per second
 
     def take(self, daemon: Any, now: float | None = None) -> Snapshot:
@@ -109,9 +107,6 @@ class Snapshotter:
         records = list(daemon.coordinator.workers.values())
         alive = [r for r in records if r.alive]
         busy = sum(1 for r in alive if r.leases)
-        if self._last is not None:
-            self.busy_seconds += busy * max(0.0, now - self._last)
-        self._last = now
         connected = sum(1 for r in alive if r.peer is not None)
         ready = connected > 0 and status["files"]["total"] > 0
         arenas = daemon.arenas
@@ -153,7 +148,7 @@ class Snapshotter:
         add("loader_workers", busy, state="busy")
         add("loader_workers_desired", daemon.autoscaler.desired)
         add("loader_worker_utilisation", busy / len(alive) if alive else 0.0)
-        add("loader_worker_busy_seconds", self.busy_seconds)
+        add("loader_worker_busy_seconds", daemon.coordinator.busy_seconds(now))
         add("loader_worker_restarts", status["worker_restarts"])
         add("loader_leases_active", status["files"]["leased"])
         add("loader_files_queued", status["files"]["queued"])

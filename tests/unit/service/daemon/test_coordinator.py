@@ -102,3 +102,27 @@ def test_a_worker_holding_a_lease_without_progress_is_hung():
     w.last_seen = time.monotonic() + 10  # heartbeats keep coming
     dead = coord.find_dead(now=time.monotonic() + 5)
     assert dead and "no progress" in dead[0][1]
+
+
+def test_busy_seconds_count_each_worker_from_its_first_lease_to_its_last_whatever_falls_between_snapshots():
+    # loader_worker_busy_seconds was sampled at each metrics snapshot (every 0.5 s): a file read between two
+    # snapshots counted nothing, and a daemon whose epochs were that short reported its workers never busy.
+    coord = _coordinator(4)
+    coord.enqueue(1, 0, [0, 1, 2, 3])
+    w1, w2 = coord.hello("w1", b"p1", 11), coord.hello("w2", b"p2", 12)
+    began = time.monotonic()
+    assert coord.busy_seconds(began) == 0.0
+    first = coord.next_job(w1)
+    time.sleep(0.05)
+    assert coord.busy_seconds(time.monotonic()) >= 0.05  # a lease going on counts as it goes
+    coord.job_finished(1, first.file_index)
+    held = coord.busy_seconds(time.monotonic())
+    time.sleep(0.05)
+    assert coord.busy_seconds(time.monotonic()) == held  # idle since: nothing more
+    coord.next_job(w2)
+    time.sleep(0.05)
+    coord.remove_worker(w2)  # died holding it: counted until then
+    ended = time.monotonic()
+    total = coord.busy_seconds(ended)
+    assert 0.1 <= total <= ended - began
+    assert coord.busy_seconds(ended + 10) == total
