@@ -160,3 +160,69 @@ def test_with_len_unknown_an_epoch_end_resume_runs_the_next_epoch_after_one_batc
     rest = _epochs(_fit(uncounted, tmp_path, resume_from=checkpoint))
     assert rest == [[], [by_hand[0][0], *by_hand[1]], by_hand[2]]
     assert "set_epoch(1) was called while an iteration of epoch 0 was under way" in caplog.text
+
+
+DDP_SCRIPT = """
+import json, sys, logging
+import torch, pytorch_lightning as pl
+from loader.torch import DataLoader
+
+logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
+address, out = sys.argv[1], sys.argv[2]
+
+
+class Recorder(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.seen = []
+
+    def train_dataloader(self):
+        return DataLoader(address)  # the rank comes from the process group: Lightning's launcher sets no RANK
+
+    def training_step(self, batch, index):
+        self.seen.append([self.current_epoch, batch["data"].tolist()])
+        return (self.weight * batch["data"].float().mean()) ** 2
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+model = Recorder()
+trainer = pl.Trainer(max_epochs=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                     enable_checkpointing=False, accelerator="cpu", devices=2, strategy="ddp")
+trainer.fit(model)
+with open(f"{out}.{trainer.global_rank}.json", "w") as file:
+    json.dump(model.seen, file)
+"""
+
+
+@pytest.mark.slow
+def test_a_ddp_fit_of_two_ranks_over_a_daemon_gets_equal_batches_that_cover_each_epoch_once(tmp_path):
+    # Lightning's DDP launcher sets WORLD_SIZE but not RANK: the client refused to start ("WORLD_SIZE=2 is set but
+    # no rank"), though the process group Lightning had set up said the rank.
+    import json
+    import subprocess
+    import sys
+
+    from tests.integration.conftest import make_config, running_daemon
+
+    np.save(tmp_path / "rows.npy", np.arange(1000, 1203, dtype=np.int64))
+    config = make_config(tmp_path, pipeline={"batch_size": 8, "seed": 3, "shuffle_buffer": 16}, workers={"count": 1})
+    script = tmp_path / "fit.py"
+    script.write_text(DDP_SCRIPT)
+    with running_daemon(config) as daemon:
+        done = subprocess.run(
+            [sys.executable, str(script), daemon.endpoint, str(tmp_path / "seen")],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=tmp_path,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"seen.{rank}.json").read_text()) for rank in range(2)]
+    for epoch in range(2):
+        batches = [[rows for number, rows in seen if number == epoch] for seen in ranks]
+        assert len(batches[0]) == len(batches[1]) == 13  # 203 rows: 102 and 101, in batches of 8
+        values = [value for rank in batches for rows in rank for value in rows]
+        assert sorted(values) == list(range(1000, 1203))  # each row once, across the ranks

@@ -493,6 +493,20 @@ def test_ranks_started_by_mp_spawn_take_their_share_from_the_process_group(tmp_p
     assert from_environment("tcp://h:1", None, None, "cpu")[1:3] == (0, 1)
 
 
+def test_a_world_size_without_a_rank_takes_the_rank_of_a_process_group_of_that_size(monkeypatch):
+    # Lightning's DDP launcher sets WORLD_SIZE, LOCAL_RANK and NODE_RANK, not RANK: the client refused to start.
+    from loader.service.client.env import from_environment
+
+    for name in ("RANK", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setitem(sys.modules, "torch.distributed", _ProcessGroup(1, 2))
+    assert from_environment("tcp://h:1", None, None, "cpu")[1:3] == (1, 2)
+    monkeypatch.setitem(sys.modules, "torch.distributed", _ProcessGroup(1, 4))  # another job's size: not ours
+    with pytest.raises(ConfigError, match=r"WORLD_SIZE=2 is set but no rank .* no torch.distributed process group"):
+        from_environment("tcp://h:1", None, None, "cpu")
+
+
 def test_a_config_under_torchrun_is_refused_unless_each_rank_is_to_read_it_all(tmp_path, monkeypatch):
     from loader.torch import DataLoader
 

@@ -7,7 +7,10 @@ environment:
 ``LOADER_ADDRESS``  the daemon's address (``tcp://HOST:PORT``); required when no
                     ``address`` is given
 ``RANK``            this trainer's rank (torchrun); else ``SLURM_PROCID``; else 0
-``WORLD_SIZE``      the number of trainers (torchrun); else ``SLURM_NTASKS``; else 1
+``WORLD_SIZE``      the number of trainers (torchrun); else ``SLURM_NTASKS``; else 1;
+                    set without a rank (Lightning's DDP launcher sets no
+                    ``RANK``), the rank of torch.distributed's process group of
+                    that size
 (none of them)      the rank and size of torch.distributed's default process group,
                     when this process has one (``mp.spawn`` and
                     ``init_process_group(rank=, world_size=)`` set no variables):
@@ -74,10 +77,17 @@ def from_environment(
         world_size, world_from = integer_variable(env, WORLD_SIZE_VARIABLES, 1)
         world_defaulted = world_from is None
     if world_from is not None and rank_defaulted and world_size > 1:
-        raise ConfigError(
-            f"environment variable {world_from}={world_size} is set but no rank ({' or '.join(RANK_VARIABLES)}): "
-            "set it too, or pass rank= (a world size alone would read rank 0's share)"
-        )
+        # Lightning's DDP launcher sets WORLD_SIZE (and LOCAL_RANK, NODE_RANK) but not RANK: its process group,
+        # up by the time train_dataloader() runs, says the rank.
+        group = process_group()
+        if group is None or group[1] != world_size:
+            raise ConfigError(
+                f"environment variable {world_from}={world_size} is set but no rank ({' or '.join(RANK_VARIABLES)}) "
+                "and no torch.distributed process group of that size: set it too, pass rank=, or make the client "
+                "once the process group is up (Lightning: in train_dataloader()); a world size alone would read "
+                "rank 0's share"
+            )
+        rank, rank_from, rank_defaulted = group[0], "torch.distributed's process group", False
     if rank_from is not None and world_defaulted and rank > 0:
         raise ConfigError(
             f"environment variable {rank_from}={rank} is set but no world size "
