@@ -310,16 +310,21 @@ class DataLoader:
                 batch = next(batches)
             except StopIteration:
                 self._open_done = True
-                if self._moved_on == epoch:  # set_epoch of this very epoch at its last batch: the next is next
-                    self._moved_on, self._next_epoch = None, epoch + 1
+                self._settle_same_epoch(epoch)  # set at its last batch: the next epoch is next
                 return
             except BaseException:
                 # A worker's error at its first batch: the next iter() runs the next epoch, as after one that
                 # failed later, not this one's spent iterator (which would end at once, without a word).
                 self._open_failed = True
+                self._settle_same_epoch(epoch)
                 raise
             if self._moved_on == epoch:  # set_epoch of this very epoch, during it: the next one is still next
-                self._moved_on, self._next_epoch = None, epoch + 1
+                self._settle_same_epoch(epoch)
+            elif self._moved_on is not None and self._open_resumed:
+                # A loaded state's epoch, going on after set_epoch of another: refused as before its first batch.
+                number, self._moved_on = self._moved_on, None
+                self._open_failed = True
+                raise ValueError(_resumed_moved_on(epoch, number))
             elif self._moved_on is not None:
                 # Another epoch asked for while this one goes on: Lightning, where len() is unknown, takes the
                 # first batch before calling set_epoch (resumed from an epoch-end checkpoint, this epoch is
@@ -333,6 +338,11 @@ class DataLoader:
             self._open_taken += 1
             yield batch if place is None else place(batch)
         raise ClosedError(self._ended(epoch))
+
+    def _settle_same_epoch(self, epoch: int) -> None:
+        """A ``set_epoch(epoch)`` made while this epoch was iterated meant this one: the next epoch stays next."""
+        if self._moved_on == epoch:
+            self._moved_on, self._next_epoch = None, epoch + 1
 
     def _ended(self, epoch: int | None) -> str:
         # Ended by a later iter(), load_state_dict() or close(), not at its end: zip(data, data) ran no step,
@@ -585,13 +595,24 @@ def _refused_epoch(resuming: int, number: int, left: int | None) -> str:
     return message
 
 
+def _resumed_moved_on(epoch: int, number: int) -> str:
+    """The error line for a loaded state's epoch whose iteration went on after ``set_epoch(number)``."""
+    skipped = "" if number <= epoch + 1 else f" and skip epoch(s) {epoch + 1}-{number - 1}"
+    return (
+        f"set_epoch({number}) was called while the loaded state's epoch {epoch} was iterated, and the iteration "
+        f"went on: that would drop the rest of epoch {epoch}{skipped}. set_epoch({epoch}) continues it (as a loop "
+        "that calls set_epoch with the checkpoint's epoch does); to move on, leave the loop first"
+    )
+
+
 def _moved_on(epoch: int, number: int, taken: int) -> str:
     """The warning for an iteration of ``epoch`` that went on after ``set_epoch(number)``."""
     return (
-        f"set_epoch({number}) was called while an iteration of epoch {epoch} was under way ({taken} batch(es) "
-        f"taken), and that iteration went on: it now runs epoch {number} from its first batch, after the "
-        f"batch(es) of epoch {epoch} it gave. Call set_epoch before iter() (Lightning calls it after fetching a "
-        "batch where len() is unknown, and resumed from an epoch-end checkpoint that is a batch of epoch 0)"
+        f"set_epoch({number}) was called after this iteration had given {taken} batch(es) of epoch {epoch}, and it "
+        f"went on: it now runs epoch {number} from its first batch, so those batch(es) of epoch {epoch} come "
+        f"before it. Lightning does this where len() is unknown (it takes a batch before calling set_epoch): a fit "
+        "resumed from a checkpoint between epochs, or a DataLoader used for a second fit, trains one batch of "
+        "another epoch first"
     )
 
 

@@ -159,7 +159,7 @@ def test_with_len_unknown_an_epoch_end_resume_runs_the_next_epoch_after_one_batc
     (checkpoint,) = (tmp_path / "checkpoints").iterdir()
     rest = _epochs(_fit(uncounted, tmp_path, resume_from=checkpoint))
     assert rest == [[], [by_hand[0][0], *by_hand[1]], by_hand[2]]
-    assert "set_epoch(1) was called while an iteration of epoch 0 was under way" in caplog.text
+    assert "set_epoch(1) was called after this iteration had given 1 batch(es) of epoch 0" in caplog.text
 
 
 DDP_SCRIPT = """

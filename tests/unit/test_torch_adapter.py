@@ -187,15 +187,21 @@ def test_an_iteration_that_took_no_batch_runs_no_epoch():
 
 
 class FailingReader(FakeReader):
-    """Its epoch 0 fails at its first batch, as a worker's error does."""
+    """Its epoch 0 fails after ``good`` batches (at its first, by default), as a worker's error does."""
+
+    def __init__(self, good: int = 0) -> None:
+        super().__init__()
+        self.good = good
 
     def epoch(self, epoch: int | None = None) -> Any:
         made = super().epoch(epoch)
         if made.epoch == 0:
+            batches = made._batches
 
             def fail() -> Iterator[Any]:
+                for _ in range(self.good):
+                    yield next(batches)
                 raise LoaderError("a worker failed")
-                yield
 
             made._batches = fail()
         return made
@@ -255,12 +261,39 @@ def test_set_epoch_of_another_epoch_during_an_iteration_that_goes_on_runs_that_e
     state = data.state_dict()
     assert (state["epoch"], state["resume"]) == (1, False)  # what runs next, as a break would leave it
     assert _seen([first, *batches]) == [(0, 0)] + [(1, i) for i in range(BATCHES)]
-    assert "set_epoch(1) was called while an iteration of epoch 0 was under way (1 batch(es) taken)" in caplog.text
+    assert "set_epoch(1) was called after this iteration had given 1 batch(es) of epoch 0" in caplog.text
     assert _seen(data) == [(2, i) for i in range(BATCHES)]
 
     resumed = _adapter(FakeReader(length=None))
     resumed.load_state_dict(state)
     assert _seen(resumed) == [(1, i) for i in range(BATCHES)]
+
+
+def test_set_epoch_of_another_epoch_during_a_loaded_states_epoch_that_goes_on_is_refused():
+    # Refused before the first resumed batch ("would drop the batches left"), it only warned after one, dropping
+    # the rest of the loaded epoch and skipping epochs.
+    data = _adapter()
+    batches = iter(data)
+    next(batches)
+    resumed = _adapter()
+    resumed.load_state_dict(data.state_dict())
+    batches = iter(resumed)
+    next(batches)
+    resumed.set_epoch(3)
+    with pytest.raises(ValueError, match=r"loaded state's epoch 0 was iterated.*drop the rest of epoch 0 and skip"):
+        next(batches)
+
+
+def test_a_same_epoch_set_epoch_then_a_failure_goes_on_with_the_next_epoch():
+    # set_epoch(0) during epoch 0, then a worker's error at its next batch: the failed epoch ran again next.
+    data = _adapter(FailingReader(good=1))
+    batches = iter(data)
+    next(batches)
+    data.set_epoch(0)
+    with pytest.raises(LoaderError):
+        next(batches)
+    assert (data.state_dict()["epoch"], data.state_dict()["resume"]) == (1, False)
+    assert {epoch for epoch, _ in _seen(data)} == {1}
 
 
 def test_after_a_break_set_epoch_picks_the_next_iterations_epoch_the_same_one_included():
@@ -482,7 +515,11 @@ def test_ranks_started_by_mp_spawn_take_their_share_from_the_process_group(tmp_p
     assert from_environment("tcp://h:1", None, 1, "cpu")[1:3] == (0, 1)  # world_size=1: all of it
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "3")
-    assert from_environment("tcp://h:1", None, None, "cpu")[1:3] == (3, 4)  # torchrun's variables first
+    with pytest.raises(ConfigError, match=r"RANK=3 and WORLD_SIZE=4 disagree"):  # two launchers' words: neither
+        from_environment("tcp://h:1", None, None, "cpu")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert from_environment("tcp://h:1", None, None, "cpu")[1:3] == (1, 2)  # torchrun's, which its group agrees with
     monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.delenv("RANK")
     config = tmp_path / "c.toml"
@@ -505,6 +542,17 @@ def test_a_world_size_without_a_rank_takes_the_rank_of_a_process_group_of_that_s
     monkeypatch.setitem(sys.modules, "torch.distributed", _ProcessGroup(1, 4))  # another job's size: not ours
     with pytest.raises(ConfigError, match=r"WORLD_SIZE=2 is set but no rank .* no torch.distributed process group"):
         from_environment("tcp://h:1", None, None, "cpu")
+    # Under `srun --pty bash`, Lightning's ranks also inherit the shell's SLURM_PROCID=0: both read rank 0's share.
+    monkeypatch.setitem(sys.modules, "torch.distributed", _ProcessGroup(1, 2))
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    with pytest.raises(ConfigError, match=r"SLURM_PROCID=0 and WORLD_SIZE=2 disagree with .* \(rank 1 of 2\)"):
+        from_environment("tcp://h:1", None, None, "cpu")
+    assert from_environment("tcp://h:1", 1, 2, "cpu")[1:3] == (1, 2)  # given: it wins
+    monkeypatch.setenv("WORLD_SIZE", "1")  # each rank reading it all, said by a variable: the group says otherwise
+    monkeypatch.delenv("SLURM_PROCID")
+    with pytest.raises(ConfigError, match=r"WORLD_SIZE=1 disagree"):
+        from_environment("tcp://h:1", None, None, "cpu")
+    assert from_environment("tcp://h:1", None, 1, "cpu")[1:3] == (0, 1)  # world_size=1 given: all of it
 
 
 def test_a_config_under_torchrun_is_refused_unless_each_rank_is_to_read_it_all(tmp_path, monkeypatch):

@@ -24,7 +24,8 @@ environment:
                     (``torch.cuda.set_device``), as ``loader.device`` reads it
 ==================  ============================================================
 
-An argument given explicitly always wins. A variable that is set but not a
+Variables that disagree with a process group this process has (rank or size) are refused, naming both: they
+were left from another launcher. An argument given explicitly always wins. A variable that is set but not a
 non-negative integer is an error naming it, never silently ignored: a trainer
 reading the wrong share of the data is worse than one that does not start. So is
 half a placement (a world size without a rank, a rank above 0 without a world
@@ -97,10 +98,23 @@ def from_environment(
         raise ConfigError(
             f"environment variables {rank_from}={rank} and {world_from}={world_size}: the rank must be below the world size"
         )
-    group = process_group() if rank_defaulted and world_defaulted else None
-    if group is not None:
+    group = process_group()
+    if group is not None and rank_defaulted and world_defaulted:
         rank, world_size = group
         rank_from = world_from = "torch.distributed's process group"
+    elif group is not None and (
+        (rank_from is not None and rank != group[0]) or (world_from is not None and world_size != group[1])
+    ):
+        # Variables of two launchers mixed: Lightning's DDP ranks in an `srun --pty bash` shell take WORLD_SIZE from
+        # Lightning and SLURM_PROCID from the shell, so every rank read rank 0's share.
+        said = " and ".join(
+            f"{name}={value}" for name, value in ((rank_from, rank), (world_from, world_size)) if name is not None
+        )
+        raise ConfigError(
+            f"environment variable(s) {said} disagree with torch.distributed's process group (rank {group[0]} of "
+            f"{group[1]}): left from another launcher? Unset them, or pass rank= and world_size= for this "
+            "process's share"
+        )
     if world_from is not None and world_size > 1:
         # Said once per client: Slurm's variables in an salloc shell made a plain script read a quarter of the
         # data without a word.
