@@ -272,11 +272,7 @@ def test_set_epoch_of_another_epoch_during_an_iteration_that_goes_on_runs_that_e
 def test_set_epoch_of_another_epoch_during_a_loaded_states_epoch_that_goes_on_is_refused():
     # Refused before the first resumed batch ("would drop the batches left"), it only warned after one, dropping
     # the rest of the loaded epoch and skipping epochs.
-    data = _adapter()
-    batches = iter(data)
-    next(batches)
-    resumed = _adapter()
-    resumed.load_state_dict(data.state_dict())
+    resumed = _resumed_after_a_batch()
     batches = iter(resumed)
     next(batches)
     resumed.set_epoch(3)
@@ -365,12 +361,17 @@ def test_resume_through_len_and_state_taken_before_the_first_resumed_batch():
     assert _seen(resumed) == [(0, i) for i in range(1, BATCHES)]
 
 
-def test_set_epoch_refuses_to_skip_the_rest_of_a_loaded_epoch():
+def _resumed_after_a_batch() -> Any:
+    """A new adapter loaded with the state of one that took one batch of epoch 0."""
     data = _adapter()
-    batches = iter(data)
-    next(batches)
+    next(iter(data))
     resumed = _adapter()
     resumed.load_state_dict(data.state_dict())
+    return resumed
+
+
+def test_set_epoch_refuses_to_skip_the_rest_of_a_loaded_epoch():
+    resumed = _resumed_after_a_batch()
     with pytest.raises(ValueError, match="middle of epoch 0"):
         resumed.set_epoch(1)
 
