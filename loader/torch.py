@@ -185,6 +185,9 @@ class DataLoader:
         After ``load_state_dict`` of a mid-epoch state, only that epoch's number is accepted, so a loop
         that calls ``set_epoch(epoch)`` from the checkpoint's epoch resumes where the state was taken; or the
         next epoch's, when the state was taken at its epoch's last batch (nothing is left to drop).
+        Called while an iteration is under way, it is that iteration's epoch if the iteration goes on (the
+        next epoch stays next), the next iteration's after a ``break``; an iteration that goes on after
+        ``set_epoch`` of another epoch runs that epoch from its first batch, with a warning.
         """
         number = _epoch_number(epoch)
         resuming = self._resuming_epoch()
@@ -206,8 +209,8 @@ class DataLoader:
             self._close_open()
         elif self._open_running():
             # Left by a `break`, the next iteration runs `number`; if this iteration goes on instead, ``_run``
-            # settles it: the same epoch was meant (Lightning's first batch is fetched before its set_epoch),
-            # another is refused.
+            # settles it: the same epoch was meant (Lightning's first batch is fetched before its set_epoch);
+            # another switches this iteration to it, with a warning (refused during a loaded state's epoch).
             self._moved_on = number
         self._next_epoch = number
 
