@@ -34,7 +34,6 @@ torch is imported when a ``DataLoader`` is made (``loader.device.import_torch``)
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import inspect
 import logging
@@ -80,10 +79,6 @@ class DataLoader:
     ``rank``/``world_size``/``job`` and ``client_kwargs`` go to ``Client`` (with a config, only the
     options of its ``[client]`` table). ``len()`` is the epoch's number of batches where the daemon
     knows it, else ``TypeError``. Context manager; ``close()`` is idempotent.
-
-    ``lightning=True`` under Lightning's ``Trainer``: where ``len()`` is unknown, Lightning takes a batch ahead
-    of the step it trains, so ``state_dict()`` is taken one batch behind the last one handed out while an epoch
-    is under way, and a fit resumed from a mid-epoch checkpoint goes on with the batch it had not trained.
     """
 
     def __init__(
@@ -95,7 +90,6 @@ class DataLoader:
         rank: int | None = None,
         world_size: int | None = None,
         job: str | None = None,
-        lightning: bool = False,
         **client_kwargs: Any,
     ) -> None:
         import_torch("loader.torch.DataLoader")
@@ -119,10 +113,6 @@ class DataLoader:
         self._open_done = False  # iterated to its end
         self._open_failed = False  # raised instead of a batch: not for a later iteration to take over
         self._moved_on: int | None = None  # set_epoch(n) while it was iterated: n, until a batch or iter() says why
-        self._lightning = lightning
-        # Under Lightning, over a source whose len() is unknown: the states at the last two batches handed out (or
-        # the epoch's start), since Lightning has taken one more than it trained when it saves a checkpoint.
-        self._behind: collections.deque[dict[str, Any]] | None = None
         self._closed = False
 
     # -- what torch.utils.data.DataLoader users call --------------------------------------------------------------
@@ -219,8 +209,6 @@ class DataLoader:
         the last one the loop took (torchdata's ``StatefulDataLoader.state_dict``)."""
         if self._loaded is not None:
             return dict(self._loaded)  # nothing taken since it was loaded: that is still where the loop is
-        if self._open_running() and self._moved_on is None and self._behind:
-            return dict(self._behind[0])  # one batch behind: the one Lightning holds fetched ahead is not trained
         if (self._open_running() and self._moved_on is None) or self._open_untouched():
             # A batch of it taken, or continuing a loaded state: the loop is inside it. Opened ahead by len(), or
             # handed out by iter() with no batch taken yet (the reader still stands where the epoch before
@@ -301,10 +289,6 @@ class DataLoader:
         self._open_done = self._open_failed = False
         self._open_taken = 0
         self._moved_on = None
-        self._behind = None
-        if self._lightning and not _counted(self._open):
-            # Lightning fetches a batch ahead of the step it trains where it cannot count an epoch's batches.
-            self._behind = collections.deque([self.state_dict()], maxlen=2)
 
     def _open_running(self) -> bool:
         """An epoch is open that the loop took batches of and may go on with: not at its end, not failed."""
@@ -355,8 +339,6 @@ class DataLoader:
                 batches, epoch = self._open, self._open_epoch
                 continue
             self._open_taken += 1
-            if self._behind is not None:
-                self._behind.append({"epoch": epoch, "resume": True, "reader": self._reader.state_dict()})
             yield batch if place is None else place(batch)
         raise ClosedError(self._ended(epoch))
 
@@ -614,16 +596,6 @@ def _refused_epoch(resuming: int, number: int, left: int | None) -> str:
     if left is None:  # the next epoch's number is taken only when the rest is known to be empty
         message += f" (a state taken at its last batch: set_epoch({resuming}) and iterate, which ends at once)"
     return message
-
-
-def _counted(batches: Any) -> bool:
-    """Whether an epoch's batches can be counted ahead (``len()``), as Lightning asks before it decides to fetch
-    one ahead."""
-    try:
-        len(batches)
-    except TypeError:
-        return False
-    return True
 
 
 def _resumed_moved_on(epoch: int, number: int) -> str:

@@ -292,32 +292,6 @@ def test_a_same_epoch_set_epoch_then_a_failure_goes_on_with_the_next_epoch():
     assert {epoch for epoch, _ in _seen(data)} == {1}
 
 
-def test_under_lightning_a_state_mid_epoch_is_one_batch_behind_where_len_is_unknown():
-    # Lightning takes a batch ahead of its step where len() is unknown: a mid-epoch checkpoint's state was one
-    # batch past what the model trained, and the resumed fit never trained that batch.
-    from loader.torch import DataLoader
-
-    data = DataLoader(FakeReader(length=None), lightning=True)
-    batches = iter(data)
-    assert data.state_dict()["resume"] is False
-    next(batches)
-    assert (data.state_dict()["epoch"], data.state_dict()["resume"]) == (0, False)  # the first is not trained yet
-    next(batches), next(batches)
-    state = data.state_dict()
-    resumed = _adapter(FakeReader(length=None))
-    resumed.load_state_dict(state)
-    assert _seen(resumed) == [(0, i) for i in range(2, BATCHES)]  # from the batch held ahead, untrained
-    list(batches)
-    assert (data.state_dict()["epoch"], data.state_dict()["resume"]) == (1, False)  # at the end: nothing held
-
-    counted = DataLoader(FakeReader(), lightning=True)  # len() known: Lightning takes nothing ahead
-    batches = iter(counted)
-    next(batches), next(batches)
-    resumed = _adapter()
-    resumed.load_state_dict(counted.state_dict())
-    assert _seen(resumed) == [(0, i) for i in range(2, BATCHES)]
-
-
 def test_after_a_break_set_epoch_picks_the_next_iterations_epoch_the_same_one_included():
     data = _adapter()
     for _ in zip(range(2), data):
