@@ -172,9 +172,10 @@ class DataLoader:
         """Make the next iteration run epoch ``epoch`` (as ``DistributedSampler.set_epoch``: call it before each).
 
         Unlike ``DistributedSampler``, iterating again without it runs the epoch after, not the same one.
-        After ``load_state_dict`` of a mid-epoch state, only that epoch's number is accepted, so a loop
-        that calls ``set_epoch(epoch)`` from the checkpoint's epoch resumes where the state was taken; or the
-        next epoch's, when the state was taken at its epoch's last batch (nothing is left to drop).
+        After ``load_state_dict`` of a mid-epoch state, that epoch's number continues it, so a loop that calls
+        ``set_epoch(epoch)`` from the checkpoint's epoch resumes where the state was taken; the next epoch's
+        starts it (dropping what was left, with a warning, unless the state was taken at its epoch's last
+        batch); any other number is refused.
         Called while an iteration is under way, it is that iteration's epoch if the iteration goes on (the
         next epoch stays next), the next iteration's after a ``break``; an iteration that goes on after
         ``set_epoch`` of another epoch runs that epoch from its first batch, with a warning.
@@ -185,9 +186,13 @@ class DataLoader:
             if number == resuming:
                 return
             left = self._loaded_batches_left()  # a Client's or Loader's len() of a resumed epoch: what is left
-            if number == resuming + 1 and left == 0:
+            if number == resuming + 1:
                 # A state taken at its epoch's last batch (a loop that counted the epoch done): the next epoch
-                # drops nothing, so it starts from its first batch.
+                # drops nothing, so it starts from its first batch. Else the loop ends its epochs early (Lightning's
+                # limit_train_batches, resumed from its last step, crashed here): the rest goes, as a new
+                # iteration drops an unfinished epoch, said in a warning; skipping whole epochs is refused below.
+                if left != 0:
+                    log.warning(_dropped_rest(resuming, number, left))
                 self._close_open()
                 self._reader.load_state_dict(_epoch_start(self._reader.state_dict(), number))
                 self._next_epoch = number
@@ -589,13 +594,10 @@ def _refused_epoch(resuming: int, number: int, left: int | None) -> str:
     rest = "the rest of it" if left is None else f"the {left} batch(es) left of it"
     if number > resuming + 1:
         rest += f" and skip {skipped}"
-    message = (
-        f"the loaded state is in the middle of epoch {resuming}: set_epoch({resuming}) continues it; "
-        f"set_epoch({number}) would drop {rest}"
+    return (
+        f"the loaded state is in the middle of epoch {resuming}: set_epoch({resuming}) continues it, "
+        f"set_epoch({resuming + 1}) starts the next; set_epoch({number}) would drop {rest}"
     )
-    if left is None:  # the next epoch's number is taken only when the rest is known to be empty
-        message += f" (a state taken at its last batch: set_epoch({resuming}) and iterate, which ends at once)"
-    return message
 
 
 def _resumed_moved_on(epoch: int, number: int) -> str:
@@ -605,6 +607,16 @@ def _resumed_moved_on(epoch: int, number: int) -> str:
         f"set_epoch({number}) was called while the loaded state's epoch {epoch} was iterated, and the iteration "
         f"went on: that would drop the rest of epoch {epoch}{skipped}. set_epoch({epoch}) continues it (as a loop "
         "that calls set_epoch with the checkpoint's epoch does); to move on, leave the loop first"
+    )
+
+
+def _dropped_rest(resuming: int, number: int, left: int | None) -> str:
+    """The warning for ``set_epoch(number)``, the next epoch, after a state in the middle of epoch ``resuming``."""
+    rest = "the rest of it" if left is None else f"the {left} batch(es) left of it"
+    return (
+        f"set_epoch({number}) after loading a state in the middle of epoch {resuming} drops {rest}, as a new "
+        f"iteration drops an unfinished epoch (a loop that ends its epochs early, as Lightning's "
+        f"limit_train_batches does); set_epoch({resuming}) would have continued it"
     )
 
 

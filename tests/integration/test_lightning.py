@@ -128,6 +128,17 @@ def test_a_fit_resumed_from_a_mid_epoch_checkpoint_goes_on_with_the_next_batch(c
     assert [rows for _, rows in first.seen + rest.seen] == [rows for epoch in by_hand for rows in epoch]
 
 
+def test_a_fit_with_limit_train_batches_resumed_from_its_epochs_last_step_goes_on_as_it_would_have(config, tmp_path):
+    # Lightning counts the epoch done at its 10th step and asks for the next; the loaded state is in the middle of
+    # epoch 0 (15 of its batches unread), and set_epoch(1) was refused: the resumed fit crashed.
+    whole = _fit(config, tmp_path / "whole", limit_train_batches=10)
+    saved = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "checkpoints"), every_n_train_steps=10, save_top_k=-1)
+    first = _fit(config, tmp_path, max_steps=10, limit_train_batches=10, callbacks=[saved], enable_checkpointing=True)
+    (checkpoint,) = (tmp_path / "checkpoints").iterdir()
+    rest = _fit(config, tmp_path, resume_from=checkpoint, limit_train_batches=10)
+    assert first.seen + rest.seen == whole.seen and len(whole.seen) == EPOCHS * 10
+
+
 @pytest.fixture
 def uncounted(tmp_path: Path) -> LoaderConfig:
     """A RecordIO file: the daemon cannot count its batches ahead, so len() is unknown to Lightning."""
