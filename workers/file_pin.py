@@ -26,7 +26,7 @@ class FilePin:
         self.path = path
         try:
             self._then: Identity | None = identity(os.stat(path))
-        except OSError:  # the reader opened it by other means (a provider's, a reader's own): nothing to compare
+        except OSError:  # not a path (a provider's or reader's own name for its data), or one the reader will refuse
             self._then = None
 
     def changed(self) -> str | None:
