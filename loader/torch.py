@@ -338,7 +338,7 @@ class DataLoader:
                 # first batch before calling set_epoch (resumed from an epoch-end checkpoint, this epoch is
                 # epoch 0 and it asks for the next). Going on would run the wrong epoch whole; this iteration
                 # runs the epoch asked for from its start, the batches taken before counted with it.
-                log.warning(_moved_on(epoch, self._moved_on, self._open_taken))
+                log.warning(_switched_epoch(epoch, self._moved_on, self._open_taken))
                 self._open_next()
                 assert self._open is not None
                 batches, epoch = self._open, self._open_epoch
@@ -620,7 +620,7 @@ def _dropped_rest(resuming: int, number: int, left: int | None) -> str:
     )
 
 
-def _moved_on(epoch: int, number: int, taken: int) -> str:
+def _switched_epoch(epoch: int, number: int, taken: int) -> str:
     """The warning for an iteration of ``epoch`` that went on after ``set_epoch(number)``."""
     return (
         f"set_epoch({number}) was called after this iteration had given {taken} batch(es) of epoch {epoch}, and it "

@@ -59,8 +59,8 @@ class FileSource:
 
     def __init__(self, config: Any, path: str) -> None:
         self.path = path
-        self.pin = FilePin(path)  # before the reader opens it: a write between the two is caught, never missed
-        self._companions: list[FilePin] = []
+        # Pinned before the reader opens it: a write between the two is caught, never missed.
+        self._pins = [FilePin(path)]
         self.source = config.source
         self.fields = list(self.source.fields) if self.source.fields else None
         self._batch_mapped = bool(config.pipeline.batch_mappers)
@@ -89,8 +89,7 @@ class FileSource:
                 # is not read here (a damaged one would fail the whole file): checked after that read instead.
                 self._names_pending = not known
             # A .npy's companions (NAME.FIELD.npy) are its samples' other fields: a write to one is a write to them.
-            others = [other for other in getattr(self._reader, "mapped_files", ()) if other != path]
-            self._companions = [FilePin(other) for other in others]
+            self._pins += [FilePin(other) for other in getattr(self._reader, "mapped_files", ()) if other != path]
 
     def _first_record_names(self) -> list[str] | None:
         """The slot names a format learns from its first record (RecordIO, text lines), read for them here. A
@@ -137,7 +136,7 @@ class FileSource:
 
     def changed(self) -> tuple[str, str] | None:
         """The file, and why, when it was written since it was opened (``FilePin``); else None."""
-        return first_change([self.pin, *self._companions])
+        return first_change(self._pins)
 
     def samples(self) -> Iterator[Any]:
         """Samples one by one (tuples of slot arrays for file readers)."""
@@ -343,7 +342,7 @@ class GroupSource:
         self._current: FileSource | None = None
         self._samples: Iterator[Any] | None = None
         self._held: dict[str, np.ndarray] | BaseException | None = None  # for the next read_block (see there)
-        self._pins: list[FileSource] = []  # files read since the last changed(): the one open, those closed since
+        self._unchecked: list[FileSource] = []  # files read since the last changed(): the one open, those closed since
 
     @property
     def path(self) -> str:
@@ -372,11 +371,11 @@ class GroupSource:
     def changed(self) -> tuple[str, str] | None:
         """A file of the group read from since the last call that was written since it was opened, and why. A
         file closed before that call was checked after its last read, so only the open one stays to check."""
-        for source in self._pins:
+        for source in self._unchecked:
             found = source.changed()
             if found is not None:
                 return found
-        self._pins = [self._current] if self._current is not None else []
+        self._unchecked = [self._current] if self._current is not None else []
         return None
 
     def samples(self) -> Iterator[Any]:
@@ -472,7 +471,7 @@ class GroupSource:
             if why is not None:
                 raise FileChangedError(why)
             self._current = FileSource(self.config, self.paths[position])
-            self._pins.append(self._current)
+            self._unchecked.append(self._current)
         except Exception as exc:
             self._unopened.add(position)
             self.record += 1

@@ -7,7 +7,10 @@ for a checkpoint taken mid-epoch. Each fit here is compared, batch by batch, wit
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ torch = pytest.importorskip("torch")
 
 from loader.config import LoaderConfig  # noqa: E402
 from loader.torch import DataLoader  # noqa: E402
+from tests.integration.conftest import make_config, running_daemon  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -212,12 +216,6 @@ with open(f"{out}.{trainer.global_rank}.json", "w") as file:
 def test_a_ddp_fit_of_two_ranks_over_a_daemon_gets_equal_batches_that_cover_each_epoch_once(tmp_path):
     # Lightning's DDP launcher sets WORLD_SIZE but not RANK: the client refused to start ("WORLD_SIZE=2 is set but
     # no rank"), though the process group Lightning had set up said the rank.
-    import json
-    import subprocess
-    import sys
-
-    from tests.integration.conftest import make_config, running_daemon
-
     np.save(tmp_path / "rows.npy", np.arange(1000, 1203, dtype=np.int64))
     config = make_config(tmp_path, pipeline={"batch_size": 8, "seed": 3, "shuffle_buffer": 16}, workers={"count": 1})
     script = tmp_path / "fit.py"

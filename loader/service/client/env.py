@@ -71,6 +71,7 @@ def from_environment(
             )
     rank_from = world_from = None
     rank_defaulted = world_defaulted = False
+    group = process_group()
     if rank is None:
         rank, rank_from = integer_variable(env, RANK_VARIABLES, 0)
         rank_defaulted = rank_from is None
@@ -80,7 +81,6 @@ def from_environment(
     if world_from is not None and rank_defaulted and world_size > 1:
         # Lightning's DDP launcher sets WORLD_SIZE (and LOCAL_RANK, NODE_RANK) but not RANK: its process group,
         # up by the time train_dataloader() runs, says the rank.
-        group = process_group()
         if group is None or group[1] != world_size:
             raise ConfigError(
                 f"environment variable {world_from}={world_size} is set but no rank ({' or '.join(RANK_VARIABLES)}) "
@@ -98,7 +98,6 @@ def from_environment(
         raise ConfigError(
             f"environment variables {rank_from}={rank} and {world_from}={world_size}: the rank must be below the world size"
         )
-    group = process_group()
     if group is not None and rank_defaulted and world_defaulted:
         rank, world_size = group
         rank_from = world_from = "torch.distributed's process group"
