@@ -42,6 +42,7 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, cast
 
+from loader import lightning_fit
 from loader.config import LoaderConfig, load_config
 from loader.config.sections import ClientConfig
 from loader.device import Placer, import_torch, place_name
@@ -113,6 +114,7 @@ class DataLoader:
         self._open_done = False  # iterated to its end
         self._open_failed = False  # raised instead of a batch: not for a later iteration to take over
         self._moved_on: int | None = None  # set_epoch(n) while it was iterated: n, until a batch or iter() says why
+        self._ended_at_load: int | None = None  # the epoch a state loaded between epochs was taken at the end of
         self._closed = False
 
     # -- what torch.utils.data.DataLoader users call --------------------------------------------------------------
@@ -211,7 +213,16 @@ class DataLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """Where the training loop is: after ``load_state_dict`` of it, iteration goes on with the batch after
-        the last one the loop took (torchdata's ``StatefulDataLoader.state_dict``)."""
+        the last one the loop took (torchdata's ``StatefulDataLoader.state_dict``).
+
+        Under a Lightning fit that holds a batch taken ahead of its step (``len()`` unknown), the batch after
+        the last one it trained (``loader/lightning_fit.py``)."""
+        loop = lightning_fit.fit_loop_of(self)
+        held = lightning_fit.batches_held(loop) if loop is not None else 0
+        if held:
+            state = self._state_held_back(held)
+            if state is not None:
+                return state
         if self._loaded is not None:
             return dict(self._loaded)  # nothing taken since it was loaded: that is still where the loop is
         if (self._open_running() and self._moved_on is None) or self._open_untouched():
@@ -231,6 +242,7 @@ class DataLoader:
         from the first batch."""
         epoch, resume, reader_state = _parse_state(state)
         self._close_open()
+        self._ended_at_load = epoch - 1 if not resume and epoch > 0 else None
         if resume:
             self._reader.load_state_dict(dict(reader_state))  # the reader's next epoch() continues it
             self._loaded = {"epoch": epoch, "resume": True, "reader": dict(reader_state)}
@@ -262,6 +274,49 @@ class DataLoader:
         return self._reader
 
     # -- inside ---------------------------------------------------------------------------------------------------
+    def _state_held_back(self, held: int) -> dict[str, Any] | None:
+        """The state before the last ``held`` batches the loop took of the open epoch; None (with a warning)
+        where it cannot be had: then ``state_dict()`` says where the loop is as without ``held``."""
+        taken = self._open_taken
+        if not (self._open_running() or self._open_done) or self._moved_on is not None or held > taken:
+            log.warning(_cannot_hold_back(held, taken))
+            return None
+        epoch, resume = self._open_epoch, taken > held or self._open_resumed
+        if _takes_held(self._reader):  # Client's and Loader's: a reader of your own may take it too
+            reader_state = cast(Any, self._reader).state_dict(held=held)
+        elif not resume:
+            reader_state = self._reader.state_dict()  # moved to the epoch's start below
+        else:
+            log.warning(_cannot_hold_back(held, taken) + f" ({type(self._reader).__name__} takes no held=)")
+            return None
+        if not resume:
+            return {"epoch": epoch, "resume": False, "reader": _epoch_start(reader_state, epoch)}
+        return {"epoch": epoch, "resume": True, "reader": reader_state}
+
+    def _follow_lightning(self) -> bool:
+        """At an iteration's first batch under a Lightning fit, take the epoch the fit is about to give
+        ``set_epoch``; True where that epoch had ended when the state loaded was taken (nothing is left of it).
+
+        Where ``len()`` is unknown, Lightning takes an epoch's first batch before ``set_epoch``: resumed from an
+        epoch-end checkpoint (it loads no state then) that batch was of epoch 0, not of the epoch it ran. And it
+        cannot tell an epoch's last batch: resumed from a checkpoint of that step, it goes on with the epoch,
+        whose state says the next epoch, which it would have taken for the rest of this one."""
+        ended, self._ended_at_load = self._ended_at_load, None
+        loop = lightning_fit.fit_loop_of(self, skip=2)
+        wanted = lightning_fit.epoch_to_run(loop) if loop is not None else None
+        if wanted is None:
+            return False
+        if wanted == ended:
+            return True
+        resuming = self._resuming_epoch()
+        if resuming is not None:
+            upcoming = resuming
+        else:
+            upcoming = self._open_epoch if self._open_untouched() else self._next_epoch
+        if wanted != upcoming:
+            self.set_epoch(wanted)
+        return False
+
     def _resuming_epoch(self) -> int | None:
         if self._loaded is not None:
             return int(self._loaded["epoch"])
@@ -307,6 +362,8 @@ class DataLoader:
     def _run(self, iteration: int) -> Iterator[Any]:
         if self._iterations != iteration or self._closed:
             raise ClosedError(self._ended(None))
+        if self._follow_lightning():
+            return  # an epoch over before the state was taken: Lightning ends it now, and asks for the next
         if not self._open_untouched():  # set_epoch() or load_state_dict() since iter() closed what it had opened
             self._open_next()
         batches, epoch = self._open, self._open_epoch
@@ -617,6 +674,21 @@ def _dropped_rest(resuming: int, number: int, left: int | None) -> str:
         f"set_epoch({number}) after loading a state in the middle of epoch {resuming} drops {rest}, as a new "
         f"iteration drops an unfinished epoch (a loop that ends its epochs early, as Lightning's "
         f"limit_train_batches does); set_epoch({resuming}) would have continued it"
+    )
+
+
+def _takes_held(reader: Reader) -> bool:
+    try:
+        return "held" in inspect.signature(reader.state_dict).parameters
+    except (TypeError, ValueError):  # a builtin or an object of another kind: no signature to read
+        return False
+
+
+def _cannot_hold_back(held: int, taken: int) -> str:
+    return (
+        f"the training loop holds {held} batch(es) it took ahead of its step, but this iteration gave {taken} "
+        "that a state could be taken before: the state is taken after them, so a resume from it does not give "
+        "them again"
     )
 
 

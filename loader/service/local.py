@@ -210,10 +210,10 @@ class Loader(NotADataset):
         """A paddle batch reader: each call iterates the next epoch, as lists of sample tuples in field order."""
         return batch_reader(self.epoch)
 
-    def state_dict(self) -> dict[str, Any]:
-        """Where the training loop stands (``Client.state_dict``): a daemon serving the same config,
-        or another ``Loader``, resumes from it with ``load_state_dict``."""
-        return self._client.state_dict()
+    def state_dict(self, held: int = 0) -> dict[str, Any]:
+        """Where the training loop stands (``Client.state_dict``, ``held`` too): a daemon serving the same
+        config, or another ``Loader``, resumes from it with ``load_state_dict``."""
+        return self._client.state_dict(held)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next ``epoch()`` (or iteration) resumes its epoch where it stood."""

@@ -132,17 +132,6 @@ def test_a_fit_resumed_from_a_mid_epoch_checkpoint_goes_on_with_the_next_batch(c
     assert [rows for _, rows in first.seen + rest.seen] == [rows for epoch in by_hand for rows in epoch]
 
 
-def test_a_fit_with_limit_train_batches_resumed_from_its_epochs_last_step_goes_on_as_it_would_have(config, tmp_path):
-    # Lightning counts the epoch done at its 10th step and asks for the next; the loaded state is in the middle of
-    # epoch 0 (15 of its batches unread), and set_epoch(1) was refused: the resumed fit crashed.
-    whole = _fit(config, tmp_path / "whole", limit_train_batches=10)
-    saved = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "checkpoints"), every_n_train_steps=10, save_top_k=-1)
-    first = _fit(config, tmp_path, max_steps=10, limit_train_batches=10, callbacks=[saved], enable_checkpointing=True)
-    (checkpoint,) = (tmp_path / "checkpoints").iterdir()
-    rest = _fit(config, tmp_path, resume_from=checkpoint, limit_train_batches=10)
-    assert first.seen + rest.seen == whole.seen and len(whole.seen) == EPOCHS * 10
-
-
 @pytest.fixture
 def uncounted(tmp_path: Path) -> LoaderConfig:
     """A RecordIO file: the daemon cannot count its batches ahead, so len() is unknown to Lightning."""
@@ -160,21 +149,65 @@ def uncounted(tmp_path: Path) -> LoaderConfig:
     )
 
 
-def test_with_len_unknown_an_epoch_end_resume_runs_the_next_epoch_after_one_batch_fetched_early(
-    uncounted, tmp_path, caplog
-):
+def _plain_loop(config: LoaderConfig) -> list[list[list[int]]]:
+    with DataLoader(config) as data:
+        return [[batch["data"].tolist() for batch in data] for _ in range(EPOCHS)]
+
+
+def test_with_len_unknown_an_epoch_end_resume_runs_the_next_epoch_whole(uncounted, tmp_path, caplog):
     # Lightning fetches the first batch before set_epoch when len() is unknown: resumed from an epoch-end
-    # checkpoint it trained on epoch 0 again as epoch 1, and epoch 1 never ran. Now epoch 1 runs whole, after
-    # the one batch of epoch 0 Lightning took before asking for it, with a warning that says so.
-    with DataLoader(uncounted) as data:
-        by_hand = [[batch["data"].tolist() for batch in data] for _ in range(EPOCHS)]
+    # checkpoint it trained on epoch 0 again as epoch 1, and epoch 1 never ran; then, epoch 0's first batch
+    # before the whole of epoch 1 (switched to with a warning). The adapter now reads the epoch the fit runs.
+    by_hand = _plain_loop(uncounted)
     assert _epochs(_fit(uncounted, tmp_path / "whole")) == by_hand
     saved = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "checkpoints"), save_top_k=-1)
     _fit(uncounted, tmp_path, max_epochs=1, callbacks=[saved], enable_checkpointing=True)
     (checkpoint,) = (tmp_path / "checkpoints").iterdir()
-    rest = _epochs(_fit(uncounted, tmp_path, resume_from=checkpoint))
-    assert rest == [[], [by_hand[0][0], *by_hand[1]], by_hand[2]]
-    assert "set_epoch(1) was called after this iteration had given 1 batch(es) of epoch 0" in caplog.text
+    with caplog.at_level(logging.WARNING, logger="loader.torch"):
+        rest = _epochs(_fit(uncounted, tmp_path, resume_from=checkpoint))
+    assert rest == [[], by_hand[1], by_hand[2]]
+    assert not [record for record in caplog.records if record.name == "loader.torch"]
+
+
+@pytest.mark.parametrize("counted", [True, False], ids=["len_known", "len_unknown"])
+@pytest.mark.parametrize("step", [1, 13, BATCHES - 1, BATCHES, BATCHES + 1])
+def test_a_fit_resumed_from_any_step_trains_every_batch_once_in_the_order_of_one_fit(
+    counted, step, config, uncounted, tmp_path, caplog
+):
+    # Where len() is unknown, Lightning holds a batch taken ahead of its step: the state counted it, and a fit
+    # resumed mid-epoch missed it. At an epoch's last step (25) it cannot tell the epoch is over: the state
+    # said the next epoch, which the resumed fit took for the rest of this one.
+    data = config if counted else uncounted
+    by_hand = _plain_loop(data)
+    saved = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "checkpoints"), every_n_train_steps=step, save_top_k=-1)
+    first = _fit(data, tmp_path, max_steps=step, callbacks=[saved], enable_checkpointing=True)
+    (checkpoint,) = (tmp_path / "checkpoints").iterdir()
+    with caplog.at_level(logging.WARNING, logger="loader.torch"):
+        rest = _fit(data, tmp_path, resume_from=checkpoint)
+    assert len(first.seen) == step
+    expected = [(epoch, rows) for epoch in range(EPOCHS) for rows in by_hand[epoch]]
+    if step == BATCHES and not counted:
+        # Lightning's own limit: it cannot tell this step was the epoch's last, so the resumed fit goes on with
+        # epoch 0, which ends at once (before, it took epoch 1 for the rest of epoch 0, then ran epoch 1 again);
+        # and after an epoch that ran no step it makes no new iterator, so its epoch 1 runs no step either.
+        expected = [item for item in expected if item[0] != 1]
+    assert first.seen + rest.seen == expected
+    assert not [record for record in caplog.records if record.name == "loader.torch"]
+
+
+@pytest.mark.parametrize("counted", [True, False], ids=["len_known", "len_unknown"])
+def test_a_fit_with_limit_train_batches_resumed_from_its_epochs_last_step_goes_on_as_it_would_have(
+    counted, config, uncounted, tmp_path
+):
+    # Lightning counts the epoch done at its 10th step and asks for the next; the loaded state is in the middle of
+    # epoch 0 (15 of its batches unread), and set_epoch(1) was refused: the resumed fit crashed.
+    data = config if counted else uncounted
+    whole = _fit(data, tmp_path / "whole", limit_train_batches=10)
+    saved = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "checkpoints"), every_n_train_steps=10, save_top_k=-1)
+    first = _fit(data, tmp_path, max_steps=10, limit_train_batches=10, callbacks=[saved], enable_checkpointing=True)
+    (checkpoint,) = (tmp_path / "checkpoints").iterdir()
+    rest = _fit(data, tmp_path, resume_from=checkpoint, limit_train_batches=10)
+    assert first.seen + rest.seen == whole.seen and len(whole.seen) == EPOCHS * 10
 
 
 DDP_SCRIPT = """

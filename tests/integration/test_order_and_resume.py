@@ -283,6 +283,34 @@ def test_resume_at_random_points_continues_the_uninterrupted_run(data: Any, seed
     assert head + tail == full
 
 
+def test_a_state_taken_before_the_batches_a_loop_holds_gives_them_again(data: Any) -> None:
+    # A loop that takes batches ahead of the step it trains (Lightning holds one where len() is unknown) saves
+    # state_dict(held=n): a resume gives those n again, then the rest, as the uninterrupted epoch.
+    small_only(data)
+    directory, _ = data
+    with running_daemon(config(directory)) as daemon, clients(daemon.endpoint, 1) as [c]:
+        full = [ids_of(b) for b in c.epoch(0)]
+        ended = c.state_dict(held=2)  # after the epoch's end too: before its last two batches
+        states = {}
+        for i, _ in enumerate(c.epoch(0)):
+            if i in (0, 1, 6):
+                states[i + 1] = {held: c.state_dict(held=held) for held in range(min(i + 1, 3))}
+            if i == 1:
+                with pytest.raises(ValueError, match="held=3, but the loop took 2 batch"):
+                    c.state_dict(held=3)
+            if i == 6:
+                with pytest.raises(ValueError, match="held=5"):
+                    c.state_dict(held=5)
+                break
+        c.load_state_dict(states[7][0])
+        with pytest.raises(ValueError, match="since a state was loaded"):
+            c.state_dict(held=1)
+        for taken, by_held in [*states.items(), (len(full), {2: ended})]:
+            for held, state in by_held.items():
+                c.load_state_dict(state)
+                assert [ids_of(b) for b in c.epoch()] == full[taken - held :], (taken, held)
+
+
 def test_resume_from_a_daemon_into_a_loader_and_the_next_epochs_follow(data: Any) -> None:
     directory, _ = data
     with loader.Loader(config(directory)) as whole:

@@ -31,6 +31,7 @@ the file's header and identity itself.
 from __future__ import annotations
 
 import atexit
+import collections
 import itertools
 import logging
 import os
@@ -88,6 +89,8 @@ DEFAULT_PREFETCH = 4
 AUTO_PREFETCH_BYTES = 128 * 1024 * 1024
 AUTO_PREFETCH_MAX = 16
 DEFAULT_TIMEOUT_S = 30.0
+# state_dict(held=...): the batches a loop may hold ahead of the step it trains (Lightning holds one).
+MAX_HELD = 4
 PING_INTERVAL_S = 0.5
 # A daemon whose connection dropped and whose address refuses reconnecting this long is gone (killed, or
 # stopped without a goodbye): found in seconds, not after timeout_s of silence. zmq retries every 0.1-0.2 s.
@@ -248,6 +251,8 @@ class Client(NotADataset):
         self._next_epoch = 0
         self._place = Place(0)  # where the training loop stands (state_dict); the consumer's thread moves it
         self._resume: Place | None = None  # load_state_dict's place, for the next epoch() call
+        # Where the loop stood before each of the last batches it took (state_dict(held=...)): the consumer's too.
+        self._before_taken: collections.deque[Place] = collections.deque(maxlen=MAX_HELD)
         self._fatal: BaseException | None = None
         try:
             self.info = self._handshake()
@@ -285,13 +290,20 @@ class Client(NotADataset):
         gen = self._gen = next(self._gens)
         return EpochBatches(self._iterate(gen, number, place), self._length(place), number)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, held: int = 0) -> dict[str, Any]:
         """Where the training loop stands, as a small JSON-able dict to save with a checkpoint.
 
         Taken at the batches the loop has taken (not what was prefetched): after
         ``load_state_dict(state)`` the next ``epoch()`` continues with the batch that would
         have come next. It holds with another world size, worker count, transport or daemon.
+
+        ``held``: a loop that takes batches ahead of the step it trains (Lightning, where ``len()`` is
+        unknown, holds one) gives how many of the batches it took are not trained yet, and the state is
+        taken before them, so a resume gives them again. At most ``MAX_HELD``, and no more than the
+        batches taken of the epoch being iterated (or just ended).
         """
+        if held:
+            return self._held_back(held).state(self.dataset, self.world_size, self.info.fingerprint)
         place = self._resume or self._place
         return place.state(self.dataset, self.world_size, self.info.fingerprint)
 
@@ -304,6 +316,20 @@ class Client(NotADataset):
         self._check_usable()
         place = place_of(state, self.dataset, self.info.fingerprint)
         self._resume, self._place, self._next_epoch = place, place, place.epoch
+        self._before_taken.clear()
+
+    def _held_back(self, held: int) -> Place:
+        """Where the loop stood before the last ``held`` batches it took."""
+        if isinstance(held, bool) or not isinstance(held, int) or not 0 <= held <= MAX_HELD:
+            raise ValueError(f"held={held!r}: give the batches taken but not trained yet, 0 to {MAX_HELD}")
+        if self._resume is not None or held > len(self._before_taken):
+            taken = 0 if self._resume is not None else len(self._before_taken)
+            raise ValueError(
+                f"held={held}, but the loop took {taken} batch(es) of this epoch"
+                + (" since a state was loaded" if self._resume is not None else "")
+                + ": a state cannot be taken before batches this client did not give"
+            )
+        return self._before_taken[-held]
 
     def _length(self, place: Place) -> int | None:
         """Batches of an epoch started at ``place`` for this rank, where the daemon counted the samples."""
@@ -393,6 +419,7 @@ class Client(NotADataset):
         # and epoch() moving on at once made len(client.epoch()) skip an epoch, or drop a loaded resume place.
         self._check_current(gen, epoch)
         self._next_epoch, self._resume, self._place = epoch + 1, None, place
+        self._before_taken.clear()
         self._commands.put(("epoch", place, gen))
         self._waker.wake()
         while True:
@@ -421,6 +448,7 @@ class Client(NotADataset):
                 if last_of_message:
                     self._messages_taken += 1
                     self._waker.wake()
+                self._before_taken.append(self._place)
                 if place is not None:
                     self._place = place
                 yield self._placer.finish(staged)
