@@ -396,6 +396,9 @@ class ClientWelcome(Versioned):
     # The config file the daemon serves (absolute), so a client given a config can tell it reached another
     # config's daemon (as `loader status CONFIG` does). A client of the first 5 ignores it.
     config: str | None = wire("config", _optional(_path), None)
+    # The daemon's ``time.monotonic()`` as it sent this: what a client of its host sets its clock by, to tell
+    # whether it copied a batch's arena rows while they were still kept (``Batch.kept``).
+    clock: float | None = wire("clock", _optional(_seconds), None)
 
 
 @_kind("epoch")
@@ -447,6 +450,9 @@ class Batch(Message):
     # Per batch, in order: ``[count, position]`` plus its anchor's three numbers when it has one. The
     # counts add up to ``count``; ``position`` and ``anchor`` above are the last batch's.
     parts: list[list[int]] | None = wire("parts", _optional(_parts), None)
+    # With ``refs``: until when (the daemon's ``time.monotonic()``) their arena rows stay reserved for this
+    # client without its credit; a client that copies them later may copy rows given to others since.
+    kept: float | None = wire("kept", _optional(_seconds), None)
 
 
 @_kind("end")

@@ -5,16 +5,20 @@ from __future__ import annotations
 import collections
 import glob
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
 
 import loader
 from loader import Client
+from loader.errors import ServiceUnavailableError
 from loader.service.client import client as client_mod
 from loader.service.client.client import query_status
 from loader.service.daemon import datasets
 from loader.service.shm import file_rows as F
+from loader.service.shm.arena import RowsNotKeptError
 from loader.service.shm.cache import ArenaCache
 from tests.helpers import wait_until
 from tests.integration.conftest import (
@@ -389,3 +393,67 @@ def test_auto_prefetch_reads_more_big_batches_ahead_after_the_first_epoch(tmp_pa
                 assert sorted(sum((batch_ids(b) for b in fixed.epoch()), [])) == sorted(ids)
             assert fixed.epoch_prefetch() == 2
     assert sorted(sum(first, [])) == sorted(ids) == sorted(sum(seen, []))
+
+
+@pytest.mark.parametrize("keep_s", [30.0, 2.0], ids=["kept_through_the_stall", "reclaimed_during_it"])
+def test_a_client_stalled_past_its_drop_never_gives_rows_written_for_another_client(tmp_path, keep_s):
+    # A client stopped (Ctrl-Z, a debugger, a VM pause) past the heartbeat timeout was dropped, and the rows of
+    # the batches on their way to it freed at once; workers wrote another client's rows there, and the stopped
+    # client, woken, copied those into its batches as its own. Here its receiver stalls before its first copy
+    # (no pings meanwhile) until the daemon has dropped it and another client has read a whole epoch.
+    write_large_files(tmp_path, 3, 40)
+    other = tmp_path / "other"
+    other.mkdir()
+    for i, path in enumerate(sorted(tmp_path.glob("*.npy"))):
+        rows = np.load(path)
+        rows[:, 0] += 100_000
+        np.save(other / f"g{i}.npy", rows)
+    rows = expected_rows(tmp_path)
+    config = make_config(
+        tmp_path,
+        pipeline={"batch_size": 4, "shuffle_buffer": 0},
+        workers={"file_rows": False, "samples_per_message": 4, "heartbeat_timeout_s": 1.0},
+        service={"reclaim_after_s": keep_s},
+        datasets={"other": {"source": {"files": [str(other / "*.npy")]}, "pipeline": {"batch_size": 4}}},
+    )
+    stalled_now, go_on = threading.Event(), threading.Event()
+    got: list[np.ndarray] = []
+    failed: list[BaseException] = []
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, timeout_s=30, prefetch=8) as stalled:
+            gather = stalled._gather
+
+            def stall_first(*args):
+                if not stalled_now.is_set():
+                    stalled_now.set()
+                    go_on.wait(30)
+                return gather(*args)
+
+            def read_stalled():
+                try:
+                    got.extend(batch["data"] for batch in stalled.epoch())
+                except BaseException as exc:
+                    failed.append(exc)
+
+            stalled._gather = stall_first
+            consumer = threading.Thread(target=read_stalled)
+            consumer.start()
+            try:
+                assert stalled_now.wait(20)
+                started = time.monotonic()
+                wait_until(lambda: not daemon.stage.sessions, timeout_s=20)  # dropped, silent past 1 s
+                with Client(daemon.endpoint, dataset="other", timeout_s=20) as reader:  # written where it can be
+                    assert len([i for b in reader.epoch() for i in batch_ids(b)]) == 120
+                if keep_s < 30:  # past what was kept
+                    time.sleep(max(0.0, keep_s + 0.5 - (time.monotonic() - started)))
+            finally:
+                go_on.set()
+                consumer.join(30)
+    assert not consumer.is_alive() and len(failed) == 1
+    for batch in got:
+        for row in batch:
+            assert np.array_equal(row, rows[int(row[0])])  # its own rows, whole: none of the other client's
+    if keep_s < 30:
+        assert isinstance(failed[0], RowsNotKeptError) and "service.reclaim_after_s" in str(failed[0]) and not got
+    else:
+        assert isinstance(failed[0], ServiceUnavailableError) and got

@@ -69,7 +69,7 @@ from loader.service.client.checkpoint import Place, place_of
 from loader.service.client.env import client_stats, from_environment
 from loader.service.order import epoch_batches
 from loader.service.shm import refs as R
-from loader.service.shm.arena import ArenaError
+from loader.service.shm.arena import ArenaError, RowsNotKeptError
 from loader.service.shm.cache import ArenaCache
 from loader.service.shm.file_rows import FileRowsError, RowFiles, is_file_id, source_of
 from loader.service.transport import Channel
@@ -92,6 +92,9 @@ DEFAULT_TIMEOUT_S = 30.0
 # state_dict(held=...): the batches a loop may hold ahead of the step it trains (Lightning holds one).
 MAX_HELD = 4
 PING_INTERVAL_S = 0.5
+# A batch's arena rows copied within this of the daemon's ``Batch.kept`` are refused too: the clocks of two
+# processes of one host agree, but the daemon's reads early here by the welcome's time on its way.
+KEPT_MARGIN_S = 0.25
 # A daemon whose connection dropped and whose address refuses reconnecting this long is gone (killed, or
 # stopped without a goodbye): found in seconds, not after timeout_s of silence. zmq retries every 0.1-0.2 s.
 PEER_GONE_AFTER_S = 2.0
@@ -256,6 +259,9 @@ class Client(NotADataset):
         self._fatal: BaseException | None = None
         try:
             self.info = self._handshake()
+            # The daemon's monotonic clock less this process's (one host: the same clock, give or take the
+            # welcome's way here, which makes the daemon's time read early; KEPT_MARGIN_S covers it).
+            self._clock_offset = None if self.info.clock is None else self.info.clock - time.monotonic()
             _note_another_config(self._given_address, address, self.info.config)
         except BaseException:
             self._channel.close()
@@ -631,7 +637,8 @@ class Client(NotADataset):
                 if message.refs:
                     try:
                         self._gather(message.refs, columns, message.files or {})
-                    except FileRowsError as exc:
+                        self._check_kept(message)
+                    except (FileRowsError, RowsNotKeptError) as exc:
                         # A data file changed under its rows: that epoch fails, as with a worker's error, and
                         # the client stays usable (the rest of the epoch's batches are of an abandoned request).
                         state.over = True
@@ -685,6 +692,24 @@ class Client(NotADataset):
         if message.count < 1 or not columns:
             held = f"{len(columns)} column(s)" if columns else "no columns"
             raise TransportError(f"the loader daemon at {self.address} sent a batch of {message.count} rows in {held}")
+
+    def _check_kept(self, message: P.Batch) -> None:
+        """Refuse a batch whose arena rows were copied after the daemon stopped keeping them for this client.
+
+        Called once they are copied: until ``message.kept`` no other rows can be written where they lie, so a
+        copy finished before it is whole. Later, this process was stopped or starved past
+        ``service.reclaim_after_s`` (or past the heartbeat timeout, when the daemon dropped it), and the
+        copy may hold other clients' rows."""
+        if message.kept is None or self._clock_offset is None:
+            return
+        late = time.monotonic() + self._clock_offset + KEPT_MARGIN_S - message.kept
+        if late > 0:
+            raise RowsNotKeptError(
+                f"a batch of epoch {message.epoch} from the loader daemon at {self.address} was read "
+                f"{late:.1f}s after the daemon stopped keeping its shared-memory rows (service.reclaim_after_s; "
+                "was this process stopped, or starved of CPU?): they may hold other rows by now, so the batch "
+                "is not given"
+            )
 
     def _parts(self, message: P.Batch) -> list[tuple[int, Place | None]]:
         """(rows, place after it) of each batch a BATCH message holds: one, or its ``parts``."""

@@ -157,7 +157,7 @@ class ClientDesk:
             return self._refuse(peer, f"the daemon serves {cap} clients, its cap (service.max_clients)", "capacity")
         old = self.stage.sessions.get(peer)
         if old is not None:
-            self.drop(old, "said hello again")  # its job's streams go with it, not just the session
+            self.drop(old, "said hello again", done_reading=True)  # its job's streams go with it, not just the session
         session = self.stage.open_session(peer, rank, world_size, hello.prefetch)
         session.dataset, session.settings = dataset.name, dataset.settings
         self._join_job(session, dataset, hello.job)
@@ -185,6 +185,7 @@ class ClientDesk:
             samples=samples,
             fingerprint=dataset.fingerprint(),
             config=self._config_file,
+            clock=time.monotonic(),
         )
         self._router.send(peer, P.encode(welcome))
         return None
@@ -225,7 +226,7 @@ class ClientDesk:
         elif isinstance(message, P.Epoch):
             return self._on_epoch(session, message)
         elif isinstance(message, P.Bye):
-            self.drop(session, "said goodbye")
+            self.drop(session, "said goodbye", done_reading=True)
         return None
 
     def _on_epoch(self, session: Session, message: P.Epoch) -> str | None:
@@ -420,16 +421,20 @@ class ClientDesk:
                 continue
             self._new_stream(job, epoch, 0, start_anchor())
 
-    def drop(self, session: Session, why: str) -> None:
+    def drop(self, session: Session, why: str, *, done_reading: bool = False) -> None:
         """Forget a client: free its rows; streams its job no longer needs are dropped (that work paces the next
-        epoch: a client saying hello, asking for an epoch and saying goodbye in a loop keeps the pace too)."""
+        epoch: a client saying hello, asking for an epoch and saying goodbye in a loop keeps the pace too).
+
+        ``done_reading``: the client itself left (goodbye, or hello again), so it reads no batch sent to it;
+        a client dropped otherwise (silent, unreachable, replaced) may still copy the batches on their way to
+        it, so their rows stay reserved as long as if it were there (``RefKeeper.set_aside``)."""
         started = time.monotonic()
         try:
-            self._drop(session, why)
+            self._drop(session, why, done_reading)
         finally:
             self._paced(started)
 
-    def _drop(self, session: Session, why: str) -> None:
+    def _drop(self, session: Session, why: str, done_reading: bool) -> None:
         log.log(self._lines.level(session.peer, "detached"), "client %d detached: %s", session.session_id, why)
         if self._parked.get(session.peer) is session:
             del self._parked[session.peer]  # its waiting request goes with it
@@ -438,7 +443,7 @@ class ClientDesk:
             # It leaves the stream unfinished: its rank's part is never read, so another rank that joined it now
             # would wait, on it, for the rank that (restarted) reads a new one. A finished stream stays joinable.
             stream.joinable = False
-        self.stage.close_session(session)
+        self.stage.close_session(session, done_reading=done_reading)
         job = self.jobs.get(session.job)
         if job is None:
             return

@@ -246,6 +246,7 @@ class Daemon:
             file_record=self.datasets.file_record,
         )
         self.stage.refs.allow_files = workers.file_rows
+        self.stage.refs.keep_s = config.service.reclaim_after_s
         self.coordinator = Coordinator(
             self.files,
             heartbeat_timeout_s=float(workers.heartbeat_timeout_s),
@@ -391,7 +392,7 @@ class Daemon:
             self._rate.record(now, self.stage.samples_in)
             self.pool.reap()
             self.clients.reap(now)
-            self.stage.refs.reclaim(self.stage.sessions.values(), now, self.config.service.reclaim_after_s)
+            self.stage.refs.reclaim(self.stage.sessions.values(), now)
             self.stage.collect_specs()
             # Files the stage read rows of itself (a client on another host, a padded repeat): closed once
             # unused, as a client closes its own, so a deleted or replaced data file's space is not held.

@@ -148,8 +148,9 @@ class Stage:
         self.sessions[peer] = session
         return session
 
-    def close_session(self, session: Session) -> None:
-        """Forget a session: its rank no longer holds its stream back, its rows are freed."""
+    def close_session(self, session: Session, *, done_reading: bool = True) -> None:
+        """Forget a session: its rank no longer holds its stream back, its rows are freed (``done_reading``:
+        the client reads no batch sent to it), or else set aside until they would have been reclaimed."""
         self.sessions.pop(session.peer, None)
         if session.world_size > 1 and session.job:
             self.departed.pop((session.job, session.rank), None)  # re-inserted last: the oldest go first
@@ -157,7 +158,10 @@ class Stage:
             while len(self.departed) > MAX_DEPARTED:
                 del self.departed[next(iter(self.departed))]
         self.detach(session)
-        self.refs.release_outstanding(session)
+        if done_reading:
+            self.refs.release_outstanding(session)
+        else:
+            self.refs.set_aside(session)
 
     def detach(self, session: Session) -> None:
         """``session`` stops reading its current stream (it left, or asked for another epoch)."""
@@ -858,6 +862,7 @@ class Stage:
             parts = [[block_rows(piece), s.position, *(s.anchor or ())] for s, piece in group]
         # Recorded as outstanding before sending: a failed send drops the session, which frees it.
         batch, refs, files = self.refs.outbound(session, batch, stream.ref_columns or frozenset(), gen)
+        kept = session.outstanding[-1][2] + self.refs.keep_s if refs else None
         message = P.Batch(
             epoch=stream.epoch,
             gen=gen,
@@ -868,6 +873,7 @@ class Stage:
             position=step.position,
             anchor=list(step.anchor) if step.anchor is not None else None,
             parts=parts,
+            kept=kept,
         )
         frames = P.encode(message, batch)
         self.send(session.peer, frames)

@@ -15,13 +15,15 @@ touched). Its rules:
   here, once.
 * Rows sent as references are *outstanding* until the client's consumer has
   taken their batch: a CREDIT for that epoch request frees the oldest ones, a new
-  EPOCH or the client leaving frees the rest. The client copies a batch when it
+  EPOCH or the client saying goodbye frees the rest. The client copies a batch when it
   arrives, before its consumer can take it, so this never frees a row being read,
-  and a client that dies leaks nothing. Every row the stage drops (duplicates,
+  and a client that dies holds them no longer than that. Every row the stage drops (duplicates,
   cancelled streams, ``drop_last``) is freed through ``release``.
 * A client that returns no credit for a batch holds its rows at most
-  ``service.reclaim_after_s`` (``reclaim``): it copied them when the batch
-  arrived, so freeing them then cannot take a row from under a reader.
+  ``service.reclaim_after_s`` (``reclaim``) from when it was sent, which the
+  batch says (``Batch.kept``): a client that copies them later refuses the
+  batch. A client dropped without saying goodbye may still copy the batches
+  on their way to it, so their rows are set aside as long (``set_aside``).
 * A worker's references are believed only for what it holds (``check_owned``,
   before ``adopt``): rows of its own arena, in range, allocated (state byte
   used), not overlapping, and not already held by the stage. Held blocks are
@@ -58,6 +60,7 @@ from loader.service.shm.file_layout import Identity
 # chunk may name a new spec, so a lease holder claiming another row shape every time would otherwise
 # grow the table without bound.
 SPECS_KEPT = 1024
+DEFAULT_KEEP_S = 60.0  # as service.reclaim_after_s
 
 
 class RefKeeper:
@@ -70,6 +73,9 @@ class RefKeeper:
         self._held: dict[int, np.ndarray] = {}  # arena id -> per block: held by the stage (adopted, not freed)
         self.files = F.FileTable()
         self.allow_files = True  # workers.file_rows: false refuses file rows too
+        self.keep_s = DEFAULT_KEEP_S  # service.reclaim_after_s: how long sent rows stay reserved without a credit
+        # Outstanding batches of sessions dropped while their client may still copy them (``set_aside``).
+        self._set_aside: deque[tuple[Any, list[np.ndarray], float]] = deque()
 
     def arena_of(self, arena_id: int) -> Any:
         """The ``Arena`` of an arena id, the open ``RowFile`` of a file id (``FileRowsError`` when unknown)."""
@@ -298,10 +304,15 @@ class RefKeeper:
                 self.release(refs)
             count -= 1
 
-    def reclaim(self, sessions: Iterable[Any], now: float, after_s: float) -> None:
-        """Free the rows of batches sent more than ``after_s`` ago whose credit never came back.
+    def reclaim(self, sessions: Iterable[Any], now: float) -> None:
+        """Free the rows of batches sent more than ``keep_s`` ago whose credit never came back, and those set
+        aside for as long.
 
-        The entries stay (empty), so credits still line up with batches."""
+        The sessions' entries stay (empty), so credits still line up with batches."""
+        after_s = self.keep_s
+        while self._set_aside and now - self._set_aside[0][2] > after_s:
+            for refs in self._set_aside.popleft()[1]:
+                self.release(refs)
         for session in sessions:
             queue: deque = session.outstanding
             for i in range(len(queue)):
@@ -313,17 +324,31 @@ class RefKeeper:
                         self.release(refs)
                     queue[i] = (gen, [], sent_at)
 
+    def set_aside(self, session: Any) -> None:
+        """A session dropped while its client may still copy the batches sent to it (it went silent: stopped,
+        paused in a debugger, starved of CPU; or another client took its rank): their rows stay reserved
+        until ``keep_s`` after each was sent, the time each ``Batch.kept`` promised. Freed at once, they were
+        given to other rows, and a client that woke up copied those into its batches as its own."""
+        for entry in session.outstanding:
+            if entry[1]:
+                self._set_aside.append(entry)
+        session.outstanding.clear()
+
     def release_outstanding(self, session: Any) -> None:
         """A new epoch request (the client copied every earlier batch it will read) or the client left."""
         while session.outstanding:
             for refs in session.outstanding.popleft()[1]:
                 self.release(refs)
 
+    def _kept(self, sessions: Iterable[Any]) -> list[Iterable[tuple[Any, list[np.ndarray], float]]]:
+        """The batches sent whose rows are kept: each session's outstanding ones, and those set aside."""
+        return [*(session.outstanding for session in sessions), self._set_aside]
+
     def held(self, buffered: Iterable[tuple[Block, frozenset[str]]], sessions: Iterable[Any]) -> set[int]:
         """Arena ids the stage still holds references into: buffered (block, reference column names)
         pairs and the sessions' outstanding batches."""
         ids: set[int] = set()
-        for refs in _reference_columns(buffered, sessions):
+        for refs in _reference_columns(buffered, self._kept(sessions)):
             ids.update(np.unique(refs[:, 0]).tolist())
         return ids
 
@@ -337,7 +362,7 @@ class RefKeeper:
         keeps); called between messages, so no chunk's rows are on their way in."""
         named: set[int] = set()
         sources: set[int] = set()
-        for refs in _reference_columns(buffered, sessions):
+        for refs in _reference_columns(buffered, self._kept(sessions)):
             named.update(np.unique(refs[refs[:, 0] != R.LOCAL_ARENA, 2]).tolist())
             sources.update(np.unique(refs[refs[:, 0] <= F.FILE_ROWS, 0]).tolist())
         self.specs.keep_only(named)
@@ -346,17 +371,17 @@ class RefKeeper:
 
 
 def _reference_columns(
-    buffered: Iterable[tuple[Block, frozenset[str]]], sessions: Iterable[Any]
+    buffered: Iterable[tuple[Block, frozenset[str]]], sent: Iterable[Iterable[tuple[Any, list[np.ndarray], float]]]
 ) -> Iterable[np.ndarray]:
     """Every reference column the stage keeps: in buffered (block, reference column names) pairs and in
-    the sessions' outstanding batches."""
+    the batches sent whose rows are kept (``RefKeeper._kept``)."""
     for block, names in buffered:
         for name in names:
             if name in block:
                 yield block[name]
-    for session in sessions:
-        for _, sent, _ in session.outstanding:
-            yield from sent
+    for batches in sent:
+        for _, refs, _ in batches:
+            yield from refs
 
 
 __all__ = ["RefKeeper", "SPECS_KEPT"]

@@ -63,6 +63,11 @@ class ArenaError(TransportError):
     """An arena cannot be opened, or it is not the daemon's (another host, a stale file)."""
 
 
+class RowsNotKeptError(ArenaError):
+    """A batch's arena rows were copied after the daemon stopped keeping them for its client (``Batch.kept``):
+    what was copied may be other rows written there since."""
+
+
 def shm_directory() -> str:
     """Where arenas live: ``/dev/shm`` when it is a writable directory, else the temp dir."""
     if os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK | os.X_OK):
@@ -250,4 +255,13 @@ def free_runs(states: np.ndarray, count: int, run: int) -> np.ndarray | None:
     return firsts.astype(np.int64) + steps * run
 
 
-__all__ = ["Arena", "ArenaError", "BLOCK_BYTES", "shm_directory", "new_token", "free_runs", "run_indexes"]
+__all__ = [
+    "Arena",
+    "ArenaError",
+    "BLOCK_BYTES",
+    "RowsNotKeptError",
+    "shm_directory",
+    "new_token",
+    "free_runs",
+    "run_indexes",
+]

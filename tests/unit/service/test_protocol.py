@@ -83,6 +83,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
         "samples": COUNT + "?",
         "fp": MAPPING + "?",
         "config": PATH + "?",
+        "clock": SECONDS + "?",
     },
     P.Epoch: {
         "e": COUNT,
@@ -105,6 +106,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
         "pos": COUNT,
         "anchor": ANCHOR + "?",
         "parts": PARTS + "?",
+        "kept": SECONDS + "?",
     },
     P.End: {"e": COUNT, "g": COUNT + "?", "batches": COUNT, "samples": COUNT},
     P.Ping: {"ws": SECONDS + "?"},
@@ -184,6 +186,7 @@ EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
             samples=130,
             fingerprint={"seed": 5},
             config="/etc/loader/train.toml",
+            clock=81234.5,
         ),
         {},
     ),
@@ -200,6 +203,7 @@ EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
             position=64,
             anchor=[0, 0, 0],
             parts=[[1, 63, 0, 0, 0], [1, 64]],
+            kept=81294.5,
         ),
         {"x": np.array([[1, 0, 0], [-2, 1, 0]], np.int64), "y": np.array([[1.5, 2.5], [3.5, 4.5]])},
     ),
@@ -404,12 +408,14 @@ def test_error_dicts_travel_in_messages():
 # it does not know): 4 then ``Ping.wait_s``, which a daemon of the first 4 reads as a plain ping; 5 then
 # ``Lease.seen``, which a worker of the first 5 ignores (it reads the file as it finds it, as before), and
 # ``Heartbeat.at``, which a daemon of the first 5 ignores (its hang errors name no record, as before), and
-# ``ClientWelcome.config``, which a client of the first 5 ignores (it cannot tell another config's daemon).
+# ``ClientWelcome.config``, which a client of the first 5 ignores (it cannot tell another config's daemon), and
+# ``ClientWelcome.clock`` with ``Batch.kept``, which a client of the first 5 ignores (it copies a batch's rows
+# whenever it reads it, as before) and a daemon of the first 5 never sends (a client then checks nothing).
 SCHEMA_OF_VERSION = {
     2: ("08569ee2d0ba2c2c",),
     3: ("eab8ef5e470bcbc9",),
     4: ("4e3c87399b323b09", "e422ebcfbae7ec7c"),
-    5: ("2dd09cd992105c38", "fa7374bb4ef526a5", "ffa5e3ecf6153182", "985d97a31f54befe"),
+    5: ("2dd09cd992105c38", "fa7374bb4ef526a5", "ffa5e3ecf6153182", "985d97a31f54befe", "810d419c65389447"),
 }
 
 

@@ -132,6 +132,24 @@ def test_references_from_a_worker_without_an_arena_are_refused(stage_and_arenas)
 
 
 # -- reclaim ----------------------------------------------------------------------------------------------------
+def test_rows_sent_to_a_client_dropped_while_it_may_still_read_them_stay_kept_as_long(stage_and_arenas):
+    # A client stopped (SIGSTOP, a debugger) past the heartbeat timeout is dropped; its rows were freed at once,
+    # given to another client's rows, and the stopped client, woken, copied those into its batches as its own.
+    keeper, own, _ = stage_and_arenas
+    session = types.SimpleNamespace(shm=True, outstanding=collections.deque())
+    refs = _written(own)
+    _check(keeper, refs, own.arena_id)
+    keeper.outbound(session, {"data": keeper.specs.adopt(refs, SPEC["data"])}, frozenset({"data"}), 1)
+    sent_at = session.outstanding[0][2]
+    keeper.set_aside(session)
+    assert not session.outstanding
+    keeper.collect_specs([], [])  # the specs the rows set aside name are what frees them: kept
+    keeper.reclaim([], sent_at + keeper.keep_s - 1.0)
+    assert (own.states[refs[:, 1]] == USED).all() and keeper.held([], []) == {own.arena_id}
+    keeper.reclaim([], sent_at + keeper.keep_s + 1.0)
+    assert (own.states[refs[:, 1]] == FREE).all() and keeper.held([], []) == set()
+
+
 def test_rows_of_a_client_that_returns_no_credit_are_reclaimed_after_the_limit(stage_and_arenas):
     keeper, own, _ = stage_and_arenas
 
@@ -141,9 +159,9 @@ def test_rows_of_a_client_that_returns_no_credit_are_reclaimed_after_the_limit(s
     adopted = keeper.specs.adopt(refs, SPEC["data"])
     keeper.outbound(session, {"data": adopted}, frozenset({"data"}), 1)
     sent_at = session.outstanding[0][2]
-    keeper.reclaim([session], sent_at + 10.0, after_s=60.0)
+    keeper.reclaim([session], sent_at + 10.0)
     assert (own.states[refs[:, 1]] == USED).all()  # not yet
-    keeper.reclaim([session], sent_at + 61.0, after_s=60.0)
+    keeper.reclaim([session], sent_at + 61.0)
     assert (own.states[refs[:, 1]] == FREE).all()
     assert len(session.outstanding) == 1  # the entry stays, so a late credit still lines up
     keeper.credited(session, 1, 1)
