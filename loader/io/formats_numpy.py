@@ -10,9 +10,10 @@ is listed (``drop_companions``): ``part-*.npy`` leases ``part-0.npy`` only.
 ``.npz``: one slot per key, in the archive's order; every key must have the same
 number of rows. ``np.load`` cannot memory-map an ``.npz``, so this reader opens
 the zip itself: members stored uncompressed (``np.savez``) are memory-mapped in
-place, or read at open when smaller than ``SMALL_MEMBER_BYTES`` (a mapping costs
-more than reading a few pages: datasets of many small files pay it per file);
-compressed members (``np.savez_compressed``) are inflated into memory, one key
+place, or read whole when smaller than ``SMALL_MEMBER_BYTES`` (a mapping costs
+more than reading a few pages: datasets of many small files pay it per file),
+at the first read, as a mapping is (opening reads headers alone: the daemon
+opens files in its loop to count their rows); compressed members (``np.savez_compressed``) are inflated into memory, one key
 at a time, at the first read (only their headers are read at open). Member
 headers are parsed once per distinct header (files of one dataset share them).
 
@@ -272,6 +273,34 @@ def _same(array: np.ndarray) -> np.ndarray:
     return array
 
 
+def _small_member(
+    path: str,
+    stored: tuple[str, int, int, int],
+    header_len: int,
+    nbytes: int,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    order: Literal["F", "C"],
+) -> np.ndarray:
+    """A small stored member's array, read (a mapping costs more than its bytes) once they matched the CRC-32.
+
+    Read whole when the member is no more than its array (and a little): its CRC from the same bytes. One that
+    claims more (bytes after its array) has its data read alone, summed apart."""
+    name, payload, size, _ = stored
+    whole = size <= header_len + nbytes + 4096
+    with open(path, "rb") as raw:
+        raw.seek(payload if whole else payload + header_len)
+        data = raw.read(size if whole else nbytes)
+        if whole:
+            check_stored_crc(path, raw.fileno(), *stored, data=data)
+            data = data[header_len : header_len + nbytes]
+        if len(data) != nbytes:
+            raise DataError(f"{path}: member {name!r}: {len(data)} of its {nbytes} bytes are in the file")
+        if not whole:
+            check_stored_crc(path, raw.fileno(), *stored)
+    return np.frombuffer(data, dtype=dtype).reshape(shape, order=order)  # read-only, like a mapping
+
+
 NPY_MAGIC = b"\x93NUMPY"
 
 
@@ -374,24 +403,14 @@ class NpzFileReader(ArrayFileReader):
             order: Literal["F", "C"] = "F" if fortran else "C"
             nbytes = math.prod(shape) * dtype.itemsize  # Python ints: a hostile shape cannot overflow
             stored = (name, payload, info.compress_size, info.CRC)  # what check_stored_crc compares
-            if nbytes < SMALL_MEMBER_BYTES:
-                # The member read whole when it is no more than its array (and a little): its CRC from the same
-                # bytes. One that claims more (bytes after its array) has its data read alone, summed apart.
-                whole = info.compress_size <= header_len + nbytes + 4096
-                raw.seek(payload if whole else offset)
-                data = raw.read(info.compress_size if whole else nbytes)
-                if whole:
-                    check_stored_crc(path, raw.fileno(), *stored, data=data)
-                    data = data[header_len : header_len + nbytes]
-                if len(data) != nbytes:
-                    raise ValueError(f"member {info.filename!r}: {len(data)} of its {nbytes} bytes are in the file")
-                if not whole:
-                    check_stored_crc(path, raw.fileno(), *stored)
-                array = np.frombuffer(data, dtype=dtype).reshape(shape, order=order)  # read-only, like a mapping
-                return (shape, dtype), functools.partial(_same, array)
             present = os.fstat(raw.fileno()).st_size - offset
             if present < nbytes:  # else np.memmap refused it at the first read, naming neither file nor member
                 raise ValueError(f"member {info.filename!r}: {max(0, present)} of its {nbytes} bytes are in the file")
+            if nbytes < SMALL_MEMBER_BYTES:
+                # Read at the first read, as a mapping is, not here: the daemon opens files in its loop to count
+                # their rows, and 10,000 such members (2.4 GiB) read and summed at open silenced it for 9 s.
+                member = (path, stored, header_len, nbytes, dtype, shape, order)
+                return (shape, dtype), functools.partial(_small_member, *member)
             if not self._mapped:
                 self._map(path)
             # The CRC is checked at the first read, not here: the daemon opens files to count their rows only.

@@ -68,6 +68,12 @@ def running_daemon(config: LoaderConfig, **kwargs: Any) -> Iterator[Any]:
         daemon.close()
 
 
+def silence(client: Any) -> None:
+    """Make ``client`` send nothing more (no ping, credit or goodbye), as a trainer's killed process: the daemon
+    lets another client take its job's rank once it has been quiet a moment (a live one keeps its rank)."""
+    client._channel.try_send = lambda frames, timeout_s=0.0: True
+
+
 def connected_workers(endpoint: str) -> int:
     """How many workers the daemon at ``endpoint`` has heard from (its ``status()``)."""
     from loader.service.client.client import query_status

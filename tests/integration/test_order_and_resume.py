@@ -18,7 +18,7 @@ import pytest
 import loader
 from loader.errors import ConfigError, WorkerError
 from loader.service.client.client import Client, query_status
-from tests.integration.conftest import kill_leased_worker, make_config, running_daemon, write_id_files
+from tests.integration.conftest import kill_leased_worker, make_config, running_daemon, silence, write_id_files
 
 pytestmark = pytest.mark.integration
 
@@ -177,12 +177,16 @@ def test_a_job_restarted_while_its_old_ranks_are_still_known_reads_one_stream(da
             expected = [read_ranks(ranks, epoch) for epoch in (0, 1)]
         with clients(daemon.endpoint, 2, job="train") as old:
             next(iter(old[0].epoch(0)))  # old rank 1 never asked
+            for client in old:
+                silence(client)  # the old trainer was killed
             with clients(daemon.endpoint, 2, job="train") as new:  # the restart
                 assert read_ranks(new, 0) == expected[0]
         # At an epoch's end: the old ranks read epoch 0, old rank 0 began epoch 1, and the new ranks resume at 1.
         with clients(daemon.endpoint, 2, job="train") as old:
             assert read_ranks(old, 0) == expected[0]
             next(iter(old[0].epoch(1)))
+            for client in old:
+                silence(client)
             with clients(daemon.endpoint, 2, job="train") as new:
                 assert read_ranks(new, 1) == expected[1]
 

@@ -13,7 +13,14 @@ import pytest
 
 from loader import Client
 from loader.config import LoaderConfig
-from loader.errors import ConfigError, EpochStalledError, ServiceUnavailableError, TransportError, WorkerError
+from loader.errors import (
+    ConfigError,
+    EpochStalledError,
+    LoaderError,
+    ServiceUnavailableError,
+    TransportError,
+    WorkerError,
+)
 from loader.service.client.client import query_status
 from loader.service.daemon.loop import Daemon
 from tests.helpers import child_pids, wait_until
@@ -23,6 +30,7 @@ from tests.integration.conftest import (
     kill_leased_worker,
     make_config,
     running_daemon,
+    silence,
     write_id_files,
 )
 
@@ -220,12 +228,29 @@ def test_a_client_replaced_by_another_of_its_job_and_rank_is_told_why(tmp_path):
     with running_daemon(config) as daemon:
         first = Client(daemon.endpoint, rank=0, world_size=2, job="j", timeout_s=10)
         try:
+            silence(first)  # its trainer was killed, but that process still reads what the daemon says
             with Client(daemon.endpoint, rank=0, world_size=2, job="j", timeout_s=10):  # a restarted trainer
                 # Before: "no longer knows this client", the reason only in the daemon's log.
                 with pytest.raises(ServiceUnavailableError, match="replaced by client .* of the same job and rank"):
                     list(first.epoch())
         finally:
             first.close()
+
+
+def test_a_hello_for_a_rank_a_live_client_holds_is_refused_and_that_client_reads_on(tmp_path):
+    # One hello of a job's name (easy to guess: "default") and rank ended the live client of that rank, and the
+    # job with it (its other ranks wait for that rank's batches). A live client pings: its rank is its own.
+    ids = write_id_files(tmp_path, 2, 100)
+    config = make_config(tmp_path, workers={"count": 1})
+    with running_daemon(config) as daemon:
+        with Client(daemon.endpoint, rank=0, world_size=1, timeout_s=10) as alone:
+            with Client(daemon.endpoint, rank=1, world_size=2, timeout_s=10) as live:
+                started = time.monotonic()
+                with pytest.raises(LoaderError, match=r"rank 1 of job 'default' .* is held by client \d+, heard"):
+                    Client(daemon.endpoint, rank=1, world_size=2, timeout_s=2)
+                assert time.monotonic() - started >= 1.5  # it asked again, for as long as its timeout_s
+                assert live._fatal is None and len(daemon.stage.sessions) == 2
+            assert sorted(collect_ids(alone.epoch())) == sorted(ids)
 
 
 def test_a_rank_that_never_comes_is_named_when_the_epoch_stalls(tmp_path, monkeypatch, caplog):

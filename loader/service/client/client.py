@@ -95,6 +95,7 @@ PING_INTERVAL_S = 0.5
 # A batch's arena rows copied within this of the daemon's ``Batch.kept`` are refused too: the clocks of two
 # processes of one host agree, but the daemon's reads early here by the welcome's time on its way.
 KEPT_MARGIN_S = 0.25
+RANK_RETRY_S = 0.25  # between hellos while the daemon says another client of the job holds this rank
 # A daemon whose connection dropped and whose address refuses reconnecting this long is gone (killed, or
 # stopped without a goodbye): found in seconds, not after timeout_s of silence. zmq retries every 0.1-0.2 s.
 PEER_GONE_AFTER_S = 2.0
@@ -510,14 +511,23 @@ class Client(NotADataset):
         hello = P.ClientHello(
             rank=self.rank, world_size=self.world_size, prefetch=self.prefetch, dataset=self.dataset, job=self.job
         )
-        answer = request(
-            self._channel,
-            P.encode(hello),
-            (P.ClientWelcome, P.Error),
-            self.timeout_s,
-            self.address,
-            still_waiting=self._still_waiting,
-        )
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            answer = request(
+                self._channel,
+                P.encode(hello),
+                (P.ClientWelcome, P.Error),
+                max(0.0, deadline - time.monotonic()),
+                self.address,
+                still_waiting=self._still_waiting,
+            )
+            # Its rank is still held by a live client of the job (a restarted trainer's old process, not quiet
+            # yet): asked again until that one is quiet, within timeout_s (the refusal says so, after it).
+            if not (isinstance(answer, P.Error) and answer.refused == "rank"):
+                break
+            if time.monotonic() + RANK_RETRY_S >= deadline:
+                break
+            time.sleep(RANK_RETRY_S)
         if answer is None:
             origin = address_origin(self._given_address)
             raise ServiceUnavailableError(

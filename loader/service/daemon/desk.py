@@ -63,6 +63,9 @@ SURVEY_BUDGET_S = 1.0
 # 1/(1 + EPOCH_PACING) of the loop, not all of it (another client's epoch stalled). An epoch of a few hundred
 # files costs about a millisecond: its pace goes unseen.
 EPOCH_PACING = 4.0
+# A rank's client heard from within this many of its pings (workers.heartbeat_interval_s) is live: a hello for
+# its rank waits (the new client asks again) rather than ending it.
+RANK_QUIET_PINGS = 4
 
 
 @dataclass
@@ -155,6 +158,9 @@ class ClientDesk:
         cap = self.config.service.max_clients
         if peer not in self.stage.sessions and len(self.stage.sessions) >= cap:
             return self._refuse(peer, f"the daemon serves {cap} clients, its cap (service.max_clients)", "capacity")
+        held = self._rank_held(peer, dataset, hello)
+        if held is not None:
+            return self._refuse(peer, held, "rank")
         old = self.stage.sessions.get(peer)
         if old is not None:
             self.drop(old, "said hello again", done_reading=True)  # its job's streams go with it, not just the session
@@ -190,12 +196,32 @@ class ClientDesk:
         self._router.send(peer, P.encode(welcome))
         return None
 
+    def _rank_held(self, peer: bytes, dataset: Dataset, hello: P.ClientHello) -> str | None:
+        """Why ``hello`` may not take its rank yet: another client of its job holds it and was heard from within
+        ``RANK_QUIET_PINGS`` pings. A restarted trainer's old process is dead and soon quiet, and its client
+        asks again until then; a live one pings, so a hello from anyone else cannot end it (one hello, job names
+        being easy to guess, ended a rank of a running job, and the job with it)."""
+        if hello.world_size == 1:
+            return None
+        key = _job_key(dataset, hello.job, hello.world_size)
+        quiet_s = RANK_QUIET_PINGS * self.config.workers.heartbeat_interval_s
+        now = time.monotonic()
+        for other in self.stage.sessions.values():
+            if other.peer != peer and other.job == key and other.rank == hello.rank and now - other.last_seen < quiet_s:
+                return (
+                    f"rank {hello.rank} of job {hello.job!r} (world_size {hello.world_size}, dataset "
+                    f"{dataset.name}) is held by client {other.session_id}, heard from {now - other.last_seen:.1f}s "
+                    f"ago: a restarted trainer takes it once the old one has been silent for {quiet_s:g}s; a second "
+                    "job needs a job= of its own"
+                )
+        return None
+
     def _join_job(self, session: Session, dataset: Dataset, name: str) -> None:
         """Put ``session`` in its job; a live client of the same job and rank is replaced (restarted)."""
         if session.world_size == 1:
             key = f"client {session.session_id}"
         else:
-            key = f"{dataset.name}/{name}/{session.world_size}"
+            key = _job_key(dataset, name, session.world_size)
             for other in list(self.stage.sessions.values()):
                 if other is not session and other.job == key and other.rank == session.rank:
                     why = f"replaced by client {session.session_id} of the same job and rank"
@@ -491,6 +517,11 @@ class ClientDesk:
             self._drop_stream(job, stream)
         else:
             self.pool.cancel(self.stage.drop_stream(stream))
+
+
+def _job_key(dataset: Dataset, name: str, world_size: int) -> str:
+    """The job of a client of ``world_size`` > 1 (a lone client is a job of its own)."""
+    return f"{dataset.name}/{name}/{world_size}"
 
 
 __all__ = ["ClientDesk", "Job"]

@@ -117,7 +117,7 @@ def test_npz_one_slot_per_key(tmp_path, saver):
     np.testing.assert_array_equal(np.stack([g[1] for g in got]), y)
 
 
-def test_stored_npz_members_are_memory_mapped_or_read_at_open_when_small(tmp_path):
+def test_stored_npz_members_are_memory_mapped_or_read_whole_when_small(tmp_path):
     from loader.io.formats_numpy import SMALL_MEMBER_BYTES
 
     big_rows = SMALL_MEMBER_BYTES // 16 + 1  # two int64 a row: just over the limit
@@ -135,7 +135,7 @@ def test_stored_npz_members_are_memory_mapped_or_read_at_open_when_small(tmp_pat
     assert not small[0].flags.writeable and not small[1].flags.writeable, "read-only, like a mapping"
 
 
-@pytest.mark.parametrize("mapped", [False, True], ids=["read at open", "mapped"])
+@pytest.mark.parametrize("mapped", [False, True], ids=["read whole", "mapped"])
 def test_a_bit_flipped_in_a_stored_npz_member_is_refused_not_served(tmp_path, mapped, monkeypatch):
     # zipfile checks a CRC only when a member is read through it: these are read or mapped straight from the file.
     from loader.io import formats_numpy, zip_crc
@@ -166,6 +166,28 @@ def test_a_bit_flipped_in_a_stored_npz_member_is_refused_not_served(tmp_path, ma
         summed.clear()
         np.testing.assert_array_equal(lio.create_file_reader(tmp_path / "bad.npz").read_block(100)[0], x[:100])
         assert sum(summed) < rows * 64, "x's bytes were not summed (the labels' were)"
+
+
+def test_counting_an_npz_reads_no_member_data_and_a_damaged_one_fails_at_its_first_read(tmp_path, monkeypatch):
+    # The daemon opens files in its loop to count their rows: 10,000 small stored members (2.4 GiB) were read
+    # and summed at open, which silenced it for 9 s and its workers gave up on it. Now only headers are read.
+    from loader.config.sections import SourceConfig
+    from loader.io.survey import header_rows
+
+    # Over zipfile's first read (4 KiB), which sums a member it reads to its end.
+    members = {f"m{i}": np.full((100, 8), i, dtype=np.int64) for i in range(50)}
+    np.savez(tmp_path / "many.npz", **members)
+    data = bytearray((tmp_path / "many.npz").read_bytes())
+    data[data.find(members["m7"].tobytes()) + 3] ^= 0x40  # a bit of member m7's data
+    (tmp_path / "many.npz").write_bytes(data)
+    read = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda *a, **k: read.append(a[0]) or real_open(*a, **k))
+    assert header_rows(SourceConfig(files=[str(tmp_path / "many.npz")]), str(tmp_path / "many.npz")) == 100
+    assert read == [str(tmp_path / "many.npz")]  # the archive once, for its directory and headers
+    monkeypatch.undo()
+    with pytest.raises(DataError, match="member 'm7.npy' of the .npz archive is damaged"):
+        lio.create_file_reader(tmp_path / "many.npz").read_block(4)
 
 
 def test_a_header_claiming_more_empty_rows_than_the_file_has_bytes_is_refused(tmp_path):
