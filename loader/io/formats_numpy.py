@@ -409,8 +409,8 @@ class NpzFileReader(ArrayFileReader):
             if nbytes < SMALL_MEMBER_BYTES:
                 # Read at the first read, as a mapping is, not here: the daemon opens files in its loop to count
                 # their rows, and 10,000 such members (2.4 GiB) read and summed at open silenced it for 9 s.
-                member = (path, stored, header_len, nbytes, dtype, shape, order)
-                return (shape, dtype), functools.partial(_small_member, *member)
+                small = functools.partial(_small_member, path, stored, header_len, nbytes, dtype, shape, order)
+                return (shape, dtype), small
             if not self._mapped:
                 self._map(path)
             # The CRC is checked at the first read, not here: the daemon opens files to count their rows only.
