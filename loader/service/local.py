@@ -17,6 +17,7 @@ inside a ``Loader`` always reaches its daemon thread over the private endpoint.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import itertools
@@ -66,6 +67,24 @@ class _Parts:
         if self.tmpdir is not None:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
+
+
+# Loaders not closed yet, closed at interpreter exit by ``_close_live_loaders``, before pyzmq's exit hook.
+_LIVE_LOADERS: weakref.WeakSet[Loader] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_loaders() -> None:
+    """Close the Loaders left open, first thing at exit: exit hooks run last registered first, and pyzmq's,
+    which stops the thread that frees what zero-copy sends hold, was registered when ``transport`` was
+    imported, before this module's. A Loader left to its finalizer (``weakref.finalize`` registered its
+    hook before any of these) was closed after it, while its daemon thread still sent batches: a
+    "zmq gc socket requested during shutdown" traceback, and one exit in four aborted in libzmq."""
+    for loader in [loader for loader in _LIVE_LOADERS if loader._pid == os.getpid()]:  # a fork's are its parent's
+        try:
+            loader.close()
+        except Exception:  # best effort on the way out
+            pass
 
 
 def _shut_down(parts: _Parts) -> None:
@@ -145,6 +164,8 @@ class Loader(NotADataset):
         self.config = config
         self._parts = parts = _Parts()
         self._finalizer = weakref.finalize(self, _shut_down, parts)  # also runs at interpreter exit
+        self._pid = os.getpid()
+        _LIVE_LOADERS.add(self)
         if bind is None:
             bind, parts.tmpdir = _private_endpoint()
         # The daemon thread listens where only this process looks (a private ipc endpoint by default).
