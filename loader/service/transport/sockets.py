@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import zmq
-import zmq.utils.garbage  # noqa: F401  # its exit hook registered now, before ours (``service/local.py``)
+import zmq.utils.garbage  # its exit hook registered now, before ours (``service/local.py``)
 
 from loader.errors import ConfigError, ServiceUnavailableError, TransportError
 from loader.service.transport.auth import CurveClient, CurveServer, peer_from_env
