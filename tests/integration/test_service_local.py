@@ -9,6 +9,7 @@ import pytest
 
 import loader
 from loader.config import LoaderConfig
+from loader.errors import ClosedError
 from tests.integration.conftest import collect_ids, make_config, write_id_files
 
 pytestmark = pytest.mark.integration
@@ -38,6 +39,18 @@ def test_a_loader_iterated_again_after_its_epochs_says_why_it_gives_nothing(tmp_
         assert sorted(collect_ids(local)) == sorted(ids)
         with pytest.warns(UserWarning, match=r"has run the 1 epoch\(s\) its config names"):
             assert list(local) == []  # what ``for epoch in range(n): for batch in data:`` meets next
+
+
+def test_an_epoch_kept_and_iterated_again_says_it_was_one_pass(tmp_path):
+    # batches = data.epoch(), then a loop over it per epoch: the second loop trained on nothing, without a word.
+    ids = write_id_files(tmp_path, 2, 50)
+    with loader.Loader(make_config(tmp_path, pipeline={"batch_size": 16}, workers={"count": 1})) as local:
+        batches = local.epoch()
+        assert sorted(collect_ids(batches)) == sorted(ids)
+        with pytest.raises(ClosedError, match="epoch 0's batches were all iterated already"):
+            for _ in batches:
+                pass
+        assert sorted(collect_ids(local.epoch())) == sorted(ids)  # the next epoch, as asked
 
 
 def test_a_loader_takes_a_config_files_path(tmp_path):

@@ -7,12 +7,14 @@ Each scenario keeps a legitimate client reading exact epochs around the fault, s
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import time
 
 import numpy as np
 import pytest
 
+import loader
 from loader import Client
 from loader.errors import ConfigError, WorkerError
 from loader.service.client.client import query_status
@@ -383,3 +385,29 @@ def test_a_file_of_a_lease_group_rewritten_is_named_not_the_groups_first(tmp_pat
             with pytest.raises(WorkerError) as info:
                 collect_ids(client.epoch(1))
         assert os.path.basename(info.value.file) == "f004.npy" and info.value.type_name == "FileChangedError"
+
+
+def test_a_dataset_of_no_samples_is_served_with_a_warning_that_every_epoch_is_empty(tmp_path, caplog):
+    # `loader check` refused it, but `loader serve` and Loader served empty epochs without a word.
+    np.save(tmp_path / "empty.npy", np.zeros((0, 4), dtype=np.float32))
+    with caplog.at_level(logging.WARNING, logger="loader"):
+        with loader.Loader(make_config(tmp_path, workers={"count": 1})) as local:
+            assert list(local.epoch()) == []
+    assert "dataset 'default' holds no samples: its 1 file(s) have no rows" in caplog.text
+
+
+def test_far_more_workers_than_cores_are_served_with_a_warning(tmp_path, caplog, monkeypatch):
+    # 64 workers on 2 cores started without a word (torch's DataLoader warns of its num_workers).
+    from loader.service.daemon import loop
+
+    monkeypatch.setattr(loop, "cpu_count", lambda: 1)
+    ids = write_id_files(tmp_path, 2, 20)
+    with caplog.at_level(logging.WARNING, logger="loader"):
+        with loader.Loader(make_config(tmp_path, workers={"count": 3})) as local:
+            assert sorted(collect_ids(local.epoch())) == sorted(ids)
+    assert "workers.count = 3 is over 2 times the 1 core(s) this process may use" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="loader"):
+        with loader.Loader(make_config(tmp_path, workers={"count": 2})) as local:
+            assert sorted(collect_ids(local.epoch())) == sorted(ids)
+    assert "core(s) this process may use" not in caplog.text

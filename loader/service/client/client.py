@@ -128,12 +128,24 @@ class EpochBatches(Iterator[Any]):
 
     def __init__(self, batches: Iterator[Any], length: int | None, epoch: int) -> None:
         self._batches, self._length, self.epoch = batches, length, epoch
+        self._ended = False
 
     def __iter__(self) -> EpochBatches:
+        if self._ended:
+            # A loop over it again (batches = data.epoch() kept, then iterated once per epoch) trained on nothing,
+            # without a word: a generator's second pass is empty.
+            raise ClosedError(
+                f"epoch {self.epoch}'s batches were all iterated already: an epoch() is one pass over one epoch; "
+                "call epoch() again for the next one"
+            )
         return self
 
     def __next__(self) -> Any:
-        return next(self._batches)
+        try:
+            return next(self._batches)
+        except StopIteration:
+            self._ended = True
+            raise
 
     def __bool__(self) -> bool:
         return True  # an iterator is always true; without this, bool() would ask __len__

@@ -62,6 +62,12 @@ def from_environment(
     """(address, rank, world_size, device) with what was left out (None, a CUDA device without an index)
     read from ``environ``."""
     env = os.environ if environ is None else environ
+    if isinstance(address, str) and not address.strip():
+        # Client(os.environ.get("X", "")) with X unset reached 127.0.0.1:5555, maybe another user's daemon.
+        raise ConfigError(
+            f"an empty daemon address: pass Client(address=...) a tcp://HOST:PORT, HOST:PORT, ipc://PATH or config "
+            f"file, or leave it out to use {ADDRESS_VARIABLE}"
+        )
     if address is None:
         address = env.get(ADDRESS_VARIABLE, "").strip()
         if not address:

@@ -121,6 +121,15 @@ class ClientDesk:
                 # small files takes about 3 s here; workers take a daemon silent for 5 s for dead).
                 rows = count_samples(dataset.config.source, dataset.files, budget_s=SURVEY_BUDGET_S)
                 self._samples[dataset.name] = sum(rows) if rows is not None else None
+                if rows is not None and not sum(rows):
+                    # Served as it is (files may be filled later), but said: every epoch gives no batch at all,
+                    # which `loader check` refuses and a training loop meets as a loop that never runs.
+                    log.warning(
+                        "dataset %r holds no samples: its %d file(s) have no rows (every epoch is empty; "
+                        "`loader check` says which)",
+                        dataset.name,
+                        len(dataset.files),
+                    )
                 if rows is None and time.monotonic() - started >= SURVEY_BUDGET_S:
                     log.info(
                         "not counting the samples of dataset %r: its %d files' headers take over %.0f s to read "

@@ -34,6 +34,7 @@ from loader.config import LoaderConfig
 from loader.config.sections import ServiceConfig
 from loader.errors import ConfigError, MalformedMessageError, ServiceUnavailableError, TransportError, WorkerError
 from loader.runtime.limits import raise_open_files_limit
+from loader.runtime.processes import cpu_count
 from loader.service import protocol as P
 from loader.service import transport
 from loader.service.daemon.autoscale import Autoscaler
@@ -61,6 +62,7 @@ MAX_DRAIN_MESSAGES = 64  # per socket per loop turn, so one busy socket cannot s
 # honest workers were stopped as hung and their clients' epochs failed.
 CONTROL_DRAIN_BUDGET_S = 0.05
 WORKER_JOIN_TIMEOUT_S = 2.0
+MANY_WORKERS_PER_CORE = 2  # the daemon's own workers beyond this many a core: a warning at start
 # Largest control message the daemon takes (hellos, epochs, credits are tiny; nothing there carries columns).
 MAX_CONTROL_MESSAGE_BYTES = 1024 * 1024
 # Largest header (frame 0) of a data message: a chunk's fields and column descriptions take a few KiB. A header
@@ -117,6 +119,24 @@ def _refuse_unauthenticated(service: ServiceConfig, sources: Mapping[str, str]) 
             f"service.bind {service.bind!r} reaches beyond this host and the daemon has no authentication: "
             f"set service.daemon_key and service.authorized_keys (`loader keys`), or service.insecure = true "
             f"to let anyone who reaches the port read the data ({sources.get('service.bind', service.origin)})"
+        )
+
+
+def _warn_of_many_workers(config: LoaderConfig) -> None:
+    """Say so when the daemon's own workers are well over the cores (as torch's DataLoader warns of its
+    num_workers): they share them, each with its memory and start-up, and read no faster."""
+    if config.workers.launcher != "local":
+        return  # started elsewhere (Ray): this machine's cores say nothing of theirs
+    count, cores = max(config.workers.count, config.workers.max), cpu_count()
+    if count > MANY_WORKERS_PER_CORE * cores:
+        log.warning(
+            "workers.%s = %d is over %d times the %d core(s) this process may use: the workers share them, "
+            "each taking memory and start-up time, and read no faster than about one a core (%s)",
+            "max" if config.workers.max > config.workers.count else "count",
+            count,
+            MANY_WORKERS_PER_CORE,
+            cores,
+            config.origin,
         )
 
 
@@ -200,6 +220,7 @@ class Daemon:
         self._metrics_failed = False
         # First: a launcher that needs a missing package (Ray) fails before anything is bound.
         launcher = make_launcher(config)
+        _warn_of_many_workers(config)
         raise_open_files_limit()  # a socket per peer connection: the default soft limit is small
         sources = _sources(config)
         self._auth, own_keys = _authentication(config.service, sources)

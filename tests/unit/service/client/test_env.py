@@ -17,6 +17,15 @@ def test_torchrun_variables_fill_what_is_left_out():
     assert from_environment(None, None, None, "torch:cuda", TORCHRUN)[3] == "torch:cuda:1"
 
 
+@pytest.mark.parametrize("address", ["", "  "])
+def test_an_empty_address_is_refused_not_taken_for_the_default_port(address):
+    # Client(os.environ.get("X", "")) with X unset reached tcp://127.0.0.1:5555, maybe another user's daemon.
+    with pytest.raises(ConfigError, match="an empty daemon address"):
+        from_environment(address, None, None, "cpu", TORCHRUN)
+    with pytest.raises(ConfigError, match="an empty daemon address"):
+        Client(address)
+
+
 @pytest.mark.parametrize(
     ("device", "placed"),
     [("gpu", "cuda:1"), ("torch:gpu", "torch:cuda:1"), ("cupy:cuda", "cupy:cuda:1"), (" CUDA ", "cuda:1")],
