@@ -79,3 +79,18 @@ def test_source_fields_of_another_count_than_the_files_fail_the_epoch_in_one_lin
     text = str(info.value)
     assert f"source.fields names {len(fields)} field" in text and "has 2 (data, label)" in text
     assert "part-0.npy" in text and "name each of them, in order" in text
+
+
+def test_a_npy_without_the_label_companion_its_neighbours_have_is_named_with_what_differs(tmp_path) -> None:
+    # Before: "a sample has fields ['data', 'label'], but the batch has fields ['data']", naming whichever file
+    # came second, and neither the missing companion nor the file the batch's fields came from.
+    np.save(tmp_path / "a.npy", np.zeros((4, 2)))
+    np.save(tmp_path / "a.label.npy", np.zeros(4, dtype=np.int64))
+    np.save(tmp_path / "b.npy", np.ones((4, 2)))
+    config = make_config(tmp_path, pipeline={"batch_size": 2, "shuffle_buffer": 0}, workers={"count": 1})
+    with running_daemon(config) as daemon, Client(daemon.endpoint) as client:
+        with pytest.raises(WorkerError) as caught:
+            list(client.epoch())
+    message = str(caught.value)
+    assert f"but the batch has fields ['data', 'label'] (as in {tmp_path / 'a.npy'}): 'label' missing" in message
+    assert "NAME.label.npy beside NAME.npy" in message and str(tmp_path / "b.npy") in message

@@ -58,11 +58,23 @@ def _show(column: ColumnLayout) -> str:
     return f"rows of shape {shape} and dtype {np.dtype(dtype).name}"
 
 
-def field_misfit(layout: Layout, block: Block) -> str | None:
-    """Why ``block``'s fields differ from the layout's (None when they are the same names)."""
-    if list(block) != list(layout):
-        return f"a sample has fields {list(block)}, but the batch has fields {list(layout)}"
-    return None
+def field_misfit(layout: Layout, block: Block, first: str = "") -> str | None:
+    """Why ``block``'s fields differ from the layout's (None when they are the same names); ``first`` is the
+    file whose rows made the layout. Files of other fields cannot share batches: said so, and which differ
+    (a ``.npy`` without its ``.label.npy`` companion beside files with one read as "the batch has 'label'",
+    naming neither the missing companion nor the other file)."""
+    if list(block) == list(layout):
+        return None
+    missing = [name for name in layout if name not in block]
+    extra = [name for name in block if name not in layout]
+    differ = [f"{', '.join(map(repr, missing))} missing"] if missing else []
+    differ += [f"{', '.join(map(repr, extra))} more"] if extra else []
+    from_file = f" (as in {first})" if first else ""
+    return (
+        f"a sample has fields {list(block)}, but the batch has fields {list(layout)}{from_file}: "
+        f"{'; '.join(differ) or 'another order'}; files of other fields cannot share a batch (a .npy's fields "
+        "include its companions, such as NAME.label.npy beside NAME.npy: `loader check` lists the files that differ)"
+    )
 
 
 def shape_misfits(layout: Layout, block: Block, known: Layout | None = None) -> dict[str, str]:

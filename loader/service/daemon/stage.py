@@ -502,11 +502,12 @@ class Stage:
         }
         if stream.layout is None:
             stream.layout = fit.describe(columns, known)
+            stream.layout_file = chunk.file
             return columns
         layout = stream.layout
         if list(columns) != list(layout) and set(columns) == set(layout):
             columns = {name: columns[name] for name in layout}  # the same fields in a file's own order (an .npz)
-        reason = fit.field_misfit(layout, columns)
+        reason = fit.field_misfit(layout, columns, self._path(stream.layout_file))
         misfits = {} if reason is not None else fit.shape_misfits(layout, columns, known)
         if reason is None and misfits and self.batch_format == "list":
             layout.update((name, fit.RAGGED) for name in misfits)  # list batches hold ragged fields as objects

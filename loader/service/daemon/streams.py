@@ -127,6 +127,7 @@ class Stream:
     failed: bool = False
     ref_columns: frozenset[str] | None = None  # decided by the first chunk (stage_refs.py)
     layout: fit.Layout | None = None  # fields, dtypes and row shapes, decided by the first chunk (fit.py)
+    layout_file: int = -1  # the file of that chunk (errors name it)
     rejected: dict[int, int] = field(default_factory=dict)  # file -> records that did not fit (on_error = "skip")
     starved_since: float | None = None
     step_rows: int = 0  # rows in ``steps`` not yet sent
