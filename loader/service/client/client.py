@@ -67,7 +67,7 @@ from loader.service.client.batches import to_batch
 from loader.service.client.buffers import BatchBuffers
 from loader.service.client.checkpoint import Place, place_of
 from loader.service.client.env import client_stats, from_environment
-from loader.service.order import epoch_batches
+from loader.service.order import epoch_batches, window_rows
 from loader.service.shm import refs as R
 from loader.service.shm.arena import ArenaError, RowsNotKeptError
 from loader.service.shm.cache import ArenaCache
@@ -477,6 +477,17 @@ class Client(NotADataset):
             elif kind == "error":
                 raise payload
 
+    def _window_note(self) -> str:
+        """Why a first batch may be slow to come: a shuffle window is read whole before any of its batches."""
+        shuffle = int((self.info.fingerprint or {}).get("shuffle_buffer", 0) or 0)
+        if shuffle <= 0:
+            return ""
+        window = window_rows(shuffle)
+        return (
+            f" (with shuffle_buffer = {shuffle}, an epoch's first batch waits for its first shuffle window, "
+            f"{window} samples or the whole epoch if smaller, to be read)"
+        )
+
     def _check_current(self, gen: int, epoch: int) -> None:
         if gen != self._gen:
             raise ClosedError(
@@ -506,11 +517,12 @@ class Client(NotADataset):
                     noted = True
                     log.warning(
                         "no batch from the loader daemon at %s for %.0f s (request %d), though it answers; waiting "
-                        "up to %g s in all: its log or `loader status` says what the epoch waits for",
+                        "up to %g s in all: its log or `loader status` says what the epoch waits for%s",
                         self.address,
                         now - started,
                         gen,
                         self.progress_timeout_s,
+                        self._window_note(),
                     )
                 if now > deadline:
                     raise EpochStalledError(

@@ -389,15 +389,22 @@ def test_an_epoch_that_waits_long_for_a_batch_says_so_once_before_it_fails(monke
 
     monkeypatch.setattr(client_module, "WAITING_NOTE_S", 0.2)
     caplog.set_level(logging.WARNING, logger="loader.client")
-    near, far = FakeChannel.pair()
-    daemon = FakeDaemon(far, mute=True)
-    with Client("fake://daemon", channel=near, prefetch=2, timeout_s=5.0, progress_timeout_s=1.0) as client:
-        with pytest.raises(EpochStalledError, match="sent nothing for this epoch"):
-            list(client.epoch())
-    daemon.stop.set()
-    (note,) = [r.getMessage() for r in caplog.records if r.name == "loader.client"]
-    assert note.startswith("no batch from the loader daemon at fake://daemon for 0 s (request 1), though it answers")
-    assert "waiting up to 1 s in all: its log or `loader status` says what the epoch waits for" in note
+    for shuffle in (0, 4096):
+        caplog.clear()
+        near, far = FakeChannel.pair()
+        daemon = FakeDaemon(far, mute=True, welcome={"fingerprint": {"shuffle_buffer": shuffle}})
+        with Client("fake://daemon", channel=near, prefetch=2, timeout_s=5.0, progress_timeout_s=1.0) as client:
+            with pytest.raises(EpochStalledError, match="sent nothing for this epoch"):
+                list(client.epoch())
+        daemon.stop.set()
+        (note,) = [r.getMessage() for r in caplog.records if r.name == "loader.client"]
+        assert note.startswith(
+            "no batch from the loader daemon at fake://daemon for 0 s (request 1), though it answers"
+        )
+        assert "waiting up to 1 s in all: its log or `loader status` says what the epoch waits for" in note
+        # A slow mapper and a large shuffle buffer: the first batch waits for a whole window, which it did not say.
+        window = "its first shuffle window, 32768 samples or the whole epoch if smaller, to be read"
+        assert (window in note) == (shuffle > 0)
 
 
 def test_a_welcome_naming_another_config_is_a_warning_and_a_forged_one_nothing(tmp_path, caplog):
