@@ -307,6 +307,7 @@ class DataLoader:
         if wanted is None:
             return False
         if wanted == ended:
+            log.warning(_resumed_at_an_epochs_end(ended))
             return True
         resuming = self._resuming_epoch()
         if resuming is not None:
@@ -682,6 +683,15 @@ def _takes_held(reader: Reader) -> bool:
         return "held" in inspect.signature(reader.state_dict).parameters
     except (TypeError, ValueError):  # a builtin or an object of another kind: no signature to read
         return False
+
+
+def _resumed_at_an_epochs_end(epoch: int) -> str:
+    return (
+        f"a Lightning fit resumed from a checkpoint of epoch {epoch}'s last step goes on with epoch {epoch}, which has "
+        "no batch left (len() is unknown, so Lightning could not tell that step was the last); Lightning then makes "
+        f"no new iterator for epoch {epoch + 1}, which runs no step, so its samples are not trained: checkpoint at "
+        "epoch ends, or at steps that are not an epoch's last"
+    )
 
 
 def _cannot_hold_back(held: int, taken: int) -> str:

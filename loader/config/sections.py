@@ -63,6 +63,7 @@ BATCH_FORMATS = ("stacked", "list")
 # peer queues at most transport.sockets.HIGH_WATER_MARK (64) messages: with up to 32 batches and a
 # few control messages (pong, end, error) queued, a slow receiver is never mistaken for a dead one.
 MAX_PREFETCH = 32
+MIN_RECLAIM_AFTER_S = 1.0  # service.reclaim_after_s: a batch's shared-memory rows are kept at least this long
 # Sane limits: a value past one is a typo or a unit mistake, not a plan (each would exhaust memory,
 # processes or patience before it did any good).
 MAX_WORKERS = 1024
@@ -279,7 +280,9 @@ class ServiceConfig:
         check.integer("max_workers", minimum=1, maximum=MAX_WORKERS)
         check.integer("max_clients", minimum=1, maximum=MAX_CLIENTS)
         check.integer("max_message_mib", minimum=1, maximum=MAX_MESSAGE_MIB)
-        check.number("reclaim_after_s", maximum=MAX_TIMEOUT_S)
+        # A client refuses a batch copied within KEPT_MARGIN_S (0.25 s) of when its rows stop being kept: below a
+        # second, every shared-memory batch of a loaded machine would be refused.
+        check.number("reclaim_after_s", minimum=MIN_RECLAIM_AFTER_S, maximum=MAX_TIMEOUT_S)
         check.integer("reorder_window_mib", minimum=0, maximum=MAX_REORDER_WINDOW_MIB)
         check.integer("stream_buffer_mib", minimum=1, maximum=MAX_STREAM_BUFFER_MIB)
         if (self.daemon_key is None) != (self.authorized_keys is None):

@@ -42,6 +42,8 @@ from loader.service.frames import Columns, Frame, buffer_of, column_frames, obje
 # 4: leases of several small files (``Lease.more``): a worker of 3 would read only the first.
 # 5: leases of a piece of a file (``Lease.piece``): a worker of 4 would read the whole file, once per piece.
 PROTOCOL_VERSION = 5
+# A client pings its daemon at least this often (more often when workers.heartbeat_interval_s is shorter).
+CLIENT_PING_S = 0.5
 # Name of the optional per-sample record index column of a Chunk.
 INDEX_COLUMN = "__idx__"
 # Bounds of what a peer may claim: ids and counts fit in int64, text stays short.
@@ -375,6 +377,9 @@ class ClientHello(Versioned):
     prefetch: int = wire("prefetch", _count, 4)
     dataset: str = wire("ds", _text, "default")
     job: str = wire("job", _text, "default")  # ranks of one job (same name, world_size > 1) share one stream
+    # A random value of the client's process: a live client's rank is taken only by a hello of the same
+    # process (a dataloader made anew, a notebook cell run again), or once that client is quiet.
+    owner: str | None = wire("owner", _optional(_text), None)
 
 
 @_kind("cwelcome")

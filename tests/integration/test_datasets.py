@@ -58,13 +58,15 @@ def test_two_datasets_with_different_batch_sizes_are_served_at_once(tmp_path):
             loader.Client(daemon.endpoint, dataset="eval", timeout_s=20.0) as evaluate,
         ):
             train_epoch, eval_epoch = iter(train.epoch()), iter(evaluate.epoch())
-            train_batches, eval_batches = [], []
+            train_batches, eval_batches, eval_ended = [], [], False
             for batch in train_epoch:  # interleaved: both streams are open at once
                 train_batches.append(batch)
-                eval_batch = next(eval_epoch, None)
+                eval_batch = None if eval_ended else next(eval_epoch, None)
                 if eval_batch is not None:
                     eval_batches.append(eval_batch)
-            eval_batches.extend(eval_epoch)
+                eval_ended = eval_batch is None
+            if not eval_ended:
+                eval_batches.extend(eval_epoch)
             status = loader.service.client.client.query_status(daemon.endpoint)
     train_ids = sorted(int(v) for b in train_batches for v in b["data"])
     eval_ids = sorted(int(v) for b in eval_batches for v in b["data"])

@@ -237,20 +237,39 @@ def test_a_client_replaced_by_another_of_its_job_and_rank_is_told_why(tmp_path):
             first.close()
 
 
-def test_a_hello_for_a_rank_a_live_client_holds_is_refused_and_that_client_reads_on(tmp_path):
+def test_a_hello_for_a_rank_a_live_client_of_another_process_holds_is_refused_and_that_client_reads_on(
+    tmp_path, monkeypatch
+):
     # One hello of a job's name (easy to guess: "default") and rank ended the live client of that rank, and the
     # job with it (its other ranks wait for that rank's batches). A live client pings: its rank is its own.
+    from loader.service.client import client as client_module
+
     ids = write_id_files(tmp_path, 2, 100)
     config = make_config(tmp_path, workers={"count": 1})
     with running_daemon(config) as daemon:
         with Client(daemon.endpoint, rank=0, world_size=1, timeout_s=10) as alone:
             with Client(daemon.endpoint, rank=1, world_size=2, timeout_s=10) as live:
                 started = time.monotonic()
-                with pytest.raises(LoaderError, match=r"rank 1 of job 'default' .* is held by client \d+, heard"):
-                    Client(daemon.endpoint, rank=1, world_size=2, timeout_s=2)
+                with monkeypatch.context() as elsewhere:
+                    elsewhere.setattr(client_module, "_process_owner", lambda: "another process")
+                    with pytest.raises(LoaderError, match=r"rank 1 of job 'default' .* of another process, heard"):
+                        Client(daemon.endpoint, rank=1, world_size=2, timeout_s=2)
                 assert time.monotonic() - started >= 1.5  # it asked again, for as long as its timeout_s
                 assert live._fatal is None and len(daemon.stage.sessions) == 2
             assert sorted(collect_ids(alone.epoch())) == sorted(ids)
+
+
+def test_a_client_made_anew_in_the_same_process_takes_its_rank_at_once(tmp_path):
+    # Lightning's reload_dataloaders_every_n_epochs under DDP makes the new dataloader before it drops the old,
+    # and a notebook cell run again makes a second client beside the first: both were refused for timeout_s.
+    write_id_files(tmp_path, 2, 100)
+    with running_daemon(make_config(tmp_path, workers={"count": 1})) as daemon:
+        with Client(daemon.endpoint, rank=0, world_size=2, job="j", timeout_s=10) as first:
+            started = time.monotonic()
+            with Client(daemon.endpoint, rank=0, world_size=2, job="j", timeout_s=10):
+                assert time.monotonic() - started < 1.0
+                with pytest.raises(ServiceUnavailableError, match="replaced by client .* of the same job and rank"):
+                    list(first.epoch())
 
 
 def test_a_rank_that_never_comes_is_named_when_the_epoch_stalls(tmp_path, monkeypatch, caplog):

@@ -36,8 +36,10 @@ import itertools
 import logging
 import os
 import queue
+import secrets
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -91,7 +93,7 @@ AUTO_PREFETCH_MAX = 16
 DEFAULT_TIMEOUT_S = 30.0
 # state_dict(held=...): the batches a loop may hold ahead of the step it trains (Lightning holds one).
 MAX_HELD = 4
-PING_INTERVAL_S = 0.5
+PING_INTERVAL_S = P.CLIENT_PING_S
 # A batch's arena rows copied within this of the daemon's ``Batch.kept`` are refused too: the clocks of two
 # processes of one host agree, but the daemon's reads early here by the welcome's time on its way.
 KEPT_MARGIN_S = 0.25
@@ -128,15 +130,18 @@ class EpochBatches(Iterator[Any]):
 
     def __init__(self, batches: Iterator[Any], length: int | None, epoch: int) -> None:
         self._batches, self._length, self.epoch = batches, length, epoch
-        self._ended = False
+        self._ended = self._warned = False
 
     def __iter__(self) -> EpochBatches:
-        if self._ended:
+        if self._ended and not self._warned:
             # A loop over it again (batches = data.epoch() kept, then iterated once per epoch) trained on nothing,
-            # without a word: a generator's second pass is empty.
-            raise ClosedError(
-                f"epoch {self.epoch}'s batches were all iterated already: an epoch() is one pass over one epoch; "
-                "call epoch() again for the next one"
+            # without a word: a generator's second pass is empty. A warning, not an error: extending a list with
+            # an iterator already at its end (next() ran it there) is ordinary Python.
+            self._warned = True
+            warnings.warn(
+                f"epoch {self.epoch}'s batches were all iterated already, so iterating them again gives none: an "
+                "epoch() is one pass over one epoch; call epoch() again for the next one",
+                stacklevel=2,
             )
         return self
 
@@ -533,7 +538,12 @@ class Client(NotADataset):
     # -- receiver thread ----------------------------------------------------
     def _handshake(self) -> P.ClientWelcome:
         hello = P.ClientHello(
-            rank=self.rank, world_size=self.world_size, prefetch=self.prefetch, dataset=self.dataset, job=self.job
+            rank=self.rank,
+            world_size=self.world_size,
+            prefetch=self.prefetch,
+            dataset=self.dataset,
+            job=self.job,
+            owner=_process_owner(),
         )
         deadline = time.monotonic() + self.timeout_s
         while True:
@@ -736,13 +746,14 @@ class Client(NotADataset):
         copy may hold other clients' rows."""
         if message.kept is None or self._clock_offset is None:
             return
-        late = time.monotonic() + self._clock_offset + KEPT_MARGIN_S - message.kept
-        if late > 0:
+        late = time.monotonic() + self._clock_offset - message.kept
+        if late + KEPT_MARGIN_S > 0:
+            when = f"{late:.1f}s after" if late > 0 else f"within {KEPT_MARGIN_S:g}s of when"
             raise RowsNotKeptError(
-                f"a batch of epoch {message.epoch} from the loader daemon at {self.address} was read "
-                f"{late:.1f}s after the daemon stopped keeping its shared-memory rows (service.reclaim_after_s; "
-                "was this process stopped, or starved of CPU?): they may hold other rows by now, so the batch "
-                "is not given"
+                f"a batch of epoch {message.epoch} from the loader daemon at {self.address} was copied {when} the "
+                "daemon stopped keeping its shared-memory rows (service.reclaim_after_s after it was sent; was "
+                "this process stopped, or starved of CPU?): they may hold other rows by now, so the batch is "
+                "not given"
             )
 
     def _parts(self, message: P.Batch) -> list[tuple[int, Place | None]]:
@@ -895,6 +906,19 @@ def _drop_in_flight(channel: Any) -> None:
     while (left := deadline - time.monotonic()) > 0:
         if channel.recv(min(CLOSE_QUIET_S, left)) is None:
             return
+
+
+_OWNERS: dict[int, str] = {}
+
+
+def _process_owner() -> str:
+    """This process's random value (``ClientHello.owner``): made anew in a forked child, which is another
+    process to the daemon."""
+    pid = os.getpid()
+    owner = _OWNERS.get(pid)
+    if owner is None:
+        owner = _OWNERS[pid] = secrets.token_hex(16)
+    return owner
 
 
 # Clients not closed yet. At interpreter exit the receiver threads (daemon threads) die before they say BYE,

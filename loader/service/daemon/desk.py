@@ -174,7 +174,7 @@ class ClientDesk:
         if old is not None:
             self.drop(old, "said hello again", done_reading=True)  # its job's streams go with it, not just the session
         session = self.stage.open_session(peer, rank, world_size, hello.prefetch)
-        session.dataset, session.settings = dataset.name, dataset.settings
+        session.dataset, session.settings, session.owner = dataset.name, dataset.settings, hello.owner
         self._join_job(session, dataset, hello.job)
         log.log(
             self._lines.level(peer, "attached"),
@@ -207,21 +207,29 @@ class ClientDesk:
 
     def _rank_held(self, peer: bytes, dataset: Dataset, hello: P.ClientHello) -> str | None:
         """Why ``hello`` may not take its rank yet: another client of its job holds it and was heard from within
-        ``RANK_QUIET_PINGS`` pings. A restarted trainer's old process is dead and soon quiet, and its client
-        asks again until then; a live one pings, so a hello from anyone else cannot end it (one hello, job names
-        being easy to guess, ended a rank of a running job, and the job with it)."""
+        ``RANK_QUIET_PINGS`` pings, from another process. A restarted trainer's old process is dead and soon
+        quiet, and its client asks again until then; a live one pings, so a hello from anyone else cannot end it
+        (one hello, job names being easy to guess, ended a rank of a running job, and the job with it). A hello
+        of the holder's own process replaces it at once: a dataloader made anew (Lightning's
+        reload_dataloaders_every_n_epochs makes the new one before it drops the old), a notebook cell run again."""
         if hello.world_size == 1:
             return None
         key = _job_key(dataset, hello.job, hello.world_size)
-        quiet_s = RANK_QUIET_PINGS * self.config.workers.heartbeat_interval_s
+        # Clients ping at most CLIENT_PING_S apart; and one silent for heartbeat_timeout_s is dropped anyway.
+        ping_s = min(P.CLIENT_PING_S, self.config.workers.heartbeat_interval_s)
+        quiet_s = min(RANK_QUIET_PINGS * ping_s, self.heartbeat_timeout_s)
         now = time.monotonic()
         for other in self.stage.sessions.values():
-            if other.peer != peer and other.job == key and other.rank == hello.rank and now - other.last_seen < quiet_s:
+            if other.peer == peer or other.job != key or other.rank != hello.rank:
+                continue
+            if hello.owner is not None and other.owner == hello.owner:
+                continue  # this very process: a dataloader made anew (Lightning's reload), a notebook cell again
+            if now - other.last_seen < quiet_s:
                 return (
                     f"rank {hello.rank} of job {hello.job!r} (world_size {hello.world_size}, dataset "
-                    f"{dataset.name}) is held by client {other.session_id}, heard from {now - other.last_seen:.1f}s "
-                    f"ago: a restarted trainer takes it once the old one has been silent for {quiet_s:g}s; a second "
-                    "job needs a job= of its own"
+                    f"{dataset.name}) is held by client {other.session_id} of another process, heard from "
+                    f"{now - other.last_seen:.1f}s ago: a restarted trainer takes it once the old one has been "
+                    f"silent for {quiet_s:g}s; a second job needs a job= of its own"
                 )
         return None
 

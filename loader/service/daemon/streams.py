@@ -64,6 +64,7 @@ class Session:
     world_size: int
     prefetch: int
     last_seen: float = field(default_factory=time.monotonic)
+    owner: str | None = None  # its process's random value (ClientHello.owner)
     credits: int = 0
     current: Stream | None = None
     read_ahead: bool = True

@@ -70,7 +70,15 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
     P.Chunk: {**FILE, "r": COUNT, "n": COUNT, "sk": TEXT, "refs": REFS + "?"},
     P.FileDone: {**FILE, "sent": COUNT, "skipped": COUNT},
     P.FileError: {**FILE, "error": MAPPING},
-    P.ClientHello: {**VERSIONED, "rank": COUNT, "world_size": COUNT, "prefetch": COUNT, "ds": TEXT, "job": TEXT},
+    P.ClientHello: {
+        **VERSIONED,
+        "rank": COUNT,
+        "world_size": COUNT,
+        "prefetch": COUNT,
+        "ds": TEXT,
+        "job": TEXT,
+        "owner": TEXT + "?",
+    },
     P.ClientWelcome: {
         **VERSIONED,
         "session": COUNT,
@@ -173,7 +181,7 @@ EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
     ),
     P.FileDone: (P.FileDone(stream=3, file=11, lease=7, worker="w1", sent=100, skipped=2), {}),
     P.FileError: (P.FileError(stream=3, file=11, lease=7, worker="w1", error=ERROR_DICT), {}),
-    P.ClientHello: (P.ClientHello(rank=1, world_size=4, prefetch=8, job="train"), {}),
+    P.ClientHello: (P.ClientHello(rank=1, world_size=4, prefetch=8, job="train", owner="5f3a9c"), {}),
     P.ClientWelcome: (
         P.ClientWelcome(
             session=9,
@@ -410,12 +418,21 @@ def test_error_dicts_travel_in_messages():
 # ``Heartbeat.at``, which a daemon of the first 5 ignores (its hang errors name no record, as before), and
 # ``ClientWelcome.config``, which a client of the first 5 ignores (it cannot tell another config's daemon), and
 # ``ClientWelcome.clock`` with ``Batch.kept``, which a client of the first 5 ignores (it copies a batch's rows
-# whenever it reads it, as before) and a daemon of the first 5 never sends (a client then checks nothing).
+# whenever it reads it, as before) and a daemon of the first 5 never sends (a client then checks nothing), and
+# ``ClientHello.owner``, which a daemon of the first 5 ignores (it lets any hello take a rank, as before) and a
+# client of the first 5 never sends (its rank is then taken only from a quiet client).
 SCHEMA_OF_VERSION = {
     2: ("08569ee2d0ba2c2c",),
     3: ("eab8ef5e470bcbc9",),
     4: ("4e3c87399b323b09", "e422ebcfbae7ec7c"),
-    5: ("2dd09cd992105c38", "fa7374bb4ef526a5", "ffa5e3ecf6153182", "985d97a31f54befe", "810d419c65389447"),
+    5: (
+        "2dd09cd992105c38",
+        "fa7374bb4ef526a5",
+        "ffa5e3ecf6153182",
+        "985d97a31f54befe",
+        "810d419c65389447",
+        "da662a8690161f5d",
+    ),
 }
 
 
