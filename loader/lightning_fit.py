@@ -31,7 +31,10 @@ def fit_loop_of(data: object, skip: int = 1) -> Any | None:
     """The Lightning fit loop that is calling, up the stack, and trains on ``data``; None when there is none.
 
     ``skip``: frames above this function's caller to start from (1: the caller's caller)."""
-    frame: FrameType | None = sys._getframe(skip + 1)
+    try:
+        frame: FrameType | None = sys._getframe(skip + 1)
+    except ValueError:  # a shallower stack (driven from a thread with no Python caller): no loop calls
+        return None
     for _ in range(SEARCH_DEPTH):
         if frame is None:
             return None
