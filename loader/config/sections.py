@@ -662,6 +662,25 @@ def _datasets(value: Any, origin: str, base_dir: str | None) -> tuple[DatasetCon
     return tuple(found)
 
 
+# The first bytes of the data files a config names, by what they are: given where a config was asked for.
+_DATA_MAGICS = ((b"\x93NUMPY", ".npy array"), (b"PK\x03\x04", "zip archive, as an .npz"))
+_DATA_SUFFIXES = (".npy", ".npz", ".recordio", ".rec", ".jpg", ".jpeg", ".png")
+
+
+def _data_file_kind(path: str) -> str | None:
+    """What data file ``path`` is (from its first bytes or its name), or None for anything else."""
+    try:
+        with open(path, "rb") as file:
+            start = file.read(8)
+    except OSError:
+        return None
+    for magic, kind in _DATA_MAGICS:
+        if start.startswith(magic):
+            return kind
+    suffix = os.path.splitext(path)[1].lower()
+    return f"a {suffix} file" if suffix in _DATA_SUFFIXES else None
+
+
 def load_config(
     path: str | os.PathLike[str], *, overrides: Iterable[str | Override] = (), environ: Mapping[str, str] | None = None
 ) -> LoaderConfig:
@@ -681,6 +700,13 @@ def load_config(
     except OSError as exc:
         raise ConfigError(f"config file {origin!r} cannot be read: {exc.strerror or exc}") from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        data_file = _data_file_kind(origin)
+        if data_file is not None:
+            # DataLoader("data/part-0.npy") said only "'utf-8' codec can't decode byte 0x93".
+            raise ConfigError(
+                f"{origin!r} is a data file ({data_file}), not a config: a config (a TOML file) names it under "
+                f'[source], files = ["{origin}"]'
+            ) from None
         raise ConfigError(f"config file {origin!r} is not valid TOML: {exc}") from exc
     except RecursionError:  # the parser recurses per nested array or table
         raise ConfigError(f"config file {origin!r} nests arrays or tables too deeply") from None

@@ -355,6 +355,22 @@ def test_a_dict_given_for_a_config_file_says_how_a_dict_becomes_a_config() -> No
     assert LoaderConfig.from_dict(sections).source.files == (os.path.abspath("data/*.npy"),)  # what it points to
 
 
+def test_a_data_file_given_for_a_config_is_named_as_one(tmp_path) -> None:
+    # DataLoader("data/part-0.npy") said "is not valid TOML: 'utf-8' codec can't decode byte 0x93".
+    import numpy as np
+
+    np.save(tmp_path / "part-0.npy", np.zeros(3))
+    np.savez(tmp_path / "part-1.npz", x=np.zeros(3))
+    (tmp_path / "part-2.recordio").write_bytes(b"\x01\x02\xff\xfe")
+    for name, kind in [
+        ("part-0.npy", ".npy array"),
+        ("part-1.npz", "zip archive"),
+        ("part-2.recordio", "a .recordio file"),
+    ]:
+        with pytest.raises(ConfigError, match=rf"part-.\..*' is a data file \({kind}.*\), not a config"):
+            load_config(tmp_path / name)
+
+
 def test_file_errors_name_the_file(tmp_path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.toml")
