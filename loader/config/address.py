@@ -18,6 +18,9 @@ _HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[^:/\s\[\]]*):(?P<port>\d
 _WILDCARD = re.compile(r"^tcp://(\*|0\.0\.0\.0|\[::\]):")
 
 
+_CONFIG_LIKE = (".tom", ".tml", ".toml", ".cfg", ".conf", ".ini", ".yaml", ".yml", ".json")
+
+
 def daemon_address(given: str | None) -> str:
     """The address to reach the daemon that ``given`` names (see the module docstring)."""
     if given is None or given == "":
@@ -31,8 +34,11 @@ def daemon_address(given: str | None) -> str:
         return _WILDCARD.sub("tcp://127.0.0.1:", bind)
     match = _HOST_PORT.match(given)
     if match is None:
+        # A misspelled config path ("configs/npy.tom") read only as a bad address.
+        path_like = "://" not in given and (os.sep in given or given.lower().endswith(_CONFIG_LIKE))
+        missing = f" ({given} is no file here either)" if path_like else ""
         raise ConfigError(
-            f"{given!r} is not a daemon address: give tcp://HOST:PORT, HOST:PORT, ipc://PATH or a config file"
+            f"{given!r} is not a daemon address: give tcp://HOST:PORT, HOST:PORT, ipc://PATH or a config file{missing}"
         )
     return f"tcp://{match['host'] or '127.0.0.1'}:{match['port']}"
 

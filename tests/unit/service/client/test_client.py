@@ -347,6 +347,9 @@ def test_an_address_of_the_wrong_kind_is_refused_in_one_line_naming_what_an_addr
         Client(5555)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"'http://127.0.0.1:1' is not a daemon address: give tcp://HOST:PORT"):
         Client("http://127.0.0.1:1")
+    # A misspelled config path read only as a bad address.
+    with pytest.raises(ConfigError, match=r"'configs/npy.tom' is not a daemon address.*is no file here either"):
+        Client("configs/npy.tom")
     port = free_port()
     config = tmp_path / "train.toml"
     config.write_text(f'[source]\nfiles = ["*.npy"]\n[service]\nbind = "tcp://127.0.0.1:{port}"\n')
