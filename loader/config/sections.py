@@ -521,11 +521,13 @@ class LoaderConfig:
         except ConfigError as exc:
             text, source = str(exc), self._source_of(str(exc))
             blamed = f" ({self.origin})"
+            # The same words again, with where they came from: chained to what caused them (a user's module that
+            # raised on import: its traceback is the one to read), not to themselves, which printed them twice.
             if self.origin not in text:
-                raise ConfigError(f"{text} ({source})") from exc
+                raise ConfigError(f"{text} ({source})") from exc.__cause__
             if source == self.origin or not text.endswith(blamed):
                 raise
-            raise ConfigError(f"{text[: -len(blamed)]} ({source})") from exc
+            raise ConfigError(f"{text[: -len(blamed)]} ({source})") from exc.__cause__
 
     def _source_of(self, message: str) -> str:
         """Where the key a message starts with got its value (``--set ...``, a variable), else the file."""

@@ -472,6 +472,27 @@ def test_resolve_imports_lazily() -> None:
         config.check_imports()
 
 
+def test_an_import_error_of_a_config_says_its_words_once_and_keeps_the_users_own_cause(tmp_path) -> None:
+    # The config's wrap of its own error was chained to that error: Python printed the words twice, with about
+    # 30 lines of the loader's own frames between them.
+    import traceback
+
+    config = make(pipeline={"mappers": ["surely_not_a_module_xyz:f"]})
+    with pytest.raises(ConfigError) as caught:
+        config.check_imports()
+    printed = "".join(traceback.format_exception(caught.value))
+    assert printed.count("cannot import module 'surely_not_a_module_xyz'") == 1
+    (tmp_path / "raises_on_import_xyz.py").write_text("raise RuntimeError('broken at import')\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(ConfigError) as caught:
+            make(pipeline={"mappers": ["raises_on_import_xyz:f"]}).check_imports()
+    finally:
+        sys.path.remove(str(tmp_path))
+    printed = "".join(traceback.format_exception(caught.value))
+    assert "broken at import" in printed and 'raises_on_import_xyz.py", line 1' in printed  # the user's traceback
+
+
 def test_resolve_errors() -> None:
     with pytest.raises(ConfigError, match=r"source.reader: module 'os.path' has no attribute 'nope'"):
         make({"files": ["a"], "reader": "os.path:nope"}).source.resolve_reader()
