@@ -140,11 +140,27 @@ def from_environ(environ: Mapping[str, str]) -> list[Override]:
     return found
 
 
-def collect(assignments: Iterable[str | Override] = (), environ: Mapping[str, str] | None = None) -> list[Override]:
-    """Every override in the order it applies: environment first, then the command line (which wins)."""
+def collect(
+    assignments: Iterable[str | Override] | Mapping[str, Any] = (), environ: Mapping[str, str] | None = None
+) -> list[Override]:
+    """Every override in the order it applies: environment first, then the command line (which wins).
+
+    ``assignments`` may also be a mapping of dotted keys to values (``{"pipeline.batch_size": 8}``), as a
+    Python caller writes them: its keys were taken for ``--set`` arguments without their ``=VALUE``."""
     env = from_environ(os.environ if environ is None else environ)
+    if isinstance(assignments, Mapping):
+        return env + [from_key(key, value) for key, value in assignments.items()]
     given = [a if isinstance(a, Override) else from_assignment(a) for a in assignments]
     return env + given
+
+
+def from_key(key: Any, value: Any) -> Override:
+    """``overrides={"section.key": value}`` of ``load_config`` as an ``Override`` (the value as given)."""
+    source = f"overrides[{key!r}]"
+    parts = str(key).split(".") if isinstance(key, str) else []
+    if (len(parts) < 2 and key not in UNSECTIONED) or not all(parts):
+        raise ConfigError(f"{source}: a key must look like SECTION.KEY, e.g. {{'pipeline.batch_size': 64}}")
+    return Override(str(key).strip(), value, source)
 
 
 def apply(data: Mapping[str, Any], overrides: Iterable[Override], sections: Iterable[str]) -> dict[str, Any]:
@@ -236,6 +252,7 @@ def format_sources(config: Any) -> list[str]:
 
 __all__ = [
     "Override",
+    "from_key",
     "ValueTooDeepError",
     "MAX_VALUE_DEPTH",
     "parse_value",

@@ -684,10 +684,14 @@ def _data_file_kind(path: str) -> str | None:
 
 
 def load_config(
-    path: str | os.PathLike[str], *, overrides: Iterable[str | Override] = (), environ: Mapping[str, str] | None = None
+    path: str | os.PathLike[str],
+    *,
+    overrides: Iterable[str | Override] | Mapping[str, Any] = (),
+    environ: Mapping[str, str] | None = None,
 ) -> LoaderConfig:
     """Read and check a TOML config file, with ``LOADER_SECTION__KEY`` variables of ``environ`` (default
-    ``os.environ``) and then ``overrides`` (``"section.key=value"``) over it (``loader.config.overrides``)."""
+    ``os.environ``) and then ``overrides`` over it (``loader.config.overrides``): ``"section.key=value"``
+    strings as ``--set`` takes them, or a mapping ``{"section.key": value}``."""
     if isinstance(path, Mapping):
         # A config written as a dict: os.fspath said only "expected str, bytes or os.PathLike object, not dict".
         raise TypeError(

@@ -89,6 +89,18 @@ def test_os_environ_is_the_default(cfg, monkeypatch):
     assert load_config(cfg).pipeline.batch_size == 12
 
 
+def test_overrides_may_be_a_mapping_of_dotted_keys_as_python_writes_them(cfg):
+    # {"pipeline.batch_size": 8} was iterated for its keys and refused as "--set 'pipeline.batch_size' must look
+    # like SECTION.KEY=VALUE": the command line's words, to a Python caller.
+    config = load_config(cfg, overrides={"pipeline.batch_size": 16, "pipeline.mappers": ["json:dumps"]}, environ={})
+    assert config.pipeline.batch_size == 16 and config.pipeline.mappers == ("json:dumps",)
+    assert config.sources["pipeline.batch_size"] == "overrides['pipeline.batch_size']"
+    with pytest.raises(ConfigError, match=r"must be >= 1, got 0 \(overrides\['pipeline.batch_size'\]\)"):
+        load_config(cfg, overrides={"pipeline.batch_size": 0}, environ={})
+    with pytest.raises(ConfigError, match=r"overrides\['batch_size'\]: a key must look like SECTION.KEY"):
+        load_config(cfg, overrides={"batch_size": 4}, environ={})
+
+
 def test_an_override_may_supply_what_the_file_lacks(tmp_path):
     (tmp_path / "a.npy").write_bytes(b"")
     path = tmp_path / "c.toml"
