@@ -310,9 +310,16 @@ class RefKeeper:
 
         The sessions' entries stay (empty), so credits still line up with batches."""
         after_s = self.keep_s
-        while self._set_aside and now - self._set_aside[0][2] > after_s:
-            for refs in self._set_aside.popleft()[1]:
-                self.release(refs)
+        if self._set_aside and any(now - sent_at > after_s for _, _, sent_at in self._set_aside):
+            # In the order sessions were dropped, not sent: each looked at (a few per session dropped).
+            kept: deque[tuple[Any, list[np.ndarray], float]] = deque()
+            for entry in self._set_aside:
+                if now - entry[2] > after_s:
+                    for refs in entry[1]:
+                        self.release(refs)
+                else:
+                    kept.append(entry)
+            self._set_aside = kept
         for session in sessions:
             queue: deque = session.outstanding
             for i in range(len(queue)):

@@ -148,6 +148,18 @@ def test_rows_sent_to_a_client_dropped_while_it_may_still_read_them_stay_kept_as
     assert (own.states[refs[:, 1]] == USED).all() and keeper.held([], []) == {own.arena_id}
     keeper.reclaim([], sent_at + keeper.keep_s + 1.0)
     assert (own.states[refs[:, 1]] == FREE).all() and keeper.held([], []) == set()
+    # Set aside in the order sessions drop, not the order their batches were sent: each freed in its time.
+    early, late = (types.SimpleNamespace(shm=True, outstanding=collections.deque()) for _ in range(2))
+    sent = {}
+    for session, at in ((early, 100.0), (late, 130.0)):
+        sent[id(session)] = rows = _written(own)
+        _check(keeper, rows, own.arena_id)
+        keeper.outbound(session, {"data": keeper.specs.adopt(rows, SPEC["data"])}, frozenset({"data"}), 1)
+        session.outstanding[0] = (1, session.outstanding[0][1], at)
+    keeper.set_aside(late)
+    keeper.set_aside(early)
+    keeper.reclaim([], 100.0 + keeper.keep_s + 1.0)
+    assert (own.states[sent[id(early)][:, 1]] == FREE).all() and (own.states[sent[id(late)][:, 1]] == USED).all()
 
 
 def test_rows_of_a_client_that_returns_no_credit_are_reclaimed_after_the_limit(stage_and_arenas):
