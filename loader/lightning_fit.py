@@ -58,6 +58,16 @@ def epoch_to_run(loop: Any) -> int | None:
     return progress if isinstance(progress, int) and not isinstance(progress, bool) and progress >= 0 else None
 
 
+def reloads_for(loop: Any, epoch: int) -> bool:
+    """Whether the fit makes its dataloaders anew for ``epoch`` (``reload_dataloaders_every_n_epochs``): a new
+    dataloader, so a new iterator, whatever became of the one before."""
+    every = getattr(getattr(loop, "trainer", None), "reload_dataloaders_every_n_epochs", 0)
+    last = getattr(loop, "_last_train_dl_reload_epoch", None)
+    if not isinstance(every, int) or every <= 0:
+        return False
+    return not isinstance(last, int) or epoch - last >= every
+
+
 def _fit_loop(owner: Any) -> Any | None:
     """``owner`` if it is Lightning's fit loop, the fit loop of the trainer it belongs to if it is another of
     Lightning's objects (the training epoch loop calls ``iter()`` from the second epoch on), else None."""
@@ -80,4 +90,4 @@ def _trains_on(loop: Any, data: object) -> bool:
     return isinstance(flattened, list) and any(item is data for item in flattened)
 
 
-__all__ = ["batches_held", "epoch_to_run", "fit_loop_of"]
+__all__ = ["batches_held", "epoch_to_run", "fit_loop_of", "reloads_for"]

@@ -307,7 +307,8 @@ class DataLoader:
         if wanted is None:
             return False
         if wanted == ended:
-            log.warning(_resumed_at_an_epochs_end(ended))
+            if not lightning_fit.reloads_for(loop, ended + 1):  # a new dataloader for the next epoch reads it whole
+                log.warning(_resumed_at_an_epochs_end(ended))
             return True
         resuming = self._resuming_epoch()
         if resuming is not None:

@@ -484,6 +484,9 @@ class Ping(Message):
 class Pong(Message):
     """The daemon is alive."""
 
+    # The daemon's ``time.monotonic()`` as it answered: what a client sets its clock by, as by the welcome's.
+    clock: float | None = wire("clock", _optional(_seconds), None)
+
 
 @_kind("status")
 @dataclass(frozen=True, kw_only=True)

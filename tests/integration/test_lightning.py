@@ -198,6 +198,22 @@ def test_a_fit_resumed_from_any_step_trains_every_batch_once_in_the_order_of_one
     assert first.seen + rest.seen == expected
 
 
+def test_with_len_unknown_a_resume_at_an_epochs_last_step_with_dataloaders_made_anew_trains_every_epoch(
+    uncounted, tmp_path, caplog
+):
+    # With reload_dataloaders_every_n_epochs, Lightning makes a new dataloader for the next epoch, which it reads
+    # whole: the warning that the next epoch runs no step was false there.
+    by_hand = _plain_loop(uncounted)
+    saved = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ck"), every_n_train_steps=BATCHES, save_top_k=-1)
+    anew = {"reload_dataloaders_every_n_epochs": 1}
+    first = _fit(uncounted, tmp_path, max_steps=BATCHES, callbacks=[saved], enable_checkpointing=True, **anew)
+    (checkpoint,) = (tmp_path / "ck").iterdir()
+    with caplog.at_level(logging.WARNING, logger="loader.torch"):
+        rest = _fit(uncounted, tmp_path, resume_from=checkpoint, **anew)
+    assert first.seen + rest.seen == [(epoch, rows) for epoch in range(EPOCHS) for rows in by_hand[epoch]]
+    assert not [record for record in caplog.records if record.name == "loader.torch"]
+
+
 @pytest.mark.parametrize("counted", [True, False], ids=["len_known", "len_unknown"])
 def test_a_fit_with_limit_train_batches_resumed_from_its_epochs_last_step_goes_on_as_it_would_have(
     counted, config, uncounted, tmp_path

@@ -278,7 +278,8 @@ class Client(NotADataset):
         try:
             self.info = self._handshake()
             # The daemon's monotonic clock less this process's (one host: the same clock, give or take the
-            # welcome's way here, which makes the daemon's time read early; KEPT_MARGIN_S covers it).
+            # welcome's way here, which makes the daemon's time read early; KEPT_MARGIN_S covers it). Each
+            # pong reads it again (``_drain``).
             self._clock_offset = None if self.info.clock is None else self.info.clock - time.monotonic()
             _note_another_config(self._given_address, address, self.info.config)
         except BaseException:
@@ -669,6 +670,11 @@ class Client(NotADataset):
                 return
             state.last_heard = time.monotonic()
             message, columns = self._decode(frames)
+            if isinstance(message, P.Pong) and message.clock is not None and self._clock_offset is not None:
+                # Each reading of the daemon's clock is at most its true offset (the answer took time to come);
+                # the largest so far is the best: one welcome read late (this process stopped in its
+                # handshake) would otherwise have made every batch's `kept` look further off than it is.
+                self._clock_offset = max(self._clock_offset, message.clock - state.last_heard)
             if _of_no_open_request(message, state):
                 continue  # the consumer would skip it: queued, a daemon sending such in a loop filled memory
             if isinstance(message, P.Batch):

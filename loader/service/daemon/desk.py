@@ -5,8 +5,12 @@ the loop; ``workforce.WorkerPool`` the worker-facing half). Each client is a
 ``streams.Session``. Clients read as *jobs*: the ranks of one training job (the
 same dataset, ``job`` name and ``world_size > 1``) share one ``streams.Stream``
 per epoch, so every rank gets its slice of the same global steps; a client with
-``world_size == 1`` is a job of its own. A new client for a rank a live client
-of the job holds replaces it (a restarted trainer). An epoch may start at a
+``world_size == 1`` is a job of its own. A new client for a rank another client
+of the job holds replaces it when that one is of the same process (a dataloader
+made anew) or quiet (a restarted trainer's old process); a live one of another
+process keeps it, and the new client asks again (``_rank_held``). Two jobs
+started together without ``job=`` names still pair their ranks as they come:
+the names are what tells jobs apart. An epoch may start at a
 checkpoint's position (``Epoch.position``/``anchor``): its files are read from
 the anchor on (``order.py``).
 
@@ -63,8 +67,9 @@ SURVEY_BUDGET_S = 1.0
 # 1/(1 + EPOCH_PACING) of the loop, not all of it (another client's epoch stalled). An epoch of a few hundred
 # files costs about a millisecond: its pace goes unseen.
 EPOCH_PACING = 4.0
-# A rank's client heard from within this many of its pings (workers.heartbeat_interval_s) is live: a hello for
-# its rank waits (the new client asks again) rather than ending it.
+# A rank's client heard from within this many of its pings (every min(CLIENT_PING_S, workers.heartbeat_interval_s),
+# and at most the heartbeat timeout) is live: a hello of another process for its rank waits (the new client asks
+# again) rather than ending it.
 RANK_QUIET_PINGS = 4
 
 
@@ -169,7 +174,11 @@ class ClientDesk:
             return self._refuse(peer, f"the daemon serves {cap} clients, its cap (service.max_clients)", "capacity")
         held = self._rank_held(peer, dataset, hello)
         if held is not None:
-            return self._refuse(peer, held, "rank")
+            # A restarted trainer's usual wait (its old process not yet quiet), not a bad message: said to the
+            # peer, which asks again, and logged as a wait, not counted among rejected messages.
+            self._refuse(peer, held, "rank")
+            log.log(self._lines.level(peer, "waits"), "a client's hello waits: %s", held)
+            return None
         old = self.stage.sessions.get(peer)
         if old is not None:
             self.drop(old, "said hello again", done_reading=True)  # its job's streams go with it, not just the session
@@ -234,7 +243,7 @@ class ClientDesk:
         return None
 
     def _join_job(self, session: Session, dataset: Dataset, name: str) -> None:
-        """Put ``session`` in its job; a live client of the same job and rank is replaced (restarted)."""
+        """Put ``session`` in its job; the client of the same job and rank it may replace (``_rank_held``) is."""
         if session.world_size == 1:
             key = f"client {session.session_id}"
         else:
@@ -242,11 +251,16 @@ class ClientDesk:
             for other in list(self.stage.sessions.values()):
                 if other is not session and other.job == key and other.rank == session.rank:
                     why = f"replaced by client {session.session_id} of the same job and rank"
+                    if session.owner is not None and other.owner == session.owner:
+                        told = (
+                            f"{why} in this same process (a dataloader made anew replaces the one before; two "
+                            "that read at once need a job= each)"
+                        )
+                    else:
+                        told = f"{why} (a restarted trainer; two jobs need job=)"
                     self._close_streams_of(other)  # the trainer restarted: its ranks start afresh, all of them
                     # Told why, or its next message would only hear "no longer knows this client".
-                    self._router.send(
-                        other.peer, P.encode(P.Bye(reason=f"{why} (a restarted trainer; two jobs need job=)"))
-                    )
+                    self._router.send(other.peer, P.encode(P.Bye(reason=told)))
                     self.drop(other, why)
         session.job = key
         if key not in self.jobs:
@@ -263,7 +277,7 @@ class ClientDesk:
             if message.wait_s is not None:
                 session.wait_s = message.wait_s
         elif isinstance(message, P.Ping):
-            self._router.send(session.peer, P.encode(P.Pong()))
+            self._router.send(session.peer, P.encode(P.Pong(clock=time.monotonic())))
             if message.wait_s is not None:
                 session.wait_s = message.wait_s
         elif isinstance(message, P.Epoch):

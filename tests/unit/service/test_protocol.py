@@ -118,7 +118,7 @@ FIELDS: dict[type[P.Message], dict[str, str]] = {
     },
     P.End: {"e": COUNT, "g": COUNT + "?", "batches": COUNT, "samples": COUNT},
     P.Ping: {"ws": SECONDS + "?"},
-    P.Pong: {},
+    P.Pong: {"clock": SECONDS + "?"},
     P.Status: {"status": MAPPING + "?"},
 }
 # The fields a header must carry (everything else has a default).
@@ -217,7 +217,7 @@ EXAMPLES: dict[type[P.Message], tuple[P.Message, dict[str, np.ndarray]]] = {
     ),
     P.End: (P.End(epoch=2, gen=6, batches=10, samples=317), {}),
     P.Ping: (P.Ping(wait_s=1.5), {}),
-    P.Pong: (P.Pong(), {}),
+    P.Pong: (P.Pong(clock=81250.25), {}),
     P.Status: (P.Status(status={"workers": [{"id": "w1", "alive": True}], "samples_per_s": 12.5}), {}),
 }
 # What each category refuses; optional fields accept None as well.
@@ -420,7 +420,8 @@ def test_error_dicts_travel_in_messages():
 # ``ClientWelcome.clock`` with ``Batch.kept``, which a client of the first 5 ignores (it copies a batch's rows
 # whenever it reads it, as before) and a daemon of the first 5 never sends (a client then checks nothing), and
 # ``ClientHello.owner``, which a daemon of the first 5 ignores (it lets any hello take a rank, as before) and a
-# client of the first 5 never sends (its rank is then taken only from a quiet client).
+# client of the first 5 never sends (its rank is then taken only from a quiet client), and ``Pong.clock``, which a
+# client of the first 5 ignores.
 SCHEMA_OF_VERSION = {
     2: ("08569ee2d0ba2c2c",),
     3: ("eab8ef5e470bcbc9",),
@@ -432,6 +433,7 @@ SCHEMA_OF_VERSION = {
         "985d97a31f54befe",
         "810d419c65389447",
         "da662a8690161f5d",
+        "2bbfda2aeac76131",
     ),
 }
 

@@ -33,6 +33,7 @@ class FakeDaemon:
     ):
         self.channel, self.batches, self.fail, self.silent = channel, batches, fail, silent_after_hello
         self.mute = mute  # answers pings, never an epoch
+        self.clock_ahead_s = 0.0  # this fake's clock less the process's, as its pongs give it
         self.pack, self.bad_parts = pack, bad_parts  # batches per message (``Batch.parts``) when the client asks
         self.asked_pack = None
         self.welcome = welcome or {}
@@ -82,7 +83,7 @@ class FakeDaemon:
                     # A client that pinged and then said goodbye and closed its end: its BYE is still queued
                     # here, after the ping, and must be counted (a failed pong ended this fake before it).
                     try:
-                        self.channel.send(P.encode(P.Pong()))
+                        self.channel.send(P.encode(P.Pong(clock=time.monotonic() + self.clock_ahead_s)))
                     except ServiceUnavailableError:
                         pass
             if gen is None:
@@ -430,3 +431,18 @@ def test_a_welcome_naming_another_config_is_a_warning_and_a_forged_one_nothing(t
                 f"the daemon at {config} serves /srv/other.toml, not {config}: another config's "
                 "daemon listens at its address"
             ]
+
+
+def test_a_welcome_read_late_is_corrected_by_the_pongs_that_follow():
+    # The client sets its reading of the daemon's clock by the welcome: one read late (this process stopped during
+    # its handshake) made every batch's `kept` deadline look later than it is, the unsafe way. Each pong reads it
+    # again, and the largest reading stands (each is at most the true offset).
+    near, far = FakeChannel.pair()
+    daemon = FakeDaemon(far, welcome={"clock": time.monotonic() - 30.0})  # as if read 30 s after it was sent
+    with Client("fake://daemon", channel=near, timeout_s=5.0) as client:
+        assert client._clock_offset == pytest.approx(-30.0, abs=1.0)
+        assert wait_until(lambda: client._clock_offset > -0.5, timeout_s=5.0)
+        daemon.clock_ahead_s = -60.0  # a later, lower reading changes nothing
+        time.sleep(1.2)
+        assert client._clock_offset > -0.5
+    daemon.stop.set()
