@@ -546,6 +546,9 @@ class Client(NotADataset):
             job=self.job,
             owner=_process_owner(),
         )
+        # Watched from the first connection on: an address where nothing listens is said to be one.
+        channel = self._channel
+        self._connect_watch = channel.watch_peer(connecting=True) if isinstance(channel, transport.ZmqChannel) else None
         deadline = time.monotonic() + self.timeout_s
         while True:
             answer = request(
@@ -567,7 +570,7 @@ class Client(NotADataset):
             origin = address_origin(self._given_address)
             raise ServiceUnavailableError(
                 f"no loader daemon answered at {self.address} within {self.timeout_s:g}s"
-                f"{no_answer_hint(self._keyed)}{origin}"
+                f"{self._refused_note() or no_answer_hint(self._keyed)}{origin}"
             )
         if isinstance(answer, P.Error):
             error = {"version": ProtocolVersionError, "dataset": ConfigError}.get(answer.refused or "", LoaderError)
@@ -586,7 +589,18 @@ class Client(NotADataset):
             self.address,
             waited_s,
             self.timeout_s,
-            no_answer_hint(self._keyed),
+            self._refused_note() or no_answer_hint(self._keyed),
+        )
+
+    def _refused_note(self) -> str:
+        """Said of an address whose host refuses connections (nothing listens there), else "": it is waited for
+        all the same, since a daemon started after its clients comes up there."""
+        watch = self._connect_watch
+        if watch is None or not watch.refusing(time.monotonic()):
+            return ""
+        return (
+            ": nothing listens there, its connections are refused (is `loader serve` running, and on that port? "
+            "it logs the address for clients as 'serving ... on')"
         )
 
     def _receive_once(self, state: _ReceiverState, poller: Any) -> None:

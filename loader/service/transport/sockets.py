@@ -318,17 +318,24 @@ class PeerWatch:
 
     _EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
 
-    def __init__(self, sock: zmq.Socket) -> None:
+    def __init__(self, sock: zmq.Socket, *, connecting: bool = False) -> None:
+        """``connecting``: made before the socket's first connection, whose refusals count too (a client's
+        handshake with an address where nothing listens)."""
         self._recv_event = load_peer_watch()
         self._sock = sock
         self._monitor: zmq.Socket | None = sock.get_monitor_socket(self._EVENTS)
-        self._lost = False
+        self._lost = connecting
         self._refused_since: float | None = None
 
     def refused_for(self, now: float) -> float:
         """Seconds since the first refused reconnection of a connection that dropped and has not come back."""
         self._read(now)
         return 0.0 if self._refused_since is None else now - self._refused_since
+
+    def refusing(self, now: float) -> bool:
+        """Whether the peer's address refuses connections now (none came back since the first refusal)."""
+        self._read(now)
+        return self._refused_since is not None
 
     def _read(self, now: float) -> None:
         while self._monitor is not None:
@@ -362,10 +369,11 @@ class ZmqChannel(_Socket):
 
     _watch: PeerWatch | None = None
 
-    def watch_peer(self) -> PeerWatch:
-        """This socket's ``PeerWatch`` (made once, in the thread that uses the socket from then on)."""
+    def watch_peer(self, *, connecting: bool = False) -> PeerWatch:
+        """This socket's ``PeerWatch`` (made once, in the thread that uses the socket from then on; a thread that
+        starts after it was made, such as a client's receiver after its handshake, may take it over)."""
         if self._watch is None:
-            self._watch = PeerWatch(self._sock)
+            self._watch = PeerWatch(self._sock, connecting=connecting)
         return self._watch
 
     def close(self) -> None:
