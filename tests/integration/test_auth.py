@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -283,10 +284,13 @@ def test_no_answer_to_keys_from_a_config_blames_the_keys_not_the_environment(key
         '[source]\nfiles = ["*.npy"]\n[service]\nbind = "ipc://' + str(tmp_path / "nobody") + '"\n'
         f'peer_key = "{keys["client"]}"\ndaemon_public_key = "{keys["daemon_public"]}"\n'
     )
-    with pytest.raises(ServiceUnavailableError, match="This side has CURVE keys"):
-        Client(str(config), timeout_s=0.2)
-    assert cli_main(["status", str(config), "--timeout", "0.2"]) != 0
-    assert "This side has CURVE keys" in capsys.readouterr().err
+    with socket.socket(socket.AF_UNIX) as listening:  # something listens there and gives no answer
+        listening.bind(str(tmp_path / "nobody"))
+        listening.listen()
+        with pytest.raises(ServiceUnavailableError, match="This side has CURVE keys"):
+            Client(str(config), timeout_s=0.2)
+        assert cli_main(["status", str(config), "--timeout", "0.2"]) != 0
+        assert "This side has CURVE keys" in capsys.readouterr().err
 
 
 def test_a_daemons_own_keyed_config_given_to_a_client_without_keys_is_refused_at_once(

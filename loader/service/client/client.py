@@ -599,7 +599,7 @@ class Client(NotADataset):
         if watch is None or not watch.refusing(time.monotonic()):
             return ""
         return (
-            ": nothing listens there, its connections are refused (is `loader serve` running, and on that port? "
+            ": nothing listens there, its connections are refused (is `loader serve` running, and at that address? "
             "it logs the address for clients as 'serving ... on')"
         )
 
