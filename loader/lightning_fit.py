@@ -24,7 +24,7 @@ from typing import Any
 # five to eight frames below the loop.
 SEARCH_DEPTH = 16
 _MODULES = ("pytorch_lightning.", "lightning.pytorch.")
-_FILE_MARKS = ("pytorch_lightning", "lightning")
+_FILE_MARK = "lightning"  # in the path of each of Lightning's files, pytorch_lightning's too
 
 
 def fit_loop_of(data: object, skip: int = 1) -> Any | None:
@@ -38,7 +38,7 @@ def fit_loop_of(data: object, skip: int = 1) -> Any | None:
     for _ in range(SEARCH_DEPTH):
         if frame is None:
             return None
-        if any(mark in frame.f_code.co_filename for mark in _FILE_MARKS):
+        if _FILE_MARK in frame.f_code.co_filename:
             loop = _fit_loop(frame.f_locals.get("self"))
             if loop is not None:
                 return loop if _trains_on(loop, data) else None
