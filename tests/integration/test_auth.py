@@ -117,6 +117,29 @@ def test_unauthenticated_and_unlisted_peers_get_nothing_and_change_nothing(secur
         assert collections.Counter(collect_ids(client.epoch())) == collections.Counter(ids)
 
 
+def test_a_client_whose_keys_the_daemon_refuses_is_told_which_and_not_kept_waiting(
+    secured, keys, monkeypatch, tmp_path
+):
+    """No keys against a keyed daemon, or a key it does not list: zmq's handshake fails at once and is not tried
+    again, yet the client waited its whole timeout and then guessed among three causes."""
+    import time
+
+    daemon, _ = secured
+    _, stranger_secret = create_key_files(str(tmp_path), "stranger")
+    cases = (
+        (None, "a ZeroMQ peer listens there but refused the handshake: the peer there has CURVE keys and this "),
+        (stranger_secret, "the daemon there refused this client's CURVE public key (it is not in its service."),
+    )
+    for peer, told in cases:
+        _as(monkeypatch, keys, peer)
+        started = time.monotonic()
+        with pytest.raises(ServiceUnavailableError) as caught:
+            Client(daemon.endpoint, timeout_s=20.0)
+        assert f"no loader daemon answered at {daemon.endpoint} (the handshake failed): " in str(caught.value)
+        assert told in str(caught.value)
+        assert time.monotonic() - started < 10.0
+
+
 def test_hand_started_worker_with_keys_serves_an_authenticated_daemon(tmp_path, keys, monkeypatch):
     from workers.main import run_worker
 

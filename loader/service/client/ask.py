@@ -42,7 +42,12 @@ PROBE_TIMEOUT_S = 0.5
 # (a daemon's: about 8 a worker and 14 a client). Printing walks it: a peer's answer past either is refused.
 MAX_STATUS_DEPTH = 16
 MAX_STATUS_VALUES = 1_000_000
-_STATUS_SCALARS = (str, int, float, bool, type(None))  # what msgpack gives besides maps and lists: bytes, ext
+_STATUS_SCALARS = (str, int, float, bool, type(None))
+# A connection whose handshakes have failed this long, where zmq will not dial again (a refused key, a peer
+# that is not a daemon's client socket), ends a request's wait (``PeerWatch.handshake_hopeless``).
+HANDSHAKE_GIVE_UP_S = 2.0
+# Where a user finds the address for clients, said when the one given is not it.
+SERVING_LINE = "`loader serve` logs the address for clients as 'serving ... on'"  # what msgpack gives besides maps and lists: bytes, ext
 
 
 # The three usual causes of silence, which look alike from here: no daemon, another address, and a daemon with
@@ -59,11 +64,36 @@ KEYED_NO_ANSWER_HINT = (
 )
 
 
-def no_answer_hint(has_keys: bool | None = None) -> str:
+def has_keys(keyed: bool | None) -> bool:
+    """Whether this peer has CURVE keys: ``keyed``, or when None, whether LOADER_PEER_KEY is set."""
+    return bool(os.environ.get(ENV_PEER_KEY)) if keyed is None else keyed
+
+
+def no_answer_hint(keyed: bool | None = None) -> str:
     """Why a daemon may not have answered, for a peer with CURVE keys or without (None: LOADER_PEER_KEY says)."""
-    if has_keys is None:
-        has_keys = bool(os.environ.get(ENV_PEER_KEY))
-    return KEYED_NO_ANSWER_HINT if has_keys else NO_ANSWER_HINT
+    return KEYED_NO_ANSWER_HINT if has_keys(keyed) else NO_ANSWER_HINT
+
+
+def handshake_note(broken: str, has_keys: bool) -> str:
+    """Said of an address where something accepted connections but the handshake failed (``PeerWatch``)."""
+    if broken == transport.HANDSHAKE_MECHANISM:
+        which = (
+            "this client has CURVE keys and the peer there has none (unset LOADER_PEER_KEY, or give the daemon keys)"
+            if has_keys
+            else "the peer there has CURVE keys and this client has none (set LOADER_PEER_KEY and "
+            "LOADER_DAEMON_PUBLIC_KEY)"
+        )
+        return f": a ZeroMQ peer listens there but refused the handshake: {which}; see docs/security.md"
+    if broken == transport.HANDSHAKE_AUTH:
+        return (
+            ": the daemon there refused this client's CURVE public key (it is not in its service.authorized_keys; "
+            "the daemon logs each key it refuses); see docs/security.md"
+        )
+    keys = ", or LOADER_DAEMON_PUBLIC_KEY is not that daemon's public key (docs/security.md)" if has_keys else ""
+    return (
+        ": something listens there but broke off the handshake: it is not a loader daemon's address for clients "
+        f"(a daemon's metrics port or worker data socket? another program?){keys}; {SERVING_LINE}"
+    )
 
 
 def query_status(address: str, timeout_s: float = 5.0, curve: CurveClient | None = None) -> dict[str, Any]:
@@ -76,14 +106,26 @@ def query_status(address: str, timeout_s: float = 5.0, curve: CurveClient | None
     if not (math.isfinite(timeout_s) and timeout_s <= MAX_TIMEOUT_S):
         raise ValueError(f"a status query's timeout_s must be at most {MAX_TIMEOUT_S:g} seconds, got {timeout_s!r}")
     channel = _status_channel(address, curve)
+    watch = channel.watch_peer()
+    keyed = True if curve is not None else None
     try:
-        answer = request(channel, P.encode(P.Status()), (P.Status,), timeout_s, address)
+        answer = request(
+            channel,
+            P.encode(P.Status()),
+            (P.Status,),
+            timeout_s,
+            address,
+            hopeless=lambda: watch.handshake_hopeless(time.monotonic(), min(HANDSHAKE_GIVE_UP_S, timeout_s)),
+        )
+        broken = watch.handshake_broken(time.monotonic())
     finally:
         channel.close()
     if not isinstance(answer, P.Status):
-        hint = no_answer_hint(True if curve is not None else None)
+        if broken is not None:
+            note = handshake_note(broken, has_keys(keyed))
+            raise ServiceUnavailableError(f"no loader daemon answered at {address} (the handshake failed){note}")
         raise ServiceUnavailableError(
-            f"no loader daemon answered at {address} within {timeout_s:g}s{hint}{_size_note(address)}"
+            f"no loader daemon answered at {address} within {timeout_s:g}s{no_answer_hint(keyed)}{_size_note(address)}"
         )
     status = answer.status or {}
     problem = status_problem(status)
@@ -126,9 +168,9 @@ def _nothing_listens(address: str) -> bool:
     return False
 
 
-def _status_channel(address: str, curve: CurveClient | None) -> Channel:
-    """The DEALER of a status query, ``MAX_STATUS_BYTES`` its bound (set before it connects)."""
-    return transport.dealer(address, curve=curve, max_message_bytes=MAX_STATUS_BYTES)
+def _status_channel(address: str, curve: CurveClient | None) -> transport.ZmqChannel:
+    """The DEALER of a status query, ``MAX_STATUS_BYTES`` its bound (set before it connects), watched."""
+    return transport.dealer(address, curve=curve, max_message_bytes=MAX_STATUS_BYTES, watched=True)
 
 
 def status_problem(status: Any) -> str | None:
@@ -179,22 +221,30 @@ def request(
     timeout_s: float,
     address: str,
     still_waiting: Callable[[float], None] | None = None,
+    hopeless: Callable[[], bool] | None = None,
 ) -> P.Message | None:
     """Send ``frames`` and wait for a message of one of the ``answers`` types (others are skipped);
     the message, or None when none came within ``timeout_s``. ``still_waiting(seconds waited)`` is called
     once when no answer came within ``STILL_WAITING_S`` (and the timeout is longer): the request is not sent
-    again, so a late answer still pairs with it."""
+    again, so a late answer still pairs with it. ``hopeless()``, asked every poll, ends the wait early with None.
+
+    The send, too, is waited for within ``timeout_s``, a poll at a time: a socket with no connection to send on
+    (a peer that broke off the handshake, whom zmq does not dial again) held it, and ``still_waiting`` with it,
+    for the whole timeout, and it ended in "did not accept a message" instead of the reason."""
     started = time.monotonic()
-    channel.send(frames, timeout_s=timeout_s)
     deadline = started + timeout_s
+    sent = False
     while True:
         now = time.monotonic()
         left = deadline - now
-        if left <= 0:
+        if left <= 0 or (hopeless is not None and hopeless()):
             return None
         if still_waiting is not None and now - started >= STILL_WAITING_S:
             still_waiting(now - started)
             still_waiting = None
+        if not sent:
+            sent = channel.try_send(frames, timeout_s=min(ANSWER_POLL_S, left))
+            continue
         got = channel.recv(min(ANSWER_POLL_S, left))
         if got is not None:
             try:

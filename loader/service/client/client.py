@@ -64,7 +64,15 @@ from loader.reader.batches import batch_reader
 from loader.service import protocol as P
 from loader.service import transport
 from loader.service.blocks import block_nbytes
-from loader.service.client.ask import no_answer_hint, query_status, request
+from loader.service.client.ask import (
+    HANDSHAKE_GIVE_UP_S,
+    SERVING_LINE,
+    handshake_note,
+    has_keys,
+    no_answer_hint,
+    query_status,
+    request,
+)
 from loader.service.client.batches import to_batch
 from loader.service.client.buffers import BatchBuffers
 from loader.service.client.checkpoint import Place, place_of
@@ -253,7 +261,9 @@ class Client(NotADataset):
         curve = peer_for(self._given_address) if channel is None else None
         # Keys from a config file: "no daemon answered" must not tell the user to set the environment's.
         self._keyed: bool | None = True if curve is not None else None  # None: LOADER_PEER_KEY says
-        self._channel: Channel = channel if channel is not None else transport.dealer(address, curve=curve)
+        self._channel: Channel = (
+            channel if channel is not None else transport.dealer(address, curve=curve, watched=True)
+        )
         self._closed = False
         self._pid = os.getpid()  # a forked copy has the socket but not the receiver thread: _check_usable
         self._out: queue.Queue[tuple[str, int | None, Any]] = queue.Queue()
@@ -558,6 +568,7 @@ class Client(NotADataset):
                 max(0.0, deadline - time.monotonic()),
                 self.address,
                 still_waiting=self._still_waiting,
+                hopeless=self._hopeless,
             )
             # Its rank is still held by a live client of the job (a restarted trainer's old process, not quiet
             # yet): asked again until that one is quiet, within timeout_s (the refusal says so, after it).
@@ -568,9 +579,10 @@ class Client(NotADataset):
             time.sleep(RANK_RETRY_S)
         if answer is None:
             origin = address_origin(self._given_address)
+            waited = f"within {self.timeout_s:g}s" if time.monotonic() >= deadline else "(the handshake failed)"
             raise ServiceUnavailableError(
-                f"no loader daemon answered at {self.address} within {self.timeout_s:g}s"
-                f"{self._refused_note() or no_answer_hint(self._keyed)}{origin}"
+                f"no loader daemon answered at {self.address} {waited}"
+                f"{self._connect_note() or no_answer_hint(self._keyed)}{origin}"
             )
         if isinstance(answer, P.Error):
             error = {"version": ProtocolVersionError, "dataset": ConfigError}.get(answer.refused or "", LoaderError)
@@ -589,18 +601,31 @@ class Client(NotADataset):
             self.address,
             waited_s,
             self.timeout_s,
-            self._refused_note() or no_answer_hint(self._keyed),
+            self._connect_note() or no_answer_hint(self._keyed),
         )
 
-    def _refused_note(self) -> str:
-        """Said of an address whose host refuses connections (nothing listens there), else "": it is waited for
-        all the same, since a daemon started after its clients comes up there."""
+    def _connect_note(self) -> str:
+        """What the connection showed of the address, else "": nothing listens there (its connections are
+        refused: waited for all the same, since a daemon started after its clients comes up there), or something
+        does that broke off the handshake (which ends the wait: ``_hopeless``)."""
         watch = self._connect_watch
-        if watch is None or not watch.refusing(time.monotonic()):
+        if watch is None:
             return ""
-        return (
-            ": nothing listens there, its connections are refused (is `loader serve` running, and at that address? "
-            "it logs the address for clients as 'serving ... on')"
+        now = time.monotonic()
+        if watch.refusing(now):
+            return (
+                ": nothing listens there, its connections are refused (is `loader serve` running, and at that "
+                f"address? {SERVING_LINE})"
+            )
+        broken = watch.handshake_broken(now)
+        return "" if broken is None else handshake_note(broken, has_keys(self._keyed))
+
+    def _hopeless(self) -> bool:
+        """Whether the handshake is not worth waiting for (``PeerWatch.handshake_hopeless``): another program or
+        port is there, or the keys do not match, none of which the timeout mends."""
+        watch = self._connect_watch
+        return watch is not None and watch.handshake_hopeless(
+            time.monotonic(), min(HANDSHAKE_GIVE_UP_S, self.timeout_s)
         )
 
     def _receive_once(self, state: _ReceiverState, poller: Any) -> None:

@@ -4,6 +4,9 @@ from loader.service.transport.auth import CurveClient, CurveServer, Dial
 from loader.service.transport.channel import Channel, ChannelOpener, Frames, RouterLike
 from loader.service.transport.inproc import FakeChannel, Waker
 from loader.service.transport.sockets import (
+    HANDSHAKE_AUTH,
+    HANDSHAKE_BROKEN,
+    HANDSHAKE_MECHANISM,
     AuthServer,
     PeerWatch,
     Poller,
@@ -18,6 +21,9 @@ from loader.service.transport.sockets import (
 )
 
 __all__ = [
+    "HANDSHAKE_AUTH",
+    "HANDSHAKE_BROKEN",
+    "HANDSHAKE_MECHANISM",
     "AuthServer",
     "CurveClient",
     "CurveServer",

@@ -171,6 +171,8 @@ HANDSHAKE_TIMEOUT_MS = 5000
 class _Socket:
     """One zmq socket with the house settings; ``close()`` is idempotent."""
 
+    _watch: PeerWatch | None = None  # a connecting socket's, made on demand or before it connects
+
     def __init__(
         self,
         kind: int,
@@ -181,7 +183,10 @@ class _Socket:
         curve: CurveClient | None = None,
         server: AuthServer | None = None,
         max_message_bytes: int | None = None,
+        watched: bool = False,
     ) -> None:
+        """``watched``: a connecting socket's ``PeerWatch`` is made before it connects, so that it sees the first
+        connection's events (a peer that breaks off the handshake is not dialled again)."""
         self._sock = (server.context if server is not None else _context()).socket(kind)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, HIGH_WATER_MARK)
@@ -211,14 +216,21 @@ class _Socket:
                 self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
                 _owner_only(self.endpoint)
             else:
+                if watched:
+                    self._watch = PeerWatch(self._sock, connecting=True)
                 self._sock.connect(endpoint)
         except zmq.ZMQError as exc:
-            self._sock.close(0)
+            self._close_unused()
             raise _translate(exc, "bind" if bind else "connect", endpoint) from exc
         except BaseException:
-            self._sock.close(0)
+            self._close_unused()
             raise
         self.closed = False
+
+    def _close_unused(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+        self._sock.close(0)
 
     def fileno_obj(self) -> Any:
         return self._sock
@@ -306,6 +318,17 @@ def load_peer_watch() -> Any:
     return recv_monitor_message
 
 
+# PeerWatch.handshake_broken: how a connection's handshake failed.
+HANDSHAKE_MECHANISM = "mechanism"  # zmq's mechanism mismatch: one side has CURVE keys, the other none
+HANDSHAKE_AUTH = "auth"  # the peer's authenticator refused this side's CURVE key
+HANDSHAKE_BROKEN = "broken"  # closed by the peer mid-handshake: another protocol, socket kind or CURVE key
+HOPELESS_FAILURES = 3  # PeerWatch.handshake_hopeless, where zmq dials again
+MECHANISM_MISMATCH = 0x11000002  # ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH (not exported by every pyzmq)
+_HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+
+
 class PeerWatch:
     """Whether the peer a connecting socket dialled still listens, from zmq's monitor events (read without
     blocking, by the thread that owns the socket).
@@ -314,9 +337,22 @@ class PeerWatch:
     was found only by its silence, after a client's ``timeout_s``. Once the connection drops, each attempt to
     reconnect that the peer's host refuses ends in ``EVENT_CLOSED``: nothing listens at that address any more.
     An attempt that hangs (a network partition) ends in no event, so a partition is left to the silence
-    check, as before; a reconnection clears the count."""
+    check, as before; a reconnection clears the count.
 
-    _EVENTS = zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+    A connection that something accepts but whose ZeroMQ handshake breaks off is told apart too
+    (``handshake_broken``): the address is another program's, a daemon's metrics port or data socket, or
+    the two sides disagree on CURVE. A client pointed there waited its timeout to be told about keys."""
+
+    _EVENTS = (
+        zmq.EVENT_CONNECTED
+        | zmq.EVENT_HANDSHAKE_SUCCEEDED
+        | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+        | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        | zmq.EVENT_DISCONNECTED
+        | zmq.EVENT_CONNECT_RETRIED
+        | zmq.EVENT_CLOSED
+    )
 
     def __init__(self, sock: zmq.Socket, *, connecting: bool = False) -> None:
         """``connecting``: made before the socket's first connection, whose refusals count too (a client's
@@ -326,6 +362,11 @@ class PeerWatch:
         self._monitor: zmq.Socket | None = sock.get_monitor_socket(self._EVENTS)
         self._lost = connecting
         self._refused_since: float | None = None
+        self._shaking = False  # connected, handshake not done yet
+        self._broken: str | None = None  # how the last handshake failed (HANDSHAKE_*), until one succeeds
+        self._broken_since = 0.0  # when handshakes began to fail
+        self._failures = 0  # handshakes failed since the last that succeeded
+        self._redialing = False  # zmq said it will dial again since the connection last dropped
 
     def refused_for(self, now: float) -> float:
         """Seconds since the first refused reconnection of a connection that dropped and has not come back."""
@@ -336,6 +377,28 @@ class PeerWatch:
         """Whether the peer's address refuses connections now (none came back since the first refusal)."""
         self._read(now)
         return self._refused_since is not None
+
+    def handshake_broken(self, now: float) -> str | None:
+        """How the last connection's handshake failed, if none has succeeded since: ``HANDSHAKE_MECHANISM``
+        (one side has CURVE keys, the other not), ``HANDSHAKE_AUTH`` (the peer refused this side's key) or
+        ``HANDSHAKE_BROKEN`` (the peer closed it, or spoke something else)."""
+        self._read(now)
+        return self._broken
+
+    def handshake_hopeless(self, now: float, after_s: float) -> bool:
+        """Whether waiting for a handshake is pointless: handshakes have failed for ``after_s`` and zmq will not
+        dial again (it gives up after a refused key, a mechanism or socket kind that does not pair), or three
+        have failed (a daemon that times out a slow handshake fails one in 5 s, and the next may pass)."""
+        self._read(now)
+        if self._broken is None or now - self._broken_since < after_s:
+            return False
+        return not self._redialing or self._failures >= HOPELESS_FAILURES
+
+    def _broke(self, how: str, now: float) -> None:
+        if self._broken is None:
+            self._broken_since = now
+        self._broken, self._shaking = how, False
+        self._failures += 1
 
     def _read(self, now: float) -> None:
         while self._monitor is not None:
@@ -348,8 +411,21 @@ class PeerWatch:
             kind = event.get("event")
             if kind in (zmq.EVENT_CONNECTED, zmq.EVENT_HANDSHAKE_SUCCEEDED):
                 self._lost, self._refused_since = False, None
+                self._shaking = kind == zmq.EVENT_CONNECTED
+                if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self._broken, self._failures = None, 0
+            elif kind == zmq.EVENT_CONNECT_RETRIED:
+                self._redialing = True
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and event.get("value") == MECHANISM_MISMATCH:
+                self._broke(HANDSHAKE_MECHANISM, now)
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._broke(HANDSHAKE_AUTH, now)
+            elif kind & _HANDSHAKE_FAILED:
+                self._broke(HANDSHAKE_BROKEN, now)
             elif kind == zmq.EVENT_DISCONNECTED:
-                self._lost = True
+                if self._shaking:  # dropped before any handshake event: a socket of a kind that does not pair
+                    self._broke(HANDSHAKE_BROKEN, now)
+                self._lost, self._redialing = True, False
             elif kind == zmq.EVENT_CLOSED and self._lost and self._refused_since is None:
                 self._refused_since = now
 
@@ -366,8 +442,6 @@ class PeerWatch:
 
 class ZmqChannel(_Socket):
     """A point-to-point zmq socket: DEALER (control), PUSH or PULL (data)."""
-
-    _watch: PeerWatch | None = None
 
     def watch_peer(self, *, connecting: bool = False) -> PeerWatch:
         """This socket's ``PeerWatch`` (made once, in the thread that uses the socket from then on; a thread that
@@ -428,9 +502,11 @@ def dealer(
     identity: bytes | None = None,
     curve: CurveClient | None = None,
     max_message_bytes: int | None = None,
+    watched: bool = False,
 ) -> ZmqChannel:
     """A peer's control socket; a random identity unless given; CURVE keys given or from the environment;
-    messages over ``max_message_bytes`` dropped unread (None: no bound)."""
+    messages over ``max_message_bytes`` dropped unread (None: no bound); ``watched``: its ``PeerWatch`` made
+    before it connects (``watch_peer`` gives it)."""
     if identity is None:
         identity = b"\x01" + secrets.token_bytes(IDENTITY_BYTES - 1)  # zmq reserves a leading zero byte
     return ZmqChannel(
@@ -440,6 +516,7 @@ def dealer(
         identity=identity,
         curve=curve or peer_from_env(),
         max_message_bytes=max_message_bytes,
+        watched=watched,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -12,7 +13,7 @@ import pytest
 from loader.errors import ProtocolVersionError, ServiceUnavailableError, WorkerError
 from loader.service import protocol as P
 from loader.service.client.batches import to_batch
-from loader.service.client.client import Client
+from loader.service.client.client import Client, query_status
 from loader.service.transport import FakeChannel
 from tests.helpers import wait_until
 
@@ -362,7 +363,6 @@ def test_a_client_waiting_for_a_daemon_that_is_not_there_says_so_before_its_time
     """It said nothing for the whole timeout (30 s by default): a first hour's hang, to look at."""
     import logging
     import re
-    import socket
 
     from loader.service.client import ask
     from tests.helpers import free_port
@@ -390,6 +390,59 @@ def test_a_client_waiting_for_a_daemon_that_is_not_there_says_so_before_its_time
     with pytest.raises(ServiceUnavailableError):
         Client(f"tcp://127.0.0.1:{port}", timeout_s=0.15)  # shorter than the note's wait: only the error
     assert not [r for r in caplog.records if r.name == "loader.client"]
+
+
+def test_a_client_pointed_at_something_that_is_not_a_daemons_client_address_says_so_without_waiting():
+    """A daemon's metrics port or worker data socket, or another program: the client waited its whole timeout
+    (a PULL socket held its send, then "did not accept a message in time"), then blamed CURVE keys."""
+    import zmq
+
+    context = zmq.Context()
+    data_socket = context.socket(zmq.PULL)  # what a daemon's worker data socket is
+    data_port = data_socket.bind_to_random_port("tcp://127.0.0.1")
+    web = socket.socket()  # an HTTP server: it answers the zmq greeting with a status line and closes
+    web.bind(("127.0.0.1", 0))
+    web.listen()
+    stop = threading.Event()
+
+    def serve_web() -> None:
+        web.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                connection, _ = web.accept()
+            except OSError:
+                continue
+            with connection:
+                connection.settimeout(1.0)
+                try:
+                    connection.recv(64)
+                    connection.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+                except OSError:
+                    pass
+
+    server = threading.Thread(target=serve_web, daemon=True)
+    server.start()
+    try:
+        for port in (data_port, web.getsockname()[1]):
+            started = time.monotonic()
+            with pytest.raises(ServiceUnavailableError) as caught:
+                Client(f"tcp://127.0.0.1:{port}", timeout_s=20.0)
+            said = str(caught.value)
+            assert said.startswith(f"no loader daemon answered at tcp://127.0.0.1:{port} (the handshake failed)")
+            assert "something listens there but broke off the handshake: it is not a loader daemon's address" in said
+            assert "CURVE" not in said and "did not accept" not in said
+            assert time.monotonic() - started < 10.0  # HANDSHAKE_GIVE_UP_S (2 s), not the 20 s timeout
+            started = time.monotonic()
+            with pytest.raises(ServiceUnavailableError) as caught:  # `loader status` asks the same way
+                query_status(f"tcp://127.0.0.1:{port}", timeout_s=20.0)
+            assert "(the handshake failed): something listens there but broke off" in str(caught.value)
+            assert time.monotonic() - started < 10.0
+    finally:
+        stop.set()
+        server.join(timeout=5)
+        web.close()
+        data_socket.close(0)
+        context.term()
 
 
 def test_an_epoch_that_waits_long_for_a_batch_says_so_once_before_it_fails(monkeypatch, caplog):
