@@ -53,6 +53,7 @@ class Compressor(enum.IntEnum):
     ZLIB = 2  # the original's "gzip" slot
     GZIP = 2  # alias of ZLIB, the original's name for the slot
     NoCompress = 0  # alias of NONE, the original's name
+    Snappy = 1  # alias of SNAPPY, the original's name (fluid.recordio_writer.Compressor.Snappy)
 
 
 # NONE by default: training data is mostly float arrays or already-compressed media,

@@ -68,6 +68,8 @@ def test_status_with_host_port_reaches_nobody_in_one_line() -> None:
     result = loader_cmd("status", f"127.0.0.1:{port}", "--timeout", "0.5")
     assert result.returncode == 1 and result.stderr.count("\n") == 1
     assert f"no loader daemon answered at tcp://127.0.0.1:{port}" in result.stderr
+    # Said as the client says it, not the CURVE keys hint (which sent a first-hour user after keys).
+    assert "nothing listens there, its connections are refused" in result.stderr and "CURVE" not in result.stderr
 
 
 def test_status_by_a_config_that_reaches_nobody_says_where_the_address_came_from(tmp_path, capsys) -> None:

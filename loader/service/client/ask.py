@@ -47,7 +47,12 @@ _STATUS_SCALARS = (str, int, float, bool, type(None))
 # that is not a daemon's client socket), ends a request's wait (``PeerWatch.handshake_hopeless``).
 HANDSHAKE_GIVE_UP_S = 2.0
 # Where a user finds the address for clients, said when the one given is not it.
-SERVING_LINE = "`loader serve` logs the address for clients as 'serving ... on'"  # what msgpack gives besides maps and lists: bytes, ext
+SERVING_LINE = "`loader serve` logs the address for clients as 'serving ... on'"
+# Said of an address whose connections are refused, in place of the other causes of silence.
+REFUSED_NOTE = (
+    ": nothing listens there, its connections are refused (is `loader serve` running, and at that address? "
+    f"{SERVING_LINE})"
+)  # what msgpack gives besides maps and lists: bytes, ext
 
 
 # The three usual causes of silence, which look alike from here: no daemon, another address, and a daemon with
@@ -106,7 +111,7 @@ def query_status(address: str, timeout_s: float = 5.0, curve: CurveClient | None
     if not (math.isfinite(timeout_s) and timeout_s <= MAX_TIMEOUT_S):
         raise ValueError(f"a status query's timeout_s must be at most {MAX_TIMEOUT_S:g} seconds, got {timeout_s!r}")
     channel = _status_channel(address, curve)
-    watch = channel.watch_peer()
+    watch = channel.watch_peer(connecting=True)
     keyed = True if curve is not None else None
     try:
         answer = request(
@@ -118,9 +123,12 @@ def query_status(address: str, timeout_s: float = 5.0, curve: CurveClient | None
             hopeless=lambda: watch.handshake_hopeless(time.monotonic(), min(HANDSHAKE_GIVE_UP_S, timeout_s)),
         )
         broken = watch.handshake_broken(time.monotonic())
+        refused = watch.refusing(time.monotonic())
     finally:
         channel.close()
     if not isinstance(answer, P.Status):
+        if refused:
+            raise ServiceUnavailableError(f"no loader daemon answered at {address} within {timeout_s:g}s{REFUSED_NOTE}")
         if broken is not None:
             note = handshake_note(broken, has_keys(keyed))
             raise ServiceUnavailableError(f"no loader daemon answered at {address} (the handshake failed){note}")

@@ -66,7 +66,7 @@ from loader.service import transport
 from loader.service.blocks import block_nbytes
 from loader.service.client.ask import (
     HANDSHAKE_GIVE_UP_S,
-    SERVING_LINE,
+    REFUSED_NOTE,
     handshake_note,
     has_keys,
     no_answer_hint,
@@ -613,10 +613,7 @@ class Client(NotADataset):
             return ""
         now = time.monotonic()
         if watch.refusing(now):
-            return (
-                ": nothing listens there, its connections are refused (is `loader serve` running, and at that "
-                f"address? {SERVING_LINE})"
-            )
+            return REFUSED_NOTE
         broken = watch.handshake_broken(now)
         return "" if broken is None else handshake_note(broken, has_keys(self._keyed))
 

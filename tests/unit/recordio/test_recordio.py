@@ -108,6 +108,11 @@ def test_zlib_chunks_use_id_2_and_checksum_the_stored_bytes(tmp_path):
     assert Compressor.GZIP is Compressor.ZLIB
 
 
+def test_paddles_compressor_names_are_aliases():
+    # fluid.recordio_writer.Compressor exposed only Snappy and NoCompress: code written for it uses those names.
+    assert Compressor.Snappy is Compressor.SNAPPY and Compressor.NoCompress is Compressor.NONE
+
+
 @pytest.mark.parametrize("compressor", COMPRESSORS)
 def test_records_split_into_chunks_of_max_num_records(tmp_path, compressor):
     path = _write(tmp_path / "m.recordio", list(range(10)), compressor, max_num_records=3)
