@@ -111,6 +111,7 @@ class DataLoader:
         self._iterations = 0  # iter() calls: only the latest iteration reads the open epoch
         self._open_taken = 0  # batches of it the loop took
         self._open_resumed = False  # continues a loaded state's epoch
+        self._steps_before: int | None = None  # of a resumed epoch: the steps its state was taken after
         self._open_done = False  # iterated to its end
         self._open_failed = False  # raised instead of a batch: not for a later iteration to take over
         self._moved_on: int | None = None  # set_epoch(n) while it was iterated: n, until a batch or iter() says why
@@ -139,6 +140,14 @@ class DataLoader:
         with ``len()``, and the rest's number would end the resumed epoch early."""
         if self._open is None or self._open_done:
             self._open_next()  # ahead: the next iter() takes this one, so len() asks for no extra epoch
+        if self._open_resumed and self._steps_before is not None:
+            # The steps taken before the state, at the world size that took them, and the rest at this one: a
+            # state taken at world size 2 and resumed at 3 holds fewer steps than the whole epoch's count at 3
+            # says, and Lightning, counting the steps taken, ended the epoch with samples left untrained.
+            try:
+                return self._steps_before + len(cast(Any, self._open))
+            except TypeError:
+                pass
         if self._open_resumed:
             whole = getattr(getattr(self._reader, "info", None), "batches", None)  # Client's and Loader's welcome
             if isinstance(whole, int):
@@ -342,6 +351,7 @@ class DataLoader:
         if self._loaded is not None:
             number = int(self._loaded["epoch"])
             self._open = self._reader.epoch()  # no number: the reader continues the state it loaded
+            self._steps_before = _steps_before(self._loaded.get("reader"), self.batch_size)
             self._open_resumed, self._loaded = True, None
         else:
             number = self._next_epoch
@@ -629,6 +639,17 @@ def _parse_state(state: Mapping[str, Any]) -> tuple[int, bool, Mapping[str, Any]
             f"{inner!r}: the state was edited or damaged; save it again from state_dict()"
         )
     return number, resume, reader
+
+
+def _steps_before(state: Any, batch_size: int | None) -> int | None:
+    """The steps a loop took of an epoch before ``state`` was taken (its position, in steps of the world size it
+    was taken at), or None where the state or the batch size does not say."""
+    if not isinstance(state, dict) or not isinstance(batch_size, int) or batch_size < 1:
+        return None
+    position, world_size = state.get("position"), state.get("world_size")
+    if type(position) is not int or type(world_size) is not int or position < 0 or world_size < 1:
+        return None
+    return -(-position // (world_size * batch_size))
 
 
 def _epoch_start(reader: Mapping[str, Any], epoch: int) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import loader
+import loader.torch
 from loader.errors import ConfigError, WorkerError
 from loader.service.client.client import Client, query_status
 from tests.integration.conftest import kill_leased_worker, make_config, running_daemon, silence, write_id_files
@@ -331,6 +332,32 @@ def test_resume_from_a_daemon_into_a_loader_and_the_next_epochs_follow(data: Any
     assert following == epochs[1]
 
 
+def test_a_state_loaded_while_an_epoch_is_iterated_ends_that_iteration(data: Any) -> None:
+    # A loop that rolls back (a NaN loss) loads an earlier state mid-epoch. The open iterator went on reading
+    # the old place while state_dict() said the loaded one, so a checkpoint then replayed batches, and a Loader
+    # iterating its epochs ran the loaded epoch twice and the last one never.
+    small_only(data)
+    directory, _ = data
+    with loader.Loader(config(directory, epochs=2)) as whole:
+        reference = [ids_of(b) for b in whole]
+    with loader.Loader(config(directory, epochs=2)) as data_:
+        taken = []
+        iterator = iter(data_)
+        for _ in range(10):
+            taken.append(ids_of(next(iterator)))
+        early = data_.state_dict()
+        for _ in range(20):
+            taken.append(ids_of(next(iterator)))
+        data_.load_state_dict(early)
+        assert data_.state_dict() == early
+        with pytest.raises(loader.errors.ClosedError, match=r"ended by load_state_dict\(\)"):
+            next(iterator)
+        assert data_.state_dict() == early  # where the loop is now: the loaded place, and it stays true
+        rest = [ids_of(b) for b in data_]  # the next iteration continues from it, through the last epoch
+    assert taken == reference[:30]
+    assert rest == reference[10:]
+
+
 def test_resume_reads_only_from_the_anchor_window(data: Any, tmp_path: Any) -> None:
     sizes = [400] * 25  # 10,000 samples; shuffle window 8 x 50 = 400 samples
     ids = write_id_files(tmp_path, len(sizes), sizes)
@@ -357,9 +384,15 @@ def test_elastic_resume_delivers_every_sample_once(data: Any, before: int, after
             states = [r.state_dict() for r in ranks]
         assert len({s["position"] for s in states}) == 1, "ranks in lockstep stand at the same place"
         with clients(daemon.endpoint, after, job="resumed") as ranks:
+            # len() of loader.torch's DataLoader, which Lightning compares with the steps it counted before the
+            # checkpoint (4): the whole epoch at the new world size made it end a grown job's epoch early.
+            adapter = loader.torch.DataLoader(ranks[0])
+            adapter.load_state_dict({"epoch": 0, "resume": True, "reader": states[0]})  # its state_dict's form
+            resumed_len = len(adapter)
             for r in ranks:
                 r.load_state_dict(states[0])
             tail = read_ranks(ranks)
+        assert resumed_len == 4 + len(tail[0])
     seen = [i for rank in head for b in rank for i in b] + [i for rank in tail for b in rank for i in b]
     counts = collections.Counter(seen)
     assert set(counts) == set(ids), "every sample is delivered"

@@ -278,6 +278,7 @@ class Client(NotADataset):
         self._received = [0, 0]  # batches, samples: written by the receiver thread only
         self._gens = itertools.count(1)
         self._gen = 0  # the request of the newest epoch() call: an older epoch's iterator is over
+        self._loaded_gen = 0  # the request number load_state_dict took: older iterators were ended by it
         self._held: tuple[str, int | None, Any] | None = None  # an item of a newer request an old iterator met
         self._next_epoch = 0
         self._place = Place(0)  # where the training loop stands (state_dict); the consumer's thread moves it
@@ -346,12 +347,16 @@ class Client(NotADataset):
         """Resume from ``state_dict()``'s state: the next ``epoch()`` continues its epoch where it stood.
 
         A state of another dataset, or taken under another config (files, seed, batch size,
-        shuffle, mappers...), raises ``ConfigError`` naming what differs.
+        shuffle, mappers...), raises ``ConfigError`` naming what differs. An epoch being iterated
+        ends here (its next batch raises ``ClosedError``), as at a later ``epoch()``: it went on
+        reading the old place while ``state_dict()`` said the loaded one, and a checkpoint taken
+        then replayed its batches.
         """
         self._check_usable()
         place = place_of(state, self.dataset, self.info.fingerprint)
         self._resume, self._place, self._next_epoch = place, place, place.epoch
         self._before_taken.clear()
+        self._gen = self._loaded_gen = next(self._gens)  # an open epoch's iterator is over
 
     def _held_back(self, held: int) -> Place:
         """Where the loop stood before the last ``held`` batches it took."""
@@ -505,6 +510,11 @@ class Client(NotADataset):
         )
 
     def _check_current(self, gen: int, epoch: int) -> None:
+        if gen != self._gen and gen < self._loaded_gen:
+            raise ClosedError(
+                f"epoch {epoch}'s iterator was ended by load_state_dict(): the loaded state is read by the next "
+                "epoch() (or iteration of a Loader), which continues where it stood"
+            )
         if gen != self._gen:
             raise ClosedError(
                 f"epoch {epoch}'s iterator was ended by a later epoch() call: a client reads one epoch at a "
