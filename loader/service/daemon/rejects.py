@@ -4,7 +4,10 @@ Whatever a peer sends, the daemon goes on: a message that fails decoding, names
 what its sender does not hold, or makes a handler raise is dropped here. The
 count is ``status()["rejected_messages"]``; the log says why, but a peer that
 sends garbage in a loop gets one line per ``LOG_EVERY_S``, so it cannot fill
-the disk or drown the log.
+the disk or drown the log. A peer is a zmq identity, which a peer can make anew
+for every message: so each kind of line is also held to ``MAX_LINES_PER_KIND``
+a ``LOG_EVERY_S`` from all peers together, and the lines held back are counted
+in one line after.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ log = logging.getLogger("loader.daemon")
 
 LOG_EVERY_S = 60.0
 MAX_REMEMBERED_PEERS = 1024  # peers whose last log line is remembered (a flood of peers forgets the oldest)
+# Lines of one kind a LOG_EVERY_S, all peers together: a job of many ranks attaching at once is logged whole,
+# a peer reconnecting under a new identity for every message (9,400 lines in 10 s) is not.
+MAX_LINES_PER_KIND = 100
 
 
 class PeerLines:
@@ -28,9 +34,11 @@ class PeerLines:
 
     def __init__(self) -> None:
         self._logged_at: dict[tuple[Hashable, str], float] = {}
+        self._windows: dict[str, list[float]] = {}  # kind -> [window start, lines logged, lines held back]
 
     def level(self, peer: Hashable | None, kind: str, level: int = logging.INFO) -> int:
-        """``level`` for this peer's line of this ``kind`` now, or DEBUG when it had one lately."""
+        """``level`` for this peer's line of this ``kind`` now, or DEBUG when it had one lately, or when this
+        kind had ``MAX_LINES_PER_KIND`` lines lately from all peers."""
         if peer is None:
             return level
         now = time.monotonic()
@@ -41,7 +49,27 @@ class PeerLines:
         if last is None and len(self._logged_at) >= MAX_REMEMBERED_PEERS:
             del self._logged_at[next(iter(self._logged_at))]  # a flood of peers forgets the oldest
         self._logged_at[key] = now
-        return level
+        return level if self._within_kind(kind, level, now) else logging.DEBUG
+
+    def _within_kind(self, kind: str, level: int, now: float) -> bool:
+        window = self._windows.setdefault(kind, [now, 0, 0])
+        if now - window[0] >= LOG_EVERY_S:
+            if window[2]:
+                log.log(
+                    level,
+                    "%d more '%s' line(s) were not logged in the last %.0f s (more than %d from all peers: many "
+                    "peers, or one reconnecting under new identities)",
+                    int(window[2]),
+                    kind,
+                    now - window[0],
+                    MAX_LINES_PER_KIND,
+                )
+            window[:] = [now, 0, 0]
+        if window[1] >= MAX_LINES_PER_KIND:
+            window[2] += 1
+            return False
+        window[1] += 1
+        return True
 
 
 class Rejects:
@@ -65,4 +93,4 @@ class Rejects:
         )
 
 
-__all__ = ["Rejects", "PeerLines", "LOG_EVERY_S"]
+__all__ = ["Rejects", "PeerLines", "LOG_EVERY_S", "MAX_LINES_PER_KIND"]

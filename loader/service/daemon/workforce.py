@@ -125,6 +125,7 @@ class WorkerPool:
         self._on_start_failed = on_start_failed
         self.start_failures = 0  # workers in a row that died before their first file
         self._launch_at: list[float] = []  # replacements due (monotonic times), backing off
+        self._launch_failures = 0  # starts in a row that failed with an OSError (``try_launch``)
         self._losses: dict[tuple[int, int], FileLosses] = {}
         skip = config.get("pipeline", {}).get("on_error") == "skip"
         self._max_attempts = SKIP_FILE_ATTEMPTS if skip else MAX_FILE_ATTEMPTS
@@ -170,6 +171,30 @@ class WorkerPool:
                 link.close()  # the child has its copies; ours would hide its death
         self.coordinator.add_worker(worker_id, proc).claim = claim
 
+    def try_launch(self) -> bool:
+        """``launch()``, where a failure to start one is the machine's, not the daemon's: a process, pipe or
+        descriptor limit reached (a flood of connections holds descriptors), memory short. Such a start is
+        tried again after a growing pause, one warning a minute; the daemon stopped with it, and every client
+        with it, when a worker died while those lasted."""
+        try:
+            self.launch()
+        except OSError as exc:
+            self._launch_failures += 1
+            delay = min(MAX_START_BACKOFF_S, START_BACKOFF_S * 2 ** min(self._launch_failures, 30))
+            self._launch_at.append(time.monotonic() + delay)
+            if self._lines.level("daemon", "worker start", logging.WARNING) == logging.WARNING:
+                log.warning(
+                    "could not start a worker (%s); trying again in %.1f s, with %d worker(s) running (%d failed "
+                    "start(s) in a row)",
+                    exc,
+                    delay,
+                    len(self.coordinator.workers),
+                    self._launch_failures,
+                )
+            return False
+        self._launch_failures = 0
+        return True
+
     def reap(self) -> None:
         for record, why, how in self.coordinator.find_dead():
             self.gone(record, why, how=how)
@@ -179,7 +204,7 @@ class WorkerPool:
         if due and not self.stopping:
             self._launch_at = [t for t in self._launch_at if t > now]
             for _ in due:
-                self.launch()
+                self.try_launch()
 
     def _note_slow(self, now: float) -> None:
         """One warning per stall of a worker that has sent nothing from its lease for a while, well before
@@ -311,7 +336,13 @@ class WorkerPool:
                 f"(C code), a stopped process or an unreachable host"
             )
         else:
-            return WorkerDiedError(f"worker {worker}", exitcode, worker=worker, file=path).to_dict()
+            # How many were lost, and that this many end the file: "killed by signal 9" alone did not say why a
+            # kill the daemon survives (it re-leases the file) ended this one.
+            said = (
+                f"without reporting an error, the {_ordinal(losses.deaths)} worker lost while reading file {name} "
+                f"(a file is given up after {self._max_attempts}: the out-of-memory killer? a crash in native code?)"
+            )
+            return WorkerDiedError(f"worker {worker}", exitcode, said=said, worker=worker, file=path).to_dict()
         return WorkerError("WorkerDiedError", message, worker=worker, file=path).to_dict()
 
     def _heard_record(self, record: WorkerRecord, job: Job) -> int | None:
@@ -511,6 +542,11 @@ class WorkerPool:
             }
             for r in self.coordinator.workers.values()
         ]
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _workers(n: int) -> str:

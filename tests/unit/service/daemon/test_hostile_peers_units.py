@@ -16,7 +16,7 @@ import pytest
 from loader.service import protocol as P
 from loader.service import transport
 from loader.service.daemon.coordinator import Coordinator
-from loader.service.daemon.rejects import LOG_EVERY_S, Rejects
+from loader.service.daemon.rejects import LOG_EVERY_S, MAX_LINES_PER_KIND, Rejects
 from loader.service.daemon.stage import Stage
 from loader.service.shm import refs as R
 from loader.service.shm.arena import FREE, USED, ArenaError
@@ -45,6 +45,23 @@ def test_refusals_are_all_counted_but_logged_once_per_peer_per_minute(caplog, mo
         "dropping a message from peer b",
         "dropping a message from peer a",
     ]
+
+
+def test_a_peer_under_a_new_identity_for_every_message_cannot_flood_the_log(caplog, monkeypatch):
+    # The limit was per zmq identity, which a peer makes anew by reconnecting: 9,436 warnings in 10 s.
+    rejects = Rejects()
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    with caplog.at_level(logging.WARNING, logger="loader.daemon"):
+        for i in range(5 * MAX_LINES_PER_KIND):
+            rejects.reject(f"peer {i}", "garbage")
+        assert len(caplog.records) == MAX_LINES_PER_KIND
+        clock[0] += LOG_EVERY_S + 1
+        rejects.reject("peer new", "garbage")
+    assert rejects.count == 5 * MAX_LINES_PER_KIND + 1  # every one counted
+    said = [r.getMessage() for r in caplog.records[MAX_LINES_PER_KIND:]]
+    assert said[0].startswith(f"{4 * MAX_LINES_PER_KIND} more 'rejected' line(s) were not logged in the last 61 s")
+    assert said[1].startswith("dropping a message from peer new")
 
 
 # -- leases ------------------------------------------------------------------------------------------------------

@@ -153,7 +153,12 @@ def test_a_file_whose_workers_die_by_themselves_names_the_exit():
     for _ in range(MAX_FILE_ATTEMPTS):
         pool.die(-signal.SIGSEGV)
     ((_, _, error),) = pool.failed
-    assert error["message"].endswith("killed by signal 11 without reporting an error")
+    # How many, and that this many end the file: a kill the daemon survives twice ended it the third time.
+    assert (
+        "killed by signal 11 without reporting an error, the 3rd worker lost while reading file part-2.npy (a "
+        in (error["message"])
+    )
+    assert f"file is given up after {MAX_FILE_ATTEMPTS}" in error["message"]
 
 
 def test_under_skip_a_hung_file_is_skipped_after_as_many_tries():
@@ -319,3 +324,35 @@ def test_a_worker_silent_on_its_lease_is_logged_once_long_before_it_is_stopped(c
     reading.progress_at = time.monotonic() - PROGRESS_TIMEOUT_S / 2 - 0.1  # data came, then another stall
     pool.pool.reap()
     assert len([r for r in caplog.records if "has sent nothing from file" in r.getMessage()]) == 2
+
+
+def test_a_worker_that_cannot_be_started_is_tried_again_later_and_the_daemon_goes_on(caplog):
+    # A flood of connections held the daemon's descriptors when a worker died: os.pipe() raised EMFILE in its
+    # replacement's start, out of reap(), and the daemon stopped ("the daemon failed"), every client with it.
+    import errno
+
+    pool = Pool()
+    starts = pool.launcher.start
+    refusing = [True]
+
+    def start(connect: Any, worker_id: str, entry: str) -> FakeProcess:
+        if refusing[0]:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return starts(connect, worker_id, entry)
+
+    pool.launcher.start = start  # type: ignore[method-assign]
+    caplog.set_level(logging.WARNING, logger="loader.daemon")
+    pool.die(-signal.SIGKILL)  # its replacement is due now, and cannot start
+    pool.pool.reap()
+    (said,) = [r.getMessage() for r in caplog.records if "could not start a worker" in r.getMessage()]
+    assert "Too many open files" in said and "trying again in" in said
+    assert not [r for r in pool.coordinator.workers.values() if r.alive]
+    time.sleep(START_BACKOFF_S * 2 + 0.05)
+    pool.pool.reap()  # still refused: tried again, not said again within the minute
+    assert len([r for r in caplog.records if "could not start a worker" in r.getMessage()]) == 1
+    refusing[0] = False
+    deadline = time.monotonic() + 5.0
+    while not [r for r in pool.coordinator.workers.values() if r.alive] and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pool.pool.reap()
+    assert [r for r in pool.coordinator.workers.values() if r.alive], "started once the machine allows it"
