@@ -431,13 +431,13 @@ def _load_checked(path: str, options: dict[str, Any], assignments: list[str] | N
     """Load a config with the environment's and the command line's values over it (``--set``, then
     ``options`` such as ``--workers``), and fail now on bad imports or files."""
     from loader.config import load_config
-    from loader.config.overrides import Override
+    from loader.config.overrides import Override, from_assignment
 
     flags = {"service.bind": "--bind", "workers.count": "--workers"}
     given = [
         Override(key, value, f"{flags.get(key, key)} {value}") for key, value in options.items() if value is not None
     ]
-    config = load_config(path, overrides=[*(assignments or ()), *given])
+    config = load_config(path, overrides=[*(from_assignment(a) for a in assignments or ()), *given])
     config.check_imports()
     for name in config.dataset_names:  # a missing file or empty list is reported before binding a port
         config.dataset(name).expand_files()

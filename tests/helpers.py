@@ -302,3 +302,11 @@ def never_says_hello(connect: Any, *, worker_id: str, stop_event: Any) -> int:
     """A worker entry point that never connects (a worker still starting, or waiting for a CPU), bounded by 60 s."""
     stop_event.wait(60.0)
     return 0
+
+
+def set_flags(*assignments: str) -> list[Any]:
+    """``SECTION.KEY=VALUE`` strings as the command line's ``--set`` arguments reach ``load_config`` (its errors
+    name the flag; a Python caller's plain strings are named as ``overrides`` items)."""
+    from loader.config.overrides import from_assignment
+
+    return [from_assignment(a) for a in assignments]

@@ -106,14 +106,21 @@ def _shown(text: str) -> str:
     return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}..."
 
 
+OVERRIDES_ITEM = "overrides item"  # how a string of load_config(overrides=[...]) is named in errors
+
+
 def from_assignment(text: str, flag: str = "--set") -> Override:
     """``"section.key=value"`` (a ``--set`` argument) as an ``Override``."""
     key, sep, raw = text.partition("=")
     key = key.strip()
     parts = key.split(".")
+    # A --set argument is named as typed; a load_config(overrides=[...]) string as a Python string.
+    given = f"{flag} {text}" if flag.startswith("-") else f"{flag} {text!r}"
     if not sep or (len(parts) < 2 and key not in UNSECTIONED) or not all(parts):
-        raise ConfigError(f"{flag} {text!r} must look like SECTION.KEY=VALUE, e.g. {flag} pipeline.batch_size=64")
-    return Override(key, _parsed(raw.strip(), f"{flag} {_shown(text)}"), f"{flag} {text}")
+        example = f"{flag} pipeline.batch_size=64" if flag.startswith("-") else "'pipeline.batch_size=64'"
+        raise ConfigError(f"{flag} {text!r} must look like SECTION.KEY=VALUE, e.g. {example}")
+    shown = f"{flag} {_shown(text)}" if flag.startswith("-") else f"{flag} {_shown(text)!r}"
+    return Override(key, _parsed(raw.strip(), shown), given)
 
 
 def from_environ(environ: Mapping[str, str]) -> list[Override]:
@@ -150,7 +157,9 @@ def collect(
     env = from_environ(os.environ if environ is None else environ)
     if isinstance(assignments, Mapping):
         return env + [from_key(key, value) for key, value in assignments.items()]
-    given = [a if isinstance(a, Override) else from_assignment(a) for a in assignments]
+    # A Python caller's list (load_config(overrides=[...])): its errors name the list, not a --set flag it never
+    # gave (the command line hands its --set arguments over as Overrides, ``cli._load_checked``).
+    given = [a if isinstance(a, Override) else from_assignment(a, OVERRIDES_ITEM) for a in assignments]
     return env + given
 
 

@@ -15,6 +15,7 @@ from loader.cli import main as cli_main
 from loader.config import load_config
 from loader.config.overrides import MAX_VALUE_DEPTH, parse_value
 from loader.errors import ConfigError
+from tests.helpers import set_flags
 
 CMD_TIMEOUT_S = 20.0  # a FIFO's open blocked until a writer came: the code before this fix never returned
 # The child's address space: a config read without end (/dev/zero) stops at a MemoryError, not at the machine's.
@@ -118,7 +119,7 @@ def test_a_deeply_nested_set_value_is_one_clear_line(tmp_path, depth) -> None:
         value = value[0]
     assert value == 1
     with pytest.raises(ConfigError, match=r"^--set pipeline\.batch_size=\[+\.\.\. nests arrays or tables too deeply"):
-        load_config(path, overrides=[f"pipeline.batch_size={deep(depth)}"], environ={})
+        load_config(path, overrides=set_flags(f"pipeline.batch_size={deep(depth)}"), environ={})
 
 
 @pytest.mark.parametrize("depth", [MAX_VALUE_DEPTH + 1, 450, 3000])

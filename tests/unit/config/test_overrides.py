@@ -7,6 +7,7 @@ import pytest
 from loader.config import load_config
 from loader.config.overrides import Override, format_sources, from_assignment, from_environ, parse_value
 from loader.errors import ConfigError
+from tests.helpers import set_flags
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ def test_malformed_set_is_named(text):
 
 def test_precedence_default_file_env_set_and_sources(cfg):
     env = {"LOADER_PIPELINE__BATCH_SIZE": "16", "LOADER_WORKERS__COUNT": "5"}
-    config = load_config(cfg, overrides=["pipeline.batch_size=32"], environ=env)
+    config = load_config(cfg, overrides=set_flags("pipeline.batch_size=32"), environ=env)
     assert config.pipeline.batch_size == 32  # --set over the environment over the file
     assert config.workers.count == 5
     assert config.pipeline.seed == 3
@@ -101,6 +102,18 @@ def test_overrides_may_be_a_mapping_of_dotted_keys_as_python_writes_them(cfg):
         load_config(cfg, overrides={"batch_size": 4}, environ={})
 
 
+def test_a_python_list_of_overrides_is_named_as_such_not_as_set_flags(cfg):
+    # load_config(overrides=["pipeline.batch_size=0"]) blamed "(--set pipeline.batch_size=0)": a flag the
+    # Python caller never typed.
+    with pytest.raises(ConfigError, match=r"got 0 \(overrides item 'pipeline.batch_size=0'\)$"):
+        load_config(cfg, overrides=["pipeline.batch_size=0"], environ={})
+    with pytest.raises(ConfigError, match=r"^overrides item 'batch_size=4' must look like SECTION.KEY=VALUE, e.g. '"):
+        load_config(cfg, overrides=["batch_size=4"], environ={})
+    assert (
+        "--set" not in load_config(cfg, overrides=["pipeline.batch_size=4"], environ={}).sources["pipeline.batch_size"]
+    )
+
+
 def test_an_override_may_supply_what_the_file_lacks(tmp_path):
     (tmp_path / "a.npy").write_bytes(b"")
     path = tmp_path / "c.toml"
@@ -116,9 +129,9 @@ def test_bad_values_name_the_variable_or_flag_not_the_file(cfg):
         info.value
     )
     with pytest.raises(ConfigError, match=r"\(--set workers.count=x\)"):
-        load_config(cfg, overrides=["workers.count=x"], environ={})
+        load_config(cfg, overrides=set_flags("workers.count=x"), environ={})
     with pytest.raises(ConfigError, match=r"unknown key pipeline.batchsize \(--set pipeline.batchsize=3\).*batch_size"):
-        load_config(cfg, overrides=["pipeline.batchsize=3"], environ={})
+        load_config(cfg, overrides=set_flags("pipeline.batchsize=3"), environ={})
     with pytest.raises(ConfigError, match=r"unknown section pipline \(environment variable LOADER_PIPLINE__SEED\)"):
         load_config(cfg, environ={"LOADER_PIPLINE__SEED": "1"})
     with pytest.raises(ConfigError, match=r"pipeline.seed is not a table"):
@@ -129,14 +142,14 @@ def test_file_errors_still_name_the_file(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('[source]\nfiles = ["*.npy"]\n[pipeline]\nbatch_size = 0\n')
     with pytest.raises(ConfigError, match=rf"got 0 \({path}\)"):
-        load_config(path, overrides=["workers.count=2"], environ={})
+        load_config(path, overrides=set_flags("workers.count=2"), environ={})
 
 
 def test_unknown_keys_of_the_file_and_of_a_flag_name_both(cfg):
     with open(cfg, "a") as fh:
         fh.write("shuffle_bufer = 4\n")
     with pytest.raises(ConfigError) as info:
-        load_config(cfg, overrides=["pipeline.batchsize=3"], environ={})
+        load_config(cfg, overrides=set_flags("pipeline.batchsize=3"), environ={})
     text = str(info.value)
     assert text.startswith(f"2 unknown keys ({cfg}, --set pipeline.batchsize=3): "), text
     assert "pipeline.batchsize (did you mean pipeline.batch_size?)" in text
@@ -165,16 +178,20 @@ def test_a_further_datasets_values_and_import_path_can_be_overridden_too(tmp_pat
     path = tmp_path / "c.toml"
     path.write_text('[source]\nfiles = ["*.npy"]\n[datasets.eval.source]\nfiles = ["*.npy"]\n')
     env = {"LOADER_DATASETS__EVAL__PIPELINE__SEED": "5", "LOADER_IMPORT_PATH": '["lib"]'}
-    config = load_config(path, overrides=["datasets.eval.pipeline.batch_size=7"], environ=env)
+    config = load_config(path, overrides=set_flags("datasets.eval.pipeline.batch_size=7"), environ=env)
     assert config.dataset("eval").pipeline.batch_size == 7
     assert config.dataset("eval").pipeline.seed == 5
     assert config.import_path == (str(tmp_path / "lib"),)
     assert config.sources["datasets.eval.pipeline.batch_size"] == "--set datasets.eval.pipeline.batch_size=7"
     assert config.sources["datasets.eval.pipeline.seed"] == "environment variable LOADER_DATASETS__EVAL__PIPELINE__SEED"
     assert config.sources["import_path"] == "environment variable LOADER_IMPORT_PATH"
-    assert load_config(path, overrides=['import_path=["."]'], environ={}).sources["import_path"].startswith("--set")
+    assert (
+        load_config(path, overrides=set_flags('import_path=["."]'), environ={})
+        .sources["import_path"]
+        .startswith("--set")
+    )
     # A bad value names the variable or the flag that gave it, as for the sections.
     with pytest.raises(ConfigError, match=r"LOADER_DATASETS__EVAL__PIPELINE__BATCH_SIZE\)"):
         load_config(path, environ={"LOADER_DATASETS__EVAL__PIPELINE__BATCH_SIZE": "0"})
     with pytest.raises(ConfigError, match=r"\(--set datasets.other.pipeline.batch_size=8\)"):
-        load_config(path, overrides=["datasets.other.pipeline.batch_size=8"], environ={})
+        load_config(path, overrides=set_flags("datasets.other.pipeline.batch_size=8"), environ={})
