@@ -21,16 +21,20 @@ A lease of a piece of a large file (``source.records_per_lease``) is a
 from __future__ import annotations
 
 import bisect
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
+from loader.errors import ConfigError
 from loader.io.slots import default_slot_names
 from loader.io.survey import field_count_text, names_known, refuse_shuffled_names
 from loader.service.blocks import block_rows
 from loader.service.shm.file_layout import FileChangedError
 from workers.file_pin import FilePin, changed_since_start, first_change
+
+log = logging.getLogger("loader.worker")
 
 SKIP_BLOCK_ROWS = 1 << 20  # rows per read while skipping to a piece's first record (views: nothing is copied)
 
@@ -54,6 +58,35 @@ def _reader_samples(name: str, make: Any, path: str) -> Any:
     return samples
 
 
+# A provider's sessions in this worker process, one per dataset source: ``init_hook`` runs once per
+# dataset (as Paddle ran it once per provider instance), not at every lease.
+_sessions: dict[tuple[Any, ...], Any] = {}
+
+
+def _provider_session(source: Any, process: Any, is_train: bool, path: str) -> Any:
+    """The ``ProviderSession`` of ``source.provider`` for this dataset, opened at its first lease in this process
+    over the dataset's whole file list (``file_list`` of ``init_hook`` and ``settings``), with ``is_train`` from
+    ``pipeline.is_train``. Where the list cannot be expanded on this host (a ``list_file`` or glob only the
+    daemon's host sees), the session is opened on the leased file alone, with a warning saying so."""
+    key = (source.provider, source.files, source.list_file, is_train)
+    session = _sessions.get(key)
+    if session is None:
+        try:
+            files = source.expand_files()
+        except (ConfigError, OSError) as exc:
+            log.warning(
+                "source.provider %s: init_hook gets file_list=[%r] only: the dataset's file list cannot be read on "
+                "this host (%s)",
+                source.provider,
+                path,
+                exc,
+            )
+            files = [path]
+        session = process.open(files, is_train=is_train)
+        _sessions[key] = session
+    return session
+
+
 class FileSource:
     """One file of the dataset, opened for one lease."""
 
@@ -73,7 +106,7 @@ class FileSource:
             process = self.source.resolve_provider()
             if not callable(getattr(process, "open", None)):
                 raise TypeError(f"source.provider {self.source.provider!r} is not a @loader.provider.provider function")
-            session = process.open([path], is_train=True)
+            session = _provider_session(self.source, process, bool(config.pipeline.is_train), path)
             self.fields = self.fields or list(session.slot_names)
             self._samples = session.iter_file(path)
         elif self.source.reader is not None:

@@ -122,6 +122,9 @@ class PipelineConfig:
     epochs: int = 1
     on_error: str = "raise"
     batch_format: str = "stacked"
+    # The ``is_train`` a ``source.provider`` (PyDataProvider2) gets in its settings and init_hook: false for a
+    # dataset served for evaluation (Paddle's test list), which the provider may read differently.
+    is_train: bool = True
     origin: str = origin_field()
 
     def __post_init__(self) -> None:
@@ -138,6 +141,7 @@ class PipelineConfig:
         check.integer("epochs", minimum=0, maximum=MAX_EPOCHS)
         check.text("on_error", choices=ON_ERROR_CHOICES)
         check.text("batch_format", choices=BATCH_FORMATS)
+        check.boolean("is_train")
 
     def resolve_mappers(self, key: str = "mappers") -> list[Any]:
         """The functions of ``mappers`` (or of ``batch_mappers``), in order (imported now)."""
@@ -401,6 +405,14 @@ class LoaderConfig:
         if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) and p for p in paths):
             raise ConfigError(f"import_path must be a list of directories, got {show(paths)} ({self.origin})")
         object.__setattr__(self, "import_path", tuple(paths))
+        for dataset in (None, *self.datasets):
+            source, pipeline = (self.source, self.pipeline) if dataset is None else (dataset.source, dataset.pipeline)
+            if not pipeline.is_train and source.provider is None:
+                where = "" if dataset is None else f"datasets.{dataset.name}."
+                raise ConfigError(
+                    f"{where}pipeline.is_train = false has no effect without {where}source.provider (only a "
+                    f"PyDataProvider2 provider is told is_train): remove it ({self.origin})"
+                )
 
     @classmethod
     def from_dict(
@@ -500,12 +512,12 @@ class LoaderConfig:
         with self._named():
             for name in self.dataset_names[1:]:
                 try:
-                    self.dataset(name)._check_dataset_imports()
+                    self.dataset(name)._check_dataset_imports(name)
                 except ConfigError as exc:  # name the key as the file spells it: datasets.NAME.pipeline.mappers
                     text = str(exc)
                     where = f"datasets.{name}." if text.startswith(("source.", "pipeline.")) else f"datasets.{name}: "
                     raise ConfigError(where + text) from exc
-            self._check_dataset_imports()
+            self._check_dataset_imports(DEFAULT_DATASET)
 
     def expand_files(self) -> list[str]:
         """``source.expand_files()``, whose errors name where the value came from (a flag, a variable, the file)."""
@@ -540,7 +552,7 @@ class LoaderConfig:
             key = key.rpartition(".")[0]
         return self.origin
 
-    def _check_dataset_imports(self) -> None:
+    def _check_dataset_imports(self, name: str) -> None:
         self.source.register_formats()
         if self.source.format is not None:
             from loader.io.registry import registered_formats
@@ -559,6 +571,12 @@ class LoaderConfig:
                 f"source.provider {self.source.provider!r} is not a @loader.provider.provider function: decorate it "
                 f"with @provider(input_types=...) (docs/paddle.md) ({self.origin})"
             )
+        if provider is not None:
+            from loader.provider.daemon import warn_daemon_options
+
+            # Its pooling, weighing and caching options act only in process: said once, here, where `loader serve`,
+            # `loader check` and Loader check the config, rather than by every worker at every lease.
+            warn_daemon_options(provider, name, self.pipeline)
         for key in ("mappers", "batch_mappers"):
             for spec, mapper in zip(getattr(self.pipeline, key), self.pipeline.resolve_mappers(key)):
                 _callable(f"pipeline.{key} ({spec!r})", mapper)
