@@ -11,6 +11,7 @@ import zlib
 import numpy as np
 import pytest
 
+import loader
 from loader import recordio
 from loader.errors import ClosedError, CorruptFileError
 from loader.recordio import (
@@ -410,3 +411,39 @@ def test_fuzz_random_garbage_files(tmp_path):
 
 def test_module_exports():
     assert set(recordio.__all__) >= {"Writer", "Scanner", "Compressor", "convert_reader_to_recordio_file"}
+
+
+class PaddleFeeder:
+    """What Fluid's convert_reader_to_recordio_file took third: a DataFeeder (any object with feed())."""
+
+    def feed(self, batch):
+        return {}
+
+
+def _batches():
+    return loader.batch(lambda: iter([(np.full(2, i, "float32"), i) for i in range(10)]), 4)
+
+
+def test_a_feeder_in_paddles_third_place_is_refused_by_name(tmp_path):
+    path = tmp_path / "f.recordio"
+    for convert, args in (
+        (convert_reader_to_recordio_file, (path, _batches(), PaddleFeeder())),
+        (convert_reader_to_recordio_files, (path, 2, _batches(), PaddleFeeder())),
+    ):
+        with pytest.raises(TypeError, match=r"got a feeder \(PaddleFeeder\) where the compressor goes") as info:
+            convert(*args)
+        assert "pass the sample reader (not paddle.batch(...)) and drop the feeder" in str(info.value)
+    assert not path.exists()
+
+
+def test_a_batch_reader_is_warned_of_once_and_written_as_given(tmp_path):
+    path = tmp_path / "b.recordio"
+    with pytest.warns(UserWarning, match=r"first record is a list of 4 tuples, a batch") as caught:
+        assert convert_reader_to_recordio_file(path, _batches()) == 3
+    assert len(caught) == 1
+    assert len(next(iter(Scanner(path)))) == 4  # each record is a whole batch, as the warning says
+
+
+def test_a_sample_reader_converts_without_a_warning(tmp_path, recwarn):
+    convert_reader_to_recordio_file(tmp_path / "s.recordio", lambda: iter([(1, 2), (3, 4)]))
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
