@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from loader.errors import FormatOptionError, ShapeMismatchError
+from loader.errors import FormatOptionError, ShapeMismatchError, stepped_past
 from loader.io.base import ReaderBase
 from loader.io.slots import DtypesArg, LodArg, ShapesArg, SlotChecker, default_slot_names
 
@@ -82,16 +82,33 @@ class FileReader(ReaderBase):
             return  # a format written before _open existed: it opens its file in its own __init__
         from loader.io.registry import create_file_reader  # the registry's formats import this module
 
-        # Unchecked: the declared shapes are checked here, per instance, once.
-        self._format = create_file_reader(self.path, **options)
+        # Given the declared slots too: a format reads by them (a RecordIO record of a whole mini-batch is split
+        # into its samples only when shapes are declared). Its instances come normalised, and checking them here
+        # again passes them as they are.
+        self._format = create_file_reader(
+            self.path, shapes=self.shapes, dtypes=self.dtypes, lod_levels=self.lod_levels, **options
+        )
 
     def _read_instance(self) -> list[np.ndarray] | None:
         assert self._format is not None, f"{type(self).__name__} must implement _read_instance"
-        instance = self._format.read_next()
+        try:
+            instance = self._format.read_next()
+        except ShapeMismatchError as exc:
+            # The format checked the declared slots and counted the record it refused: so is it counted here,
+            # and a caller reading on names each later record by its own index.
+            if getattr(exc, "records_skipped", None) is None:
+                stepped_past(exc)
+            raise
         if not instance:
             return None
         if self._names is None:
-            self._names = self._format.slot_names
+            # Not ``slot_names`` of a FileReader format: where its records carry no names it reads the next record
+            # to count them, and that record's failure (the format checks the declared slots) was this read's.
+            if isinstance(self._format, FileReader):
+                known = self._format.known_slot_names
+                self._names = list(known) if known is not None else None
+            else:
+                self._names = self._format.slot_names
         return instance
 
     def _rewind(self) -> None:

@@ -10,6 +10,11 @@ A ``DST`` that is a directory receives ``DST/<SRC's name>``, as ``cp`` does.
 
 A ``LoDTensor`` (from a Fluid record with LoD) has no codec form; it is written as the dict
 ``{"data": array, "recursive_sequence_lengths": [[...], ...]}``.
+
+``split_batches`` (``--split-batches``) is for files whose records are mini-batches, as Fluid's
+``convert_reader_to_recordio_file`` wrote them (a ``DataFeeder``'s tensors, ``(32, 784)`` and
+``(32, 1)``): each record is written as its samples, one record per row of its tensors (per
+sequence of a ``LoDTensor`` of one LoD level), so the daemon batches samples, not batches.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from loader.errors import DataError
 from loader.lod_tensor import LoDTensor
 from loader.recordio.chunks import DEFAULT_COMPRESSOR, Compressor
 from loader.recordio.scanner import Scanner
+from loader.recordio.tensors import batch_rows
 from loader.recordio.writer import Writer
 
 PROGRESS_INTERVAL_S = 0.5  # how often the progress line is redrawn
@@ -39,6 +46,21 @@ def _plain(sample: Any) -> Any:
     if isinstance(sample, list):
         return [_plain(item) for item in sample]
     return sample
+
+
+def _batch_samples(src: Any, index: int, record: Any) -> list[tuple[Any, ...]]:
+    """The samples of a mini-batch record (``tensors.batch_rows``); ``DataError`` naming it when it is none."""
+    if isinstance(record, (list, tuple)) and record:
+        try:
+            return batch_rows(record)
+        except ValueError as exc:
+            why = str(exc)
+    else:
+        why = f"it holds a {type(record).__name__}, not a batch's tensors"
+    raise DataError(
+        f"{os.fspath(src)}: record {index} is not a mini-batch ({why}); convert without --split-batches to keep "
+        "each record as one sample"
+    )
 
 
 def convert_target(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str:
@@ -65,21 +87,24 @@ def convert_paddle_file(
     compressor: Compressor | int = DEFAULT_COMPRESSOR,
     max_num_records: int = 1000,
     progress: Callable[[int], None] | None = None,
+    split_batches: bool = False,
 ) -> int:
-    """Rewrite ``src`` (a Paddle RecordIO file, or one of ours) as ``dst``; return the number of records.
+    """Rewrite ``src`` (a Paddle RecordIO file, or one of ours) as ``dst``; return the number of records written.
 
-    ``progress(records_so_far)`` is called after every record.
+    ``progress(records_so_far)`` is called after every record written. ``split_batches``: every record of
+    ``src`` is a mini-batch, written as one record per sample (``DataError`` naming the record that is not).
     """
     target = convert_target(src, dst)
     partial = target + ".partial"
     count = 0
     try:
         with Scanner(src, allow_pickle=allow_pickle) as scanner, Writer(partial, compressor, max_num_records) as out:
-            for sample in scanner:
-                out.write(_plain(sample))
-                count += 1
-                if progress is not None:
-                    progress(count)
+            for index, sample in enumerate(scanner):
+                for row in _batch_samples(src, index, sample) if split_batches else (sample,):
+                    out.write(_plain(row))
+                    count += 1
+                    if progress is not None:
+                        progress(count)
         os.replace(partial, target)  # inside: a rename that fails (DST/NAME is a directory) leaves no .partial
     except BaseException:
         if os.path.exists(partial):
@@ -120,7 +145,12 @@ def cmd_recordio(args: argparse.Namespace, stream: TextIO | None = None) -> int:
     # DST as given, not target: resolved twice, a DST/<SRC's name> that is a directory got the file inside it
     # (DST/NAME/NAME), reported as written to DST/NAME.
     count = convert_paddle_file(
-        args.src, args.dst, allow_pickle=args.allow_pickle, compressor=Compressor[args.compressor], progress=line
+        args.src,
+        args.dst,
+        allow_pickle=args.allow_pickle,
+        compressor=Compressor[args.compressor],
+        progress=line,
+        split_batches=args.split_batches,
     )
     line.done(count, target)
     return 0
@@ -141,6 +171,12 @@ def add_command(add: Callable[..., argparse.ArgumentParser]) -> None:
         action="store_true",
         help="unpickle Paddle's pickled records with the restricted unpickler (numpy arrays, numbers, strings, "
         "bytes, lists, tuples, dicts only)",
+    )
+    p.add_argument(
+        "--split-batches",
+        action="store_true",
+        help="each record of SRC is a mini-batch (Fluid's convert_reader_to_recordio_file: a DataFeeder's tensors): "
+        "write one record per sample, a row of every tensor (a sequence of a one-level LoDTensor)",
     )
     p.add_argument(
         "--compressor",

@@ -169,4 +169,32 @@ def encode(tensors: Sequence[Any]) -> bytes:
     return b"".join(parts)
 
 
-__all__ = ["NotTensors", "decode", "encode"]
+def batch_rows(tensors: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """The samples of a record that holds one mini-batch (what Fluid's ``convert_reader_to_recordio_file`` wrote:
+    a ``DataFeeder``'s tensors, e.g. ``(32, 784)`` and ``(32, 1)``): sample ``k`` is row ``k`` of every array, and
+    sequence ``k`` of every ``LoDTensor`` of one LoD level. ``ValueError`` saying why when it is no such batch
+    (a scalar, deeper LoD, tensors of different batch sizes)."""
+    counts: list[int] = []
+    columns: list[list[Any]] = []
+    for i, item in enumerate(tensors):
+        if isinstance(item, LoDTensor):
+            lengths = item.recursive_sequence_lengths()
+            if len(lengths) != 1:
+                raise ValueError(f"tensor {i} has {len(lengths)} LoD levels; only one level splits into sequences")
+            data = item.numpy()
+            ends = np.cumsum(lengths[0]).tolist()
+            columns.append([data[end - size : end] for end, size in zip(ends, lengths[0])])
+        else:
+            array = np.asarray(item)
+            if array.ndim == 0:
+                raise ValueError(f"tensor {i} is a scalar, with no batch axis")
+            columns.append(list(array))
+        counts.append(len(columns[-1]))
+    if not counts:
+        raise ValueError("the record holds no tensors")
+    if len(set(counts)) > 1:
+        raise ValueError(f"its tensors hold {counts} rows or sequences; a batch's tensors hold one per sample each")
+    return list(zip(*columns))
+
+
+__all__ = ["NotTensors", "batch_rows", "decode", "encode"]

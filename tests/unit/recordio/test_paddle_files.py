@@ -318,3 +318,108 @@ def test_tensor_dims_numpy_cannot_hold_are_a_corrupt_record_naming_the_file(tmp_
     files.write_fluid(path, [record], files.NONE)
     with pytest.raises(CorruptFileError, match=r"dims.recordio: corrupt chunk at byte offset 0: record 0 cannot"):
         list(Scanner(path))
+
+
+# -- records that are mini-batches (Fluid's convert_reader_to_recordio_file) ---------------------------
+
+
+def _mnist_batches(tmp_path, compressor=files.SNAPPY):
+    """A file as Fluid's converter wrote MNIST: one record per batch of 32 (a DataFeeder's image and label
+    tensors), the last batch short."""
+    rng = np.random.default_rng(0)
+    images = rng.random((72, 784), dtype=np.float32)
+    labels = np.arange(72, dtype=np.int64).reshape(72, 1)
+    records = [fluid_tensors.encode([images[a:b], labels[a:b]]) for a, b in ((0, 32), (32, 64), (64, 72))]
+    path = str(tmp_path / "mnist.recordio")
+    files.write_fluid(path, records, compressor)
+    return path, images, labels
+
+
+@pytest.mark.parametrize("compressor", FLUID_COMPRESSORS)
+def test_open_files_reads_a_file_of_fluid_batches_as_its_samples(tmp_path, compressor):
+    from loader import io as lio
+
+    path, images, labels = _mnist_batches(tmp_path, compressor)
+    reader = lio.open_files([path], shapes=[[-1, 784], [-1, 1]], dtypes=["float32", "int64"])
+    got = list(reader)
+    assert len(got) == 72  # 32 + 32 + 8: the -1 is the batch axis, as in Fluid's open_files
+    assert all(image.shape == (784,) and label.shape == (1,) for image, label in got)
+    assert np.array_equal(np.stack([g[0] for g in got]), images)
+    assert np.array_equal(np.stack([g[1] for g in got]), labels)
+    batched = list(lio.BatchReader(lio.FileReader(path, [[-1, 784], [-1, 1]], ["float32", "int64"]), 32))
+    assert [b[0].shape for b in batched] == [(32, 784), (32, 784), (8, 784)]
+
+
+def test_a_batch_record_of_sequences_is_read_sequence_by_sequence(tmp_path):
+    from loader import LoDTensor
+    from loader import io as lio
+
+    words = LoDTensor(np.arange(9, dtype=np.int64).reshape(9, 1))
+    words.set_recursive_sequence_lengths([[3, 2, 4]])
+    path = str(tmp_path / "seq.recordio")
+    files.write_fluid(path, [fluid_tensors.encode([np.array([[0], [1], [2]], np.int64), words])], files.NONE)
+    reader = lio.FileReader(path, [[-1, 1], [-1, 1]], ["int64", "int64"], lod_levels=[0, 1])
+    got = list(reader)
+    assert [label.tolist() for label, _ in got] == [[0], [1], [2]]
+    assert [seq.ravel().tolist() for _, seq in got] == [[0, 1, 2], [3, 4], [5, 6, 7, 8]]
+
+
+def test_sample_records_are_read_as_before_when_shapes_are_declared(tmp_path):
+    from loader import io as lio
+    from loader.recordio import Writer
+
+    path = str(tmp_path / "samples.recordio")
+    with Writer(path) as writer:
+        for i in range(3):
+            writer.write([np.full(4, i, np.float32), np.array([i], np.int64)])
+            writer.write([np.full((1, 4), i, np.float32), np.array([[i]], np.int64)])  # a batch axis of one
+    got = list(lio.FileReader(path, [[-1, 4], [-1, 1]], ["float32", "int64"]))
+    assert [(x.shape, y.tolist()) for x, y in got] == [((4,), [i]) for i in range(3) for _ in range(2)]
+
+
+def test_a_batch_record_whose_tensors_disagree_on_the_batch_size_is_named(tmp_path):
+    from loader import io as lio
+
+    path = str(tmp_path / "bad.recordio")
+    record = fluid_tensors.encode([np.zeros((4, 2), np.float32), np.zeros((3, 1), np.int64)])
+    files.write_fluid(path, [record], files.NONE)
+    with pytest.raises(DataError, match=r"bad.recordio: record 0 does not split into samples .*\[4, 3\] rows"):
+        list(lio.FileReader(path, [[-1, 2], [-1, 1]], ["float32", "int64"]))
+
+
+def test_cli_convert_split_batches_writes_one_record_per_sample(tmp_path, capsys):
+    path, images, labels = _mnist_batches(tmp_path)
+    dst = str(tmp_path / "samples.recordio")
+    assert cli.main(["recordio", "convert", path, dst, "--split-batches"]) == 0
+    assert "72 records" in capsys.readouterr().err
+    got = list(creator.recordio(dst)())
+    assert len(got) == 72 and all(len(sample) == 2 for sample in got)
+    assert np.array_equal(np.stack([s[0] for s in got]), images)
+    assert np.array_equal(np.stack([s[1] for s in got]), labels)
+    assert convert_paddle_file(path, dst) == 3  # without the flag: one record per batch, as before
+
+
+def test_convert_split_batches_splits_lod_tensors_into_their_sequences(tmp_path):
+    from loader import LoDTensor
+
+    words = LoDTensor(np.arange(9, dtype=np.int64).reshape(9, 1))
+    words.set_recursive_sequence_lengths([[3, 2, 4]])
+    src, dst = str(tmp_path / "f.recordio"), str(tmp_path / "o.recordio")
+    files.write_fluid(src, [fluid_tensors.encode([np.array([7, 8, 9], np.int64), words])], files.NONE)
+    assert convert_paddle_file(src, dst, split_batches=True) == 3
+    with Scanner(dst) as scanner:
+        got = list(scanner)
+    assert [int(label) for label, _ in got] == [7, 8, 9]
+    assert [seq.ravel().tolist() for _, seq in got] == [[0, 1, 2], [3, 4], [5, 6, 7, 8]]
+
+
+def test_convert_split_batches_names_a_record_that_is_not_a_batch(tmp_path, capsys):
+    from loader.recordio import Writer
+
+    src, dst = str(tmp_path / "s.recordio"), str(tmp_path / "o.recordio")
+    with Writer(src) as writer:
+        writer.write({"x": np.zeros(3)})
+    assert cli.main(["recordio", "convert", src, dst, "--split-batches"]) != 0
+    err = capsys.readouterr().err
+    assert "s.recordio: record 0 is not a mini-batch (it holds a dict" in err and "without --split-batches" in err
+    assert not os.path.exists(dst)
