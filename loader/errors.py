@@ -117,6 +117,12 @@ class WorkerError(LoaderError):
 
     ``type_name``, ``message`` and ``remote_traceback`` describe the original
     exception; ``worker``, ``file`` and ``record`` say where it happened when known.
+
+    ``str()`` is one line for the loader's own data errors (``data_error``: a ``DataError`` such as a
+    file that does not read, a record that does not fit its batch, a file changed while read), whose
+    message already names what, where and why: their traceback is the loader's insides. For anything
+    else (an exception of a mapper, a reader or a provider of the user's) it goes on with the original
+    traceback, which points at the user's line. ``remote_traceback`` holds it either way.
     """
 
     def __init__(
@@ -128,6 +134,7 @@ class WorkerError(LoaderError):
         worker: str | None = None,
         file: str | None = None,
         record: int | None = None,
+        data_error: bool = False,
     ) -> None:
         self.type_name = type_name
         self.message = message
@@ -135,13 +142,14 @@ class WorkerError(LoaderError):
         self.worker = worker
         self.file = file
         self.record = record
+        self.data_error = data_error
         super().__init__(self._summary())
 
     def _summary(self) -> str:
         where = []
         if self.worker is not None:
             where.append(f"worker {self.worker}")
-        if self.file is not None:
+        if self.file is not None and self.file not in self.message:  # a reader's message names it first
             where.append(f"file {self.file}")
         if self.record is not None:
             where.append(f"record {self.record}")
@@ -151,7 +159,7 @@ class WorkerError(LoaderError):
         return text
 
     def __str__(self) -> str:
-        if self.remote_traceback:
+        if self.remote_traceback and not self.data_error:
             return f"{self._summary()}\n--- original traceback ---\n{self.remote_traceback.rstrip()}"
         return self._summary()
 
@@ -168,6 +176,7 @@ class WorkerError(LoaderError):
             "worker": self.worker,
             "file": self.file,
             "record": self.record,
+            "data_error": self.data_error,
         }
 
     @classmethod
@@ -179,6 +188,7 @@ class WorkerError(LoaderError):
             worker=info.get("worker"),
             file=info.get("file"),
             record=info.get("record"),
+            data_error=info.get("data_error") is True,  # absent from a peer of an older version
         )
 
     @classmethod
@@ -200,9 +210,24 @@ class WorkerError(LoaderError):
                 worker=exc.worker if exc.worker is not None else worker,
                 file=exc.file if exc.file is not None else file,
                 record=exc.record if exc.record is not None else record,
+                data_error=exc.data_error,
             )
         text = "".join(_traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return cls(type(exc).__name__, str(exc) + _hint(exc), text, worker=worker, file=file, record=record)
+        return cls(
+            type(exc).__name__,
+            str(exc) + _hint(exc),
+            text,
+            worker=worker,
+            file=file,
+            record=record,
+            data_error=_loader_data_error(exc),
+        )
+
+
+def _loader_data_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of the loader's own data errors, whose message says all a person needs: not a
+    batch mapper's failure, whose traceback (the cause it carries) points at the user's line."""
+    return isinstance(exc, DataError) and not isinstance(exc, BatchMapperError)
 
 
 def _hint(exc: BaseException) -> str:

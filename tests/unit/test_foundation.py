@@ -10,8 +10,17 @@ import numpy as np
 import pytest
 
 import loader
-from loader.errors import ComposeNotAligned, LoaderError, WorkerDiedError, WorkerError
+from loader.errors import (
+    BatchMapperError,
+    ComposeNotAligned,
+    DataError,
+    LoaderError,
+    UnsendableSampleError,
+    WorkerDiedError,
+    WorkerError,
+)
 from loader.runtime import codec
+from loader.service.shm.file_layout import FileChangedError
 
 
 def test_version_from_console_script():
@@ -44,6 +53,53 @@ def test_worker_error_carries_origin_and_pickles():
     assert back.to_dict() == err.to_dict()
     died = pickle.loads(pickle.dumps(WorkerDiedError("reader 0", -9)))
     assert died.exitcode == -9 and "signal 9" in str(died)
+
+
+def _carried(exc: BaseException, **where: object) -> WorkerError:
+    try:
+        raise exc
+    except Exception as raised:
+        return WorkerError.from_exception(raised, worker="w1", **where)  # type: ignore[arg-type]
+
+
+def test_a_loader_data_error_is_one_line_with_its_traceback_kept_apart():
+    # A truncated .npy reaching the training loop printed 25-46 lines: the loader's own insides.
+    cause = ValueError("mmap length is greater than file size")
+    error = DataError("/d/f1.npy: not a readable .npy array (mmap length is greater than file size)")
+    error.__cause__ = cause
+    for err in (_carried(error, file="/d/f1.npy"), _carried(FileChangedError("/d/f1.npy changed"), file="/d/f1.npy")):
+        assert len(str(err).splitlines()) == 1
+        assert str(err).count("/d/f1.npy") == 1  # named by the message, not again in the "in ..." part
+        assert "(in worker w1)" in str(err)
+        assert "Traceback" in err.remote_traceback  # still there, for whoever wants it
+        for back in (WorkerError.from_dict(err.to_dict()), pickle.loads(pickle.dumps(err))):
+            assert str(back) == str(err) and back.remote_traceback == err.remote_traceback
+    record = _carried(UnsendableSampleError("field 'data' is bad"), file="/d/f1.npy", record=3)
+    assert str(record) == "UnsendableSampleError: field 'data' is bad (in worker w1, file /d/f1.npy, record 3)"
+
+
+def test_an_error_of_user_code_keeps_its_traceback_in_str():
+    def mapper(sample: object) -> object:
+        raise KeyError("label")
+
+    try:
+        mapper(None)
+    except KeyError as exc:
+        err = WorkerError.from_exception(exc, file="/d/f1.npy", record=2)
+    text = str(err)
+    assert text.startswith("KeyError: 'label' (in file /d/f1.npy, record 2)\n--- original traceback ---")
+    assert "in mapper" in text
+    try:
+        try:
+            mapper(None)
+        except KeyError as exc:
+            raise BatchMapperError(f"batch mapper 'm:f' raised KeyError: {exc}") from exc
+    except BatchMapperError as exc:
+        wrapped = WorkerError.from_exception(exc)
+    assert "in mapper" in str(wrapped)  # a batch mapper's failure is the user's line too
+    older = err.to_dict()
+    del older["data_error"]  # a peer of an older version sends no such key: as before
+    assert "original traceback" in str(WorkerError.from_dict(older))
 
 
 @pytest.mark.parametrize(
