@@ -51,11 +51,22 @@ def _column(values: np.ndarray) -> ColumnLayout:
     return values.dtype.str, tuple(int(n) for n in values.shape[1:])
 
 
-def _show(column: ColumnLayout) -> str:
+def _show(column: ColumnLayout, other: ColumnLayout) -> str:
+    """``column`` in words; its byte order too where only that differs from ``other``'s dtype (a
+    big-endian ``>i8`` file among ``<i8`` ones read "dtype int64, but the batch has dtype int64")."""
     if isinstance(column, str):
         return "ragged rows"
     dtype, shape = column
-    return f"rows of shape {shape} and dtype {np.dtype(dtype).name}"
+    return f"rows of shape {shape} and dtype {_dtype_text(np.dtype(dtype), other)}"
+
+
+_BYTE_ORDERS = {">": "big-endian", "<": "little-endian"}
+
+
+def _dtype_text(dtype: np.dtype, other: ColumnLayout) -> str:
+    if isinstance(other, str) or dtype.str == other[0] or np.dtype(other[0]).name != dtype.name:
+        return dtype.name
+    return f"{dtype.name} ({_BYTE_ORDERS.get(dtype.str[0], 'no byte order')}, {dtype.str})"
 
 
 def field_misfit(layout: Layout, block: Block, first: str = "") -> str | None:
@@ -85,7 +96,7 @@ def shape_misfits(layout: Layout, block: Block, known: Layout | None = None) -> 
         want, got = layout[name], known[name] if name in known else _column(values)
         if want == got or RAGGED in (want, got):
             continue
-        out[name] = f"field {name!r} has {_show(got)}, but the batch has {_show(want)}"
+        out[name] = f"field {name!r} has {_show(got, want)}, but the batch has {_show(want, got)}"
     return out
 
 

@@ -56,6 +56,18 @@ def test_a_dtype_that_differs_fails_too_and_other_fields_name_both():
     assert "fields ['y']" in stage2.events[-1].error["message"]
 
 
+def test_a_dtype_of_another_byte_order_says_which_order_each_side_has():
+    # A big-endian >i8 file among <i8 ones read "dtype int64, but the batch has dtype int64".
+    stage = _stage(Recorder())
+    _, stream = _open(stage, [0, 1])
+    stage.on_chunk(*_chunk(stream, 0, 0, np.zeros(4, "<i8")))
+    stage.on_chunk(*_chunk(stream, 1, 0, np.zeros(4, ">i8")))
+    message = stage.events[-1].error["message"]
+    assert "dtype int64 (big-endian, >i8), but the batch has rows of shape () and dtype int64 (little-endian, <i8)" in (
+        message
+    )
+
+
 def test_under_skip_misfits_are_counted_and_the_rest_is_batched():
     rec = Recorder()
     stage = _stage(rec, on_error="skip")
