@@ -88,6 +88,11 @@ MAX_EPOCHS = 1 << 31
 MAX_INTERVAL_S = 3600.0  # heartbeats
 MIN_HEARTBEAT_INTERVAL_S = 0.01  # below it, pings are a busy loop
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # progress and client timeouts: a week
+# The shortest timeout of a worker or a client (heartbeat, progress, answer, Ray's connect). A worker sends
+# a chunk at least every 50 ms while it reads, but opening a file, a mapper's first sample or a busy host
+# can keep a healthy peer silent for a few hundred ms: workers.progress_timeout_s = 1e-9 took every worker
+# for hung and failed the epoch in 0.4 s. Below this, a value is a unit mistake (milliseconds for seconds).
+MIN_TIMEOUT_S = 0.5
 MAX_CLIENTS = 4096
 MAX_MESSAGE_MIB = 4096  # one data frame; a bigger one is a sample no batch should hold
 MAX_REORDER_WINDOW_MIB = 64 * 1024
@@ -207,7 +212,7 @@ class WorkersConfig:
         if not _is_ray_address(self.ray_address):
             check.fail("ray_address", f"must be {RAY_ADDRESS_FORMS}, got {self.ray_address!r}")
         check.number("ray_cpus_per_worker", minimum=MIN_CPUS_PER_WORKER, maximum=MAX_CPUS_PER_WORKER)
-        check.number("ray_connect_timeout_s", maximum=MAX_TIMEOUT_S)
+        check.number("ray_connect_timeout_s", minimum=MIN_TIMEOUT_S, maximum=MAX_TIMEOUT_S)
         if self.launcher == "ray" and self.transport != "zmq":
             check.fail(
                 "transport",
@@ -217,8 +222,8 @@ class WorkersConfig:
         check.integer("samples_per_message", minimum=1, maximum=MAX_SAMPLES_PER_MESSAGE)
         # A microsecond interval had every worker and client ping in a busy loop.
         check.number("heartbeat_interval_s", minimum=MIN_HEARTBEAT_INTERVAL_S, maximum=MAX_INTERVAL_S)
-        check.number("heartbeat_timeout_s", maximum=MAX_INTERVAL_S)
-        check.number("progress_timeout_s", maximum=MAX_TIMEOUT_S)
+        check.number("heartbeat_timeout_s", minimum=MIN_TIMEOUT_S, maximum=MAX_INTERVAL_S)
+        check.number("progress_timeout_s", minimum=MIN_TIMEOUT_S, maximum=MAX_TIMEOUT_S)
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
             check.fail(
                 "heartbeat_timeout_s",
@@ -330,7 +335,7 @@ class ClientConfig:
 
     def __post_init__(self) -> None:
         check = Check(self, "client")
-        check.number("progress_timeout_s", maximum=MAX_TIMEOUT_S)
+        check.number("progress_timeout_s", minimum=MIN_TIMEOUT_S, maximum=MAX_TIMEOUT_S)
         if isinstance(self.prefetch, str) and self.prefetch != "auto":
             check.fail("prefetch", f'must be "auto" or an integer from 1 to {MAX_PREFETCH}, got {self.prefetch!r}')
         if self.prefetch != "auto":
@@ -338,7 +343,7 @@ class ClientConfig:
         check.text("device")
         if not _DEVICE.match(self.device):
             check.fail("device", f"must be {DEVICE_FORMS}, got {self.device!r}")
-        check.number("timeout_s", maximum=MAX_TIMEOUT_S)
+        check.number("timeout_s", minimum=MIN_TIMEOUT_S, maximum=MAX_TIMEOUT_S)
 
 
 _TOP_KEYS = ("import_path", "datasets")  # keys outside the sections

@@ -33,6 +33,12 @@ def _config(tmp_path, **sections):
         ("pipeline", {"seed": 2**64}, "pipeline.seed must be <="),
         ("pipeline", {"seed": 2**62}, "pipeline.seed must be <="),  # a lease carries it: below protocol.MAX_INT
         ("client", {"prefetch": 64}, "client.prefetch must be <= 32"),
+        # Timeouts a healthy peer cannot meet: 1e-9 took every worker for hung and failed the epoch in 0.4 s.
+        ("workers", {"progress_timeout_s": 1e-9}, r"workers.progress_timeout_s must be >= 0.5, got 1e-09"),
+        ("workers", {"heartbeat_timeout_s": 0.2, "heartbeat_interval_s": 0.1}, "heartbeat_timeout_s must be >= 0.5"),
+        ("workers", {"ray_connect_timeout_s": 0.001}, "workers.ray_connect_timeout_s must be >= 0.5, got 0.001"),
+        ("client", {"timeout_s": 0.01}, "client.timeout_s must be >= 0.5, got 0.01"),
+        ("client", {"progress_timeout_s": 0.1}, "client.progress_timeout_s must be >= 0.5, got 0.1"),
     ],
 )
 def test_questionable_values_are_refused_naming_key_and_file(tmp_path, section, values, key):
