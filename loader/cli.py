@@ -245,6 +245,13 @@ ENV_PEER_KEY_HINT = "service.peer_key (or LOADER_PEER_KEY) ="
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    # What the file listing leaves out (a dangling shard symlink) is check's warning line, said once, not a
+    # log line each time the list is expanded (loading, the survey, the leases).
+    with _KeptWarnings("loader.config") as listing:
+        return _check(args, listing.lines)
+
+
+def _check(args: argparse.Namespace, listed: list[str]) -> int:
     from loader.io.survey import survey
     from loader.service.daemon.loop import check_service
 
@@ -261,7 +268,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         for line in errors:
             print(f"loader: error: {line}", file=sys.stderr)
         return EXIT_ERROR
-    for line in warnings:
+    for line in [*dict.fromkeys(listed), *warnings]:
         print(f"loader: warning: {line}", file=sys.stderr)
     batches: dict[str, tuple[int, list[dict[str, str]]] | None] = {}
     if not args.no_batch:
@@ -300,6 +307,27 @@ def cmd_check(args: argparse.Namespace) -> int:
     print("settings (value, and where it came from):")
     print("\n".join(format_sources(config)))
     return EXIT_OK
+
+
+class _KeptWarnings(logging.Handler):
+    """Within ``with``, the WARNING lines of logger ``name`` are kept in ``lines`` instead of logged."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(logging.WARNING)
+        self.logger = logging.getLogger(name)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def __enter__(self) -> _KeptWarnings:
+        self.logger.addHandler(self)
+        self._propagate, self.logger.propagate = self.logger.propagate, False
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.logger.removeHandler(self)
+        self.logger.propagate = self._propagate
 
 
 def _named_positions(rows: list[dict[str, str]], names: list[str]) -> list[dict[str, str]]:

@@ -6,36 +6,56 @@ comes back under each of those names. Here ``**`` enters each real directory onc
 (per remaining pattern), and files are deduplicated by their real path, keeping the
 shortest name a pattern gave (so a file is named as the user would name it).
 Patterns without ``**`` cannot loop and go to ``glob.glob`` unchanged.
+
+A match that is not a regular file (a dangling symlink, a symlink loop, a FIFO, a device, a
+directory) is left out with one WARNING per pattern naming a few of them and the count: a
+shard linked to an unmounted filesystem made the dataset smaller without a word.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import glob
+import logging
 import os
+import stat
 from collections.abc import Iterable, Iterator
+
+log = logging.getLogger("loader.config")
+SKIPPED_NAMED = 3  # skipped matches a warning names; the rest are counted
 
 
 def glob_files(pattern: str) -> list[str]:
     """Absolute paths of the regular files ``pattern`` matches (``**`` recursive), each real file once."""
     pattern = os.path.abspath(os.path.expanduser(pattern))
     parts = pattern.split(os.sep)
+    skipped: list[str] = []
     if "**" not in parts:
-        return unique_files(glob.glob(pattern))
-    start = 0
-    while start < len(parts) and not glob.has_magic(parts[start]):
-        start += 1
-    base = os.sep.join(parts[:start]) or os.sep
-    if not os.path.isdir(base):
-        return []
-    return unique_files(_walk(base, tuple(parts[start:]), set()))
+        files = unique_files(glob.glob(pattern), skipped)
+    else:
+        start = 0
+        while start < len(parts) and not glob.has_magic(parts[start]):
+            start += 1
+        base = os.sep.join(parts[:start]) or os.sep
+        if not os.path.isdir(base):
+            return []
+        files = unique_files(_walk(base, tuple(parts[start:]), set()), skipped)
+        if parts[-1] == "**":  # a final "**" matches every directory on the way: not a file gone missing
+            skipped = [path for path in skipped if not os.path.isdir(path)]
+    if skipped:
+        log.warning("%s", skipped_text(pattern, sorted(skipped)))
+    return files
 
 
-def unique_files(paths: Iterable[str]) -> list[str]:
-    """The regular files among ``paths`` (absolute), one name per real file, sorted."""
+def unique_files(paths: Iterable[str], skipped: list[str] | None = None) -> list[str]:
+    """The regular files among ``paths`` (absolute), one name per real file, sorted; the other names are
+    appended to ``skipped`` when given."""
     by_real: dict[str, str] = {}
     for path in dict.fromkeys(paths):  # a name given twice is looked up once
         if not os.path.isfile(path):
+            if skipped is not None:
+                skipped.append(path)
             continue
         path = os.path.abspath(path)
         real = os.path.realpath(path)
@@ -43,6 +63,44 @@ def unique_files(paths: Iterable[str]) -> list[str]:
         if known is None or (len(path), path) < (len(known), known):
             by_real[real] = path
     return sorted(by_real.values())
+
+
+def skipped_text(pattern: str, skipped: list[str]) -> str:
+    """One line saying which matches of ``pattern`` are left out as not regular files, and what each is."""
+    named = ", ".join(f"{path} ({_what(path)})" for path in skipped[:SKIPPED_NAMED])
+    more = f" and {len(skipped) - SKIPPED_NAMED} more" if len(skipped) > SKIPPED_NAMED else ""
+    count = (
+        "1 match that is not a regular file"
+        if len(skipped) == 1
+        else f"{len(skipped)} matches that are not regular files"
+    )
+    return (
+        f"source.files pattern {pattern!r}: left out {count}: {named}{more} "
+        "(a shard linked to an unmounted filesystem makes the dataset smaller)"
+    )
+
+
+def _what(path: str) -> str:
+    """What ``path`` is, in a few words, when it is not a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a symlink to a missing file" if os.path.islink(path) else "gone since it was listed"
+    except OSError as exc:
+        return "a symlink loop" if exc.errno == errno.ELOOP else f"cannot be read: {exc.strerror or exc}"
+    for test, what in _KINDS:
+        if test(mode):
+            return what
+    return "not a regular file"  # pragma: no cover - every kind of file is one of the above
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def _walk(directory: str, parts: tuple[str, ...], seen: set[tuple[str, int]]) -> Iterator[str]:
@@ -88,4 +146,4 @@ def _names(directory: str, pattern: str) -> list[str]:
     return sorted(n for n in names if fnmatch.fnmatchcase(n, pattern))
 
 
-__all__ = ["glob_files", "unique_files"]
+__all__ = ["glob_files", "unique_files", "skipped_text"]

@@ -364,6 +364,21 @@ def test_check_warns_of_a_file_without_samples_beside_good_ones(tmp_path, capsys
     assert line.startswith("loader: warning: dataset default: no samples in b.recordio (0 bytes: a RecordIO writer")
 
 
+def test_check_warns_once_of_a_match_that_is_not_a_file(tmp_path, capsys) -> None:
+    # A shard symlink to an unmounted filesystem was left out without a word: the dataset just got smaller.
+    np.save(tmp_path / "part-0.npy", np.zeros((4, 2), np.float32))
+    os.symlink("/nonexistent/part-1.npy", tmp_path / "part-1.npy")
+    code, out, err = _check(tmp_path, capsys, '[source]\nfiles = ["part-*.npy"]\n')
+    assert code == 0 and ": ok," in out.splitlines()[0]
+    (line,) = err  # once, though check lists the files for the config, the survey and the leases
+    assert line == (
+        f"loader: warning: source.files pattern {str(tmp_path / 'part-*.npy')!r}: left out 1 match that is not a "
+        f"regular file: {tmp_path / 'part-1.npy'} (a symlink to a missing file) (a shard linked to an unmounted "
+        "filesystem makes the dataset smaller)"
+    )
+    assert "dataset default: 1 file, 4 samples" in out
+
+
 def test_check_fails_when_drop_last_leaves_every_epoch_empty(tmp_path, capsys) -> None:
     np.save(tmp_path / "part-0.npy", np.zeros((303, 2), np.float32))
     body = '[source]\nfiles = ["part-0.npy"]\n[pipeline]\nbatch_size = 1000\n'

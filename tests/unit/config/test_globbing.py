@@ -30,3 +30,39 @@ def test_a_symlink_loop_is_not_walked_and_aliases_count_once(tmp_path):
     found = glob_files(str(tmp_path / "**" / "*.npy"))
     assert found == sorted(str(tmp_path / p) for p in ["a.npy", "sub/b.npy", "sub/deep/c.npy"])
     assert len(glob.glob(str(tmp_path / "**" / "*.npy"), recursive=True)) > 3 * len(found)  # what glob does
+
+
+def test_matches_that_are_not_regular_files_are_left_out_with_one_warning_naming_them(tmp_path, caplog):
+    # A shard linked to an unmounted filesystem made the dataset smaller without a word.
+    (tmp_path / "a.npy").write_bytes(b"")
+    os.symlink("/nonexistent/shard.npy", tmp_path / "b.npy")
+    os.symlink(tmp_path / "c.npy", tmp_path / "c.npy")  # a link to itself
+    os.mkfifo(tmp_path / "d.npy")
+    (tmp_path / "e.npy").mkdir()
+    os.symlink("/dev/zero", tmp_path / "f.npy")
+    with caplog.at_level("WARNING", logger="loader.config"):
+        assert glob_files(str(tmp_path / "*.npy")) == [str(tmp_path / "a.npy")]
+    (record,) = caplog.records
+    pattern = str(tmp_path / "*.npy")
+    assert record.getMessage().startswith(
+        f"source.files pattern {pattern!r}: left out 5 matches that are not regular files: "
+        f"{tmp_path / 'b.npy'} (a symlink to a missing file), {tmp_path / 'c.npy'} (a symlink loop), "
+        f"{tmp_path / 'd.npy'} (a FIFO) and 2 more"
+    )
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="loader.config"):
+        glob_files(str(tmp_path / "**" / "e.npy"))
+        glob_files(str(tmp_path / "f.npy"))
+    assert [r.getMessage().split(": left out ")[1] for r in caplog.records] == [
+        f"1 match that is not a regular file: {tmp_path / 'e.npy'} (a directory) "
+        "(a shard linked to an unmounted filesystem makes the dataset smaller)",
+        f"1 match that is not a regular file: {tmp_path / 'f.npy'} (a character device) "
+        "(a shard linked to an unmounted filesystem makes the dataset smaller)",
+    ]
+
+
+def test_a_final_double_star_matches_directories_without_a_warning(tmp_path, caplog):
+    _tree(tmp_path)
+    with caplog.at_level("WARNING", logger="loader.config"):
+        assert len(glob_files(str(tmp_path / "**"))) == 4  # the directories it walks are not files gone missing
+    assert caplog.records == []
