@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 import loader
 from loader.config.overrides import format_sources
 from loader.errors import LoaderError, ServiceUnavailableError, WorkerError
@@ -264,6 +266,7 @@ def _check(args: argparse.Namespace, listed: list[str]) -> int:
     warnings: list[str] = []
     for name, found in surveys:
         _judge_survey(config.dataset(name).pipeline, f"dataset {name}", found, errors, warnings)
+        _judge_dtypes(config.dataset(name), f"dataset {name}", found, errors, warnings)
     if errors:
         for line in errors:
             print(f"loader: error: {line}", file=sys.stderr)
@@ -349,6 +352,12 @@ def _leased(config: Any, name: str, leases: dict[str, list[list[str]]]) -> str:
     return f" in {len(leases[name])} leases (source.{key} = {getattr(source, key)})"
 
 
+ONE_DTYPE_FIX = (
+    "a stacked batch needs one dtype per field: write the files with one dtype or cast it in a mapper "
+    "(pipeline.batch_format = 'list' takes the samples as they are)"
+)
+
+
 def _judge_survey(pipeline: Any, dataset: str, found: Any, errors: list[str], warnings: list[str]) -> None:
     """What ``loader check`` says of a dataset's survey: errors for what no epoch can get past, warnings
     for files without samples and for differences the mappers may reconcile."""
@@ -373,10 +382,7 @@ def _judge_survey(pipeline: Any, dataset: str, found: Any, errors: list[str], wa
         elif pipeline.batch_format == "list":
             continue  # a list batch holds each sample as it is
         elif mismatch.kind == "dtype":
-            fix = (
-                "a stacked batch needs one dtype per field: write the files with one dtype or cast it in a mapper "
-                "(pipeline.batch_format = 'list' takes the samples as they are)"
-            )
+            fix = ONE_DTYPE_FIX
         else:
             fix = (
                 "a stacked batch needs one shape per field: pipeline.batch_format = 'list' takes fields of "
@@ -392,6 +398,92 @@ def _judge_survey(pipeline: Any, dataset: str, found: Any, errors: list[str], wa
             f"{dataset}: batch_size {size} > {samples} samples with drop_last: every epoch is empty "
             "(lower pipeline.batch_size, or set pipeline.drop_last = false)"
         )
+
+
+def _judge_dtypes(view: Any, dataset: str, found: Any, errors: list[str], warnings: list[str]) -> None:
+    """What the survey does not compare (strings, bytes and void dtypes) but an epoch refuses: a zero-width
+    (``|V0``) or structured dtype, and a string field in one file beside numbers in another (stacked batches).
+    The summary only hints at them (the dtype itself, or "varies" with no dtype mismatch): the files are then
+    surveyed one at a time, to name the first that has it."""
+    from loader.io.survey import VARIES
+
+    reported = {m.text.split(" has ")[0] for m in found.mismatches if m.kind == "dtype"}
+    stacked = view.pipeline.batch_format == "stacked"
+    # A reader's samples are read again by a second survey (strings of many lengths "vary" too): built-in
+    # formats only, whose survey reads headers and blocks.
+    compare = stacked and view.source.reader is None
+    suspects = [
+        f.name
+        for f in found.fields
+        if _refused_dtype(f.dtype) or (compare and f.dtype == VARIES and f"field {f.name!r}" not in reported)
+    ]
+    if not suspects or view.source.provider is not None:
+        return
+    line = _first_odd_dtype(view.source, suspects, stacked)
+    if line is not None:
+        mapped = bool(view.pipeline.mappers or view.pipeline.batch_mappers)
+        (warnings if mapped else errors).append(f"{dataset}: {line}{' (the mappers must change it)' if mapped else ''}")
+
+
+def _first_odd_dtype(source: Any, names: list[str], stacked: bool) -> str | None:
+    """What is wrong with the first file (of ``source``) whose field among ``names`` has a dtype an epoch refuses."""
+    from loader.io.survey import VARIES, shown, survey
+
+    first: dict[str, tuple[str, np.dtype]] = {}  # field -> the first file's (path, dtype) of a plain dtype
+    for path in source.expand_files():
+        for summary in survey(_OneFile(source, path)).fields:
+            if summary.name not in names or summary.dtype == VARIES:
+                continue
+            dtype = _dtype_of(summary.dtype)
+            reason = _refused_dtype(summary.dtype)
+            if reason is not None:
+                return f"field {summary.name!r} in {shown(path)} {reason}"
+            if dtype is None or not stacked:
+                continue
+            was = first.setdefault(summary.name, (path, dtype))
+            if (was[1].kind in "USV") != (dtype.kind in "USV"):  # text beside numbers: no batch stacks both
+                return (
+                    f"field {summary.name!r} has dtype {was[1]} in {shown(was[0])} but {dtype} in {shown(path)}: "
+                    f"{ONE_DTYPE_FIX}"
+                )
+    return None
+
+
+class _OneFile:
+    """``source`` narrowed to one of its files, for ``survey``."""
+
+    def __init__(self, source: Any, path: str) -> None:
+        self._source, self._path = source, path
+
+    def expand_files(self) -> list[str]:
+        return [self._path]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._source, name)
+
+
+def _dtype_of(text: str) -> np.dtype | None:
+    """The dtype the survey shows as ``text`` (``str(dtype)``: a structured one as its list of fields)."""
+    import ast
+
+    try:
+        return np.dtype(text)
+    except (TypeError, ValueError, SyntaxError):
+        pass
+    try:
+        return np.dtype(ast.literal_eval(text))
+    except (TypeError, ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def _refused_dtype(text: str) -> str | None:
+    """Why no epoch takes a field of the dtype shown as ``text`` (zero-width or structured), else None."""
+    from workers.sample_check import unsendable_dtype
+
+    dtype = _dtype_of(text)
+    if dtype is None or dtype.hasobject:  # objects are Python values of a reader: a list batch takes them
+        return None
+    return unsendable_dtype(dtype)
 
 
 def _why_empty(pipeline: Any) -> str:

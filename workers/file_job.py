@@ -43,7 +43,7 @@ from workers.columns import (
 from workers.control import Whereabouts
 from workers.file_pin import changed_since_start
 from workers.mapping import BatchMappers, SampleMappers
-from workers.sample_check import SampleCheck
+from workers.sample_check import SampleCheck, unsendable_dtype
 from workers.sources import FileSource, GroupSource, PieceSource, Source
 
 log = logging.getLogger("loader.worker")
@@ -548,10 +548,13 @@ def inline_parts(columns: dict[str, Any], placed: dict[str, Any], n: int, bound:
 
 def _refuse_structured(columns: dict[str, Any]) -> None:
     """A column of a structured dtype (a ``.npy`` of records) would arrive as raw bytes (``dtype.str`` is
-    "|V8"): its fields' names and types lost on the way."""
+    "|V8"): its fields' names and types lost on the way. One of a zero-width dtype (``|V0``) the daemon drops
+    as malformed, and the file failed as "a chunk was lost on the way"."""
     for name, values in columns.items():
         if isinstance(values, np.ndarray) and values.dtype.names is not None:
             raise TypeError(f"field {name!r} has the structured dtype {values.dtype}; make each of its fields a field")
+        if isinstance(values, np.ndarray) and values.dtype.itemsize == 0:
+            raise TypeError(f"field {name!r} {unsendable_dtype(values.dtype)}")
 
 
 class _Progress:

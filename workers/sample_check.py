@@ -61,13 +61,13 @@ class SampleCheck:
             kind_of = type(value)
             if kind_of is np.ndarray:  # the usual value, checked here (a call to unsendable costs a microsecond)
                 dtype = value.dtype
-                if not dtype.hasobject and dtype.names is None:
+                if not dtype.hasobject and dtype.names is None and dtype.itemsize:
                     continue
             elif kind_of in _PLAIN_LEAVES:
                 continue
             elif isinstance(value, np.generic):
                 dtype = value.dtype
-                if not dtype.hasobject and dtype.names is None:
+                if not dtype.hasobject and dtype.names is None and dtype.itemsize:
                     continue
             reason = unsendable(value)
             if reason is not None:
@@ -105,7 +105,7 @@ def unsendable(value: Any) -> str | None:
         item, depth = stack.pop()
         seen += 1
         if isinstance(item, np.ndarray) or isinstance(item, np.generic):
-            reason = _unsendable_dtype(item.dtype)
+            reason = unsendable_dtype(item.dtype)
             if reason is not None:
                 return reason
         elif isinstance(item, int) and not isinstance(item, bool):
@@ -126,11 +126,15 @@ def unsendable(value: Any) -> str | None:
     return None
 
 
-def _unsendable_dtype(dtype: np.dtype) -> str | None:
+def unsendable_dtype(dtype: np.dtype) -> str | None:
+    """Why values of ``dtype`` cannot travel as columns (the words after "field 'x' "), or None when they can."""
     if dtype.hasobject:
         return "is a numpy array of Python objects (dtype object): convert it to a fixed dtype"
     if dtype.names is not None:
         return f"has the structured dtype {dtype}: its field names would be lost; make each field a sample field"
+    if dtype.itemsize == 0:
+        # The daemon refuses such a frame as malformed: the epoch failed as "a chunk was lost on the way".
+        return f"has the zero-width dtype {dtype.str} (its values hold no bytes): write it with a dtype of one byte or more"
     return None
 
 
@@ -164,4 +168,4 @@ def _fields(kind: str, names: list[str]) -> str:
     return f"{names} (a {kind})"
 
 
-__all__ = ["SampleCheck", "RAGGED_HINT", "unsendable"]
+__all__ = ["SampleCheck", "RAGGED_HINT", "unsendable", "unsendable_dtype"]

@@ -364,6 +364,38 @@ def test_check_warns_of_a_file_without_samples_beside_good_ones(tmp_path, capsys
     assert line.startswith("loader: warning: dataset default: no samples in b.recordio (0 bytes: a RecordIO writer")
 
 
+@pytest.mark.parametrize(
+    ("bad", "said"),
+    [
+        # The daemon drops a zero-width frame as malformed: the epoch failed as "a chunk was lost on the way".
+        (np.zeros(5, "V0"), "field 'data' in part-1.npy has the zero-width dtype |V0 (its values hold no bytes)"),
+        (np.zeros(5, [("a", "<i4"), ("b", "<f8")]), "field 'data' in part-1.npy has the structured dtype"),
+        (np.array(["x"] * 5), "field 'data' has dtype int64 in part-0.npy but <U1 in part-1.npy: a stacked batch"),
+    ],
+)
+def test_check_fails_on_a_dtype_an_epoch_refuses_naming_file_and_field(tmp_path, capsys, bad, said) -> None:
+    # The survey compares numbers only: these passed check and failed the epoch.
+    np.save(tmp_path / "part-0.npy", np.arange(5, dtype=np.int64))
+    np.save(tmp_path / "part-1.npy", bad)
+    np.save(tmp_path / "part-2.npy", np.arange(5, dtype=np.int64))
+    line = _error(*_check(tmp_path, capsys, '[source]\nfiles = ["part-*.npy"]\n'))
+    assert line.startswith(f"loader: error: dataset default: {said}"), line
+    (tmp_path / "casts.py").write_text("def cast(sample):\n    return (0,)\n")
+    code, out, err = _check(
+        tmp_path, capsys, '[source]\nfiles = ["part-*.npy"]\n[pipeline]\nmappers = ["casts:cast"]\n'
+    )
+    assert code == 0 and [line.split(": ", 2)[:2] for line in err] == [["loader", "warning"]], err
+    assert said in err[0] and err[0].endswith("(the mappers must change it)")
+
+
+def test_check_takes_text_fields_alike_in_every_file(tmp_path, capsys) -> None:
+    for i in range(2):
+        np.save(tmp_path / f"part-{i}.npy", np.arange(5, dtype=np.int64))
+        np.save(tmp_path / f"part-{i}.name.npy", np.array(["ab" * (i + 1)] * 5))  # <U2 and <U4: both text
+    code, out, err = _check(tmp_path, capsys, '[source]\nfiles = ["part-*.npy"]\n[pipeline]\nbatch_format = "list"\n')
+    assert code == 0 and err == [], err
+
+
 def test_check_warns_once_of_a_match_that_is_not_a_file(tmp_path, capsys) -> None:
     # A shard symlink to an unmounted filesystem was left out without a word: the dataset just got smaller.
     np.save(tmp_path / "part-0.npy", np.zeros((4, 2), np.float32))

@@ -95,6 +95,11 @@ def empty_at_3(sample: Any) -> Any:
     return {} if value == 3 else {"x": np.float32(value)}
 
 
+def zero_width_at_3(sample: Any) -> Any:
+    (value,) = sample
+    return (np.zeros(2, "V0") if value == 3 else np.zeros(2, np.float32),)
+
+
 def records_at_3(sample: Any) -> Any:
     (value,) = sample
     if value == 3:
@@ -114,6 +119,8 @@ def records_at_3(sample: Any) -> Any:
         ("a_field_more_at_3", "DataError", "the sample's fields are ['x', 'y', 'mask'] (a dict)", 3),
         ("empty_at_3", "DataError", "the sample has no fields", 3),
         ("records_at_3", "UnsendableSampleError", "structured dtype", 3),
+        # The daemon drops a zero-width frame as malformed: the file failed as "a chunk was lost on the way".
+        ("zero_width_at_3", "UnsendableSampleError", "field 'data' has the zero-width dtype |V0", 3),
     ],
 )
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
