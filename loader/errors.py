@@ -149,7 +149,10 @@ class WorkerError(LoaderError):
         where = []
         if self.worker is not None:
             where.append(f"worker {self.worker}")
-        if self.file is not None and self.file not in self.message:  # a reader's message names it first
+        # Not where a reader's message names it first. A peer's error dict may hold any type in either: the
+        # check must not raise (a list in "file" raised TypeError in the daemon's loop, and the epoch hung).
+        named = isinstance(self.file, str) and isinstance(self.message, str) and self.file in self.message
+        if self.file is not None and not named:
             where.append(f"file {self.file}")
         if self.record is not None:
             where.append(f"record {self.record}")

@@ -62,6 +62,14 @@ def _carried(exc: BaseException, **where: object) -> WorkerError:
         return WorkerError.from_exception(raised, worker="w1", **where)  # type: ignore[arg-type]
 
 
+def test_an_error_dict_of_any_types_makes_a_worker_error_without_raising():
+    # An error dict comes from a peer: "file" as a list made the one-line form's check of the message raise
+    # TypeError in the daemon's loop (a fuzz test's epoch then hung to its timeout).
+    for fields in ({"file": ["a"], "message": None}, {"file": 3, "message": 5}, {"file": "f", "message": ["f"]}):
+        error = WorkerError.from_dict({"type": "X", **fields})
+        assert str(error).startswith("X: ") and "\n" not in str(error)
+
+
 def test_a_loader_data_error_is_one_line_with_its_traceback_kept_apart():
     # A truncated .npy reaching the training loop printed 25-46 lines: the loader's own insides.
     cause = ValueError("mmap length is greater than file size")
