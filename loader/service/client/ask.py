@@ -94,6 +94,11 @@ def handshake_note(broken: str, has_keys: bool) -> str:
             ": the daemon there refused this client's CURVE public key (it is not in its service.authorized_keys; "
             "the daemon logs each key it refuses); see docs/security.md"
         )
+    if broken == transport.HANDSHAKE_SLOW:
+        return (
+            ": something listens there and takes connections, but each handshake was dropped unfinished after "
+            "seconds: a daemon too busy to finish one in time (see its log)?"
+        )
     keys = ", or LOADER_DAEMON_PUBLIC_KEY is not that daemon's public key (docs/security.md)" if has_keys else ""
     return (
         ": something listens there but broke off the handshake: it is not a loader daemon's address for clients "

@@ -322,7 +322,10 @@ def load_peer_watch() -> Any:
 HANDSHAKE_MECHANISM = "mechanism"  # zmq's mechanism mismatch: one side has CURVE keys, the other none
 HANDSHAKE_AUTH = "auth"  # the peer's authenticator refused this side's CURVE key
 HANDSHAKE_BROKEN = "broken"  # closed by the peer mid-handshake: another protocol, socket kind or CURVE key
-HOPELESS_FAILURES = 3  # PeerWatch.handshake_hopeless, where zmq dials again
+HANDSHAKE_SLOW = "slow"  # dropped unfinished after SLOW_HANDSHAKE_S or more: a daemon too busy to finish it
+SLOW_HANDSHAKE_S = 1.0  # a handshake broken off later than this after its connection was not refused at once
+REDIAL_GRACE_S = 0.5  # zmq says it dials again just after a drop: not heard from within this, it will not
+HOPELESS_FAILURES = 3  # handshakes refused at once in a row (PeerWatch.handshake_hopeless), where zmq dials again
 MECHANISM_MISMATCH = 0x11000002  # ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH (not exported by every pyzmq)
 _HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
@@ -365,8 +368,10 @@ class PeerWatch:
         self._shaking = False  # connected, handshake not done yet
         self._broken: str | None = None  # how the last handshake failed (HANDSHAKE_*), until one succeeds
         self._broken_since = 0.0  # when handshakes began to fail
-        self._failures = 0  # handshakes failed since the last that succeeded
+        self._quick_failures = 0  # handshakes failed at once since the last that succeeded
         self._redialing = False  # zmq said it will dial again since the connection last dropped
+        self._connected_at = 0.0  # when the last connection was made (as read)
+        self._dropped_at = 0.0  # when it dropped (as read)
 
     def refused_for(self, now: float) -> float:
         """Seconds since the first refused reconnection of a connection that dropped and has not come back."""
@@ -380,25 +385,32 @@ class PeerWatch:
 
     def handshake_broken(self, now: float) -> str | None:
         """How the last connection's handshake failed, if none has succeeded since: ``HANDSHAKE_MECHANISM``
-        (one side has CURVE keys, the other not), ``HANDSHAKE_AUTH`` (the peer refused this side's key) or
-        ``HANDSHAKE_BROKEN`` (the peer closed it, or spoke something else)."""
+        (one side has CURVE keys, the other not), ``HANDSHAKE_AUTH`` (the peer refused this side's key),
+        ``HANDSHAKE_BROKEN`` (the peer closed it at once, or spoke something else) or ``HANDSHAKE_SLOW``
+        (dropped unfinished after a while)."""
         self._read(now)
         return self._broken
 
     def handshake_hopeless(self, now: float, after_s: float) -> bool:
-        """Whether waiting for a handshake is pointless: handshakes have failed for ``after_s`` and zmq will not
-        dial again (it gives up after a refused key, a mechanism or socket kind that does not pair), or three
-        have failed (a daemon that times out a slow handshake fails one in 5 s, and the next may pass)."""
+        """Whether waiting for a handshake is pointless: handshakes have failed for ``after_s``, and zmq will not
+        dial again (it gives up after a refused key, or a mechanism or socket kind that does not pair), or
+        ``HOPELESS_FAILURES`` failed at once (another program answering). Never for handshakes dropped unfinished
+        after a while (``HANDSHAKE_SLOW``): a daemon too busy to finish one in its 5 s drops it, and the next may
+        pass."""
         self._read(now)
-        if self._broken is None or now - self._broken_since < after_s:
+        if self._broken is None or self._broken == HANDSHAKE_SLOW or now - self._broken_since < after_s:
             return False
-        return not self._redialing or self._failures >= HOPELESS_FAILURES
+        given_up = not self._redialing and now - self._dropped_at >= REDIAL_GRACE_S
+        return given_up or self._quick_failures >= HOPELESS_FAILURES
 
     def _broke(self, how: str, now: float) -> None:
+        if how == HANDSHAKE_BROKEN and now - self._connected_at >= SLOW_HANDSHAKE_S:
+            how = HANDSHAKE_SLOW  # dropped unfinished after a while, not refused at once
+        else:
+            self._quick_failures += 1
         if self._broken is None:
             self._broken_since = now
         self._broken, self._shaking = how, False
-        self._failures += 1
 
     def _read(self, now: float) -> None:
         while self._monitor is not None:
@@ -408,26 +420,31 @@ class PeerWatch:
                 event = self._recv_event(self._monitor, zmq.NOBLOCK)
             except zmq.ZMQError:  # the monitor went away with its socket: nothing more to learn
                 return
-            kind = event.get("event")
-            if kind in (zmq.EVENT_CONNECTED, zmq.EVENT_HANDSHAKE_SUCCEEDED):
-                self._lost, self._refused_since = False, None
-                self._shaking = kind == zmq.EVENT_CONNECTED
-                if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                    self._broken, self._failures = None, 0
-            elif kind == zmq.EVENT_CONNECT_RETRIED:
-                self._redialing = True
-            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and event.get("value") == MECHANISM_MISMATCH:
-                self._broke(HANDSHAKE_MECHANISM, now)
-            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                self._broke(HANDSHAKE_AUTH, now)
-            elif kind & _HANDSHAKE_FAILED:
+            self._on_event(event.get("event"), event.get("value"), now)
+
+    def _on_event(self, kind: Any, value: Any, now: float) -> None:
+        """One monitor event, read at ``now``."""
+        if kind in (zmq.EVENT_CONNECTED, zmq.EVENT_HANDSHAKE_SUCCEEDED):
+            self._lost, self._refused_since = False, None
+            self._shaking = kind == zmq.EVENT_CONNECTED
+            if kind == zmq.EVENT_CONNECTED:
+                self._connected_at = now
+            else:
+                self._broken, self._quick_failures = None, 0
+        elif kind == zmq.EVENT_CONNECT_RETRIED:
+            self._redialing = True
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == MECHANISM_MISMATCH:
+            self._broke(HANDSHAKE_MECHANISM, now)
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            self._broke(HANDSHAKE_AUTH, now)
+        elif kind & _HANDSHAKE_FAILED:
+            self._broke(HANDSHAKE_BROKEN, now)
+        elif kind == zmq.EVENT_DISCONNECTED:
+            if self._shaking:  # dropped before any handshake event: a socket of a kind that does not pair
                 self._broke(HANDSHAKE_BROKEN, now)
-            elif kind == zmq.EVENT_DISCONNECTED:
-                if self._shaking:  # dropped before any handshake event: a socket of a kind that does not pair
-                    self._broke(HANDSHAKE_BROKEN, now)
-                self._lost, self._redialing = True, False
-            elif kind == zmq.EVENT_CLOSED and self._lost and self._refused_since is None:
-                self._refused_since = now
+            self._lost, self._redialing, self._dropped_at = True, False, now
+        elif kind == zmq.EVENT_CLOSED and self._lost and self._refused_since is None:
+            self._refused_since = now
 
     def close(self) -> None:
         if self._monitor is None:

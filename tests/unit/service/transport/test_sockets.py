@@ -90,3 +90,56 @@ def test_a_refused_curve_key_is_logged_once_a_minute_and_an_empty_key_directory_
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="holds no public key"):
         sockets.load_public_keys(str(tmp_path / "empty"))
+
+
+def test_the_peer_watch_gives_up_on_refused_handshakes_but_not_on_a_daemon_too_slow_to_finish_them() -> None:
+    # Events as zmq's monitor gives them (fed in, read at the times given). A daemon starved of CPU drops a
+    # handshake it did not finish within its 5 s: the client took three such drops for "not a loader daemon",
+    # gave up at 15 s of a 40 s timeout, and the fourth handshake would have passed.
+    import zmq
+
+    from loader.service.transport import sockets
+
+    def watch() -> sockets.PeerWatch:
+        sock = sockets._context().socket(zmq.DEALER)
+        peer = sockets.PeerWatch(sock, connecting=True)
+        peer.close()  # no monitor: only the events fed below
+        sock.close(0)
+        return peer
+
+    slow = watch()
+    for start in (0.0, 5.5, 11.0):
+        slow._on_event(zmq.EVENT_CONNECTED, 0, start)
+        slow._on_event(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0, start + 5.0)
+        slow._on_event(zmq.EVENT_DISCONNECTED, 0, start + 5.0)
+        slow._on_event(zmq.EVENT_CONNECT_RETRIED, 100, start + 5.0)
+    assert slow.handshake_broken(16.0) == sockets.HANDSHAKE_SLOW
+    assert not slow.handshake_hopeless(16.0, 2.0) and not slow.handshake_hopeless(60.0, 2.0)
+    slow._on_event(zmq.EVENT_CONNECTED, 0, 16.5)
+    slow._on_event(zmq.EVENT_HANDSHAKE_SUCCEEDED, 0, 16.6)
+    assert slow.handshake_broken(17.0) is None
+
+    web = watch()  # another program: it breaks each handshake off at once, and zmq dials again
+    for start in (0.0, 0.2, 0.4):
+        web._on_event(zmq.EVENT_CONNECTED, 0, start)
+        web._on_event(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0, start + 0.01)
+        web._on_event(zmq.EVENT_DISCONNECTED, 0, start + 0.01)
+        web._on_event(zmq.EVENT_CONNECT_RETRIED, 100, start + 0.01)
+    assert web.handshake_broken(0.5) == sockets.HANDSHAKE_BROKEN
+    assert not web.handshake_hopeless(1.0, 2.0) and web.handshake_hopeless(2.5, 2.0)
+
+    refused = watch()  # a key the daemon does not list: zmq does not dial again
+    refused._on_event(zmq.EVENT_CONNECTED, 0, 0.0)
+    refused._on_event(zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400, 0.01)
+    refused._on_event(zmq.EVENT_DISCONNECTED, 0, 0.01)
+    assert refused.handshake_broken(0.1) == sockets.HANDSHAKE_AUTH
+    assert refused.handshake_hopeless(2.1, 2.0)
+
+    gap = watch()  # just dropped, the redial not said yet: not taken for "zmq will not dial again"
+    gap._on_event(zmq.EVENT_CONNECTED, 0, 0.0)
+    gap._on_event(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0, 0.01)
+    gap._on_event(zmq.EVENT_CONNECTED, 0, 2.0)
+    gap._on_event(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0, 2.01)
+    gap._on_event(zmq.EVENT_DISCONNECTED, 0, 2.01)
+    assert not gap.handshake_hopeless(2.1, 2.0)
+    assert gap.handshake_hopeless(2.6, 2.0)  # and none came
