@@ -107,12 +107,16 @@ def test_the_peer_watch_gives_up_on_refused_handshakes_but_not_on_a_daemon_too_s
         sock.close(0)
         return peer
 
+    def broken_off(peer: sockets.PeerWatch, starts: tuple[float, ...], after_s: float) -> None:
+        """Handshakes broken off ``after_s`` after each connection, zmq dialling again each time."""
+        for start in starts:
+            peer._on_event(zmq.EVENT_CONNECTED, 0, start)
+            peer._on_event(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0, start + after_s)
+            peer._on_event(zmq.EVENT_DISCONNECTED, 0, start + after_s)
+            peer._on_event(zmq.EVENT_CONNECT_RETRIED, 100, start + after_s)
+
     slow = watch()
-    for start in (0.0, 5.5, 11.0):
-        slow._on_event(zmq.EVENT_CONNECTED, 0, start)
-        slow._on_event(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0, start + 5.0)
-        slow._on_event(zmq.EVENT_DISCONNECTED, 0, start + 5.0)
-        slow._on_event(zmq.EVENT_CONNECT_RETRIED, 100, start + 5.0)
+    broken_off(slow, (0.0, 5.5, 11.0), 5.0)
     assert slow.handshake_broken(16.0) == sockets.HANDSHAKE_SLOW
     assert not slow.handshake_hopeless(16.0, 2.0) and not slow.handshake_hopeless(60.0, 2.0)
     slow._on_event(zmq.EVENT_CONNECTED, 0, 16.5)
@@ -120,11 +124,7 @@ def test_the_peer_watch_gives_up_on_refused_handshakes_but_not_on_a_daemon_too_s
     assert slow.handshake_broken(17.0) is None
 
     web = watch()  # another program: it breaks each handshake off at once, and zmq dials again
-    for start in (0.0, 0.2, 0.4):
-        web._on_event(zmq.EVENT_CONNECTED, 0, start)
-        web._on_event(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, 0, start + 0.01)
-        web._on_event(zmq.EVENT_DISCONNECTED, 0, start + 0.01)
-        web._on_event(zmq.EVENT_CONNECT_RETRIED, 100, start + 0.01)
+    broken_off(web, (0.0, 0.2, 0.4), 0.01)
     assert web.handshake_broken(0.5) == sockets.HANDSHAKE_BROKEN
     assert not web.handshake_hopeless(1.0, 2.0) and web.handshake_hopeless(2.5, 2.0)
 
