@@ -61,7 +61,7 @@ class Autoscaler:
             self._starved_since = None
             if self.act:
                 log.info("autoscaling: clients wait and %d worker(s) are busy; starting one more", len(own))
-                daemon.pool.try_launch()
+                daemon.pool.try_launch(retry=False)  # asked again here if still starved
         elif self._idle_since is not None and now - self._idle_since >= SHRINK_AFTER_S and len(own) > self.minimum:
             self.desired = len(own) - 1
             self._idle_since = None

@@ -22,9 +22,9 @@ log = logging.getLogger("loader.daemon")
 
 LOG_EVERY_S = 60.0
 MAX_REMEMBERED_PEERS = 1024  # peers whose last log line is remembered (a flood of peers forgets the oldest)
-# Lines of one kind a LOG_EVERY_S, all peers together: a job of many ranks attaching at once is logged whole,
-# a peer reconnecting under a new identity for every message (9,400 lines in 10 s) is not.
-MAX_LINES_PER_KIND = 100
+# Lines of one kind a LOG_EVERY_S, all peers together: a job of a thousand ranks attaching at once is logged
+# whole, a peer reconnecting under a new identity for every message (9,400 lines in 10 s) is not.
+MAX_LINES_PER_KIND = 1000
 
 
 class PeerLines:
@@ -66,6 +66,16 @@ class PeerLines:
                 )
             window[:] = [now, 0, 0]
         if window[1] >= MAX_LINES_PER_KIND:
+            if not window[2]:  # said when it starts, not only after (the next line of the kind may never come)
+                log.log(
+                    level,
+                    "more than %d '%s' lines from all peers within %.0f s: the rest are logged at DEBUG and counted "
+                    "until the %.0f s are over (many peers, or one reconnecting under new identities)",
+                    MAX_LINES_PER_KIND,
+                    kind,
+                    LOG_EVERY_S,
+                    LOG_EVERY_S,
+                )
             window[2] += 1
             return False
         window[1] += 1

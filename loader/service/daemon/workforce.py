@@ -171,26 +171,32 @@ class WorkerPool:
                 link.close()  # the child has its copies; ours would hide its death
         self.coordinator.add_worker(worker_id, proc).claim = claim
 
-    def try_launch(self) -> bool:
+    def try_launch(self, *, retry: bool = True) -> bool:
         """``launch()``, where a failure to start one is the machine's, not the daemon's: a process, pipe or
-        descriptor limit reached (a flood of connections holds descriptors), memory short. Such a start is
-        tried again after a growing pause, one warning a minute; the daemon stopped with it, and every client
-        with it, when a worker died while those lasted."""
+        descriptor limit reached (a flood of connections holds descriptors), memory short. The daemon stopped
+        there, and every client with it, when a worker died while those lasted. Now the start is tried again
+        after a growing pause (``retry``: the pool's own replacements; the autoscaler asks again by itself, and
+        its retries piled up past ``workers.max``), one warning a minute, and after ``MAX_START_FAILURES`` in a
+        row the epochs waiting for data fail with the cause (a permanent one, such as a Python removed from
+        under the daemon, would else stall them to their progress timeout)."""
         try:
             self.launch()
         except OSError as exc:
             self._launch_failures += 1
             delay = min(MAX_START_BACKOFF_S, START_BACKOFF_S * 2 ** min(self._launch_failures, 30))
-            self._launch_at.append(time.monotonic() + delay)
+            if retry:
+                self._launch_at.append(time.monotonic() + delay)
             if self._lines.level("daemon", "worker start", logging.WARNING) == logging.WARNING:
                 log.warning(
-                    "could not start a worker (%s); trying again in %.1f s, with %d worker(s) running (%d failed "
-                    "start(s) in a row)",
+                    "could not start a worker (%s)%s, with %d worker(s) running (%d failed start(s) in a row)",
                     exc,
-                    delay,
+                    f"; trying again in {delay:.1f} s" if retry else "",
                     len(self.coordinator.workers),
                     self._launch_failures,
                 )
+            if self._launch_failures == MAX_START_FAILURES and self._on_start_failed is not None:
+                message = f"{self._launch_failures} worker starts in a row failed; the last: {exc}"
+                self._on_start_failed(WorkerError(type(exc).__name__, message).to_dict())
             return False
         self._launch_failures = 0
         return True

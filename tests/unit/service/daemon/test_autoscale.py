@@ -30,7 +30,7 @@ class FakeDaemon:
         self.sessions: dict = {}
         self.stage = SimpleNamespace(sessions=self.sessions)
         self.retired: list[FakeWorker] = []
-        self.pool = SimpleNamespace(launch=self.launch, try_launch=self.launch, gone=self.gone)
+        self.pool = SimpleNamespace(launch=self.launch, try_launch=lambda retry=True: self.launch(), gone=self.gone)
         self._ids = 0
         for _ in range(count):
             self.launch(connected=True)
