@@ -608,16 +608,20 @@ class Stage:
         state = stream.sequencer.files.get(file_index)
         if state is None or state.done or state.cut:
             return
+        # The file is settled before its error is logged: the error is a peer's, and had anything in making its
+        # line raised, the handler guard would drop the message with the file neither failed nor done, and the
+        # epoch would wait for it to its stall timeout.
         if self.on_error == "skip":
             # The records delivered are kept; the rest of the file counts as ``lost`` skipped records.
+            self._complete_file(stream, file_index, lost + stream.rejected.pop(file_index, 0), "skipping the rest of")
             log.warning(
                 "skipping the rest of file index %d (epoch %d): %s",
                 file_index,
                 stream.epoch,
                 _first_line(str(WorkerError.from_dict(error)), MAX_LOGGED_ERROR_CHARS),  # a peer wrote it
             )
-            self._complete_file(stream, file_index, lost + stream.rejected.pop(file_index, 0), "skipping the rest of")
             return
+        self.fail_stream(stream, error)
         # The clients get the error with its traceback; the operator reading the daemon's log gets one line, at
         # most one a second (a client asking for epochs that fail at once must not fill the disk with the log).
         suppressed = self._failures_logged.allow(time.monotonic())
@@ -629,7 +633,6 @@ class Stage:
                 _first_line(str(WorkerError.from_dict(error)), MAX_LOGGED_ERROR_CHARS),  # a peer wrote it
                 f" ({suppressed} more epochs failed since the last line)" if suppressed else "",
             )
-        self.fail_stream(stream, error)
 
     def fail_stream(self, stream: Stream, error: dict[str, Any]) -> None:
         if not stream.failed:

@@ -103,6 +103,23 @@ def test_a_file_that_failed_for_good_under_skip_keeps_what_arrived():
     assert stage.skipped_records == 1 and stream.rows_buffered == 3
 
 
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_file_failed_by_a_peer_is_settled_even_if_logging_its_error_raises(monkeypatch, on_error):
+    # The error is a peer's: a line of it that could not be made (a list in "file" raised in WorkerError) left
+    # the file neither failed nor done, the handler guard dropped the message, and the epoch waited to its timeout.
+    import loader.service.daemon.stage as stage_module
+
+    def unprintable(info):
+        raise TypeError("an error dict that makes no line")
+
+    monkeypatch.setattr(stage_module.WorkerError, "from_dict", unprintable)
+    stage = _stage(Recorder(), on_error=on_error)
+    _, stream = _open(stage, [0])
+    with pytest.raises(TypeError):
+        stage.fail_file(stream.stream_id, 0, {"type": "X", "file": ["a"]})
+    assert stream.failed if on_error == "raise" else stream.input_done
+
+
 def test_the_stage_stops_accepting_when_full_unless_a_client_starves():
     stage = _stage(Recorder())
     session, stream = _open(stage, [0], credits=0)
