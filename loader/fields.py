@@ -48,6 +48,12 @@ class Field:
             shape = tuple(-1 if d is None else int(d) for d in self.shape)
         except (TypeError, ValueError):
             raise ValueError(f"Field {self.name!r}: shape must be a sequence of ints, got {self.shape!r}") from None
+        if str(self.dtype).lower() in _BFLOAT16_NAMES:
+            # Paddle's VarType.BF16 / paddle.bfloat16: numpy has no such dtype to stack a batch in.
+            raise ValueError(
+                f"Field {self.name!r}: dtype bfloat16 has no numpy form to feed: declare the field float32 and cast "
+                "on the device (tensor.to(torch.bfloat16), paddle.cast(x, 'bfloat16'))"
+            )
         try:
             dtype = np.dtype(self.dtype)
         except TypeError:
@@ -256,6 +262,8 @@ def _holds_none(value: Any) -> bool:
 
 
 # Fluid's VarType names (``VarType.FP32``, ``paddle.float32``) -> numpy dtype names.
+_BFLOAT16_NAMES = ("bf16", "bfloat16")  # dtype_name's spelling of Paddle's VarType.BF16 and paddle.bfloat16
+
 _FLUID_DTYPES = {
     "bool": "bool",
     "int8": "int8",

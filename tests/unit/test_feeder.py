@@ -246,3 +246,12 @@ def test_a_large_batch_feeds_into_one_contiguous_array_per_slot():
     assert x.shape == (512, 784) and x.dtype == np.float32 and x.flags.c_contiguous
     np.testing.assert_array_equal(x, np.stack([s[0] for s in batch]))
     assert y.reshape(-1).tolist() == [i % 10 for i in range(512)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "BF16", "bf16"])
+def test_a_bfloat16_field_says_what_to_do_instead(dtype):
+    # Paddle's VarType.BF16 / paddle.bfloat16: "unknown dtype 'BF16'" said nothing of why or what instead.
+    with pytest.raises(
+        ValueError, match=r"Field 'x': dtype bfloat16 has no numpy form to feed: declare the field float32"
+    ):
+        Field("x", (2,), dtype)
