@@ -177,8 +177,8 @@ class WorkerPool:
         there, and every client with it, when a worker died while those lasted. Now the start is tried again
         after a growing pause (``retry``: the pool's own replacements; the autoscaler asks again by itself, and
         its retries piled up past ``workers.max``), one warning a minute, and after ``MAX_START_FAILURES`` in a
-        row the epochs waiting for data fail with the cause (a permanent one, such as a Python removed from
-        under the daemon, would else stall them to their progress timeout)."""
+        row with no worker left alive the epochs waiting for data fail with the cause (a permanent one, such as
+        a Python removed from under the daemon, would else stall them to their progress timeout)."""
         try:
             self.launch()
         except OSError as exc:
@@ -194,8 +194,13 @@ class WorkerPool:
                     len(self.coordinator.workers),
                     self._launch_failures,
                 )
-            if self._launch_failures == MAX_START_FAILURES and self._on_start_failed is not None:
-                message = f"{self._launch_failures} worker starts in a row failed; the last: {exc}"
+            # Only with no worker left to read: a few seconds of EMFILE while others read slows an epoch down,
+            # it must not fail it. From then on at every failed start, so epochs asked for later fail too.
+            alive = any(record.alive for record in self.coordinator.workers.values())
+            if self._launch_failures >= MAX_START_FAILURES and not alive and self._on_start_failed is not None:
+                message = (
+                    f"{self._launch_failures} worker starts in a row failed and no worker is left; the last: {exc}"
+                )
                 self._on_start_failed(WorkerError(type(exc).__name__, message).to_dict())
             return False
         self._launch_failures = 0
