@@ -228,9 +228,35 @@ class WorkerError(LoaderError):
 
 
 def _loader_data_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is one of the loader's own data errors, whose message says all a person needs: not a
-    batch mapper's failure, whose traceback (the cause it carries) points at the user's line."""
-    return isinstance(exc, DataError) and not isinstance(exc, BatchMapperError)
+    """Whether ``exc`` is one of the loader's own data errors, whose message says all a person needs: a
+    ``DataError`` raised and passed on by the loader's code alone. Not a batch mapper's failure (the cause it
+    carries points at the user's line), nor a ``DataError`` that went through a user's code (a reader raising
+    its own subclass, ``DataFeeder.feed`` called from a user's reader): its traceback is the user's way there."""
+    if not isinstance(exc, DataError) or isinstance(exc, BatchMapperError):
+        return False
+    own = _own_code_dirs()
+    frames = list(_traceback.walk_tb(exc.__traceback__))[1:]  # below the frame that caught it (the worker's loop)
+    return all(frame.f_code.co_filename.startswith(own) for frame, _ in frames)
+
+
+_OWN_DIRS: tuple[str, ...] = ()
+
+
+def _own_code_dirs() -> tuple[str, ...]:
+    """Where the loader's code lives (``loader/``, ``workers/`` beside it) and the standard library's (threads,
+    processes): the frames of an error that passed through no code of the user's."""
+    global _OWN_DIRS
+    if not _OWN_DIRS:
+        import os
+        import sysconfig
+
+        package = os.path.dirname(os.path.abspath(__file__))
+        paths = sysconfig.get_paths()
+        _OWN_DIRS = tuple(
+            os.path.join(directory, "")
+            for directory in (package, os.path.join(os.path.dirname(package), "workers"), paths["stdlib"])
+        )
+    return _OWN_DIRS
 
 
 def _hint(exc: BaseException) -> str:

@@ -86,6 +86,23 @@ def test_a_loader_data_error_is_one_line_with_its_traceback_kept_apart():
     assert str(record) == "UnsendableSampleError: field 'data' is bad (in worker w1, file /d/f1.npy, record 3)"
 
 
+def test_a_data_error_raised_by_user_code_keeps_its_traceback():
+    # A reader of the user's raising its own DataError subclass lost the traceback to its line: the one-line
+    # form was chosen by the class, not by whose code raised it.
+    class BadRow(DataError):
+        pass
+
+    def read(path: str) -> object:
+        raise BadRow(f"{path}: row 1: empty text")
+
+    try:
+        read("/d/f0.csv")
+    except BadRow as exc:
+        err = WorkerError.from_exception(exc, file="/d/f0.csv", record=1)
+    assert not err.data_error
+    assert "--- original traceback ---" in str(err) and "in read" in str(err)
+
+
 def test_an_error_of_user_code_keeps_its_traceback_in_str():
     def mapper(sample: object) -> object:
         raise KeyError("label")
