@@ -66,11 +66,11 @@ _sessions: dict[tuple[Any, ...], Any] = {}
 def _provider_session(source: Any, process: Any, is_train: bool, path: str) -> Any:
     """The ``ProviderSession`` of ``source.provider`` for this dataset, opened at its first lease in this process
     over the dataset's whole file list (``file_list`` of ``init_hook`` and ``settings``), with ``is_train`` from
-    ``pipeline.is_train``. Where the list cannot be expanded on this host (a ``list_file`` or glob only the
-    daemon's host sees, or a passing error), a session is opened on the leased file alone, with a warning once,
-    and not kept: the next lease tries the whole list again, so no worker keeps a one-file list for its life
-    while the others have the whole. Expanding the list costs a few stat calls a file (about 2.6 s for 100,000
-    files on a local disk), once per worker process and dataset."""
+    ``pipeline.is_train``, and kept: ``init_hook`` runs once per worker process and dataset. Where the list
+    cannot be expanded on this host (a ``list_file`` or glob only the daemon's host sees), the session is opened
+    on the leased file alone, with a warning, and kept too: a hook that loads a vocabulary would else load it at
+    every lease. Expanding the list costs a few stat calls a file (about 2.6 s for 100,000 files on a local
+    disk), once per worker process and dataset."""
     key = (source.provider, source.files, source.list_file, is_train)
     session = _sessions.get(key)
     if session is not None:
@@ -78,22 +78,17 @@ def _provider_session(source: Any, process: Any, is_train: bool, path: str) -> A
     try:
         files = source.expand_files()
     except (ConfigError, OSError) as exc:
-        if key not in _fallbacks_said:
-            _fallbacks_said.add(key)
-            log.warning(
-                "source.provider %s: init_hook gets file_list=[%r] only: the dataset's file list cannot be read on "
-                "this host (%s)",
-                source.provider,
-                path,
-                exc,
-            )
-        return process.open([path], is_train=is_train)
+        log.warning(
+            "source.provider %s: init_hook gets file_list=[%r] only, in this worker: the dataset's file list cannot "
+            "be read on this host (%s)",
+            source.provider,
+            path,
+            exc,
+        )
+        files = [path]
     session = process.open(files, is_train=is_train)
     _sessions[key] = session
     return session
-
-
-_fallbacks_said: set[tuple[Any, ...]] = set()  # keys of _provider_session whose one-file fallback was warned of
 
 
 class FileSource:
