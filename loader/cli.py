@@ -419,18 +419,24 @@ def _judge_dtypes(view: Any, dataset: str, found: Any, errors: list[str], warnin
     ]
     if not suspects or view.source.provider is not None:
         return
-    line = _first_odd_dtype(view.source, suspects, stacked)
+    dtypes = [f.dtype for f in found.fields if f.name in suspects]
+    line = _first_odd_dtype(view.source, suspects, stacked, dtypes)
     if line is not None:
         mapped = bool(view.pipeline.mappers or view.pipeline.batch_mappers)
         (warnings if mapped else errors).append(f"{dataset}: {line}{' (the mappers must change it)' if mapped else ''}")
 
 
-def _first_odd_dtype(source: Any, names: list[str], stacked: bool) -> str | None:
+def _first_odd_dtype(source: Any, names: list[str], stacked: bool, suspect_dtypes: list[str]) -> str | None:
     """What is wrong with the first file (of ``source``) whose field among ``names`` has a dtype an epoch refuses."""
     from loader.io.survey import VARIES, shown, survey
 
     first: dict[str, tuple[str, np.dtype]] = {}  # field -> the first file's (path, dtype) of a plain dtype
+    # Where only "varies" made a field suspect, the files whose dtypes a survey reads from a header: a text or
+    # RecordIO file surveyed again is parsed whole (it doubled check's time), and its strings vary within it.
+    headers_only = not any(_refused_dtype(f) for f in suspect_dtypes)
     for path in source.expand_files():
+        if headers_only and not path.endswith((".npy", ".npz")):
+            continue
         for summary in survey(_OneFile(source, path)).fields:
             if summary.name not in names or summary.dtype == VARIES:
                 continue
@@ -441,7 +447,9 @@ def _first_odd_dtype(source: Any, names: list[str], stacked: bool) -> str | None
             if dtype is None or not stacked:
                 continue
             was = first.setdefault(summary.name, (path, dtype))
-            if (was[1].kind in "USV") != (dtype.kind in "USV"):  # text beside numbers: no batch stacks both
+            text = (was[1].kind in "USV", dtype.kind in "USV")
+            # Text beside numbers: no batch stacks both; text of two widths (<U2, <U3): the stage refuses it too.
+            if text[0] != text[1] or (any(text) and was[1] != dtype):
                 return (
                     f"field {summary.name!r} has dtype {was[1]} in {shown(was[0])} but {dtype} in {shown(path)}: "
                     f"{ONE_DTYPE_FIX}"

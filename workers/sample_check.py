@@ -134,6 +134,8 @@ def unsendable_dtype(dtype: np.dtype) -> str | None:
         return f"has the structured dtype {dtype}: its field names would be lost; make each field a sample field"
     if dtype.itemsize == 0:
         # The daemon refuses such a frame as malformed: the epoch failed as "a chunk was lost on the way".
+        if dtype.kind in "US":  # np.str_("") from a reader: an empty numpy string, not a file's dtype
+            return f"is an empty numpy string (dtype {dtype.str}, no bytes): give str(value), or an array of a width"
         return f"has the zero-width dtype {dtype.str} (its values hold no bytes): write it with a dtype of one byte or more"
     return None
 

@@ -388,6 +388,15 @@ def test_check_fails_on_a_dtype_an_epoch_refuses_naming_file_and_field(tmp_path,
     assert said in err[0] and err[0].endswith("(the mappers must change it)")
 
 
+def test_check_fails_on_text_of_two_widths_in_stacked_batches(tmp_path, capsys) -> None:
+    # <U2 in one file and <U4 in another passed check; the epoch then failed ("dtype str64, but ... str96").
+    for i in range(2):
+        np.save(tmp_path / f"part-{i}.npy", np.arange(5, dtype=np.int64))
+        np.save(tmp_path / f"part-{i}.name.npy", np.array(["ab" * (i + 1)] * 5))
+    line = _error(*_check(tmp_path, capsys, '[source]\nfiles = ["part-*.npy"]\n'))
+    assert "field 'name' has dtype <U2 in part-0.npy but <U4 in part-1.npy: a stacked batch" in line, line
+
+
 def test_check_takes_text_fields_alike_in_every_file(tmp_path, capsys) -> None:
     for i in range(2):
         np.save(tmp_path / f"part-{i}.npy", np.arange(5, dtype=np.int64))

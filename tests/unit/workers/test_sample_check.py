@@ -13,7 +13,7 @@ from loader.errors import DataError, ShapeMismatchError
 from loader.service import protocol as P
 from tests.unit.workers.file_jobs import run_file_job
 from workers.columns import sample_parts
-from workers.sample_check import SampleCheck
+from workers.sample_check import SampleCheck, unsendable
 
 HERE = "tests.unit.workers.test_sample_check"
 
@@ -163,6 +163,15 @@ def test_a_python_number_and_an_array_in_one_field_are_refused_in_stacked_batche
         check((2,))
     check((np.ones(3, np.float32),))
     SampleCheck(["x"], stacked=False)((1.5,))  # a list batch takes any mix
+
+
+def test_an_empty_numpy_string_is_named_as_such() -> None:
+    # np.str_("") from a reader is dtype <U0: "write it with a dtype of one byte or more" sent the user the wrong way.
+    assert (
+        unsendable(np.str_(""))
+        == "is an empty numpy string (dtype <U0, no bytes): give str(value), or an array of a width"
+    )
+    assert "zero-width dtype |V0" in (unsendable(np.zeros(2, "V0")) or "")
 
 
 def test_unsendable_walks_containers_and_names_what_it_found() -> None:
