@@ -106,6 +106,59 @@ def handshake_note(broken: str, has_keys: bool) -> str:
     )
 
 
+HTTP_NOTE = (
+    ": an HTTP server answers there (a loader daemon's metrics port? its address for clients is another); "
+    f"{SERVING_LINE}"
+)
+
+
+class ConnectJudge:
+    """What a watched connection's handshake events say of its address: whether a request should stop waiting
+    (``hopeless``), and what its error says (``note``).
+
+    Handshakes dropped unfinished after seconds are a daemon too busy to finish one in its 5 s, which the next
+    may pass, or a server of another protocol that times out a client that says nothing it understands: the
+    daemon's own metrics port does so after 5 s. Such an address is asked once, as HTTP, to tell them apart."""
+
+    def __init__(self, watch: transport.PeerWatch, address: str, keyed: bool | None, timeout_s: float) -> None:
+        self._watch, self._address, self._keyed, self._timeout_s = watch, address, keyed, timeout_s
+        self._http: bool | None = None  # asked once handshakes are dropped slowly
+
+    def hopeless(self) -> bool:
+        now = time.monotonic()
+        if self._http is None and self._watch.handshake_broken(now) == transport.HANDSHAKE_SLOW:
+            self._http = answers_http(self._address)
+        return bool(self._http) or self._watch.handshake_hopeless(now, min(HANDSHAKE_GIVE_UP_S, self._timeout_s))
+
+    def refused(self) -> bool:
+        return self._watch.refusing(time.monotonic())
+
+    def broken(self) -> bool:
+        return bool(self._http) or self._watch.handshake_broken(time.monotonic()) is not None
+
+    def note(self) -> str:
+        """Said of the address, else "": nothing listens there, an HTTP server does, or the handshake failed."""
+        if self.refused():
+            return REFUSED_NOTE
+        if self._http:
+            return HTTP_NOTE
+        broken = self._watch.handshake_broken(time.monotonic())
+        return "" if broken is None else handshake_note(broken, has_keys(self._keyed))
+
+
+def answers_http(address: str) -> bool:
+    """Whether an HTTP server answers a request line at ``address`` (``tcp://`` only, probed as
+    ``_nothing_listens`` probes)."""
+    if not address.startswith("tcp://"):
+        return False
+    try:
+        with _probe(address) as probe:
+            probe.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            return probe.recv(5) == b"HTTP/"
+    except (OSError, ValueError):
+        return False
+
+
 def query_status(address: str, timeout_s: float = 5.0, curve: CurveClient | None = None) -> dict[str, Any]:
     """The daemon's ``status()`` dict; ``ServiceUnavailableError`` when it does not answer, or answers
     with something that is not a loader daemon's status (``status_problem``).
@@ -116,26 +169,17 @@ def query_status(address: str, timeout_s: float = 5.0, curve: CurveClient | None
     if not (math.isfinite(timeout_s) and timeout_s <= MAX_TIMEOUT_S):
         raise ValueError(f"a status query's timeout_s must be at most {MAX_TIMEOUT_S:g} seconds, got {timeout_s!r}")
     channel = _status_channel(address, curve)
-    watch = channel.watch_peer(connecting=True)
     keyed = True if curve is not None else None
+    judge = ConnectJudge(channel.watch_peer(connecting=True), address, keyed, timeout_s)
     try:
-        answer = request(
-            channel,
-            P.encode(P.Status()),
-            (P.Status,),
-            timeout_s,
-            address,
-            hopeless=lambda: watch.handshake_hopeless(time.monotonic(), min(HANDSHAKE_GIVE_UP_S, timeout_s)),
-        )
-        broken = watch.handshake_broken(time.monotonic())
-        refused = watch.refusing(time.monotonic())
+        answer = request(channel, P.encode(P.Status()), (P.Status,), timeout_s, address, hopeless=judge.hopeless)
+        note, refused, broken = judge.note(), judge.refused(), judge.broken()
     finally:
         channel.close()
     if not isinstance(answer, P.Status):
         if refused:
-            raise ServiceUnavailableError(f"no loader daemon answered at {address} within {timeout_s:g}s{REFUSED_NOTE}")
-        if broken is not None:
-            note = handshake_note(broken, has_keys(keyed))
+            raise ServiceUnavailableError(f"no loader daemon answered at {address} within {timeout_s:g}s{note}")
+        if broken:
             raise ServiceUnavailableError(f"no loader daemon answered at {address} (the handshake failed){note}")
         raise ServiceUnavailableError(
             f"no loader daemon answered at {address} within {timeout_s:g}s{no_answer_hint(keyed)}{_size_note(address)}"
@@ -165,11 +209,7 @@ def _nothing_listens(address: str) -> bool:
     scheme, _, rest = address.partition("://")
     try:
         if scheme == "tcp":
-            host, _, port = rest.rpartition(":")
-            host = host.strip("[]")
-            if host != "localhost":
-                socket.getaddrinfo(host, int(port), flags=socket.AI_NUMERICHOST)  # gaierror for a name
-            socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S).close()
+            _probe(address).close()
         elif scheme == "ipc" and not rest.startswith("@"):
             with socket.socket(socket.AF_UNIX) as probe:
                 probe.settimeout(PROBE_TIMEOUT_S)
@@ -179,6 +219,18 @@ def _nothing_listens(address: str) -> bool:
     except (OSError, ValueError):  # unreachable, slow, unresolved or not HOST:PORT: it may listen
         return False
     return False
+
+
+def _probe(address: str) -> socket.socket:
+    """A plain TCP connection to a ``tcp://HOST:PORT`` address, its timeout ``PROBE_TIMEOUT_S``; a host name
+    other than ``localhost`` raises ``gaierror`` instead of being looked up (``_nothing_listens`` says why)."""
+    host, _, port = address.partition("://")[2].rpartition(":")
+    host = host.strip("[]")
+    if host != "localhost":
+        socket.getaddrinfo(host, int(port), flags=socket.AI_NUMERICHOST)  # gaierror for a name
+    probe = socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT_S)
+    probe.settimeout(PROBE_TIMEOUT_S)
+    return probe
 
 
 def _status_channel(address: str, curve: CurveClient | None) -> transport.ZmqChannel:

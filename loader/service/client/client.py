@@ -64,15 +64,7 @@ from loader.reader.batches import batch_reader
 from loader.service import protocol as P
 from loader.service import transport
 from loader.service.blocks import block_nbytes
-from loader.service.client.ask import (
-    HANDSHAKE_GIVE_UP_S,
-    REFUSED_NOTE,
-    handshake_note,
-    has_keys,
-    no_answer_hint,
-    query_status,
-    request,
-)
+from loader.service.client.ask import ConnectJudge, no_answer_hint, query_status, request
 from loader.service.client.batches import to_batch
 from loader.service.client.buffers import BatchBuffers
 from loader.service.client.checkpoint import Place, place_of
@@ -309,6 +301,8 @@ class Client(NotADataset):
         self._finalizer = weakref.finalize(self, _stop_receiver, self._stop, self._waker, self._thread)
         self._thread.start()
         _LIVE.add(self)
+
+    _judge: ConnectJudge | None = None  # what the handshake's connection showed of the address (receiver thread)
 
     # -- public -------------------------------------------------------------
     def epoch(self, epoch: int | None = None) -> EpochBatches:
@@ -568,7 +562,8 @@ class Client(NotADataset):
         )
         # Watched from the first connection on: an address where nothing listens is said to be one.
         channel = self._channel
-        self._connect_watch = channel.watch_peer(connecting=True) if isinstance(channel, transport.ZmqChannel) else None
+        watch = channel.watch_peer(connecting=True) if isinstance(channel, transport.ZmqChannel) else None
+        self._judge = ConnectJudge(watch, self.address, self._keyed, self.timeout_s) if watch is not None else None
         deadline = time.monotonic() + self.timeout_s
         while True:
             answer = request(
@@ -615,25 +610,13 @@ class Client(NotADataset):
         )
 
     def _connect_note(self) -> str:
-        """What the connection showed of the address, else "": nothing listens there (its connections are
-        refused: waited for all the same, since a daemon started after its clients comes up there), or something
-        does that broke off the handshake (which ends the wait: ``_hopeless``)."""
-        watch = self._connect_watch
-        if watch is None:
-            return ""
-        now = time.monotonic()
-        if watch.refusing(now):
-            return REFUSED_NOTE
-        broken = watch.handshake_broken(now)
-        return "" if broken is None else handshake_note(broken, has_keys(self._keyed))
+        """What the connection showed of the address, else "" (``ConnectJudge.note``): nothing listens there
+        (waited for all the same, since a daemon started after its clients comes up there), or something does
+        that broke off the handshake (which ends the wait: ``ConnectJudge.hopeless``)."""
+        return self._judge.note() if self._judge is not None else ""
 
     def _hopeless(self) -> bool:
-        """Whether the handshake is not worth waiting for (``PeerWatch.handshake_hopeless``): another program or
-        port is there, or the keys do not match, none of which the timeout mends."""
-        watch = self._connect_watch
-        return watch is not None and watch.handshake_hopeless(
-            time.monotonic(), min(HANDSHAKE_GIVE_UP_S, self.timeout_s)
-        )
+        return self._judge is not None and self._judge.hopeless()
 
     def _receive_once(self, state: _ReceiverState, poller: Any) -> None:
         """One round of the receiver thread: commands, credits, messages (up to ``RECEIVER_POLL_S``), pings."""

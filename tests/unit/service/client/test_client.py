@@ -392,6 +392,17 @@ def test_a_client_waiting_for_a_daemon_that_is_not_there_says_so_before_its_time
     assert not [r for r in caplog.records if r.name == "loader.client"]
 
 
+def _handshake_failed_soon(port: int) -> str:
+    """What a client with a 20 s timeout says of a local port whose handshakes fail, well before its timeout."""
+    started = time.monotonic()
+    with pytest.raises(ServiceUnavailableError) as caught:
+        Client(f"tcp://127.0.0.1:{port}", timeout_s=20.0)
+    said = str(caught.value)
+    assert said.startswith(f"no loader daemon answered at tcp://127.0.0.1:{port} (the handshake failed)")
+    assert time.monotonic() - started < 10.0  # HANDSHAKE_GIVE_UP_S (2 s), or a probe after a slow drop
+    return said
+
+
 def test_a_client_pointed_at_something_that_is_not_a_daemons_client_address_says_so_without_waiting():
     """A daemon's metrics port or worker data socket, or another program: the client waited its whole timeout
     (a PULL socket held its send, then "did not accept a message in time"), then blamed CURVE keys."""
@@ -424,14 +435,9 @@ def test_a_client_pointed_at_something_that_is_not_a_daemons_client_address_says
     server.start()
     try:
         for port in (data_port, web.getsockname()[1]):
-            started = time.monotonic()
-            with pytest.raises(ServiceUnavailableError) as caught:
-                Client(f"tcp://127.0.0.1:{port}", timeout_s=20.0)
-            said = str(caught.value)
-            assert said.startswith(f"no loader daemon answered at tcp://127.0.0.1:{port} (the handshake failed)")
+            said = _handshake_failed_soon(port)
             assert "something listens there but broke off the handshake: it is not a loader daemon's address" in said
             assert "CURVE" not in said and "did not accept" not in said
-            assert time.monotonic() - started < 10.0  # HANDSHAKE_GIVE_UP_S (2 s), not the 20 s timeout
             started = time.monotonic()
             with pytest.raises(ServiceUnavailableError) as caught:  # `loader status` asks the same way
                 query_status(f"tcp://127.0.0.1:{port}", timeout_s=20.0)
@@ -443,6 +449,39 @@ def test_a_client_pointed_at_something_that_is_not_a_daemons_client_address_says
         web.close()
         data_socket.close(0)
         context.term()
+
+
+def test_a_client_pointed_at_an_http_server_that_times_it_out_says_so_without_waiting_its_timeout():
+    # A daemon's metrics port waits for a request line that zmq's greeting never finishes, and drops it after
+    # its own timeout: slow drops, which a daemon too busy to finish a handshake gives too. The client waited
+    # its whole timeout, then guessed "a daemon too busy".
+    import socketserver
+
+    class Silent(socketserver.StreamRequestHandler):
+        timeout = 1.5  # the metrics server's is 5 s: a slow drop either way
+
+        def handle(self) -> None:
+            try:
+                line = self.rfile.readline()
+            except OSError:
+                return
+            if line.startswith(b"GET "):
+                self.wfile.write(b"HTTP/1.0 404 Not Found\r\n\r\n")
+
+    class Server(socketserver.ThreadingMixIn, socketserver.TCPServer):
+        daemon_threads = True
+
+    with Server(("127.0.0.1", 0), Silent) as server:
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread.start()
+        try:
+            port = server.server_address[1]
+            assert "an HTTP server answers there (a loader daemon's metrics port?" in _handshake_failed_soon(port)
+            with pytest.raises(ServiceUnavailableError, match="an HTTP server answers there"):
+                query_status(f"tcp://127.0.0.1:{port}", timeout_s=20.0)
+        finally:
+            server.shutdown()
+            thread.join(timeout=5)
 
 
 def test_an_epoch_that_waits_long_for_a_batch_says_so_once_before_it_fails(monkeypatch, caplog):
