@@ -234,28 +234,45 @@ def _loader_data_error(exc: BaseException) -> bool:
     its own subclass, ``DataFeeder.feed`` called from a user's reader): its traceback is the user's way there."""
     if not isinstance(exc, DataError) or isinstance(exc, BatchMapperError):
         return False
-    own = _own_code_dirs()
+    own, installed = _own_code_dirs()
     frames = list(_traceback.walk_tb(exc.__traceback__))[1:]  # below the frame that caught it (the worker's loop)
-    return all(frame.f_code.co_filename.startswith(own) for frame, _ in frames)
+    for frame, _ in frames:
+        name = frame.f_code.co_filename
+        # The standard library's directory holds site-packages in a conda, a Docker python: image or a plain
+        # pyenv Python, and a user's installed reader lives there.
+        if not name.startswith(own[:2]) and not (name.startswith(own[2]) and not name.startswith(installed)):
+            return False
+    return True
 
 
-_OWN_DIRS: tuple[str, ...] = ()
+_OWN_DIRS: tuple[tuple[str, ...], tuple[str, ...]] | None = None
 
 
-def _own_code_dirs() -> tuple[str, ...]:
-    """Where the loader's code lives (``loader/``, ``workers/`` beside it) and the standard library's (threads,
-    processes): the frames of an error that passed through no code of the user's."""
+def _own_code_dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Where the loader's code lives (``loader/``, ``workers/`` beside it, and the standard library's: threads,
+    processes), and the installed packages' directories (which may lie inside the standard library's): the
+    frames of an error that passed through no code of the user's."""
     global _OWN_DIRS
-    if not _OWN_DIRS:
+    if _OWN_DIRS is None:
         import os
+        import site
         import sysconfig
 
         package = os.path.dirname(os.path.abspath(__file__))
         paths = sysconfig.get_paths()
-        _OWN_DIRS = tuple(
+        own = tuple(
             os.path.join(directory, "")
             for directory in (package, os.path.join(os.path.dirname(package), "workers"), paths["stdlib"])
         )
+        sites = [
+            paths.get("purelib", ""),
+            paths.get("platlib", ""),
+            *getattr(site, "getsitepackages", list)(),
+            os.path.join(paths["stdlib"], "site-packages"),  # a base interpreter's, seen from a venv
+            os.path.join(paths["stdlib"], "dist-packages"),  # Debian's
+        ]
+        installed = tuple(os.path.join(directory, "") for directory in sites if directory)
+        _OWN_DIRS = (own, installed)
     return _OWN_DIRS
 
 

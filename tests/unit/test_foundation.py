@@ -103,6 +103,36 @@ def test_a_data_error_raised_by_user_code_keeps_its_traceback():
     assert "--- original traceback ---" in str(err) and "in read" in str(err)
 
 
+def test_a_data_error_of_an_installed_package_inside_the_standard_librarys_directory_keeps_its_traceback(
+    monkeypatch,
+):
+    # conda, Docker python: images and a plain pyenv Python keep site-packages inside the standard library's
+    # directory: a user's installed reader raising its own DataError counted as the loader's, and lost its
+    # traceback.
+    import os
+
+    from loader import errors
+
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+    parent = os.path.join(os.path.dirname(os.path.dirname(here)), "")  # tests/unit/ plays site-packages in it
+    own, installed = errors._own_code_dirs()
+
+    def read() -> object:
+        raise DataError("/d/f0.csv: row 1: empty text")
+
+    def carried() -> WorkerError:
+        try:
+            read()
+        except DataError as exc:
+            return WorkerError.from_exception(exc, file="/d/f0.csv")
+        raise AssertionError("read() raised nothing")
+
+    monkeypatch.setattr(errors, "_OWN_DIRS", ((*own[:2], parent), installed))
+    assert carried().data_error  # as if this file were the standard library's: one line
+    monkeypatch.setattr(errors, "_OWN_DIRS", ((*own[:2], parent), (*installed, here)))
+    assert not carried().data_error  # an installed package's, inside it: its traceback kept
+
+
 def test_an_error_of_user_code_keeps_its_traceback_in_str():
     def mapper(sample: object) -> object:
         raise KeyError("label")
