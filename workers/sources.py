@@ -69,7 +69,7 @@ def _provider_session(source: Any, process: Any, is_train: bool, path: str) -> A
     ``pipeline.is_train``, and kept: ``init_hook`` runs once per worker process and dataset. Where the list
     cannot be expanded on this host (a ``list_file`` or glob only the daemon's host sees), the session is opened
     on the leased file alone, with a warning, and kept too: a hook that loads a vocabulary would else load it at
-    every lease. Expanding the list costs a few stat calls a file (about 2.6 s for 100,000 files on a local
+    every lease; not after an ``OSError``, which may pass. Expanding the list costs a few stat calls a file (about 2.6 s for 100,000 files on a local
     disk), once per worker process and dataset."""
     key = (source.provider, source.files, source.list_file, is_train)
     session = _sessions.get(key)
@@ -79,13 +79,20 @@ def _provider_session(source: Any, process: Any, is_train: bool, path: str) -> A
         files = source.expand_files()
     except (ConfigError, OSError) as exc:
         log.warning(
-            "source.provider %s: init_hook gets file_list=[%r] only, in this worker: the dataset's file list cannot "
-            "be read on this host (%s)",
+            "source.provider %s: init_hook gets file_list=[%r] only%s: the dataset's file list cannot be read on "
+            "this host (%s)",
             source.provider,
             path,
+            ", in this worker" if isinstance(exc, ConfigError) else ", for this lease (tried again at the next)",
             exc,
         )
-        files = [path]
+        # Kept where the list is not there for this host (a ConfigError: a list file only the daemon's host has);
+        # an OSError may pass (EMFILE, a network filesystem's blip), and a worker would else keep one file's list
+        # for its life while the others have the whole.
+        session = process.open([path], is_train=is_train)
+        if isinstance(exc, ConfigError):
+            _sessions[key] = session
+        return session
     session = process.open(files, is_train=is_train)
     _sessions[key] = session
     return session

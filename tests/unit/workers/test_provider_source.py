@@ -194,3 +194,27 @@ def test_should_shuffle_is_named_only_where_the_pipeline_does_otherwise(tmp_path
         config.check_imports()
     said = "should_shuffle=False: samples are shuffled by pipeline.shuffle_buffer = 64" in caplog.text
     assert said is warned
+
+
+def test_a_list_that_fails_to_expand_for_a_passing_reason_is_tried_again(tmp_path: Any, monkeypatch, caplog) -> None:
+    # An OSError (EMFILE, a network filesystem's blip) made one worker keep a one-file list for its life while
+    # the others had the whole list.
+    _files(tmp_path, 1)
+    config = _config(tmp_path, is_train=False).dataset("test")
+    source = type(config.source)
+    real = source.expand_files
+    failing = [True]
+
+    def expand(self: Any) -> list[str]:
+        if failing[0]:
+            raise OSError(24, "Too many open files")
+        return real(self)
+
+    monkeypatch.setattr(source, "expand_files", expand)
+    with caplog.at_level(logging.WARNING, logger="loader.worker"):
+        assert _read(config, str(tmp_path / "t0.txt")) == [[0]]
+    assert "for this lease (tried again at the next)" in caplog.text
+    failing[0] = False
+    assert _read(config, str(tmp_path / "t0.txt")) == [[0]]
+    assert _read(config, str(tmp_path / "t0.txt")) == [[0]]
+    assert len(HOOK_CALLS) == 2  # the one-file session, then the whole list's, kept
