@@ -435,7 +435,7 @@ def _first_odd_dtype(source: Any, names: list[str], stacked: bool, suspect_dtype
     # RecordIO file surveyed again is parsed whole (it doubled check's time), and its strings vary within it.
     headers_only = not any(_refused_dtype(f) for f in suspect_dtypes)
     for path in source.expand_files():
-        if headers_only and not path.endswith((".npy", ".npz")):
+        if headers_only and (source.format or os.path.splitext(path)[1][1:].lower()) not in ("npy", "npz"):
             continue
         for summary in survey(_OneFile(source, path)).fields:
             if summary.name not in names or summary.dtype == VARIES:

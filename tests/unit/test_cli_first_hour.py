@@ -397,6 +397,16 @@ def test_check_fails_on_text_of_two_widths_in_stacked_batches(tmp_path, capsys) 
     assert "field 'name' has dtype <U2 in part-0.npy but <U4 in part-1.npy: a stacked batch" in line, line
 
 
+@pytest.mark.parametrize(("suffix", "format_line"), [(".NPY", ""), (".arr", 'format = "npy"\n')])
+def test_check_compares_text_widths_by_the_files_format_not_its_suffix(tmp_path, capsys, suffix, format_line) -> None:
+    # Files read as .npy whose name does not end in ".npy" were not compared: check passed, the epoch failed.
+    for i in range(2):
+        np.save(tmp_path / f"x{i}.npy", np.array(["ab" * (i + 1)] * 5))
+        os.replace(tmp_path / f"x{i}.npy", tmp_path / f"part-{i}{suffix}")
+    line = _error(*_check(tmp_path, capsys, f'[source]\nfiles = ["part-*{suffix}"]\n{format_line}'))
+    assert "has dtype <U2 in part-0" in line and "but <U4 in part-1" in line, line
+
+
 def test_check_takes_text_fields_alike_in_every_file(tmp_path, capsys) -> None:
     for i in range(2):
         np.save(tmp_path / f"part-{i}.npy", np.arange(5, dtype=np.int64))
