@@ -2,7 +2,9 @@
 request, and ``query_status`` (``loader status``, ``Loader``'s readiness checks).
 
 Also why a daemon may not have answered (``no_answer_hint``): the usual causes of silence look
-alike from this side, so the error names them.
+alike from this side, so the error names them; where the connection itself showed more (refused,
+a handshake broken off, an HTTP server), ``ConnectJudge`` says that instead, and ends the wait
+where waiting cannot help.
 
 A status comes from whatever answers at the address: its socket takes at most ``MAX_STATUS_BYTES``, and
 what arrives is checked before anyone prints it (``status_problem``): a map of text keys to plain values,
@@ -42,7 +44,7 @@ PROBE_TIMEOUT_S = 0.5
 # (a daemon's: about 8 a worker and 14 a client). Printing walks it: a peer's answer past either is refused.
 MAX_STATUS_DEPTH = 16
 MAX_STATUS_VALUES = 1_000_000
-_STATUS_SCALARS = (str, int, float, bool, type(None))
+_STATUS_SCALARS = (str, int, float, bool, type(None))  # what msgpack gives besides maps and lists: bytes, ext
 # A connection whose handshakes have failed this long, where zmq will not dial again (a refused key, a peer
 # that is not a daemon's client socket), ends a request's wait (``PeerWatch.handshake_hopeless``).
 HANDSHAKE_GIVE_UP_S = 2.0
@@ -52,7 +54,7 @@ SERVING_LINE = "`loader serve` logs the address for clients as 'serving ... on'"
 REFUSED_NOTE = (
     ": nothing listens there, its connections are refused (is `loader serve` running, and at that address? "
     f"{SERVING_LINE})"
-)  # what msgpack gives besides maps and lists: bytes, ext
+)
 
 
 # The three usual causes of silence, which look alike from here: no daemon, another address, and a daemon with
@@ -79,12 +81,12 @@ def no_answer_hint(keyed: bool | None = None) -> str:
     return KEYED_NO_ANSWER_HINT if has_keys(keyed) else NO_ANSWER_HINT
 
 
-def handshake_note(broken: str, has_keys: bool) -> str:
+def handshake_note(broken: str, keyed: bool) -> str:
     """Said of an address where something accepted connections but the handshake failed (``PeerWatch``)."""
     if broken == transport.HANDSHAKE_MECHANISM:
         which = (
             "this client has CURVE keys and the peer there has none (unset LOADER_PEER_KEY, or give the daemon keys)"
-            if has_keys
+            if keyed
             else "the peer there has CURVE keys and this client has none (set LOADER_PEER_KEY and "
             "LOADER_DAEMON_PUBLIC_KEY)"
         )
@@ -99,7 +101,7 @@ def handshake_note(broken: str, has_keys: bool) -> str:
             ": something listens there and takes connections, but each handshake was dropped unfinished after "
             "seconds: a daemon too busy to finish one in time (see its log)?"
         )
-    keys = ", or LOADER_DAEMON_PUBLIC_KEY is not that daemon's public key (docs/security.md)" if has_keys else ""
+    keys = ", or LOADER_DAEMON_PUBLIC_KEY is not that daemon's public key (docs/security.md)" if keyed else ""
     return (
         ": something listens there but broke off the handshake: it is not a loader daemon's address for clients "
         f"(a daemon's metrics port or worker data socket? another program?){keys}; {SERVING_LINE}"
@@ -323,6 +325,14 @@ def request(
 
 
 __all__ = [
+    "ConnectJudge",
+    "answers_http",
+    "handshake_note",
+    "has_keys",
+    "HANDSHAKE_GIVE_UP_S",
+    "HTTP_NOTE",
+    "REFUSED_NOTE",
+    "SERVING_LINE",
     "query_status",
     "status_problem",
     "request",

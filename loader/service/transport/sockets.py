@@ -322,8 +322,8 @@ def load_peer_watch() -> Any:
 HANDSHAKE_MECHANISM = "mechanism"  # zmq's mechanism mismatch: one side has CURVE keys, the other none
 HANDSHAKE_AUTH = "auth"  # the peer's authenticator refused this side's CURVE key
 HANDSHAKE_BROKEN = "broken"  # closed by the peer mid-handshake: another protocol, socket kind or CURVE key
-HANDSHAKE_SLOW = "slow"  # dropped unfinished after SLOW_HANDSHAKE_S or more: a daemon too busy to finish it
-SLOW_HANDSHAKE_S = 1.0  # a handshake broken off later than this after its connection was not refused at once
+HANDSHAKE_SLOW = "slow"  # dropped unfinished after SLOW_HANDSHAKE_S or more: a busy daemon, or another protocol's
+SLOW_HANDSHAKE_S = 1.0  # broken off later than this after its connection: not refused at once
 REDIAL_GRACE_S = 0.5  # zmq says it dials again just after a drop: not heard from within this, it will not
 HOPELESS_FAILURES = 3  # handshakes refused at once in a row (PeerWatch.handshake_hopeless), where zmq dials again
 MECHANISM_MISMATCH = 0x11000002  # ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH (not exported by every pyzmq)
@@ -344,7 +344,10 @@ class PeerWatch:
 
     A connection that something accepts but whose ZeroMQ handshake breaks off is told apart too
     (``handshake_broken``): the address is another program's, a daemon's metrics port or data socket, or
-    the two sides disagree on CURVE. A client pointed there waited its timeout to be told about keys."""
+    the two sides disagree on CURVE. A client pointed there waited its timeout to be told about keys.
+    Handshakes dropped only after a while (``HANDSHAKE_SLOW``) are a daemon too busy to finish one, or a
+    server of another protocol timing out a client that says nothing it understands: ``client.ask``'s
+    ``ConnectJudge`` asks such an address once as HTTP to tell them apart."""
 
     _EVENTS = (
         zmq.EVENT_CONNECTED
