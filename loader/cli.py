@@ -419,21 +419,21 @@ def _judge_dtypes(view: Any, dataset: str, found: Any, errors: list[str], warnin
     ]
     if not suspects or view.source.provider is not None:
         return
-    dtypes = [f.dtype for f in found.fields if f.name in suspects]
-    line = _first_odd_dtype(view.source, suspects, stacked, dtypes)
+    # Where only "varies" made a field suspect, the files whose dtypes a survey reads from a header: a text or
+    # RecordIO file surveyed again is parsed whole (it doubled check's time), and its strings vary within it.
+    headers_only = not any(_refused_dtype(f.dtype) for f in found.fields if f.name in suspects)
+    line = _first_odd_dtype(view.source, suspects, stacked, headers_only)
     if line is not None:
         mapped = bool(view.pipeline.mappers or view.pipeline.batch_mappers)
         (warnings if mapped else errors).append(f"{dataset}: {line}{' (the mappers must change it)' if mapped else ''}")
 
 
-def _first_odd_dtype(source: Any, names: list[str], stacked: bool, suspect_dtypes: list[str]) -> str | None:
-    """What is wrong with the first file (of ``source``) whose field among ``names`` has a dtype an epoch refuses."""
+def _first_odd_dtype(source: Any, names: list[str], stacked: bool, headers_only: bool) -> str | None:
+    """What is wrong with the first file (of ``source``) whose field among ``names`` has a dtype an epoch refuses;
+    ``headers_only``: only the files read as ``.npy``/``.npz``."""
     from loader.io.survey import VARIES, shown, survey
 
     first: dict[str, tuple[str, np.dtype]] = {}  # field -> the first file's (path, dtype) of a plain dtype
-    # Where only "varies" made a field suspect, the files whose dtypes a survey reads from a header: a text or
-    # RecordIO file surveyed again is parsed whole (it doubled check's time), and its strings vary within it.
-    headers_only = not any(_refused_dtype(f) for f in suspect_dtypes)
     for path in source.expand_files():
         if headers_only and (source.format or os.path.splitext(path)[1][1:].lower()) not in ("npy", "npz"):
             continue

@@ -119,8 +119,9 @@ class WorkerError(LoaderError):
     exception; ``worker``, ``file`` and ``record`` say where it happened when known.
 
     ``str()`` is one line for the loader's own data errors (``data_error``: a ``DataError`` such as a
-    file that does not read, a record that does not fit its batch, a file changed while read), whose
-    message already names what, where and why: their traceback is the loader's insides. For anything
+    file that does not read, a record that does not fit its batch, a file changed while read, that
+    passed through no code of the user's), whose message already names what, where and why: their
+    traceback is the loader's insides. For anything
     else (an exception of a mapper, a reader or a provider of the user's) it goes on with the original
     traceback, which points at the user's line. ``remote_traceback`` holds it either way.
     """
@@ -234,36 +235,33 @@ def _loader_data_error(exc: BaseException) -> bool:
     its own subclass, ``DataFeeder.feed`` called from a user's reader): its traceback is the user's way there."""
     if not isinstance(exc, DataError) or isinstance(exc, BatchMapperError):
         return False
-    own, installed = _own_code_dirs()
-    frames = list(_traceback.walk_tb(exc.__traceback__))[1:]  # below the frame that caught it (the worker's loop)
-    for frame, _ in frames:
+    packages, stdlib, installed = _code_dirs()
+    for frame, _ in list(_traceback.walk_tb(exc.__traceback__))[1:]:  # below the frame that caught it
         name = frame.f_code.co_filename
+        if name.startswith(packages):
+            continue
         # The standard library's directory holds site-packages in a conda, a Docker python: image or a plain
         # pyenv Python, and a user's installed reader lives there.
-        if not name.startswith(own[:2]) and not (name.startswith(own[2]) and not name.startswith(installed)):
+        if not name.startswith(stdlib) or name.startswith(installed):
             return False
     return True
 
 
-_OWN_DIRS: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+_CODE_DIRS: tuple[tuple[str, ...], str, tuple[str, ...]] | None = None
 
 
-def _own_code_dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Where the loader's code lives (``loader/``, ``workers/`` beside it, and the standard library's: threads,
-    processes), and the installed packages' directories (which may lie inside the standard library's): the
-    frames of an error that passed through no code of the user's."""
-    global _OWN_DIRS
-    if _OWN_DIRS is None:
+def _code_dirs() -> tuple[tuple[str, ...], str, tuple[str, ...]]:
+    """Where code lives, as ``_loader_data_error`` tells the loader's from the user's: the loader's packages
+    (``loader/``, ``workers/`` beside it), the standard library's directory (threads, processes), and the
+    installed packages' directories (which may lie inside the standard library's)."""
+    global _CODE_DIRS
+    if _CODE_DIRS is None:
         import os
         import site
         import sysconfig
 
         package = os.path.dirname(os.path.abspath(__file__))
         paths = sysconfig.get_paths()
-        own = tuple(
-            os.path.join(directory, "")
-            for directory in (package, os.path.join(os.path.dirname(package), "workers"), paths["stdlib"])
-        )
         sites = [
             paths.get("purelib", ""),
             paths.get("platlib", ""),
@@ -271,9 +269,12 @@ def _own_code_dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
             os.path.join(paths["stdlib"], "site-packages"),  # a base interpreter's, seen from a venv
             os.path.join(paths["stdlib"], "dist-packages"),  # Debian's
         ]
-        installed = tuple(os.path.join(directory, "") for directory in sites if directory)
-        _OWN_DIRS = (own, installed)
-    return _OWN_DIRS
+        _CODE_DIRS = (
+            (os.path.join(package, ""), os.path.join(os.path.dirname(package), "workers", "")),
+            os.path.join(paths["stdlib"], ""),
+            tuple(os.path.join(directory, "") for directory in sites if directory),
+        )
+    return _CODE_DIRS
 
 
 def _hint(exc: BaseException) -> str:

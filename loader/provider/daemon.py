@@ -55,14 +55,14 @@ def daemon_ignored_options(process: Any, pipeline: Any) -> list[str]:
     return lines
 
 
-def warn_daemon_options(process: Any, dataset: str, pipeline: Any) -> list[str]:
+def warn_daemon_options(process: Any, dataset: str, pipeline: Any) -> None:
     """Log, once per process for ``dataset``, one warning naming each option ``daemon_ignored_options``
-    finds; return the phrases (empty when there is nothing to say, or it was said already)."""
+    finds (nothing when there is nothing to say)."""
     lines = daemon_ignored_options(process, pipeline)
     name = f"{getattr(process, '__module__', '?')}:{getattr(process, '__qualname__', process)}"
     with _warned_lock:
         if not lines or (name, dataset) in _warned:
-            return []
+            return
         _warned.add((name, dataset))
     logger.warning(
         "dataset %s: source.provider %s sets options the daemon does not use (they act only in process, "
@@ -71,7 +71,6 @@ def warn_daemon_options(process: Any, dataset: str, pipeline: Any) -> list[str]:
         name,
         "; ".join(lines),
     )
-    return lines
 
 
 __all__ = ["daemon_ignored_options", "warn_daemon_options"]

@@ -115,7 +115,7 @@ def test_a_data_error_of_an_installed_package_inside_the_standard_librarys_direc
 
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
     parent = os.path.join(os.path.dirname(os.path.dirname(here)), "")  # tests/unit/ plays site-packages in it
-    own, installed = errors._own_code_dirs()
+    packages, _, installed = errors._code_dirs()
 
     def read() -> object:
         raise DataError("/d/f0.csv: row 1: empty text")
@@ -127,9 +127,9 @@ def test_a_data_error_of_an_installed_package_inside_the_standard_librarys_direc
             return WorkerError.from_exception(exc, file="/d/f0.csv")
         raise AssertionError("read() raised nothing")
 
-    monkeypatch.setattr(errors, "_OWN_DIRS", ((*own[:2], parent), installed))
+    monkeypatch.setattr(errors, "_CODE_DIRS", (packages, parent, installed))
     assert carried().data_error  # as if this file were the standard library's: one line
-    monkeypatch.setattr(errors, "_OWN_DIRS", ((*own[:2], parent), (*installed, here)))
+    monkeypatch.setattr(errors, "_CODE_DIRS", (packages, parent, (*installed, here)))
     assert not carried().data_error  # an installed package's, inside it: its traceback kept
 
 

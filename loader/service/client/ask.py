@@ -116,36 +116,46 @@ HTTP_NOTE = (
 
 class ConnectJudge:
     """What a watched connection's handshake events say of its address: whether a request should stop waiting
-    (``hopeless``), and what its error says (``note``).
+    (``hopeless``), and what its error says (``unanswered``, ``reason``). Without a watch (a channel that is
+    no zmq socket) it says only the usual causes of silence.
 
     Handshakes dropped unfinished after seconds are a daemon too busy to finish one in its 5 s, which the next
     may pass, or a server of another protocol that times out a client that says nothing it understands: the
     daemon's own metrics port does so after 5 s. Such an address is asked once, as HTTP, to tell them apart."""
 
-    def __init__(self, watch: transport.PeerWatch, address: str, keyed: bool | None, timeout_s: float) -> None:
+    def __init__(self, watch: transport.PeerWatch | None, address: str, keyed: bool | None, timeout_s: float) -> None:
         self._watch, self._address, self._keyed, self._timeout_s = watch, address, keyed, timeout_s
         self._http: bool | None = None  # asked once handshakes are dropped slowly
 
     def hopeless(self) -> bool:
+        if self._watch is None:
+            return False
         now = time.monotonic()
         if self._http is None and self._watch.handshake_broken(now) == transport.HANDSHAKE_SLOW:
             self._http = answers_http(self._address)
         return bool(self._http) or self._watch.handshake_hopeless(now, min(HANDSHAKE_GIVE_UP_S, self._timeout_s))
 
-    def refused(self) -> bool:
-        return self._watch.refusing(time.monotonic())
-
-    def broken(self) -> bool:
-        return bool(self._http) or self._watch.handshake_broken(time.monotonic()) is not None
-
     def note(self) -> str:
         """Said of the address, else "": nothing listens there, an HTTP server does, or the handshake failed."""
-        if self.refused():
+        if self._watch is None:
+            return ""
+        now = time.monotonic()
+        if self._watch.refusing(now):
             return REFUSED_NOTE
         if self._http:
             return HTTP_NOTE
-        broken = self._watch.handshake_broken(time.monotonic())
+        broken = self._watch.handshake_broken(now)
         return "" if broken is None else handshake_note(broken, has_keys(self._keyed))
+
+    def reason(self) -> str:
+        """``note()``, else the usual causes of silence (``no_answer_hint``)."""
+        return self.note() or no_answer_hint(self._keyed)
+
+    def unanswered(self, timed_out: bool) -> str:
+        """What follows "no loader daemon answered at ADDRESS": how long it waited, or, where the wait ended
+        before its timeout (``hopeless``), that the handshake failed; then ``reason()``."""
+        waited = f"within {self._timeout_s:g}s" if timed_out else "(the handshake failed)"
+        return f" {waited}{self.reason()}"
 
 
 def answers_http(address: str) -> bool:
@@ -171,21 +181,16 @@ def query_status(address: str, timeout_s: float = 5.0, curve: CurveClient | None
     if not (math.isfinite(timeout_s) and timeout_s <= MAX_TIMEOUT_S):
         raise ValueError(f"a status query's timeout_s must be at most {MAX_TIMEOUT_S:g} seconds, got {timeout_s!r}")
     channel = _status_channel(address, curve)
-    keyed = True if curve is not None else None
-    judge = ConnectJudge(channel.watch_peer(connecting=True), address, keyed, timeout_s)
+    judge = ConnectJudge(channel.watch_peer(connecting=True), address, True if curve is not None else None, timeout_s)
+    started = time.monotonic()
     try:
         answer = request(channel, P.encode(P.Status()), (P.Status,), timeout_s, address, hopeless=judge.hopeless)
-        note, refused, broken = judge.note(), judge.refused(), judge.broken()
+        said, noted = judge.unanswered(time.monotonic() - started >= timeout_s), bool(judge.note())
     finally:
         channel.close()
     if not isinstance(answer, P.Status):
-        if refused:
-            raise ServiceUnavailableError(f"no loader daemon answered at {address} within {timeout_s:g}s{note}")
-        if broken:
-            raise ServiceUnavailableError(f"no loader daemon answered at {address} (the handshake failed){note}")
-        raise ServiceUnavailableError(
-            f"no loader daemon answered at {address} within {timeout_s:g}s{no_answer_hint(keyed)}{_size_note(address)}"
-        )
+        size = "" if noted else _size_note(address)  # the connection named a cause: no answer was dropped
+        raise ServiceUnavailableError(f"no loader daemon answered at {address}{said}{size}")
     status = answer.status or {}
     problem = status_problem(status)
     if problem:

@@ -64,7 +64,7 @@ from loader.reader.batches import batch_reader
 from loader.service import protocol as P
 from loader.service import transport
 from loader.service.blocks import block_nbytes
-from loader.service.client.ask import ConnectJudge, no_answer_hint, query_status, request
+from loader.service.client.ask import ConnectJudge, query_status, request
 from loader.service.client.batches import to_batch
 from loader.service.client.buffers import BatchBuffers
 from loader.service.client.checkpoint import Place, place_of
@@ -302,7 +302,7 @@ class Client(NotADataset):
         self._thread.start()
         _LIVE.add(self)
 
-    _judge: ConnectJudge | None = None  # what the handshake's connection showed of the address (receiver thread)
+    _judge: ConnectJudge  # what the handshake's connection showed of the address (receiver thread, _handshake)
 
     # -- public -------------------------------------------------------------
     def epoch(self, epoch: int | None = None) -> EpochBatches:
@@ -563,7 +563,9 @@ class Client(NotADataset):
         # Watched from the first connection on: an address where nothing listens is said to be one.
         channel = self._channel
         watch = channel.watch_peer(connecting=True) if isinstance(channel, transport.ZmqChannel) else None
-        self._judge = ConnectJudge(watch, self.address, self._keyed, self.timeout_s) if watch is not None else None
+        # What the connection shows of the address: nothing listens there (waited for all the same, since a daemon
+        # started after its clients comes up there), or something broke off the handshake (which ends the wait).
+        self._judge = ConnectJudge(watch, self.address, self._keyed, self.timeout_s)
         deadline = time.monotonic() + self.timeout_s
         while True:
             answer = request(
@@ -573,7 +575,7 @@ class Client(NotADataset):
                 max(0.0, deadline - time.monotonic()),
                 self.address,
                 still_waiting=self._still_waiting,
-                hopeless=self._hopeless,
+                hopeless=self._judge.hopeless,
             )
             # Its rank is still held by a live client of the job (a restarted trainer's old process, not quiet
             # yet): asked again until that one is quiet, within timeout_s (the refusal says so, after it).
@@ -583,11 +585,9 @@ class Client(NotADataset):
                 break
             time.sleep(RANK_RETRY_S)
         if answer is None:
-            origin = address_origin(self._given_address)
-            waited = f"within {self.timeout_s:g}s" if time.monotonic() >= deadline else "(the handshake failed)"
+            said = self._judge.unanswered(time.monotonic() >= deadline)
             raise ServiceUnavailableError(
-                f"no loader daemon answered at {self.address} {waited}"
-                f"{self._connect_note() or no_answer_hint(self._keyed)}{origin}"
+                f"no loader daemon answered at {self.address}{said}{address_origin(self._given_address)}"
             )
         if isinstance(answer, P.Error):
             error = {"version": ProtocolVersionError, "dataset": ConfigError}.get(answer.refused or "", LoaderError)
@@ -606,17 +606,8 @@ class Client(NotADataset):
             self.address,
             waited_s,
             self.timeout_s,
-            self._connect_note() or no_answer_hint(self._keyed),
+            self._judge.reason(),
         )
-
-    def _connect_note(self) -> str:
-        """What the connection showed of the address, else "" (``ConnectJudge.note``): nothing listens there
-        (waited for all the same, since a daemon started after its clients comes up there), or something does
-        that broke off the handshake (which ends the wait: ``ConnectJudge.hopeless``)."""
-        return self._judge.note() if self._judge is not None else ""
-
-    def _hopeless(self) -> bool:
-        return self._judge is not None and self._judge.hopeless()
 
     def _receive_once(self, state: _ReceiverState, poller: Any) -> None:
         """One round of the receiver thread: commands, credits, messages (up to ``RECEIVER_POLL_S``), pings."""
