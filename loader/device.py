@@ -242,6 +242,32 @@ def _pinned_copy(torch: Any, array: np.ndarray) -> Any:
     return pinned
 
 
+def _pinned_view(torch: Any, array: np.ndarray) -> Any:
+    """``array`` as a view of the page-locked tensor its memory belongs to (``Placer.host_buffer``), or None.
+
+    The view is of torch's own pinned tensor, not ``torch.from_numpy``: a copy from it is
+    asynchronous, and torch's pinned-memory cache records the copy's stream on that memory,
+    so a later ``host_buffer`` is not handed the same bytes while the device still reads them.
+    """
+    if array.nbytes == 0 or not array.flags.c_contiguous or not array.dtype.isnative:
+        return None
+    owner: Any = array
+    while isinstance(owner, np.ndarray):
+        owner = owner.base
+    if not isinstance(owner, torch.Tensor) or owner.dtype != torch.uint8 or owner.dim() != 1:
+        return None
+    try:
+        if not owner.is_pinned():
+            return None
+        offset = array.ctypes.data - owner.data_ptr()
+        if offset < 0 or offset + array.nbytes > owner.numel():
+            return None
+        dtype = torch.from_numpy(np.empty(0, dtype=array.dtype)).dtype
+        return owner[offset : offset + array.nbytes].view(dtype).view(array.shape)
+    except (RuntimeError, TypeError, ValueError):
+        return None  # a dtype torch views differently, or no accelerator to ask: the copy path takes it
+
+
 class _Staged:
     """What ``stage`` returns on a CUDA place: the placed nest and the copy's event."""
 
@@ -283,6 +309,27 @@ class Placer:
     @property
     def is_cuda(self) -> bool:
         return self.kind == "cuda"
+
+    @property
+    def gathers_pinned(self) -> bool:
+        """Whether ``host_buffer`` gives page-locked memory that ``stage`` sends to the device as it lies."""
+        return self.library == "torch" and self.kind == "cuda"
+
+    def host_buffer(self, nbytes: int) -> np.ndarray:
+        """A writable, uninitialised ``uint8`` array of ``nbytes`` for rows on their way to this place.
+
+        On a torch CUDA place it lies in page-locked memory, so ``stage`` copies a batch gathered
+        into it to the device directly, without first copying it into pinned memory of its own:
+        one host copy of each batch instead of two. Elsewhere (or where no pinned memory can be
+        had) it is ordinary memory.
+        """
+        if self.gathers_pinned:
+            torch = importlib.import_module("torch")
+            try:
+                return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+            except RuntimeError:
+                pass  # page-locked memory refused (the host's limit): stage copies it, as any array
+        return np.empty(nbytes, dtype=np.uint8)
 
     def place_now(self, obj: Any) -> Any:
         """``finish(stage(obj))`` on the calling thread."""
@@ -344,7 +391,9 @@ class Placer:
         def copy(array: np.ndarray) -> Any:
             if not self._storable(array):
                 return array
-            pinned = _pinned_copy(torch, array)
+            pinned = _pinned_view(torch, array)
+            if pinned is None:
+                pinned = _pinned_copy(torch, array)
             host.append(pinned)
             return pinned.to(device, non_blocking=True)
 

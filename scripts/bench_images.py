@@ -36,13 +36,15 @@ bytes in RAM (best of a few passes). Each worker runs exactly that loop plus rea
 on a machine with as many cores as workers, the daemon and the client share those cores. The
 RecordIO case runs again with one worker on each side (``recordio_spare_core``), as workers run
 below the core count on a machine with a GPU: what is left of the gap is then the worker's own.
-``python scripts/bench_images.py --steps`` prints what each step of a batching pipeline costs per
+``python scripts/bench_images.py --workers 4,8,14`` runs the RecordIO and folders cases at each of those worker
+counts over 56 files (for a machine of many cores). ``python scripts/bench_images.py --steps`` prints what each step of a batching pipeline costs per
 image on one core (mapping with a batch's outputs kept, stacking, copying into an arena and out),
 the diagnosis behind the gap to that limit in ``docs/performance.md``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import subprocess
@@ -81,6 +83,9 @@ class Sizes:
 
 QUICK = Sizes(512, 4, 1, 1, 128)
 FULL = Sizes(3072, 16, 2, 3, 512)
+# ``--workers`` (many cores): 56 files divide 1, 2, 4, 7, 8 and 14 workers, so every worker reads as many;
+# measured epochs grow with the worker count (``max(2, workers // 2)``) so each figure covers a similar wall time.
+MANY = Sizes(56 * 128, 56, 2, 2, 512)
 
 
 # -- the images ------------------------------------------------------------------------------
@@ -326,8 +331,10 @@ def rows_of(
     ]
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
-    size = QUICK if quick else FULL
+def run(quick: bool = False, worker_counts: list[int] | None = None, trials: int = 0) -> list[dict[str, Any]]:
+    """The group's rows; with ``worker_counts``, the RecordIO and folders cases at each of those counts."""
+    size = QUICK if quick else MANY if worker_counts else FULL
+    size = dataclasses.replace(size, trials=trials or size.trials)
     _pillow()
     with tempfile.TemporaryDirectory(prefix="loader-bench-images-") as work:
         record_paths, image_paths, jpegs, labels = write_dataset(work, size)
@@ -337,7 +344,8 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
             "reader": FOLDER_READER,
             "files_per_lease": FILES_PER_LEASE,
         }
-        cases: list[tuple[str, int, str, Any, Any]] = [
+        cases = scaling_cases(work, size, record_paths, folders, image_paths, labels, worker_counts or [])
+        cases = cases or [
             (
                 "recordio",
                 WORKERS,
@@ -370,9 +378,11 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         # quiet moment for the mapper alone counts against us, never for us.
         singles = [single_core_rate(jpegs[: size.single_core_images])]
         measured: list[Measured] = []
-        for _label, _workers, _what, ours_side, peer_side in cases:
+        print(f"{time.strftime('%H:%M:%S')} {size.images} images written", file=sys.stderr, flush=True)
+        for label, _workers, _what, ours_side, peer_side in cases:
             ours_result, peer_result = best_of(size.trials, ours_side, peer_side)
             measured.append((ours_result, peer_result))
+            print(f"{time.strftime('%H:%M:%S')} {label}: {ours_result} {peer_result}", file=sys.stderr, flush=True)
             singles.append(single_core_rate(jpegs[: size.single_core_images]))
     single = max(singles)
     shown = ", ".join(f"{s:,.0f}" for s in singles)
@@ -380,6 +390,41 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     for (label, workers, what, _ours, _peer), result in zip(cases, measured):
         rows += rows_of(label, single, shown, result, what, workers)
     return rows
+
+
+Case = tuple[str, int, str, Any, Any]  # label, workers, what, ours side, peer side
+
+
+def scaling_cases(
+    work: str,
+    size: Sizes,
+    record_paths: list[str],
+    folders: dict[str, Any],
+    image_paths: list[str],
+    labels: list[int],
+    counts: list[int],
+) -> list[Case]:
+    """The RecordIO and folders cases at each worker count of ``counts`` (``--workers``)."""
+    cases: list[Case] = []
+    for n in counts:
+        epochs = max(size.epochs, (n + 1) // 2)
+        cases += [
+            (
+                f"recordio_{n}w",
+                n,
+                f"{size.images} JPEGs in {size.files} RecordIO files, {n} workers, {epochs} epochs; torch from RAM",
+                lambda n=n, e=epochs: ours(work, {"files": record_paths}, n, e),
+                lambda n=n, e=epochs: peer(BytesDataset(recordio_bytes(record_paths), labels), n, e),
+            ),
+            (
+                f"folders_{n}w",
+                n,
+                f"the same JPEGs as files in {size.files} class folders, {n} workers, {epochs} epochs",
+                lambda n=n, e=epochs: ours(work, folders, n, e),
+                lambda n=n, e=epochs: peer(FolderDataset(image_paths, labels), n, e),
+            ),
+        ]
+    return cases
 
 
 def steps(images: int = 512) -> None:
@@ -426,11 +471,31 @@ def steps(images: int = 512) -> None:
         print(f"{name:<48} {seconds / images * 1000:6.3f} ms/image")
 
 
+def scaling_main(args: list[str]) -> int:
+    """``--workers 4,8,14 [--trials N] [--quick] [--json]``: for a machine of many cores."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="the image cases at several worker counts")
+    parser.add_argument("--workers", required=True, help="worker counts, comma-separated")
+    parser.add_argument("--trials", type=int, default=MANY.trials, help="runs of each side, the best kept")
+    parser.add_argument("--quick", action="store_true", help="small data, one trial")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parsed = parser.parse_args(args)
+    for got in run(parsed.quick, [int(n) for n in parsed.workers.split(",") if n], parsed.trials):
+        print(json.dumps(got) if parsed.json else got)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    if (sys.argv[1:] if argv is None else argv) == ["--steps"]:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args == ["--steps"]:
         steps()
         return 0
-    return group_main(__doc__ or "", run, f"{QUICK.images} images, one trial (--steps: where CPU goes per image)", argv)
+    if "--workers" in args:
+        return scaling_main(args)
+    helps = f"{QUICK.images} images, one trial (--steps: where CPU goes per image; --workers 4,8,14: scaling)"
+    return group_main(__doc__ or "", run, helps, args)
 
 
 if __name__ == "__main__":

@@ -145,7 +145,7 @@ def source_keys(fmt: str, files: int, samples: int, dim: int) -> collections.Cou
     keys: collections.Counter = collections.Counter()
     for index in range(files):
         features, labels = datagen.file_arrays(index, samples, dim, 0)
-        keys.update(row_keys([features, labels] if fmt == "npz" else [features]))
+        keys.update(row_keys([features, labels]))  # npz members, or an .npy and its .label.npy companion
     return keys
 
 
@@ -224,7 +224,7 @@ def correctness(
     from loader.service.client import Client
 
     paths = datagen.generate(os.path.join(work, name), format=fmt, files=files, samples=samples, dim=dim)
-    slots = ["x", "label"] if fmt == "npz" else ["data"]
+    slots = ["x", "label"] if fmt == "npz" else ["data", "label"]  # datagen's .npy has a .label.npy companion
     dtypes = {"x": "float32", "label": "int64", "data": "float32"}
     expected = source_keys(fmt, files, samples, dim)
     address = f"tcp://127.0.0.1:{free_port()}"

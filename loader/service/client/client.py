@@ -294,6 +294,9 @@ class Client(NotADataset):
         self._arenas = _arena_cache(self.info.shm) if shm else None
         self._row_files = RowFiles()  # files whose rows batches reference (receiver thread only)
         self._buffers = BatchBuffers()  # what big gathered batches are copied into, reused once dropped
+        # On a torch CUDA device, rows are gathered into page-locked memory that goes to the device as it lies
+        # (one host copy of a batch instead of two: torch keeps and reuses that memory itself).
+        self._gather_into = self._placer.host_buffer if self._placer.gathers_pinned else self._buffers.empty
         self._ping_interval_s = min(PING_INTERVAL_S, float(self.info.ping_s))
         # The thread holds the client weakly (``_receive``): a client dropped unclosed is collected, and this
         # finalizer stops its thread, which says goodbye to the daemon (its session would count forever).
@@ -818,7 +821,7 @@ class Client(NotADataset):
                 raise TransportError(f"reference column {name!r} from {self.address} is missing or malformed")
             refs = refs.astype(np.int64, copy=False)
             try:
-                columns[name] = R.gather(refs, R.parse_specs(specs), source, free=False, empty=self._buffers.empty)
+                columns[name] = R.gather(refs, R.parse_specs(specs), source, free=False, empty=self._gather_into)
             except FileRowsError:
                 raise  # a data file changed under its rows: that epoch fails, the client stays usable
             except ArenaError as exc:

@@ -306,9 +306,7 @@ def test_a_batch_naming_one_arena_row_many_times_ends_the_client_with_one_line_n
         values = np.ones((2, 100_000), np.float32)
         refs = R.write_column(pool.create(), values)
         # The receiver's side of a client that maps the daemon's arenas (its ArenaCache gives arenas by id).
-        receiver = SimpleNamespace(
-            address="tcp://daemon:1", _arenas=pool, _buffers=SimpleNamespace(empty=lambda n: np.empty(n, np.uint8))
-        )
+        receiver = SimpleNamespace(address="tcp://daemon:1", _arenas=pool, _gather_into=lambda n: np.empty(n, np.uint8))
         described = {"x": {0: [values.dtype.str, [100_000]]}}
         columns = {"x": refs[[0] * 1000]}  # 400 MB of copies of one 400 KB row
         with pytest.raises(TransportError, match=r"daemon at tcp://daemon:1 sent a bad batch: .*overlapping rows"):

@@ -90,7 +90,7 @@ def test_a_batch_of_no_rows_or_no_columns_ends_the_client_naming_the_daemon(coun
 def _receiver(pool: ArenaPool) -> Any:
     """The receiver's side of a client that maps the daemon's arenas (its ArenaCache gives arenas by id)."""
     empty = lambda n: np.empty(n, np.uint8)  # noqa: E731
-    return SimpleNamespace(address="tcp://daemon:1", _arenas=pool, _buffers=SimpleNamespace(empty=empty))
+    return SimpleNamespace(address="tcp://daemon:1", _arenas=pool, _gather_into=empty)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.complex128, object, bool])
