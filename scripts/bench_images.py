@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 # Helpers in this directory (on sys.path when a script here runs).
-from bench_service import best_of, stream_rate
+from bench_service import CpuSplit, best_of, stream_rate
 from bench_tools import CpuMeter, Serve, child_command, group_main, in_child, row
 
 MAPPER = "loader.examples.images:decode_crop_flip"
@@ -215,9 +215,12 @@ def ours_here(work: str, source: dict[str, Any], workers: int, epochs: int) -> l
             stream_rate(client.epoch, 1)  # warm-up: workers import Pillow, files in the page cache
             meter = CpuMeter()  # this client, the daemon and its workers
             meter.start()
+            split = CpuSplit(daemon.pid)  # where it goes: a client's receiver thread near 1 CPU s a second is the bound
             rate, samples, seconds = stream_rate(client.epoch, epochs)
             cpu, processes = meter.stop()
-    return [rate, cpu / samples, f"ours {samples} images in {seconds:.2f}s, {cpu:.1f} CPU s in {processes} processes"]
+            where = split.stop()
+    detail = f"ours {samples} images in {seconds:.2f}s, {cpu:.1f} CPU s in {processes} processes ({where})"
+    return [rate, cpu / samples, detail]
 
 
 def ours(work: str, source: dict[str, Any], workers: int, epochs: int) -> tuple[float, float, str]:
