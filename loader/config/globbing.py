@@ -46,8 +46,24 @@ def glob_files(pattern: str) -> list[str]:
     # `**` match every directory on the way (an ImageNet-like tree gave a thousand false "left out" names).
     skipped = [path for path in skipped if not os.path.isdir(path)]
     if skipped:
-        log.warning("%s", skipped_text(pattern, sorted(skipped)))
+        _warn_once(pattern, skipped_text(pattern, sorted(skipped)))
     return files
+
+
+_warned: dict[str, str] = {}  # pattern -> the last "left out" line logged for it, in this process
+_WARNED_KEPT = 256
+
+
+def _warn_once(pattern: str, text: str) -> None:
+    """Log ``text`` unless it is what was last logged for ``pattern``: `loader serve` expands each pattern when
+    it checks the config and again when it builds the file table, and said the same line twice; a change in
+    what is left out is said again."""
+    if _warned.get(pattern) == text:
+        return
+    if len(_warned) >= _WARNED_KEPT:
+        _warned.clear()
+    _warned[pattern] = text
+    log.warning("%s", text)
 
 
 def unique_files(paths: Iterable[str], skipped: list[str] | None = None) -> list[str]:

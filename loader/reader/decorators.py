@@ -290,7 +290,8 @@ def _first_item(reader: Reader) -> Any:
     try:
         return next(source)
     except StopIteration:
-        raise DataError("Fake needs one sample, but the reader yielded none") from None
+        name = getattr(reader, "__qualname__", None) or type(reader).__name__
+        raise DataError(f"fake: the reader {name} yielded no sample to repeat") from None
     finally:
         close_quietly(source)
 

@@ -59,6 +59,22 @@ def test_matches_that_are_not_regular_files_are_left_out_with_one_warning_naming
     ]
 
 
+def test_a_pattern_expanded_again_warns_again_only_when_what_it_leaves_out_changed(tmp_path, caplog):
+    # `loader serve` expands each pattern when it checks the config and again when it builds the file table:
+    # the same "left out" line was logged twice at every start.
+    (tmp_path / "a.npy").write_bytes(b"")
+    os.symlink("/nonexistent/shard.npy", tmp_path / "b.npy")
+    pattern = str(tmp_path / "*.npy")
+    with caplog.at_level("WARNING", logger="loader.config"):
+        for _ in range(3):
+            assert glob_files(pattern) == [str(tmp_path / "a.npy")]
+        assert len(caplog.records) == 1
+        os.symlink("/nonexistent/other.npy", tmp_path / "c.npy")
+        glob_files(pattern)
+        glob_files(pattern)
+    assert len(caplog.records) == 2 and "left out 2 matches" in caplog.records[1].getMessage()
+
+
 def test_directories_a_pattern_matches_are_left_out_without_a_warning(tmp_path, caplog):
     # `data/*` over a tree of folders, `**/*`, a final `**`: an ImageNet-like tree gave a thousand false names.
     _tree(tmp_path)

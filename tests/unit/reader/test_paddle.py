@@ -229,8 +229,12 @@ def test_fake_reads_the_first_item_each_call_and_refuses_an_empty_reader():
 
     fake = lreader.fake(source, 3)
     assert list(fake()) == [5, 5, 5] and list(fake()) == [5, 5, 5] and len(calls) == 2
-    with pytest.raises(ValueError, match="yielded none"):
-        list(lreader.fake(lambda: iter(()), 2)())
+
+    def empty_shard():
+        return iter(())
+
+    with pytest.raises(ValueError, match=r"^fake: the reader .*empty_shard yielded no sample to repeat$"):
+        list(lreader.fake(empty_shard, 2)())
 
 
 class Token:
