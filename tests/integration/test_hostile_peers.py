@@ -607,3 +607,37 @@ def test_a_job_of_a_huge_world_size_fails_its_epoch_at_the_byte_bound_not_at_the
                 collect_ids(client.epoch())
         assert time.monotonic() - started < 20, "failed by the byte bound, not by a timeout"
         exact_epochs(daemon, ids)
+
+
+# -- a chunk that fails once its rows are counted ----------------------------------------------------------------
+def test_a_chunk_that_fails_after_its_rows_count_as_arrived_fails_the_epoch_it_does_not_end_it_short(tmp_path):
+    """The lease holder sends 6 records: a chunk of 2 of a structured dtype, one of 2 of a plain ``V8`` (the same
+    ``dtype.str``, so the batch's fit took it) and one more of the first. The second raised in the stage only after
+    its records counted as arrived and the shuffle had emptied its round: the guard dropped it, the FILE_DONE found
+    all 6 arrived, and the client's epoch ended, without an error, with 2 samples."""
+    write_id_files(tmp_path, 1, [6])
+    config = make_config(
+        tmp_path,
+        pipeline={"batch_size": 4, "shuffle_buffer": 4},
+        service=HOSTILE["service"],
+        workers=HOSTILE["workers"],
+    )
+    with running_daemon(config, start_workers=False) as daemon:  # the fake is the only worker
+        fake = FakeWorker(daemon.endpoint)
+        try:
+            with Client(daemon.endpoint, timeout_s=20) as client:
+                fake.ask_lease()
+                read = collect_ids_meanwhile(client.epoch(), timeout_s=30)
+                lease = fake.lease()
+                tag = {"stream": lease.stream, "file": lease.file, "lease": lease.lease, "token": lease.token}
+                for record, dtype in ((0, "i4,i4"), (2, "V8"), (4, "i4,i4")):
+                    chunk = P.Chunk(**tag, worker=fake.welcome.worker, record=record, count=2)
+                    frames = P.encode(chunk, {"data": np.zeros(2, "V8")})
+                    head = msgpack.unpackb(frames[0])
+                    head["cols"][0][1] = dtype  # numpy reads "i4,i4" as a structured dtype; encode sends dtype.str
+                    fake.data.send([msgpack.packb(head, use_bin_type=True), *frames[1:]])
+                fake.data.send(P.encode(P.FileDone(**tag, worker=fake.welcome.worker, sent=6)))
+                with pytest.raises(WorkerError):
+                    read()
+        finally:
+            fake.close()

@@ -369,6 +369,19 @@ class Stage:
             self.refs.release_blocks([columns], names)
             return
         stream.arrived[chunk.file] = stream.arrived.get(chunk.file, 0) + chunk.count
+        try:
+            self._take(stream, chunk, columns, names)
+        except Exception as exc:
+            # The chunk counts as arrived and its rows may be half taken (the sequencer moved past them, the shuffle
+            # emptied its round into a concatenation that raised): dropped by the handler guard, the file's FILE_DONE
+            # found every record arrived and the epoch ended short without a word. The stream fails, naming it.
+            path = self._path(chunk.file)
+            message = f"taking rows of {path} failed: {type(exc).__name__}: {exc}"
+            self.fail_stream(stream, WorkerError("LoaderError", message, worker=chunk.worker, file=path).to_dict())
+            raise
+
+    def _take(self, stream: Stream, chunk: P.Chunk, columns: Block, names: frozenset[str]) -> None:
+        """``on_chunk``'s rows into ``stream``: fitted, ordered, shuffled and cut into steps."""
         indexes = columns.pop(P.INDEX_COLUMN, None)
         if indexes is not None:
             records = np.asarray(indexes, dtype=np.int64)

@@ -120,6 +120,25 @@ def test_a_file_failed_by_a_peer_is_settled_even_if_logging_its_error_raises(mon
     assert stream.failed if on_error == "raise" else stream.input_done
 
 
+@pytest.mark.parametrize("shuffle", [0, 4])
+def test_a_chunk_that_raises_once_its_rows_count_as_arrived_fails_the_stream(shuffle):
+    # Two structured dtypes of one size share ``dtype.str`` (``|V8``), so the second passed the batch's fit, and
+    # np.concatenate refused it in the shuffle's round or the cutter's step after the sequencer had taken its rows:
+    # the handler guard dropped the chunk, the FILE_DONE found all 6 records arrived, and the epoch ended with 2.
+    rec = Recorder()
+    stage = _stage(rec, shuffle_buffer=shuffle)
+    session, stream = _open(stage, [0])
+    stage.on_chunk(*_chunk(stream, 0, 0, np.zeros(2, "i4,i4")))
+    with pytest.raises(TypeError):  # numpy's DTypePromotionError: the loop's guard counts and logs it
+        stage.on_chunk(*_chunk(stream, 0, 2, np.zeros(2, "V8")))
+    stage.on_chunk(*_chunk(stream, 0, 4, np.zeros(2, "i4,i4")))
+    stage.on_done(_done(stream, 0, 6))
+    stage.pump(session)
+    failed = [e for e in stage.events if isinstance(e, StreamFailed)]
+    assert len(failed) == 1 and "taking rows of /data/a.npy failed" in failed[0].error["message"]
+    assert P.End not in rec.kinds()
+
+
 def test_the_stage_stops_accepting_when_full_unless_a_client_starves():
     stage = _stage(Recorder())
     session, stream = _open(stage, [0], credits=0)
