@@ -342,6 +342,14 @@ class Stage:
             )
         if all(name == P.INDEX_COLUMN for name in columns):
             return f"its {chunk.count} records have no columns"
+        for name, values in columns.items():
+            # A worker's column names its dtype by ``dtype.str`` (``frames``), never a structured one: only a header
+            # made by hand does ("i4,i4"). Such dtypes of one size share ``dtype.str``, which the batch's fit compares,
+            # and np.concatenate refused them only in the shuffle, once the chunk's rows counted as arrived.
+            if values.dtype.names is not None:
+                return (
+                    f"its column {name[:64]!r} has a structured dtype ({str(values.dtype)[:80]}), which no worker sends"
+                )
         index = columns.get(P.INDEX_COLUMN)
         if index is not None:
             if chunk.refs and P.INDEX_COLUMN in chunk.refs:

@@ -52,6 +52,8 @@ MALFORMED = [
     ("beyond what a lease", _header(0, 2), {"x": np.zeros(2), IDX: np.array([0, 2**64 - 1], np.uint64)}),
     ("beyond what a lease", _header(P.MAX_INT - 2, 3), {"x": np.zeros(3)}),  # the next record would be
     ("is a reference column", _header(0, 1, {IDX: {0: ["<i8", [8192]]}}), {"x": np.zeros(1), IDX: np.zeros((1, 3))}),
+    # "i4,i4" on the wire: |V8, as a plain V8 column is, so the batch's fit took both and the shuffle raised.
+    ("has a structured dtype", _header(0, 2), {"x": np.zeros(2, "i4,i4")}),
 ]
 
 
