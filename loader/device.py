@@ -52,6 +52,7 @@ import dataclasses
 import importlib
 import re
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -242,30 +243,30 @@ def _pinned_copy(torch: Any, array: np.ndarray) -> Any:
     return pinned
 
 
-def _pinned_view(torch: Any, array: np.ndarray) -> Any:
-    """``array`` as a view of the page-locked tensor its memory belongs to (``Placer.host_buffer``), or None.
+def _pinned_view(torch: Any, array: np.ndarray, handed_out: Callable[[Any], bool]) -> Any:
+    """``array`` as a view of the page-locked tensor ``Placer.host_buffer`` gave its memory from, or None.
 
-    The view is of torch's own pinned tensor, not ``torch.from_numpy``: a copy from it is
-    asynchronous, and torch's pinned-memory cache records the copy's stream on that memory,
-    so a later ``host_buffer`` is not handed the same bytes while the device still reads them.
+    Only memory ``host_buffer`` handed out (``handed_out``): an array in pinned memory of the
+    caller's own is copied, as ``stage`` always did, so the caller may overwrite it once staged.
+    The view is of torch's own pinned tensor, not ``torch.from_numpy``: torch's pinned-memory
+    cache records the copy's stream on that tensor's memory, so a later ``host_buffer`` is not
+    handed the same bytes while the device still reads them.
     """
     if array.nbytes == 0 or not array.flags.c_contiguous or not array.dtype.isnative:
         return None
     owner: Any = array
     while isinstance(owner, np.ndarray):
         owner = owner.base
-    if not isinstance(owner, torch.Tensor) or owner.dtype != torch.uint8 or owner.dim() != 1:
+    if not handed_out(owner):
         return None
     try:
-        if not owner.is_pinned():
-            return None
         offset = array.ctypes.data - owner.data_ptr()
         if offset < 0 or offset + array.nbytes > owner.numel():
             return None
         dtype = torch.from_numpy(np.empty(0, dtype=array.dtype)).dtype
         return owner[offset : offset + array.nbytes].view(dtype).view(array.shape)
     except (RuntimeError, TypeError, ValueError):
-        return None  # a dtype torch views differently, or no accelerator to ask: the copy path takes it
+        return None  # a dtype torch views differently: the copy path takes it
 
 
 class _Staged:
@@ -297,6 +298,8 @@ class Placer:
         self._torch_holds: dict[tuple[str, str], bool] = {}  # native dtype (char, str) -> torch.from_numpy takes it
         self._stream: Any = None
         self._pending: deque[tuple[Any, list[Any]]] = deque()
+        # The tensors host_buffer handed out, by id, held weakly (a torch.Tensor compares elementwise, so no WeakSet).
+        self._host_buffers: dict[int, weakref.ref[Any]] = {}
 
     def __repr__(self) -> str:
         return f"Placer({self.place!r}, library={self.library!r})"
@@ -315,21 +318,40 @@ class Placer:
         """Whether ``host_buffer`` gives page-locked memory that ``stage`` sends to the device as it lies."""
         return self.library == "torch" and self.kind == "cuda"
 
-    def host_buffer(self, nbytes: int) -> np.ndarray:
-        """A writable, uninitialised ``uint8`` array of ``nbytes`` for rows on their way to this place.
+    def host_buffer(self, nbytes: int) -> np.ndarray | None:
+        """A writable, uninitialised ``uint8`` array of ``nbytes`` in page-locked memory, for rows on their way
+        to this torch CUDA place; None on any other place, or where the host refuses more pinned memory.
 
-        On a torch CUDA place it lies in page-locked memory, so ``stage`` copies a batch gathered
-        into it to the device directly, without first copying it into pinned memory of its own:
-        one host copy of each batch instead of two. Elsewhere (or where no pinned memory can be
-        had) it is ordinary memory.
+        ``stage`` copies a batch gathered into it to the device as it lies, without first copying it
+        into pinned memory of its own: one host copy of each batch instead of two.
         """
-        if self.gathers_pinned:
-            torch = importlib.import_module("torch")
-            try:
-                return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
-            except RuntimeError:
-                pass  # page-locked memory refused (the host's limit): stage copies it, as any array
-        return np.empty(nbytes, dtype=np.uint8)
+        if not self.gathers_pinned:
+            return None
+        torch = importlib.import_module("torch")
+        try:
+            # On this place's device: the receiver thread's current device is 0 until set, and torch's pinned
+            # allocator works in the current device's context, so a rank on cuda:3 that had done no CUDA work
+            # yet would get a context on GPU 0 (stage's copies already ran under this guard).
+            with torch.cuda.device(self.index):
+                array = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+        except RuntimeError:
+            return None  # page-locked memory refused (the host's limit): the caller gathers into its own
+        owner, key = array.base, id(array.base)
+        self._host_buffers[key] = weakref.ref(owner, self._forget(key))
+        return array
+
+    def _forget(self, key: int) -> Callable[[Any], None]:
+        """What drops ``key`` from ``_host_buffers`` once its tensor is gone (before its id can be reused)."""
+        buffers = self._host_buffers  # not self: the callback must not keep the placer alive
+
+        def forget(_gone: Any) -> None:
+            buffers.pop(key, None)
+
+        return forget
+
+    def _handed_out(self, owner: Any) -> bool:
+        ref = self._host_buffers.get(id(owner))
+        return ref is not None and ref() is owner
 
     def place_now(self, obj: Any) -> Any:
         """``finish(stage(obj))`` on the calling thread."""
@@ -391,7 +413,7 @@ class Placer:
         def copy(array: np.ndarray) -> Any:
             if not self._storable(array):
                 return array
-            pinned = _pinned_view(torch, array)
+            pinned = _pinned_view(torch, array, self._handed_out)
             if pinned is None:
                 pinned = _pinned_copy(torch, array)
             host.append(pinned)

@@ -84,7 +84,8 @@ class Sizes:
 QUICK = Sizes(512, 4, 1, 1, 128)
 FULL = Sizes(3072, 16, 2, 3, 512)
 # ``--workers`` (many cores): 56 files divide 1, 2, 4, 7, 8 and 14 workers, so every worker reads as many;
-# measured epochs grow with the worker count (``max(2, workers // 2)``) so each figure covers a similar wall time.
+# measured epochs grow with the worker count (``max(2, (workers + 1) // 2)``) so each figure covers a similar wall
+# time.
 MANY = Sizes(56 * 128, 56, 2, 2, 512)
 
 
@@ -495,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     if args == ["--steps"]:
         steps()
         return 0
-    if "--workers" in args:
+    if any(arg == "--workers" or arg.startswith("--workers=") for arg in args):
         return scaling_main(args)
     helps = f"{QUICK.images} images, one trial (--steps: where CPU goes per image; --workers 4,8,14: scaling)"
     return group_main(__doc__ or "", run, helps, args)

@@ -121,29 +121,43 @@ def test_daemon_client_exactly_once_with_a_mapper_and_the_same_data_inline(tmp_p
     assert files and not any(os.path.exists(f) for f in files)
 
 
-def test_a_client_on_a_pinning_device_gathers_rows_into_the_placers_host_buffers(tmp_path, monkeypatch):
-    # On a torch CUDA device the client gathers big rows into Placer.host_buffer (page-locked memory that
-    # stage sends on as it lies) instead of its reusable mappings. No CUDA here: the placer says it pins.
+@pytest.mark.parametrize("pins", [True, False], ids=["pinning_device", "cpu"])
+def test_a_client_gathers_big_rows_into_host_buffers_on_a_pinning_device_else_its_own(tmp_path, monkeypatch, pins):
+    # On a torch CUDA device the client gathers big rows into Placer.host_buffer (page-locked memory that stage
+    # sends on as it lies) instead of its reusable mappings; elsewhere into those mappings. No CUDA here: the
+    # placer says it pins. Batches of 64 rows of 80 KB (5 MB) are above the mappings' 4 MiB minimum.
     from loader.device import Placer
+    from loader.service.client.buffers import BatchBuffers
 
-    ids = write_large_files(tmp_path, 3, 24)
+    ids = write_large_files(tmp_path, 3, 64)
     given: list[np.ndarray] = []
+    mapped: list[int] = []
+    real_empty = BatchBuffers.empty
 
     def host_buffer(self, nbytes):
         given.append(np.empty(nbytes, dtype=np.uint8))
         return given[-1]
 
-    monkeypatch.setattr(Placer, "gathers_pinned", property(lambda self: True))
+    def spied_empty(self, nbytes):
+        mapped.append(nbytes)
+        return real_empty(self, nbytes)
+
+    monkeypatch.setattr(Placer, "gathers_pinned", property(lambda self: pins))
     monkeypatch.setattr(Placer, "host_buffer", host_buffer)
-    config = make_config(tmp_path, pipeline={"batch_size": 8}, workers={"count": 1, "samples_per_message": 8})
+    monkeypatch.setattr(BatchBuffers, "empty", spied_empty)
+    config = make_config(tmp_path, pipeline={"batch_size": 64}, workers={"count": 1, "samples_per_message": 64})
     rows = expected_rows(tmp_path)
     with running_daemon(config) as daemon, Client(daemon.endpoint, timeout_s=10, read_ahead=False) as client:
         batches = list(client.epoch())
     assert sorted(i for b in batches for i in batch_ids(b)) == sorted(ids)
     for batch in batches:
-        assert any(np.shares_memory(batch["data"], buffer) for buffer in given)
         assert all(np.array_equal(row, rows[int(row[0])]) for row in batch["data"])
-    assert client._buffers.reused == 0
+    assert max(b["data"].nbytes for b in batches) > 4 * 2**20
+    if pins:
+        assert given and not mapped
+        assert all(any(np.shares_memory(b["data"], buffer) for buffer in given) for b in batches)
+    else:
+        assert mapped and not given
 
 
 def test_killed_worker_mid_epoch_with_arenas_is_exactly_once(tmp_path):

@@ -345,49 +345,61 @@ def test_the_tensor_methods_the_cuda_path_uses_exist_in_torch():
 
 
 @pytest.mark.skipif(not _HAS_TORCH, reason="torch is not installed")
-def test_rows_gathered_into_pinned_memory_are_staged_as_views_of_it(monkeypatch):
+def test_rows_gathered_into_a_host_buffer_are_staged_as_views_of_it(monkeypatch):
     # A client on a torch CUDA place gathers rows into Placer.host_buffer's page-locked tensor; stage sends
     # them from a view of that tensor (no second host copy), of torch's own memory so that its pinned-memory
-    # cache sees the copy. No CUDA here: the tensor is an ordinary one that says it is pinned.
+    # cache sees the copy. No CUDA here: the placer says it pins, and torch.empty gives ordinary memory.
     import torch
 
-    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: True)
-    buffer = torch.zeros(4096, dtype=torch.uint8).numpy()  # what host_buffer returns
+    placer = Placer("torch:cpu")
+    assert placer.host_buffer(8) is None  # a place that does not pin: the client gathers into its own memory
+    real_empty = torch.empty
+    monkeypatch.setattr(Placer, "gathers_pinned", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: real_empty(*a, **k))
+    buffer = placer.host_buffer(4096)
     rows = buffer[: 6 * 40].reshape(6, 40).view(np.float32).reshape(6, 2, 5)  # as refs.gather lays rows out
     rows[...] = np.arange(60, dtype=np.float32).reshape(6, 2, 5)
-    part = rows[2:4]  # one part of a packed batch
-    view = device_mod._pinned_view(torch, part)
+    part = rows[2:4]  # one part of a packed batch, past the buffer's start
+    view = device_mod._pinned_view(torch, part, placer._handed_out)
     assert view.dtype == torch.float32 and tuple(view.shape) == (2, 2, 5) and view.tolist() == part.tolist()
     assert view.data_ptr() == part.ctypes.data  # the same bytes, not a copy
-    assert view.untyped_storage().data_ptr() == buffer.ctypes.data  # of the buffer's tensor
+    assert view.untyped_storage().data_ptr() == buffer.ctypes.data  # of the buffer's own tensor
     swapped = buffer[:80].view(">f4")
     for other in (np.ones(3, np.float32), rows[:, 0], rows[:0], swapped):  # no tensor's, strided, empty, swapped
-        assert device_mod._pinned_view(torch, other) is None
-    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: False)
-    assert device_mod._pinned_view(torch, part) is None  # ordinary memory goes the copy path
-    assert Placer("cpu").host_buffer(7).shape == (7,) and not Placer("torch:cpu").gathers_pinned
+        assert device_mod._pinned_view(torch, other, placer._handed_out) is None
+    # Memory of a tensor the placer did not hand out (the caller's own pinned batch) is copied, as stage always
+    # did: the caller may overwrite it once it is staged.
+    own = real_empty(4096, dtype=torch.uint8).numpy().view(np.float32)
+    assert device_mod._pinned_view(torch, own, placer._handed_out) is None
+    del buffer, rows, part, swapped, view, other
+    assert placer._host_buffers == {}  # forgotten once dropped
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cuda_available(), reason="no CUDA device")
 def test_cuda_rows_in_a_host_buffer_reach_the_device_without_a_second_copy(monkeypatch):
     # Batches gathered into host_buffer memory are staged from it directly, and each one's values reach the
-    # device whole although the next batch's buffer is taken while copies are in flight (torch's pinned
-    # cache must not hand out memory the device is still reading).
+    # device whole although the next batches' buffers are taken and written while every copy still waits
+    # behind a long kernel on the side stream (torch's pinned cache must not hand out memory queued for copy).
     import torch
 
     placer = Placer("cuda")
     assert placer.gathers_pinned
     monkeypatch.setattr(device_mod, "_pinned_copy", lambda *a: pytest.fail("a second host copy"))
+    side = placer._side_stream(lambda: torch.cuda.Stream(device=torch.device("cuda", placer.index)))
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1_000_000_000)  # about 0.5 s at 2 GHz: the copies below queue behind it
     outs, expected = [], []
     for i in range(40):
         raw = placer.host_buffer(64 * 1024 * 4)
         rows = raw.view(np.float32).reshape(64, 1024)
         rows[...] = i
-        staged = placer.stage({"x": rows[: 32 + i % 32]})
+        staged = placer.stage({"x": rows[1 : 33 + i % 31]})  # past the buffer's start, as a packed part is
         del raw, rows  # the client keeps no reference of its own once a batch is staged
         outs.append(placer.finish(staged)["x"])
-        expected.append((32 + i % 32, i))
+        expected.append((32 + i % 31, i))
+    assert not side.query()  # the copies were still queued when the last buffers were written
     torch.cuda.synchronize()
     for out, (n, value) in zip(outs, expected):
         assert out.is_cuda and tuple(out.shape) == (n, 1024) and bool((out == value).all())

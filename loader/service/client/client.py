@@ -294,9 +294,6 @@ class Client(NotADataset):
         self._arenas = _arena_cache(self.info.shm) if shm else None
         self._row_files = RowFiles()  # files whose rows batches reference (receiver thread only)
         self._buffers = BatchBuffers()  # what big gathered batches are copied into, reused once dropped
-        # On a torch CUDA device, rows are gathered into page-locked memory that goes to the device as it lies
-        # (one host copy of a batch instead of two: torch keeps and reuses that memory itself).
-        self._gather_into = self._placer.host_buffer if self._placer.gathers_pinned else self._buffers.empty
         self._ping_interval_s = min(PING_INTERVAL_S, float(self.info.ping_s))
         # The thread holds the client weakly (``_receive``): a client dropped unclosed is collected, and this
         # finalizer stops its thread, which says goodbye to the daemon (its session would count forever).
@@ -798,6 +795,12 @@ class Client(NotADataset):
                 f"up to its {message.count} rows"
             )
         return parts
+
+    def _gather_into(self, nbytes: int) -> np.ndarray:
+        """Memory for a gathered column: on a torch CUDA device, page-locked memory that goes to the device as it
+        lies (one host copy of a batch instead of two; torch keeps and reuses it), else a reusable mapping."""
+        pinned = self._placer.host_buffer(nbytes) if self._placer.gathers_pinned else None
+        return self._buffers.empty(nbytes) if pinned is None else pinned
 
     def _gather(self, described: dict[str, Any], columns: dict[str, np.ndarray], files: dict[int, Any]) -> None:
         """Replace reference columns by fresh arrays copied out of the arenas and files (the daemon frees them)."""
