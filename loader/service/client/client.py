@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from loader.config.address import address_origin, another_config, daemon_address
-from loader.config.sections import MAX_PREFETCH
+from loader.config.sections import MAX_BATCH_SIZE, MAX_PREFETCH
 from loader.device import Placer
 from loader.errors import (
     ClosedError,
@@ -597,6 +597,12 @@ class Client(NotADataset):
         if mismatch is not None:
             self._channel.try_send(P.encode(P.Bye()), timeout_s=0.0)  # it opened a session for us: end it now
             raise ProtocolVersionError(mismatch)
+        if answer.batch_size > MAX_BATCH_SIZE:  # what bounds every batch's rows (``_parts``): no config has more
+            self._channel.try_send(P.encode(P.Bye()), timeout_s=0.0)
+            raise TransportError(
+                f"the loader daemon at {self.address} sent a welcome of batch_size {answer.batch_size}, more than "
+                f"any config allows ({MAX_BATCH_SIZE})"
+            )
         return answer
 
     def _still_waiting(self, waited_s: float) -> None:
@@ -704,6 +710,8 @@ class Client(NotADataset):
                         f"the loader daemon at {self.address} sent more batch messages than this client gave "
                         f"credit for ({state.allowed})"
                     )
+                self._check_rows(message, columns)
+                parts = self._parts(message)
                 if message.refs:
                     try:
                         self._gather(message.refs, columns, message.files or {})
@@ -714,9 +722,7 @@ class Client(NotADataset):
                         state.over = True
                         self._out.put(("error", message.gen, exc))
                         continue
-                self._check_rows(message, columns)
                 self._largest_message = max(self._largest_message, block_nbytes(columns))
-                parts = self._parts(message)
                 self._received[0] += len(parts)
                 self._received[1] += message.count
                 start = 0
@@ -783,16 +789,26 @@ class Client(NotADataset):
             )
 
     def _parts(self, message: P.Batch) -> list[tuple[int, Place | None]]:
-        """(rows, place after it) of each batch a BATCH message holds: one, or its ``parts``."""
+        """(rows, place after it) of each batch a BATCH message holds: one, or its ``parts``; each of at most
+        the welcome's ``batch_size`` rows (a daemon cuts no bigger one), checked before any row is gathered."""
         if message.parts is None:
             anchor = message.anchor
             place = Place(message.epoch, message.position, tuple(anchor)) if anchor is not None else None  # type: ignore[arg-type]
-            return [(message.count, place)]
-        parts = [(p[0], Place(message.epoch, p[1], tuple(p[2:])) if len(p) == 5 else None) for p in message.parts]  # type: ignore[arg-type]
-        if sum(count for count, _ in parts) != message.count or any(count == 0 for count, _ in parts):
+            parts = [(message.count, place)]
+        else:
+            parts = [(p[0], Place(message.epoch, p[1], tuple(p[2:])) if len(p) == 5 else None) for p in message.parts]  # type: ignore[arg-type]
+            if sum(count for count, _ in parts) != message.count or any(count == 0 for count, _ in parts):
+                raise TransportError(
+                    f"the loader daemon at {self.address} sent a packed batch whose {len(parts)} parts do not add "
+                    f"up to its {message.count} rows"
+                )
+        # A batch of 10**12 rows of zero bytes each decoded in no time, and batch_format = "list" then built
+        # a sample per row without end.
+        largest = max(count for count, _ in parts)
+        if largest > self.info.batch_size:
             raise TransportError(
-                f"the loader daemon at {self.address} sent a packed batch whose {len(parts)} parts do not add "
-                f"up to its {message.count} rows"
+                f"the loader daemon at {self.address} sent a batch of {largest} rows, more than its batch_size of "
+                f"{self.info.batch_size}"
             )
         return parts
 

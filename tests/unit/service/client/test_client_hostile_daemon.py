@@ -87,6 +87,40 @@ def test_a_batch_of_no_rows_or_no_columns_ends_the_client_naming_the_daemon(coun
             list(client.epoch())
 
 
+@pytest.mark.parametrize(
+    ("count", "parts", "columns"),
+    [
+        (2, None, {"x": np.zeros(2)}),
+        (3, [[1, 1], [2, 3]], {"x": np.zeros(3)}),  # a packed batch: its second part is over
+        # Rows of no bytes cost the daemon nothing to claim: with batch_format = "list" the client built a sample
+        # per row of 10**12 without end.
+        (10**12, None, {"x": np.zeros((10**12, 0))}),
+    ],
+)
+def test_a_batch_of_more_rows_than_the_welcomes_batch_size_ends_the_client_naming_the_daemon(count, parts, columns):
+    def serve(far: Any, epoch: P.Epoch) -> None:
+        far.send(P.encode(P.Batch(gen=epoch.gen, epoch=0, count=count, parts=parts), columns))
+
+    with _client(serve) as client:  # a welcome of batch_size 1
+        largest = count if parts is None else max(p[0] for p in parts)
+        message = f"the loader daemon at fake://daemon sent a batch of {largest} rows, more than its "
+        with pytest.raises(TransportError, match=f"^{re.escape(message)}batch_size of 1$"):
+            list(client.epoch())
+
+
+def test_a_welcome_of_a_batch_size_no_config_allows_is_refused_naming_the_daemon():
+    near, far = FakeChannel.pair()
+
+    def daemon() -> None:
+        if far.recv(5.0) is not None:
+            welcome = P.ClientWelcome(session=1, batch_size=P.MAX_INT - 1, batch_format="list", files=1, ping_s=0.5)
+            far.send(P.encode(welcome))
+
+    threading.Thread(target=daemon, daemon=True).start()
+    with pytest.raises(TransportError, match=r"^the loader daemon at fake://daemon sent a welcome of batch_size \d+"):
+        Client("fake://daemon", channel=near, timeout_s=5.0)
+
+
 def _receiver(pool: ArenaPool) -> Any:
     """The receiver's side of a client that maps the daemon's arenas (its ArenaCache gives arenas by id)."""
     empty = lambda n: np.empty(n, np.uint8)  # noqa: E731
