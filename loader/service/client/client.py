@@ -690,7 +690,11 @@ class Client(NotADataset):
             )
 
     def _drain(self, state: _ReceiverState) -> None:
-        while True:
+        """Take what has arrived, for ``RECEIVER_POLL_S`` at most: a daemon that sent without a pause (messages
+        this client drops) kept the receiver here, so an epoch was never asked for and a closed client's
+        receiver went on."""
+        until = time.monotonic() + RECEIVER_POLL_S
+        while state.last_heard < until:
             frames = self._channel.recv(0)
             if frames is None:
                 return

@@ -121,6 +121,48 @@ def test_a_welcome_of_a_batch_size_no_config_allows_is_refused_naming_the_daemon
         Client("fake://daemon", channel=near, timeout_s=5.0)
 
 
+class Flooded(FakeChannel):
+    """A client end that never runs dry once ``flooding`` is set: whatever the daemon sent, then messages of no
+    request (which the client drops), as from a daemon that sends them without a pause."""
+
+    flooding = False
+
+    def recv(self, timeout_s: float) -> list[Any] | None:
+        frames = super().recv(timeout_s)
+        if frames is None and self.flooding:
+            self._waker.wake()
+            return P.encode(P.End(epoch=0))
+        return frames
+
+
+def test_a_daemon_that_sends_without_a_pause_keeps_the_receiver_from_nothing_else():
+    """The receiver took such messages one after another and never came back to its other work: the epoch was
+    never asked for (the loop waited out progress_timeout_s) and a closed client's receiver went on."""
+    near, far = Flooded.pair()
+
+    def daemon() -> None:
+        while (frames := far.recv(5.0)) is not None:
+            message = P.decode(frames)[0]
+            if isinstance(message, P.ClientHello):
+                far.send(
+                    P.encode(P.ClientWelcome(session=1, batch_size=1, batch_format="stacked", files=1, ping_s=0.5))
+                )
+            elif isinstance(message, P.Epoch):
+                far.send(P.encode(P.Batch(gen=message.gen, epoch=0, count=1), {"x": np.zeros(1)}))
+                far.send(P.encode(P.End(gen=message.gen, epoch=0)))
+
+    threading.Thread(target=daemon, daemon=True).start()
+    client = Client("fake://daemon", channel=near, timeout_s=5.0, progress_timeout_s=3.0)
+    near.flooding = True
+    try:
+        with client:
+            assert len(list(client.epoch())) == 1
+        assert not client._thread.is_alive()
+    finally:
+        near.flooding = False
+        client._thread.join(5.0)
+
+
 def _receiver(pool: ArenaPool) -> Any:
     """The receiver's side of a client that maps the daemon's arenas (its ArenaCache gives arenas by id)."""
     empty = lambda n: np.empty(n, np.uint8)  # noqa: E731
