@@ -226,6 +226,18 @@ class Arena:
             return
         self.states[run_indexes(np.asarray(starts, dtype=np.int64), run)] = FREE
 
+    def readable_bytes(self) -> int:
+        """Bytes of ``data`` the file holds now: a reader touching a page of the mapping past the file's end dies of
+        SIGBUS, and whoever can write the file (its daemon, a worker) can truncate it under its readers. Asked
+        before a copy; a file truncated while the copy runs can still kill the reader."""
+        if self._fd is None:
+            return 0
+        try:
+            size = os.fstat(self._fd).st_size
+        except OSError:
+            return 0
+        return max(0, min(len(self.data), size - _data_offset(self.n_blocks)))
+
     def row(self, start: int, nbytes: int) -> np.ndarray:
         """The bytes of one row (a view into the mapping: copy before freeing)."""
         offset = int(start) * self.block_bytes

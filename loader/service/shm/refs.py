@@ -200,7 +200,7 @@ def _check_rows_fit(refs: np.ndarray, nbytes: int, arena_of: ArenaOf) -> None:
                 )
             continue
         arena = _arena(arena_of, ref_id)
-        size = len(arena.data)
+        size = arena.readable_bytes()  # not the mapping's length: the file may have been truncated since
         if first < 0 or last * arena.block_bytes + nbytes > size:
             raise ArenaError(
                 f"a reference claims a row of {nbytes} bytes at block {first if first < 0 else last} of arena "

@@ -4,7 +4,10 @@ its daemon")."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +24,7 @@ from loader.service.client.client import Client
 from loader.service.shm import refs as R
 from loader.service.shm.pool import ArenaPool
 from loader.service.transport import FakeChannel
-from tests.helpers import wait_until
+from tests.helpers import REPO_ROOT, wait_until
 
 Serve = Callable[[Any, P.Epoch], None]
 
@@ -190,3 +193,37 @@ def test_a_reference_column_of_narrow_integers_is_read_as_references(tmp_path):
         columns = {"x": refs.astype(np.int8)}
         Client._gather(_receiver(pool), {"x": {0: [values.dtype.str, [100_000]]}}, columns, {})  # type: ignore[arg-type]
         assert np.array_equal(columns["x"], values)
+
+
+def test_rows_of_an_arena_truncated_under_the_client_end_it_naming_the_daemon_and_do_not_kill_it(tmp_path):
+    # Mapped at an earlier batch, then truncated by whoever can write it: the copy read past the file's end and
+    # the training process died of SIGBUS. Run in a child, which is all such a death takes.
+    script = f"""
+import os
+import numpy as np
+from loader.errors import TransportError
+from loader.service.client.client import Client
+from loader.service.shm import refs as R
+from loader.service.shm.cache import ArenaCache
+from loader.service.shm.pool import ArenaPool
+from tests.unit.service.client.test_client_hostile_daemon import _receiver
+
+with ArenaPool(4 << 20, directory={str(tmp_path)!r}) as pool:
+    values = np.ones((2, 100_000), np.float32)
+    arena = pool.create()
+    refs = R.write_column(arena, values)
+    cache = ArenaCache(pool.describe())
+    cache.get(arena.arena_id)
+    os.truncate(arena.path, 4096)
+    receiver = _receiver(cache)
+    try:
+        Client._gather(receiver, {{"x": {{0: [values.dtype.str, [100_000]]}}}}, {{"x": refs}}, {{}})
+    except TransportError as exc:
+        print(exc)
+"""
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False, env=env
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.startswith("the loader daemon at tcp://daemon:1 sent a bad batch: a reference claims a row")
