@@ -138,7 +138,11 @@ class Arena:
             size = os.fstat(fd).st_size
             if size < PAGE_BYTES:
                 raise ArenaError(f"arena {path} is truncated ({size} bytes)")
-            arena = cls(path, arena_id, fd, mmap.mmap(fd, size), owner=False)
+            try:
+                mm = mmap.mmap(fd, size)
+            except OSError as exc:  # no descriptor left for the mapping's own (it dups fd), no address space
+                raise ArenaError(f"cannot map arena {path}: {exc.strerror}") from exc
+            arena = cls(path, arena_id, fd, mm, owner=False)
         except BaseException:
             os.close(fd)
             raise

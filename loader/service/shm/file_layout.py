@@ -112,7 +112,10 @@ def read_layout(path: str, member: str) -> tuple[Layout, int]:
         except (ValueError, EOFError, KeyError, zipfile.BadZipFile, OSError) as exc:
             raise FileRowsError(f"{target}: no readable array {member[:40]!r} ({exc})") from exc
         layout = _checked(path, member, target, offset, shape, fortran, dtype, st, min(end, st.st_size))
-        return layout, os.dup(fh.fileno())
+        try:
+            return layout, os.dup(fh.fileno())
+        except OSError as exc:  # no descriptor left
+            raise FileRowsError(f"cannot open {target} for its rows: {exc}") from exc
 
 
 def _npy_header(fh: BinaryIO, target: str) -> tuple[int, tuple[int, ...], bool, np.dtype]:

@@ -227,3 +227,44 @@ with ArenaPool(4 << 20, directory={str(tmp_path)!r}) as pool:
     )
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert done.stdout.startswith("the loader daemon at tcp://daemon:1 sent a bad batch: a reference claims a row")
+
+
+def test_an_arena_that_cannot_be_mapped_for_want_of_descriptors_ends_the_client_naming_the_daemon(tmp_path):
+    # A daemon naming arenas without end takes a descriptor and a mapping (which dups it) for each: where the last
+    # descriptor went to the open, the mapping's OSError left the receiver thread as it was. In a child, whose
+    # descriptors it takes.
+    script = f"""
+import os
+import resource
+import numpy as np
+from loader.errors import TransportError
+from loader.service.client.client import Client
+from loader.service.shm import refs as R
+from loader.service.shm.cache import ArenaCache
+from loader.service.shm.pool import ArenaPool
+from tests.unit.service.client.test_client_hostile_daemon import _receiver
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+with ArenaPool(4 << 20, directory={str(tmp_path)!r}) as pool:
+    values = np.ones((2, 100_000), np.float32)
+    refs = R.write_column(pool.create(), values)
+    receiver = _receiver(ArenaCache(pool.describe()))
+    held = []
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        os.close(held.pop())  # one left: the arena's open takes it
+    try:
+        Client._gather(receiver, {{"x": {{0: [values.dtype.str, [100_000]]}}}}, {{"x": refs}}, {{}})
+    except TransportError as exc:
+        print(exc)
+"""
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False, env=env
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.startswith("the loader daemon at tcp://daemon:1 sent a bad batch: cannot map arena "), (
+        done.stdout
+    )
