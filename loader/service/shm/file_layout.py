@@ -109,7 +109,8 @@ def read_layout(path: str, member: str) -> tuple[Layout, int]:
                 offset, shape, fortran, dtype, end = _npz_member(fh, member)
             else:
                 offset, shape, fortran, dtype = _npy_header(fh, target)
-        except (ValueError, EOFError, KeyError, zipfile.BadZipFile, OSError) as exc:
+        # RuntimeError: zipfile's for an encrypted member (the file a daemon names may be anyone's making).
+        except (ValueError, EOFError, KeyError, zipfile.BadZipFile, OSError, RuntimeError) as exc:
             raise FileRowsError(f"{target}: no readable array {member[:40]!r} ({exc})") from exc
         layout = _checked(path, member, target, offset, shape, fortran, dtype, st, min(end, st.st_size))
         try:

@@ -58,10 +58,20 @@ def test_rows_read_by_reference_equal_the_file(tmp_path, kind):
     table.close()
 
 
+def _save_encrypted(path: str) -> None:
+    """An .npz whose member says it is encrypted (zipfile then raised its own RuntimeError, not a FileRowsError)."""
+    np.savez(path[:-4] + ".npz", x=np.zeros((2, 4)))
+    raw = bytearray(open(path[:-4] + ".npz", "rb").read())
+    raw[raw.find(b"PK\x03\x04") + 6] |= 1  # general purpose flag bit 0, in the local header and the directory
+    raw[raw.find(b"PK\x01\x02") + 8] |= 1
+    open(path[:-4] + ".npz", "wb").write(raw)
+
+
 @pytest.mark.parametrize(
     "write, why",
     [
         (lambda p: np.savez_compressed(p[:-4] + ".npz", x=np.zeros((2, 4))), "compressed"),
+        (_save_encrypted, "encrypted"),
         (lambda p: np.save(p, np.asfortranarray(np.zeros((4, 3)))), "C-order"),
         (lambda p: np.save(p, np.array([{"a": 1}, None], dtype=object), allow_pickle=True), "object|dtype"),
         (lambda p: open(p, "wb").write(b"not an array"), "no readable array"),
