@@ -849,6 +849,13 @@ class Client(NotADataset):
                 raise  # a data file changed under its rows: that epoch fails, the client stays usable
             except ArenaError as exc:
                 raise TransportError(f"the loader daemon at {self.address} sent a bad batch: {exc}") from None
+            except (MemoryError, OSError) as exc:
+                # Rows of the size the references claim (what a sparse file or arena holds, up to R.MAX_ROW_BYTES
+                # a row) where this process has no such memory, or a read the system refused: numpy's or mmap's
+                # own error left the receiver thread as it was.
+                raise TransportError(
+                    f"the loader daemon at {self.address} sent a batch this client cannot gather: {exc}"
+                ) from None
 
 
 def _of_no_open_request(message: P.Message, state: _ReceiverState) -> bool:

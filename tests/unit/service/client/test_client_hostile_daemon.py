@@ -22,6 +22,7 @@ from loader.errors import TransportError
 from loader.service import protocol as P
 from loader.service.client.client import Client
 from loader.service.shm import refs as R
+from loader.service.shm.file_rows import RowFiles, file_id
 from loader.service.shm.pool import ArenaPool
 from loader.service.transport import FakeChannel
 from tests.helpers import REPO_ROOT, wait_until
@@ -204,6 +205,7 @@ import numpy as np
 from loader.errors import TransportError
 from loader.service.client.client import Client
 from loader.service.shm import refs as R
+from loader.service.shm.file_rows import RowFiles, file_id
 from loader.service.shm.cache import ArenaCache
 from loader.service.shm.pool import ArenaPool
 from tests.unit.service.client.test_client_hostile_daemon import _receiver
@@ -240,6 +242,7 @@ import numpy as np
 from loader.errors import TransportError
 from loader.service.client.client import Client
 from loader.service.shm import refs as R
+from loader.service.shm.file_rows import RowFiles, file_id
 from loader.service.shm.cache import ArenaCache
 from loader.service.shm.pool import ArenaPool
 from tests.unit.service.client.test_client_hostile_daemon import _receiver
@@ -268,3 +271,30 @@ with ArenaPool(4 << 20, directory={str(tmp_path)!r}) as pool:
     assert done.stdout.startswith("the loader daemon at tcp://daemon:1 sent a bad batch: cannot map arena "), (
         done.stdout
     )
+
+
+def test_file_rows_of_more_bytes_than_the_client_can_allocate_end_it_naming_the_daemon(tmp_path):
+    # A sparse .npy of two rows of 1 GiB, as anyone can make one and a daemon name it: what a row is, is what its
+    # header says. Where the memory is not there, numpy's MemoryError (or mmap's OSError, for a batch buffer)
+    # left the receiver thread as it was. This process's allocation refuses them here, so nothing is allocated.
+    path = str(tmp_path / "sparse.npy")
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (2, 1 << 28)})
+        offset = f.tell()
+    os.truncate(path, offset + 2 * (1 << 30))
+    st = os.stat(path)
+
+    def empty(nbytes: int) -> np.ndarray:
+        if nbytes > 1 << 20:
+            raise MemoryError(f"Unable to allocate {nbytes} bytes")
+        return np.empty(nbytes, np.uint8)
+
+    receiver = SimpleNamespace(address="tcp://daemon:1", _arenas=object(), _row_files=RowFiles(), _gather_into=empty)
+    refs = np.array([[file_id(0), 0, 0], [file_id(0), 1, 0]], np.int64)
+    files = {0: [path, "data", st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]}
+    message = "the loader daemon at tcp://daemon:1 sent a batch this client cannot gather: Unable to allocate"
+    try:
+        with pytest.raises(TransportError, match=f"^{re.escape(message)}"):
+            Client._gather(receiver, {"x": {0: ["<f4", [1 << 28]]}}, {"x": refs}, files)  # type: ignore[arg-type]
+    finally:
+        receiver._row_files.close()
