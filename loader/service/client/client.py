@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from loader.config.address import address_origin, another_config, daemon_address
-from loader.config.sections import MAX_BATCH_SIZE, MAX_PREFETCH
+from loader.config.sections import MAX_BATCH_SIZE, MAX_PREFETCH, MIN_HEARTBEAT_INTERVAL_S
 from loader.device import Placer
 from loader.errors import (
     ClosedError,
@@ -294,7 +294,9 @@ class Client(NotADataset):
         self._arenas = _arena_cache(self.info.shm) if shm else None
         self._row_files = RowFiles()  # files whose rows batches reference (receiver thread only)
         self._buffers = BatchBuffers()  # what big gathered batches are copied into, reused once dropped
-        self._ping_interval_s = min(PING_INTERVAL_S, float(self.info.ping_s))
+        # At the daemon's pace, but never faster than any config allows: a welcome of ping_s 0 from a peer had the
+        # receiver ping in a loop.
+        self._ping_interval_s = max(MIN_HEARTBEAT_INTERVAL_S, min(PING_INTERVAL_S, float(self.info.ping_s)))
         # The thread holds the client weakly (``_receive``): a client dropped unclosed is collected, and this
         # finalizer stops its thread, which says goodbye to the daemon (its session would count forever).
         self._thread = threading.Thread(target=_receive, args=(weakref.ref(self),), name="loader-client", daemon=True)
@@ -772,6 +774,12 @@ class Client(NotADataset):
         if message.count < 1 or not columns:
             held = f"{len(columns)} column(s)" if columns else "no columns"
             raise TransportError(f"the loader daemon at {self.address} sent a batch of {message.count} rows in {held}")
+        for name, values in columns.items():
+            if values.dtype.names is not None:  # no stage sends one (it refuses them from workers)
+                raise TransportError(
+                    f"the loader daemon at {self.address} sent column {name[:64]!r} of a structured dtype "
+                    f"({str(values.dtype)[:80]})"
+                )
 
     def _check_kept(self, message: P.Batch) -> None:
         """Refuse a batch whose arena rows were copied after the daemon stopped keeping them for this client.

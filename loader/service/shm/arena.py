@@ -31,6 +31,7 @@ import errno
 import mmap
 import os
 import secrets
+import stat
 import struct
 import tempfile
 
@@ -131,11 +132,16 @@ class Arena:
     def open(cls, path: str, arena_id: int, token: bytes) -> Arena:
         """Map the arena at ``path``; ``ArenaError`` when missing, malformed or with another token."""
         try:
-            fd = os.open(path, os.O_RDWR)
+            # A peer names the path (a daemon's welcome): not blocking on a FIFO, not taking a terminal, not
+            # following a link at the last step; whatever it is must be a regular file before it is mapped.
+            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
             raise ArenaError(f"cannot open arena {path}: {exc.strerror}") from exc
         try:
-            size = os.fstat(fd).st_size
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode):
+                raise ArenaError(f"arena {path} is not a regular file")
+            size = status.st_size
             if size < PAGE_BYTES:
                 raise ArenaError(f"arena {path} is truncated ({size} bytes)")
             try:

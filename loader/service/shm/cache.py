@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -15,6 +16,9 @@ class ArenaCache:
 
     def __init__(self, info: dict[str, Any]) -> None:
         self.directory, self.prefix = str(info["dir"]), str(info["prefix"])
+        if os.sep in self.prefix or self.prefix in ("", ".", ".."):
+            # The daemon's welcome names it; a name, never a path that leaves ``dir`` ("../x").
+            raise ValueError(f"arena prefix {self.prefix[:80]!r} is not a file name")
         self.token = bytes.fromhex(str(info["token"]))
         self._arenas: dict[int, Arena] = {}
         self._used: dict[int, float] = {}

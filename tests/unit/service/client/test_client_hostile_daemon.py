@@ -30,9 +30,11 @@ from tests.helpers import REPO_ROOT, wait_until
 Serve = Callable[[Any, P.Epoch], None]
 
 
-def _client(serve: Serve) -> Client:
-    """A client whose daemon answers hello and then, at the first EPOCH, does ``serve(channel, epoch)``."""
+def _client(serve: Serve, **welcome: Any) -> Client:
+    """A client whose daemon answers hello (a welcome of ``welcome``'s fields where given) and then, at the
+    first EPOCH, does ``serve(channel, epoch)``."""
     near, far = FakeChannel.pair()
+    fields = {"session": 1, "batch_size": 1, "batch_format": "stacked", "files": 1, "ping_s": 0.5, **welcome}
 
     def daemon() -> None:
         while True:
@@ -41,8 +43,7 @@ def _client(serve: Serve) -> Client:
                 return
             message, _ = P.decode(frames)
             if isinstance(message, P.ClientHello):
-                welcome = P.ClientWelcome(session=1, batch_size=1, batch_format="stacked", files=1, ping_s=0.5)
-                far.send(P.encode(welcome))
+                far.send(P.encode(P.ClientWelcome(**fields)))
             elif isinstance(message, P.Epoch):
                 serve(far, message)
                 return
@@ -298,3 +299,31 @@ def test_file_rows_of_more_bytes_than_the_client_can_allocate_end_it_naming_the_
             Client._gather(receiver, {"x": {0: ["<f4", [1 << 28]]}}, {"x": refs}, files)  # type: ignore[arg-type]
     finally:
         receiver._row_files.close()
+
+
+def test_a_welcome_of_no_ping_interval_does_not_make_the_client_ping_in_a_loop():
+    with _client(lambda far, epoch: None, ping_s=0.0) as client:
+        assert client._ping_interval_s >= 0.01  # the least any config allows
+
+
+def test_a_column_of_a_structured_dtype_ends_the_client_naming_the_daemon(monkeypatch):
+    # "i4,i4" on the wire decodes as a structured array. No stage sends one (it refuses them from workers), and
+    # such a column reached the training loop.
+    from loader.service import frames as F
+
+    real = F._column_frame
+
+    def structured(values: Any) -> Any:
+        dtype, shape, frame = real(values)
+        return ("i4,i4" if dtype == "|V8" else dtype), shape, frame
+
+    monkeypatch.setattr(F, "_column_frame", structured)
+
+    def serve(far: Any, epoch: P.Epoch) -> None:
+        far.send(P.encode(P.Batch(gen=epoch.gen, epoch=0, count=1), {"x": np.zeros(1, "V8")}))
+
+    with _client(serve) as client:
+        with pytest.raises(
+            TransportError, match=r"^the loader daemon at fake://daemon sent column 'x' of a structured dtype \("
+        ):
+            list(client.epoch())

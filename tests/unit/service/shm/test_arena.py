@@ -316,3 +316,24 @@ def test_concurrent_writer_and_freer_in_two_processes(pool):
         code = processes.stop_process(proc, join_timeout_s=CHILD_JOIN_TIMEOUT_S)
     assert code == 0
     assert arena.used_blocks() == 0
+
+
+def test_an_arena_path_that_is_no_regular_file_is_refused_at_once_not_opened_blocking(tmp_path):
+    # The path comes from a daemon's welcome: a FIFO there blocked the client's open until a writer came, a
+    # link was followed wherever it led, and a device would have been mapped.
+    token = b"\x01" * 16
+    fifo = tmp_path / "x-1"
+    os.mkfifo(fifo)
+    (tmp_path / "real").write_bytes(b"\0" * 8192)
+    os.symlink(tmp_path / "real", tmp_path / "x-2")
+    for path, why in ((fifo, "is not a regular file"), (tmp_path / "x-2", "cannot open arena")):
+        started = time.monotonic()
+        with pytest.raises(ArenaError, match=why):
+            Arena.open(str(path), 1, token)
+        assert time.monotonic() - started < 2.0
+
+
+@pytest.mark.parametrize("prefix", ["../elsewhere", "a/b", "", ".."])
+def test_an_arena_prefix_that_is_no_file_name_is_refused(tmp_path, prefix):
+    with pytest.raises(ValueError, match="is not a file name"):
+        ArenaCache({"dir": str(tmp_path), "prefix": prefix, "token": "00" * 16})
