@@ -47,6 +47,8 @@ def glob_files(pattern: str) -> list[str]:
     skipped = [path for path in skipped if not os.path.isdir(path)]
     if skipped:
         _warn_once(pattern, skipped_text(pattern, sorted(skipped)))
+    else:
+        _warned.pop(pattern, None)  # mended: the same fault coming back is said again
     return files
 
 

@@ -60,9 +60,9 @@ def start_process(
 
     With ``ignore_interrupts`` the child ignores SIGINT from its first instruction:
     a terminal's Ctrl-C reaches the whole process group, and the parent stops its
-    children in order. The child is started with SIGINT blocked (a spawned child
-    spends its first tenth of a second importing, where an interrupt printed a
-    KeyboardInterrupt traceback), sets a handler that does nothing, then unblocks it.
+    children in order. A spawned child spends its first tenth of a second importing,
+    where an interrupt printed a KeyboardInterrupt traceback: it is started with
+    SIGINT ignored (``_interrupts_held``), then sets a handler that does nothing.
     """
     if ignore_interrupts:
         target, args = _ignoring_interrupts, (target, *args)
@@ -77,21 +77,32 @@ def start_process(
 
 
 class _interrupts_held:  # used like a function: with _interrupts_held(True): proc.start()
-    """SIGINT blocked in this thread while a child starts: the child inherits the mask.
+    """SIGINT held off a child while it starts.
 
-    Blocked, not ignored, so an interrupt meant for this process while the child
-    starts waits (pending) and arrives once the mask is back; a process-directed
-    signal goes to another thread meanwhile.
+    Blocked in this thread, which a forked child inherits: an interrupt meant for this process meanwhile
+    waits (pending) and arrives once the mask is back. A spawned child does not keep the mask (multiprocessing
+    starts it with none blocked, seen on Python 3.11 and 3.12), but it keeps an ignored disposition through
+    exec, and Python then installs no KeyboardInterrupt handler: on the main thread SIGINT is also ignored for
+    the few milliseconds of the start. A Ctrl-C landing then may be lost; the next one stops the parent. Off
+    the main thread (an in-process ``Loader``) Python cannot change the disposition, and the import window
+    stays open there.
     """
 
     def __init__(self, hold: bool) -> None:
         self.hold = hold and hasattr(signal, "pthread_sigmask")
+        self.ignore = hold and threading.current_thread() is threading.main_thread()
+        self.handler: Any = None
 
     def __enter__(self) -> None:
         if self.hold:
             self.previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        if self.ignore:
+            self.handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def __exit__(self, *exc: Any) -> None:
+        if self.ignore:
+            # None: a handler set outside Python, which cannot be put back; the default is the nearest.
+            signal.signal(signal.SIGINT, self.handler if self.handler is not None else signal.default_int_handler)
         if self.hold:
             signal.pthread_sigmask(signal.SIG_SETMASK, self.previous)
 

@@ -610,11 +610,13 @@ def test_a_job_of_a_huge_world_size_fails_its_epoch_at_the_byte_bound_not_at_the
 
 
 # -- a chunk that fails once its rows are counted ----------------------------------------------------------------
-def test_a_chunk_that_fails_after_its_rows_count_as_arrived_fails_the_epoch_it_does_not_end_it_short(tmp_path):
+def test_chunks_of_a_structured_dtype_fail_the_epoch_naming_the_file_they_do_not_end_it_short(tmp_path):
     """The lease holder sends 6 records: a chunk of 2 of a structured dtype, one of 2 of a plain ``V8`` (the same
     ``dtype.str``, so the batch's fit took it) and one more of the first. The second raised in the stage only after
     its records counted as arrived and the shuffle had emptied its round: the guard dropped it, the FILE_DONE found
-    all 6 arrived, and the client's epoch ended, without an error, with 2 samples."""
+    all 6 arrived, and the client's epoch ended, without an error, with 2 samples. The stage now refuses the
+    structured chunks before they count (``chunk_problem``), so the epoch fails at the FILE_DONE's count, naming
+    the file; a failure after the count fails the stream (``test_stage_untidy``)."""
     write_id_files(tmp_path, 1, [6])
     config = make_config(
         tmp_path,
@@ -637,7 +639,9 @@ def test_a_chunk_that_fails_after_its_rows_count_as_arrived_fails_the_epoch_it_d
                     head["cols"][0][1] = dtype  # numpy reads "i4,i4" as a structured dtype; encode sends dtype.str
                     fake.data.send([msgpack.packb(head, use_bin_type=True), *frames[1:]])
                 fake.data.send(P.encode(P.FileDone(**tag, worker=fake.welcome.worker, sent=6)))
-                with pytest.raises(WorkerError):
+                with pytest.raises(
+                    WorkerError, match=r"^LostDataError: the worker sent 6 record\(s\) .* but 2 arrived"
+                ):
                     read()
         finally:
             fake.close()

@@ -383,10 +383,13 @@ class Stage:
             # The chunk counts as arrived and its rows may be half taken (the sequencer moved past them, the shuffle
             # emptied its round into a concatenation that raised): dropped by the handler guard, the file's FILE_DONE
             # found every record arrived and the epoch ended short without a word. The stream fails, naming it.
+            # Logged here, not re-raised: the loop's guard would say it dropped a message (nothing is dropped) and
+            # count the worker's message as a hostile peer's refusal.
             path = self._path(chunk.file)
             message = f"taking rows of {path} failed: {type(exc).__name__}: {exc}"
+            log.warning("%s (its epoch fails)", message)
+            log.debug("where taking rows of %s failed", path, exc_info=True)
             self.fail_stream(stream, WorkerError("LoaderError", message, worker=chunk.worker, file=path).to_dict())
-            raise
 
     def _take(self, stream: Stream, chunk: P.Chunk, columns: Block, names: frozenset[str]) -> None:
         """``on_chunk``'s rows into ``stream``: fitted, ordered, shuffled and cut into steps."""

@@ -55,6 +55,10 @@ _HEADER = struct.Struct("<8sIIQ16s")  # magic, version, block_bytes, n_blocks, t
 PROBE_ID = 0  # the header-only file a client maps to learn whether it shares the daemon's host
 
 
+# Flags for opening a file a peer names (POSIX; absent elsewhere, where the regular-file check still holds).
+_OPEN_PEER_NAMED = sum(getattr(os, flag, 0) for flag in ("O_NONBLOCK", "O_NOCTTY", "O_NOFOLLOW", "O_CLOEXEC"))
+
+
 def arena_path(directory: str, prefix: str, arena_id: int) -> str:
     """The file of arena ``arena_id`` of the daemon whose files start with ``prefix``."""
     return os.path.join(directory, f"{prefix}-{arena_id}")
@@ -134,7 +138,7 @@ class Arena:
         try:
             # A peer names the path (a daemon's welcome): not blocking on a FIFO, not taking a terminal, not
             # following a link at the last step; whatever it is must be a regular file before it is mapped.
-            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDWR | _OPEN_PEER_NAMED)
         except OSError as exc:
             raise ArenaError(f"cannot open arena {path}: {exc.strerror}") from exc
         try:

@@ -70,16 +70,21 @@ class RowFile:
             )
         if first < 0 or count < 0 or first + count > layout.rows:
             raise FileRowsError(f"{layout.file}: row {first + count - 1} is outside its {layout.rows} rows")
-        if identity(os.fstat(self._fd)) != layout.identity:
-            raise FileChangedError(f"{layout.file} changed while its rows were in flight (size, mtime or inode)")
-        view = out.data.cast("B")  # a C-contiguous run of rows of the destination
-        total, done = count * row_bytes, 0
-        offset = layout.offset + first * row_bytes
-        while done < total:
-            got = os.preadv(self._fd, [view[done:total]], offset + done)
-            if got <= 0:
-                raise FileChangedError(f"{layout.file} changed while its rows were in flight (it is shorter)")
-            done += got
+        try:
+            if identity(os.fstat(self._fd)) != layout.identity:
+                raise FileChangedError(f"{layout.file} changed while its rows were in flight (size, mtime or inode)")
+            view = out.data.cast("B")  # a C-contiguous run of rows of the destination
+            total, done = count * row_bytes, 0
+            offset = layout.offset + first * row_bytes
+            while done < total:
+                got = os.preadv(self._fd, [view[done:total]], offset + done)
+                if got <= 0:
+                    raise FileChangedError(f"{layout.file} changed while its rows were in flight (it is shorter)")
+                done += got
+        except OSError as exc:
+            # EIO, or ESTALE once a dataset on NFS is replaced: the file's fault, as a change is, so that epoch
+            # fails naming it and the client stays usable (raw, it ended the client blaming the daemon).
+            raise FileRowsError(f"{layout.file}: its rows cannot be read: {exc.strerror or exc}") from None
 
     def close(self) -> None:
         if self._fd >= 0:

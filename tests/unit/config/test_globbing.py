@@ -72,7 +72,14 @@ def test_a_pattern_expanded_again_warns_again_only_when_what_it_leaves_out_chang
         os.symlink("/nonexistent/other.npy", tmp_path / "c.npy")
         glob_files(pattern)
         glob_files(pattern)
-    assert len(caplog.records) == 2 and "left out 2 matches" in caplog.records[1].getMessage()
+        assert len(caplog.records) == 2 and "left out 2 matches" in caplog.records[1].getMessage()
+        os.remove(tmp_path / "b.npy")
+        os.remove(tmp_path / "c.npy")
+        glob_files(pattern)  # mended
+        os.symlink("/nonexistent/shard.npy", tmp_path / "b.npy")
+        os.symlink("/nonexistent/other.npy", tmp_path / "c.npy")
+        glob_files(pattern)  # broken again as just before it was mended: said again
+    assert len(caplog.records) == 3 and caplog.records[2].getMessage() == caplog.records[1].getMessage()
 
 
 def test_directories_a_pattern_matches_are_left_out_without_a_warning(tmp_path, caplog):

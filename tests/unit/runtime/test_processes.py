@@ -63,6 +63,20 @@ def test_a_child_that_ignores_interrupts_survives_one_sent_while_it_is_still_sta
     assert proc.exitcode == 0
 
 
+def test_a_child_that_ignores_interrupts_survives_one_while_it_imports_its_target(monkeypatch):
+    # The child unpickles its target, importing its module: an interrupt then (Ctrl-C reaching a worker still
+    # importing numpy) ended it with a KeyboardInterrupt traceback. multiprocessing starts a spawned child with
+    # no signal blocked, so the parent's blocked mask did not hold it off.
+    from tests import interrupted_import
+
+    monkeypatch.setenv(interrupted_import.INTERRUPT_IMPORT_OF, str(os.getpid()))
+    proc = processes.start_process(
+        interrupted_import.finish, name="test-import-interrupted", import_main=False, ignore_interrupts=True
+    )
+    proc.join(WATCH_JOIN_TIMEOUT_S)
+    assert proc.exitcode == 0
+
+
 def test_an_interrupt_for_the_parent_while_a_child_starts_is_delivered_after():
     import signal
     import time

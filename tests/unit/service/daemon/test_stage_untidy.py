@@ -129,8 +129,7 @@ def test_a_chunk_that_raises_once_its_rows_count_as_arrived_fails_the_stream(shu
     stage = _stage(rec, shuffle_buffer=shuffle)
     session, stream = _open(stage, [0])
     stage.on_chunk(*_chunk(stream, 0, 0, np.zeros(2, "i4,i4")))
-    with pytest.raises(TypeError):  # numpy's DTypePromotionError: the loop's guard counts and logs it
-        stage.on_chunk(*_chunk(stream, 0, 2, np.zeros(2, "V8")))
+    stage.on_chunk(*_chunk(stream, 0, 2, np.zeros(2, "V8")))  # numpy's DTypePromotionError, logged, not raised
     stage.on_chunk(*_chunk(stream, 0, 4, np.zeros(2, "i4,i4")))
     stage.on_done(_done(stream, 0, 6))
     stage.pump(session)

@@ -174,6 +174,29 @@ def test_a_changed_file_is_refused_with_one_clear_error(tmp_path):
     table.close()
 
 
+def test_a_read_the_system_refuses_is_an_error_of_that_file(tmp_path, monkeypatch):
+    # EIO, or ESTALE once a dataset on NFS is replaced: the file's fault, as a change is. Raw, the OSError ended
+    # the client as a bad batch of its daemon's; a FileRowsError fails that epoch, naming the file.
+    import errno
+
+    path = str(tmp_path / "a.npy")
+    np.save(path, _rows())
+    table = F.FileTable()
+    _, layout = table.resolve(path, "data")
+    readers = F.RowFiles()
+    opened = readers.open(layout.describe())
+
+    def refused(*args):
+        raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
+
+    monkeypatch.setattr(F.os, "preadv", refused)
+    out = np.empty((1, layout.row_bytes), np.uint8)
+    with pytest.raises(F.FileRowsError, match=f"^{path}: its rows cannot be read: "):
+        opened.read_rows(0, 1, out, layout.row_bytes)
+    readers.close()
+    table.close()
+
+
 def test_readers_keep_a_bounded_number_of_files_open(tmp_path, monkeypatch):
     monkeypatch.setattr(F, "MAX_OPEN_FILES", 3)
     readers, table = F.RowFiles(), F.FileTable()
