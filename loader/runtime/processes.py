@@ -97,7 +97,10 @@ class _interrupts_held:  # used like a function: with _interrupts_held(True): pr
         if self.hold:
             self.previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         if self.ignore:
-            self.handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                self.handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            except ValueError:  # the main thread of another interpreter: only the mask holds
+                self.ignore = False
 
     def __exit__(self, *exc: Any) -> None:
         if self.ignore:
