@@ -84,8 +84,9 @@ class _interrupts_held:  # used like a function: with _interrupts_held(True): pr
     starts it with none blocked, seen on Python 3.11 and 3.12), but it keeps an ignored disposition through
     exec, and Python then installs no KeyboardInterrupt handler: on the main thread SIGINT is also ignored for
     the few milliseconds of the start. A Ctrl-C landing then may be lost; the next one stops the parent. Off
-    the main thread (an in-process ``Loader``) Python cannot change the disposition, and the import window
-    stays open there.
+    the main thread Python cannot change the disposition, and the import window stays open there: the
+    workers an in-process ``Loader``'s daemon thread starts to replace others (its first ones start on the
+    thread that made the ``Loader``).
     """
 
     def __init__(self, hold: bool) -> None:
