@@ -81,9 +81,10 @@ class _interrupts_held:  # used like a function: with _interrupts_held(True): pr
 
     Blocked in this thread, which a forked child inherits: an interrupt meant for this process meanwhile
     waits (pending) and arrives once the mask is back. A spawned child does not keep the mask (multiprocessing
-    starts it with none blocked, seen on Python 3.11 and 3.12), but it keeps an ignored disposition through
+    starts it with none blocked, seen on Python 3.10 to 3.12), but it keeps an ignored disposition through
     exec, and Python then installs no KeyboardInterrupt handler: on the main thread SIGINT is also ignored for
-    the few milliseconds of the start. A Ctrl-C landing then may be lost; the next one stops the parent. Off
+    the few milliseconds of the start. A Ctrl-C for the process taken by another thread then is lost (this
+    thread's waits, blocked, for the handler put back first); the next one stops the parent. Off
     the main thread Python cannot change the disposition, and the import window stays open there: the
     workers an in-process ``Loader``'s daemon thread starts to replace others (its first ones start on the
     thread that made the ``Loader``).
