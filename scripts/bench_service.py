@@ -314,16 +314,21 @@ class CpuSplit:
         self.workers = [pid for pid in process_tree(daemon_pid) if pid != daemon_pid]
         self.before = self._now()
 
-    def _now(self) -> tuple[float, float, float]:
+    def _now(self) -> tuple[float, list[float], float]:
         from bench_tools import cpu_seconds
 
         own = os.times()
         # A live worker's CPU is not in its parent's (children count there only once waited for).
-        return cpu_seconds(self.daemon_pid), sum(cpu_seconds(pid) for pid in self.workers), own.user + own.system
+        return cpu_seconds(self.daemon_pid), [cpu_seconds(pid) for pid in self.workers], own.user + own.system
 
     def stop(self) -> str:
-        after = self._now()
-        daemon, workers, client = (a - b for a, b in zip(after, self.before))
+        (daemon_after, workers_after, client_after), (daemon_before, workers_before, client_before) = (
+            self._now(),
+            self.before,
+        )
+        # Per worker, and never below 0: one that ended meanwhile reads 0 (its time then lands in the daemon's).
+        workers = sum(max(0.0, a - b) for a, b in zip(workers_after, workers_before))
+        daemon, client = daemon_after - daemon_before, client_after - client_before
         return f"daemon {daemon:.2f}, its {len(self.workers)} child processes {workers:.2f}, client {client:.2f}"
 
 
