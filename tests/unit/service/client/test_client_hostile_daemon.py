@@ -197,16 +197,18 @@ def test_a_reference_column_of_narrow_integers_is_read_as_references(tmp_path):
         assert np.array_equal(columns["x"], values)
 
 
-def test_rows_of_an_arena_truncated_under_the_client_end_it_naming_the_daemon_and_do_not_kill_it(tmp_path):
-    # Mapped at an earlier batch, then truncated by whoever can write it: the copy read past the file's end and
-    # the training process died of SIGBUS. Run in a child, which is all such a death takes.
+def _gather_in_a_child(tmp_path: Any, setup: str) -> str:
+    """What ``Client._gather`` says of a batch of two 400 KB arena rows, in a child process (which a SIGBUS or a
+    descriptor limit takes, not this one): ``setup`` runs with ``pool``, ``arena``, ``refs`` and ``values`` made and
+    leaves ``receiver``. The child's standard output: the TransportError's line."""
+    body = "\n".join("    " + line for line in setup.strip().splitlines())
     script = f"""
 import os
+import resource
 import numpy as np
 from loader.errors import TransportError
 from loader.service.client.client import Client
 from loader.service.shm import refs as R
-from loader.service.shm.file_rows import RowFiles, file_id
 from loader.service.shm.cache import ArenaCache
 from loader.service.shm.pool import ArenaPool
 from tests.unit.service.client.test_client_hostile_daemon import _receiver
@@ -215,10 +217,7 @@ with ArenaPool(4 << 20, directory={str(tmp_path)!r}) as pool:
     values = np.ones((2, 100_000), np.float32)
     arena = pool.create()
     refs = R.write_column(arena, values)
-    cache = ArenaCache(pool.describe())
-    cache.get(arena.arena_id)
-    os.truncate(arena.path, 4096)
-    receiver = _receiver(cache)
+{body}
     try:
         Client._gather(receiver, {{"x": {{0: [values.dtype.str, [100_000]]}}}}, {{"x": refs}}, {{}})
     except TransportError as exc:
@@ -229,49 +228,42 @@ with ArenaPool(4 << 20, directory={str(tmp_path)!r}) as pool:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False, env=env
     )
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
-    assert done.stdout.startswith("the loader daemon at tcp://daemon:1 sent a bad batch: a reference claims a row")
+    return done.stdout
+
+
+def test_rows_of_an_arena_truncated_under_the_client_end_it_naming_the_daemon_and_do_not_kill_it(tmp_path):
+    # Mapped at an earlier batch, then truncated by whoever can write it: the copy read past the file's end and
+    # the training process died of SIGBUS. Run in a child, which is all such a death takes.
+    said = _gather_in_a_child(
+        tmp_path,
+        """
+cache = ArenaCache(pool.describe())
+cache.get(arena.arena_id)
+os.truncate(arena.path, 4096)
+receiver = _receiver(cache)
+""",
+    )
+    assert said.startswith("the loader daemon at tcp://daemon:1 sent a bad batch: a reference claims a row")
 
 
 def test_an_arena_that_cannot_be_mapped_for_want_of_descriptors_ends_the_client_naming_the_daemon(tmp_path):
     # A daemon naming arenas without end takes a descriptor and a mapping (which dups it) for each: where the last
     # descriptor went to the open, the mapping's OSError left the receiver thread as it was. In a child, whose
     # descriptors it takes.
-    script = f"""
-import os
-import resource
-import numpy as np
-from loader.errors import TransportError
-from loader.service.client.client import Client
-from loader.service.shm import refs as R
-from loader.service.shm.file_rows import RowFiles, file_id
-from loader.service.shm.cache import ArenaCache
-from loader.service.shm.pool import ArenaPool
-from tests.unit.service.client.test_client_hostile_daemon import _receiver
-
+    said = _gather_in_a_child(
+        tmp_path,
+        """
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-with ArenaPool(4 << 20, directory={str(tmp_path)!r}) as pool:
-    values = np.ones((2, 100_000), np.float32)
-    refs = R.write_column(pool.create(), values)
-    receiver = _receiver(ArenaCache(pool.describe()))
-    held = []
-    try:
-        while True:
-            held.append(os.open(os.devnull, os.O_RDONLY))
-    except OSError:
-        os.close(held.pop())  # one left: the arena's open takes it
-    try:
-        Client._gather(receiver, {{"x": {{0: [values.dtype.str, [100_000]]}}}}, {{"x": refs}}, {{}})
-    except TransportError as exc:
-        print(exc)
-"""
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False, env=env
+receiver = _receiver(ArenaCache(pool.describe()))
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    os.close(held.pop())  # one left: the arena's open takes it
+""",
     )
-    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
-    assert done.stdout.startswith("the loader daemon at tcp://daemon:1 sent a bad batch: cannot map arena "), (
-        done.stdout
-    )
+    assert said.startswith("the loader daemon at tcp://daemon:1 sent a bad batch: cannot map arena "), said
 
 
 def test_file_rows_of_more_bytes_than_the_client_can_allocate_end_it_naming_the_daemon(tmp_path):
