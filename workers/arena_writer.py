@@ -65,6 +65,21 @@ class ArenaWriter:
         refs = R.write_column(self.arena, rows)
         return None if refs is None else (refs, (dtype.str, shape))
 
+    def put_row(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """One sample's array copied into the arena as soon as the sample is made: (the row where it now lies, a
+        view into the arena; its reference, ``int64[REF_WIDTH]`` with row spec 0), or None when it is not
+        eligible or the arena has no room (the caller keeps the array then)."""
+        if not R.eligible(row[np.newaxis]):
+            return None
+        arena = self.arena
+        starts = arena.alloc(1, arena.blocks_for(row.nbytes))
+        if starts is None:
+            return None
+        start = int(starts[0])
+        where = arena.row(start, row.nbytes).view(row.dtype).reshape(row.shape)
+        where[...] = row
+        return where, np.array([arena.arena_id, start, 0], dtype=np.int64)
+
     def put(
         self, columns: dict[str, Any], placed: dict[str, R.Spec] | None = None
     ) -> tuple[dict[str, Any], list[tuple[np.ndarray, R.Spec]]]:

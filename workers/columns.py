@@ -10,13 +10,16 @@ which the protocol sends through ``loader.runtime.codec``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from loader.service.protocol import object_array
 from loader.service.shm.refs import MIN_REF_ROW_BYTES
+
+if TYPE_CHECKING:
+    from workers.arena_writer import ArenaWriter
 
 # A chunk is sent when it has this many bytes or has waited this long, whatever samples_per_message says:
 # big samples then travel in messages of a few MiB, and the first batch of an epoch is not held back.
@@ -155,7 +158,12 @@ class ChunkBuilder:
     """Collects samples with their record indexes and decides when a chunk is due."""
 
     def __init__(
-        self, fields: Sequence[str] | None, max_samples: int, max_ref_bytes: int = 0, max_bytes: int = MAX_CHUNK_BYTES
+        self,
+        fields: Sequence[str] | None,
+        max_samples: int,
+        max_ref_bytes: int = 0,
+        max_bytes: int = MAX_CHUNK_BYTES,
+        arena: ArenaWriter | None = None,
     ) -> None:
         self.fields = list(fields) if fields else None
         self.max_samples = max(1, max_samples)
@@ -164,6 +172,13 @@ class ChunkBuilder:
         # ``max_ref_bytes`` (one batch of 64 images, 37 MiB, is one message, not nine: the daemon's CPU a
         # decoded image 0.10 -> 0.03 ms). 0: every byte counts against ``MAX_CHUNK_BYTES``.
         self.max_ref_bytes = max_ref_bytes
+        # Given the arena, each big row goes into it as its sample is added (``ArenaWriter.put_row``), and the
+        # column keeps the arena's view of it: the copy reads the row while it is still in the CPU's cache, and the
+        # mapper's next sample reuses the memory just freed. Rows kept until the chunk was cut (a hundred decoded
+        # images, 58 MiB) were copied cold, and each new image landed in memory the cache had never held
+        # (docs/performance.md, images).
+        self.arena = arena
+        self._early: list[list[np.ndarray | None]] = []  # per column, each row's arena reference if placed early
         self._ref_bytes = 0
         self._names: list[str] | None = None
         self.kind = KIND_TUPLE
@@ -185,6 +200,7 @@ class ChunkBuilder:
         if self._names is None or not self._records:
             self._names, self.kind = names, kind
             self._values = [[] for _ in names]
+            self._early = [[] for _ in names]
             self._ragged, self._scanned = [False] * len(names), 0
             self._started = time.monotonic()
         elif names != self._names:
@@ -193,13 +209,22 @@ class ChunkBuilder:
                 raise ValueError(f"sample fields {names} differ from the chunk's fields {self._names}")
             values = reordered
         self._records.append(record)
-        for column, value in zip(self._values, values):
-            column.append(value)
+        for column, early, value in zip(self._values, self._early, values):
+            first = column[0] if column else value
             nbytes = value_nbytes(value)
-            by_reference = self._by_reference(column[0])
-            if by_reference and _same_array_layout(value, column[0]):
+            by_reference = self._by_reference(first)
+            if by_reference and _same_array_layout(value, first):
                 self._ref_bytes += nbytes  # a row the arena takes (rows of one dtype and shape, no objects)
+                put = self.arena.put_row(value) if self.arena is not None else None
+                if put is None:
+                    column.append(value)
+                    early.append(None)
+                else:
+                    column.append(put[0])
+                    early.append(put[1])
                 continue
+            column.append(value)
+            early.append(None)
             self._bytes += nbytes
             if by_reference:  # the column turned ragged: it travels inline (objects), as does all counted so far
                 self._bytes += self._ref_bytes
@@ -247,26 +272,53 @@ class ChunkBuilder:
         columns, records, _ = self.take_placed(None)
         return columns, records
 
-    def take_placed(
-        self, place: Callable[[list[Any]], tuple[np.ndarray, Any] | None] | None
-    ) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, Any]]:
-        """``take``, where ``place`` may first take a column's values as they are (one per sample) and give
-        what stands for them (an arena's references, ``ArenaWriter.put_rows``) and their row spec:
-        (columns, record indexes, the spec of each column placed)."""
+    def take_placed(self, arena: ArenaWriter | None) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, Any]]:
+        """``take``, with a column's rows in ``arena`` where they fit: placed as they came (``put_row``), or
+        now, straight from each sample's array (``put_rows``). (columns, record indexes, the row spec of each
+        column whose values are the arena's references.)"""
         assert self._names is not None
         columns: dict[str, np.ndarray] = {}
         placed: dict[str, Any] = {}
-        for name, values in zip(self._names, self._values):
-            put = place(values) if place is not None else None
+        for name, values, early in zip(self._names, self._values, self._early):
+            refs = [ref for ref in early if ref is not None]
+            if arena is not None and arena is self.arena and values and len(refs) == len(values):
+                columns[name], placed[name] = np.stack(refs), (values[0].dtype.str, values[0].shape)
+                continue
+            # Some rows found no room (or the column turned ragged, or the arena changed): as if none was placed.
+            values = self._unplace(values, early)
+            put = arena.put_rows(values) if arena is not None else None
             if put is None:
                 columns[name] = stack_column(values)
             else:
                 columns[name], placed[name] = put
         records = np.asarray(self._records, dtype=np.int64)
-        self._values = [[] for _ in self._names]
+        self._clear()
+        return columns, records, placed
+
+    def discard(self) -> None:
+        """Drop what was collected (the file ended early), giving back the arena rows placed for it."""
+        for values, early in zip(self._values, self._early):
+            self._unplace(values, early)
+        self._clear()
+
+    def _unplace(self, values: list[Any], early: list[np.ndarray | None]) -> list[Any]:
+        """``values`` with each row placed early copied out of the arena, whose blocks go back."""
+        refs = [(i, ref) for i, ref in enumerate(early) if ref is not None]
+        if not refs:
+            return values
+        values = list(values)
+        for i, _ in refs:
+            values[i] = np.array(values[i])  # a copy: the arena's view is reused once freed
+        assert self.arena is not None  # rows were placed early only with one
+        first = values[refs[0][0]]  # rows placed early all have the layout of the column's first row
+        self.arena.free([(np.stack([ref for _, ref in refs]), (first.dtype.str, first.shape))])
+        return values
+
+    def _clear(self) -> None:
+        self._values = [[] for _ in self._names or []]
+        self._early = [[] for _ in self._names or []]
         self._records = []
         self._bytes = self._ref_bytes = 0
-        return columns, records, placed
 
 
 __all__ = ["ChunkBuilder", "sample_parts", "stack_column", "rows_for_bytes", "value_nbytes", "MAX_CHUNK_BYTES"]

@@ -328,7 +328,7 @@ class FileJob:
         if arena is not None:
             max_ref_bytes = min(MAX_BATCH_CHUNK_BYTES, arena.capacity_bytes // 4, self._largest_message // 2)
         wanted = self.config.workers.samples_per_message
-        builder = ChunkBuilder(source.fields, wanted, max_ref_bytes, self._chunk_bytes)
+        builder = ChunkBuilder(source.fields, wanted, max_ref_bytes, self._chunk_bytes, arena)
         group = source if isinstance(source, GroupSource) else None
         checked = 0  # the group's files begun when a sample was last checked against the chunk (below)
         check = SampleCheck(source.fields, stacked=self.config.pipeline.batch_format == "stacked")
@@ -337,69 +337,75 @@ class FileJob:
         self._progress = done
         start = self.lease.start  # records before it were taken from an earlier lease: read, not mapped or sent
         where, lease_id = self._where, self.lease.lease
-        while True:
-            self._check()
-            where.at = (lease_id, record)
-            try:
-                sample = next(samples)
-            except StopIteration:
-                break
-            except Exception as exc:
-                if not self._failed(exc, record):
-                    return None
-                lost = getattr(exc, "records_skipped", None)
-                if isinstance(lost, int) and lost >= 1:  # the reader stepped past the damage: go on after it
-                    # Only what lies from ``start`` on: the lease that read the records before it counted those.
-                    done.skipped += max(0, record + lost - max(record, start))
-                    record += lost
-                    continue
-                done.skipped += 1
-                self._rest_lost(record)
-                break
-            if record < start:
-                record += 1
-                continue
-            failure: Exception | None = None
-            try:
-                mapped = mappers(sample, record)
-            except Exception as exc:
-                failure = exc
-            else:
-                if group is not None and group.files_begun != checked:
-                    # A group's next file: its samples are named by its own fields, and share the chunk only if
-                    # they stack with its samples (as blocks do, ``GroupSource.read_block``). So the stage sees
-                    # what one lease per file sends, and fits or refuses it, never ragged rows across files
-                    # stacked as objects (or an upcast dtype) without a word.
-                    checked = group.files_begun
-                    builder.fields = list(group.fields) if group.fields else None
-                    check.restart(builder.fields)
-                    if not builder.fits(mapped) and not self._flush(builder, done):
-                        return None
-                elif builder.fields is None and source.fields is not None:
-                    # Names the first good record gave, after a damaged first record (FileSource._after_read).
-                    builder.fields = list(source.fields)
-                    check.restart(builder.fields)
+        try:
+            while True:
+                self._check()
+                where.at = (lease_id, record)
                 try:
-                    builder.add(record, mapped, check(mapped))  # the parts the check made: one split a sample
+                    sample = next(samples)
+                except StopIteration:
+                    break
+                except Exception as exc:
+                    if not self._failed(exc, record):
+                        return None
+                    lost = getattr(exc, "records_skipped", None)
+                    if isinstance(lost, int) and lost >= 1:  # the reader stepped past the damage: go on after it
+                        # Only what lies from ``start`` on: the lease that read the records before it counted those.
+                        done.skipped += max(0, record + lost - max(record, start))
+                        record += lost
+                        continue
+                    done.skipped += 1
+                    self._rest_lost(record)
+                    break
+                if record < start:
+                    record += 1
+                    continue
+                failure: Exception | None = None
+                try:
+                    mapped = mappers(sample, record)
                 except Exception as exc:
                     failure = exc
-            if failure is not None:
-                if not self._failed(failure, record):
+                else:
+                    if group is not None and group.files_begun != checked:
+                        # A group's next file: its samples are named by its own fields, and share the chunk only if
+                        # they stack with its samples (as blocks do, ``GroupSource.read_block``). So the stage sees
+                        # what one lease per file sends, and fits or refuses it, never ragged rows across files
+                        # stacked as objects (or an upcast dtype) without a word.
+                        checked = group.files_begun
+                        builder.fields = list(group.fields) if group.fields else None
+                        check.restart(builder.fields)
+                        if not builder.fits(mapped) and not self._flush(builder, done):
+                            return None
+                    elif builder.fields is None and source.fields is not None:
+                        # Names the first good record gave, after a damaged first record (FileSource._after_read).
+                        builder.fields = list(source.fields)
+                        check.restart(builder.fields)
+                    try:
+                        builder.add(record, mapped, check(mapped))  # the parts the check made: one split a sample
+                    except Exception as exc:
+                        failure = exc
+                    # The builder holds what it keeps (an arena's view of a big row): the mapper's own arrays go
+                    # now, so its next sample reuses their memory while the cache still holds it.
+                    mapped = sample = None
+                if failure is not None:
+                    if not self._failed(failure, record):
+                        return None
+                    done.skipped += 1
+                record += 1
+                if builder.due and not self._flush(builder, done):
                     return None
-                done.skipped += 1
-            record += 1
-            if builder.due and not self._flush(builder, done):
+            if len(builder) and not self._flush(builder, done):
                 return None
-        if len(builder) and not self._flush(builder, done):
-            return None
-        return done.sent, done.skipped
+            return done.sent, done.skipped
+        finally:
+            builder.discard()  # rows placed in the arena for a chunk never sent (the file failed or was cancelled)
 
     def _flush(self, builder: ChunkBuilder, done: _Progress) -> bool:
         """Send the builder's samples as one chunk; False when a failure ended the file (FILE_ERROR sent)."""
         # Big mapped rows (decoded images) go straight from each sample into the arena, sparing a stacked copy
         # (float32 224x224 images: 1.02-1.08 -> 0.82-0.90 worker CPU ms each); not when batch mappers want the block.
         arena = None if self._batch else self._arena()
-        columns, records, placed = builder.take_placed(arena.put_rows if arena is not None else None)
+        columns, records, placed = builder.take_placed(arena)
         parts = inline_parts(columns, placed, int(records.size), self._chunk_bytes)
         for i, rows in enumerate(parts):
             part = columns if rows == slice(None) else {name: values[rows] for name, values in columns.items()}

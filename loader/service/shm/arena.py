@@ -208,7 +208,14 @@ class Arena:
         """
         if count <= 0 or run <= 0 or self._mm is None:
             return None
-        starts = free_runs(self.states, count, run)
+        if count == 1:
+            # One row, as a worker places each sample's row when it is made: the first free run found by a byte
+            # search of the states (about 1 us) instead of ``free_runs``' whole-array passes (25-35 us at 4,096
+            # blocks). The same first fit.
+            found = self._mm.find(bytes([FREE]) * run, HEADER_BYTES, HEADER_BYTES + self.n_blocks)
+            starts = None if found < 0 else np.array([found - HEADER_BYTES], dtype=np.int64)
+        else:
+            starts = free_runs(self.states, count, run)
         if starts is None or not self.reserve(int(starts[-1]) + run):
             return None
         self.states[run_indexes(starts, run)] = USED

@@ -36,6 +36,13 @@ def widen(sample: Any) -> Any:
     return (np.full(ROW_FLOATS, float(value), np.float32), np.int64(value))
 
 
+def widen_but_fail_at_50(sample: Any) -> Any:
+    (value,) = sample
+    if value == 150:  # record 50
+        raise ValueError("record 50 is bad")
+    return widen(sample)
+
+
 @pytest.fixture(autouse=True)
 def no_chunk_timer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(columns, "MAX_CHUNK_DELAY_S", 3600.0)  # only sizes end chunks, however slow the run
@@ -102,6 +109,25 @@ def test_rows_the_full_arena_cannot_take_go_in_parts_within_the_message_bound(da
         assert all(inline <= MAX_CHUNK_BYTES + row_bytes for _, _, inline in chunks)
         assert len(chunks) > RECORDS * row_bytes // (8 * MIB), "the 8 MiB chunks were sent in parts"
         assert rows_of(chunks, pool) == [(r, 3.0 * r, 3 * r) for r in range(RECORDS)]
+
+
+def test_rows_placed_for_a_chunk_the_file_never_sends_go_back_to_the_arena(data_file: str, tmp_path: Any) -> None:
+    """Each big row goes into the arena as its sample is mapped; a file that fails before its chunk is cut must
+    give those blocks back, or every failed file would shrink the worker's arena for good."""
+    config = LoaderConfig.from_dict(
+        {
+            "source": {"files": [data_file]},
+            "pipeline": {"batch_size": 4, "mappers": [f"{HERE}:widen_but_fail_at_50"]},
+            "workers": {"shm_arena_mib": 32},
+        }
+    )
+    with ArenaPool(32 * MIB, directory=str(tmp_path)) as pool:
+        writer = ArenaWriter(pool.create())
+        sent = run_file_job(P.Lease(lease=1, stream=1, epoch=0, file=0, path=data_file), config, writer)
+        messages = [P.decode(frames)[0] for frames in sent]
+        assert [type(m) for m in messages] == [P.FileError], "the chunk (80 rows a chunk) was never sent"
+        assert "record 50 is bad" in str(messages[0].error)
+        assert writer.arena.used_blocks() == 0, "the 50 rows placed for it went back"
 
 
 def test_inline_parts_split_only_what_travels_inline() -> None:

@@ -7,6 +7,9 @@ import numpy as np
 import pytest
 
 import workers.columns as columns
+from loader.service.shm import refs as R
+from loader.service.shm.pool import ArenaPool
+from workers.arena_writer import ArenaWriter
 from workers.columns import MAX_CHUNK_BYTES, ChunkBuilder
 
 
@@ -86,3 +89,83 @@ def test_big_rows_that_turn_ragged_count_as_inline_from_then_on() -> None:
     # A sample limit still ends a chunk of references.
     capped = ChunkBuilder(["image"], 8, max_ref_bytes=64 * MIB)
     assert _rows_until_due(capped, lambda r: (IMAGE,)) == 8
+
+
+# -- big rows placed in the arena as each sample is added --------------------------------------
+
+
+@pytest.fixture
+def arena_pool(tmp_path):
+    with ArenaPool(8 * MIB, directory=str(tmp_path)) as pool:
+        yield pool
+
+
+def _writer(pool):
+    return ArenaWriter(pool.create())
+
+
+def _image(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).random((3, 224, 224), dtype=np.float32)
+
+
+def test_each_big_row_goes_into_the_arena_when_added_and_the_chunk_sends_those_references(arena_pool) -> None:
+    writer = _writer(arena_pool)
+    builder = ChunkBuilder(["image", "label"], 64, max_ref_bytes=64 * MIB, arena=writer)
+    images = [_image(i) for i in range(5)]
+    per_row = writer.arena.blocks_for(IMAGE.nbytes)
+    for record, image in enumerate(images):
+        builder.add(record, (image, record))
+        assert writer.arena.used_blocks() == (record + 1) * per_row, "placed as it was added, not at the chunk"
+    columns, records, placed = builder.take_placed(writer)
+    assert writer.arena.used_blocks() == 5 * per_row, "the chunk took the rows placed already: no second copy"
+    assert placed == {"image": ("<f4", (3, 224, 224))}
+    assert records.tolist() == [0, 1, 2, 3, 4] and columns["label"].tolist() == [0, 1, 2, 3, 4]
+    out = R.gather(columns["image"], {0: placed["image"]}, arena_pool.get)
+    assert np.array_equal(out, np.stack(images))
+    assert writer.arena.used_blocks() == 0
+
+
+def test_rows_that_found_no_room_make_the_chunk_place_or_stack_them_all_and_nothing_leaks(arena_pool) -> None:
+    writer = _writer(arena_pool)
+    per_row = writer.arena.blocks_for(IMAGE.nbytes)
+    room = writer.arena.n_blocks // per_row  # 13 rows of 588 KiB in 8 MiB
+    builder = ChunkBuilder(["image"], 64, max_ref_bytes=64 * MIB, arena=writer)
+    images = [_image(i) for i in range(room + 3)]
+    for record, image in enumerate(images):
+        builder.add(record, (image,))
+    assert writer.arena.used_blocks() == room * per_row, "the arena filled; the last rows were kept as they are"
+    columns, _, placed = builder.take_placed(writer)
+    assert placed == {}, "all or nothing: the column travels inline"
+    assert np.array_equal(columns["image"], np.stack(images))
+    assert writer.arena.used_blocks() == 0, "the rows placed early went back"
+
+
+def test_a_discarded_chunk_gives_its_rows_back_and_a_taken_one_owns_no_arena_memory(arena_pool) -> None:
+    writer = _writer(arena_pool)
+    builder = ChunkBuilder(["image"], 64, max_ref_bytes=64 * MIB, arena=writer)
+    for record in range(4):
+        builder.add(record, (_image(record),))
+    assert writer.arena.used_blocks() > 0
+    builder.discard()
+    assert writer.arena.used_blocks() == 0 and len(builder) == 0
+    # Ragged after rows were placed: an object column of copies, not of views of blocks now free.
+    images = [_image(10), _image(11), np.ones((3, 100, 100), np.float32)]
+    for record, image in enumerate(images):
+        builder.add(record, (image,))
+    columns, _ = builder.take()
+    assert columns["image"].dtype == object and writer.arena.used_blocks() == 0
+    writer.arena.data[:] = 0  # whatever the worker writes next into those blocks
+    for got, want in zip(columns["image"], images):
+        assert np.array_equal(got, want)
+
+
+def test_rows_placed_in_an_arena_a_re_welcome_replaced_are_copied_out_not_referenced(arena_pool) -> None:
+    old, new = _writer(arena_pool), _writer(arena_pool)
+    builder = ChunkBuilder(["image"], 64, max_ref_bytes=64 * MIB, arena=old)
+    images = [_image(i) for i in range(3)]
+    for record, image in enumerate(images):
+        builder.add(record, (image,))
+    old.close()  # the worker's re-welcome closed it while the chunk was open
+    columns, _, placed = builder.take_placed(new)
+    assert set(placed) == {"image"} and int(columns["image"][0, 0]) == new.arena.arena_id
+    assert np.array_equal(R.gather(columns["image"], {0: placed["image"]}, arena_pool.get), np.stack(images))

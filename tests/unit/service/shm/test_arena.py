@@ -45,6 +45,31 @@ def test_free_runs_first_fit_across_fragments():
     assert free_runs(states, 1, 5) is None
 
 
+def test_one_row_alloc_takes_the_first_fit_free_runs_would(pool):
+    """``alloc(1, run)`` searches the states' bytes (a worker places each row as it comes); it must pick the run
+    ``free_runs`` picks, treat any byte but FREE as taken (a peer may write others), and never cross the end."""
+    arena = pool.create()
+    rng = np.random.default_rng(5)
+    n = arena.n_blocks
+    for trial in range(300):
+        states = rng.choice(np.array([0, 0, 0, 1, 7], np.uint8), size=n)
+        run = int(rng.integers(1, 9))
+        arena.states[:] = states
+        expected = free_runs(states, 1, run)
+        got = arena.alloc(1, run)
+        if expected is None:
+            assert got is None, f"trial {trial}"
+            assert np.array_equal(arena.states, states), "a failed allocation takes nothing"
+            continue
+        assert got is not None and got.tolist() == expected.tolist(), f"trial {trial}"
+        start = int(got[0])
+        assert arena.states[start : start + run].tolist() == [arena_mod.USED] * run
+    arena.states[:] = arena_mod.USED
+    arena.states[-2:] = arena_mod.FREE
+    assert arena.alloc(1, 3) is None, "two free blocks at the end are no run of three"
+    assert arena.alloc(1, 2).tolist() == [n - 2]
+
+
 def test_alloc_and_free_round_trip(pool):
     arena = pool.create()
     starts = arena.alloc(3, 4)
