@@ -313,6 +313,12 @@ class CpuSplit:
         self.daemon_pid = daemon_pid
         self.workers = [pid for pid in process_tree(daemon_pid) if pid != daemon_pid]
         self.before = self._now()
+        self.faults_before = self._faults()
+
+    def _faults(self) -> list[int]:
+        from bench_tools import minor_faults
+
+        return [minor_faults(pid) for pid in self.workers]
 
     def _now(self) -> tuple[float, list[float], float]:
         from bench_tools import cpu_seconds
@@ -328,8 +334,12 @@ class CpuSplit:
         )
         # Per worker, and never below 0: one that ended meanwhile reads 0 (its time then lands in the daemon's).
         workers = sum(max(0.0, a - b) for a, b in zip(workers_after, workers_before))
+        faults = sum(max(0, a - b) for a, b in zip(self._faults(), self.faults_before))
         daemon, client = daemon_after - daemon_before, client_after - client_before
-        return f"daemon {daemon:.2f}, its {len(self.workers)} child processes {workers:.2f}, client {client:.2f}"
+        return (
+            f"daemon {daemon:.2f}, its {len(self.workers)} child processes {workers:.2f} "
+            f"({faults:,} page faults), client {client:.2f}"
+        )
 
 
 def ours_first_batch_here(

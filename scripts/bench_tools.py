@@ -171,6 +171,15 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(fields[i]) for i in (11, 12, 13, 14)) * CLOCK_TICK_S  # utime, stime, cutime, cstime
 
 
+def minor_faults(pid: int) -> int:
+    """Minor page faults of ``pid`` so far (0 if it ended): a worker whose allocator gives memory back faults
+    every image's arrays in again (``bench_images.single_core_rate``)."""
+    try:
+        return int(_stat_fields(pid)[7])  # minflt, the stat file's tenth field
+    except OSError:
+        return 0
+
+
 class CpuMeter:
     """CPU seconds a process tree spends between ``start()`` and ``stop()`` (all its processes).
 
