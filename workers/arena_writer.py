@@ -72,7 +72,11 @@ class ArenaWriter:
         if not R.eligible(row[np.newaxis]):
             return None
         arena = self.arena
-        starts = arena.alloc(1, arena.blocks_for(row.nbytes))
+        try:
+            starts = arena.alloc(1, arena.blocks_for(row.nbytes))
+        except OSError as exc:  # fallocate failing other than for room (EIO): the row travels inline, as when full
+            log.debug("arena %s refused a row: %s", arena.path, exc)
+            return None
         if starts is None:
             return None
         start = int(starts[0])

@@ -279,18 +279,26 @@ class ChunkBuilder:
         assert self._names is not None
         columns: dict[str, np.ndarray] = {}
         placed: dict[str, Any] = {}
-        for name, values, early in zip(self._names, self._values, self._early):
-            refs = [ref for ref in early if ref is not None]
-            if arena is not None and arena is self.arena and values and len(refs) == len(values):
-                columns[name], placed[name] = np.stack(refs), (values[0].dtype.str, values[0].shape)
-                continue
-            # Some rows found no room (or the column turned ragged, or the arena changed): as if none was placed.
-            values = self._unplace(values, early)
-            put = arena.put_rows(values) if arena is not None else None
-            if put is None:
-                columns[name] = stack_column(values)
-            else:
-                columns[name], placed[name] = put
+        try:
+            for name, values, early in zip(self._names, self._values, self._early):
+                refs = [ref for ref in early if ref is not None]
+                if arena is not None and arena is self.arena and values and len(refs) == len(values):
+                    columns[name], placed[name] = np.stack(refs), (values[0].dtype.str, values[0].shape)
+                    early[:] = [None] * len(early)  # the rows are the chunk's now (``placed``), not the builder's
+                    continue
+                # Some rows found no room (or the column turned ragged, or the arena changed): as if none was placed.
+                values = self._unplace(values, early)
+                put = arena.put_rows(values) if arena is not None else None
+                if put is None:
+                    columns[name] = stack_column(values)
+                else:
+                    columns[name], placed[name] = put
+        except BaseException:
+            # Out of memory stacking a column, say: what this call wrote goes back now, and what it had not
+            # reached is still the builder's, for ``discard``. Nothing is freed twice.
+            if arena is not None and placed:
+                arena.free([(columns[name], spec) for name, spec in placed.items()])
+            raise
         records = np.asarray(self._records, dtype=np.int64)
         self._clear()
         return columns, records, placed
@@ -302,13 +310,16 @@ class ChunkBuilder:
         self._clear()
 
     def _unplace(self, values: list[Any], early: list[np.ndarray | None]) -> list[Any]:
-        """``values`` with each row placed early copied out of the arena, whose blocks go back."""
+        """``values`` with each row placed early copied out of the arena, whose blocks go back (``early`` is
+        cleared: they are no longer the builder's). An arena a re-WELCOME closed keeps its blocks marked: the
+        daemon retires that arena whole."""
         refs = [(i, ref) for i, ref in enumerate(early) if ref is not None]
         if not refs:
             return values
         values = list(values)
         for i, _ in refs:
             values[i] = np.array(values[i])  # a copy: the arena's view is reused once freed
+        early[:] = [None] * len(early)
         assert self.arena is not None  # rows were placed early only with one
         first = values[refs[0][0]]  # rows placed early all have the layout of the column's first row
         self.arena.free([(np.stack([ref for _, ref in refs]), (first.dtype.str, first.shape))])

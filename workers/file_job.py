@@ -418,14 +418,18 @@ class FileJob:
                 sent = self._send_mapped(int(taken[0]), n, builder.kind, part, done, index, placed)
             finally:
                 if sent is None and i + 1 < len(parts):  # the file ended here: the later parts' arena rows go back
-                    self._free_placed(columns, placed, slice(parts[i + 1].start, None))
+                    self._free_placed(arena, columns, placed, slice(parts[i + 1].start, None))
             if sent is None:
                 return False
         return True
 
-    def _free_placed(self, columns: dict[str, Any], placed: dict[str, Any], rows: slice) -> None:
-        arena = self._arena()
-        if arena is not None and placed:
+    def _free_placed(
+        self, arena: ArenaWriter | None, columns: dict[str, Any], placed: dict[str, Any], rows: slice
+    ) -> None:
+        """Give back rows ``arena`` took for a chunk never sent; not if a re-WELCOME has replaced it since. An arena
+        is picked by id when freeing, and a restarted daemon numbers its arenas afresh: the new one could have
+        the old one's id, and these blocks there are another chunk's."""
+        if arena is not None and placed and arena is self._arena():
             arena.free([(columns[name][rows], spec) for name, spec in placed.items()])
 
     def _send_mapped(
@@ -495,9 +499,10 @@ class FileJob:
             self._check_unchanged()
             self._send_data(frames)
         except BaseException:
-            current = self._arena()  # after a re-WELCOME, refs into the old arena are not its to free
-            if written and current is not None:
-                current.free(written)  # cancelled or stopping while the stage was busy: never sent
+            # Cancelled or stopping while the stage was busy: never sent. Only into the arena that wrote them
+            # (``_free_placed`` says why).
+            if written and arena is not None and arena is self._arena():
+                arena.free(written)
             raise
 
 

@@ -16,7 +16,7 @@ from loader.service.shm.pool import ArenaPool
 from tests.unit.workers.file_jobs import run_file_job
 from workers.arena_writer import ArenaWriter
 from workers.columns import MAX_CHUNK_BYTES
-from workers.file_job import inline_parts
+from workers.file_job import FileJob, inline_parts
 
 HERE = "tests.unit.workers.test_arena_chunks"
 MIB = 1024 * 1024
@@ -128,6 +128,52 @@ def test_rows_placed_for_a_chunk_the_file_never_sends_go_back_to_the_arena(data_
         assert [type(m) for m in messages] == [P.FileError], "the chunk (80 rows a chunk) was never sent"
         assert "record 50 is bad" in str(messages[0].error)
         assert writer.arena.used_blocks() == 0, "the 50 rows placed for it went back"
+
+
+def test_rows_of_a_chunk_cut_short_by_a_re_welcome_are_not_freed_in_the_new_arena(
+    data_file: str, tmp_path: Any
+) -> None:
+    """A restarted daemon numbers its arenas afresh: the worker's new arena may have the old one's id. Rows
+    written to the old arena for a chunk whose sending was cut short must not be freed by id in the new
+    one, where those blocks hold other rows."""
+    config = LoaderConfig.from_dict(
+        {
+            "source": {"files": [data_file]},
+            "pipeline": {"batch_size": 4, "mappers": [f"{HERE}:widen"]},
+            "workers": {"shm_arena_mib": 32},
+        }
+    )
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    with (
+        ArenaPool(32 * MIB, directory=str(tmp_path / "old")) as old_pool,
+        ArenaPool(32 * MIB, directory=str(tmp_path / "new")) as new_pool,
+    ):
+        old, new = ArenaWriter(old_pool.create()), ArenaWriter(new_pool.create())
+        assert old.arena.arena_id == new.arena.arena_id, "two daemons number their arenas alike"
+        assert new.arena.alloc(new.arena.n_blocks, 1) is not None  # the new session's rows fill it
+        current = [old]
+
+        class Stopped(Exception):
+            pass
+
+        def send(frames: list[Any]) -> None:
+            current[0] = new  # the re-WELCOME arrived while the stage was busy; then the worker is told to stop
+            raise Stopped
+
+        job = FileJob(
+            P.Lease(lease=1, stream=1, epoch=0, file=0, path=data_file),
+            config=config,
+            worker_id="w",
+            mappers=lambda: config.pipeline.resolve_mappers("mappers"),
+            batch_mappers=lambda: [],
+            arena=lambda: current[0],
+            send_data=send,
+            check=lambda: None,
+        )
+        with pytest.raises(Stopped):
+            job.run()
+        assert new.arena.used_blocks() == new.arena.n_blocks, "blocks of the new arena were freed by id"
 
 
 def test_inline_parts_split_only_what_travels_inline() -> None:

@@ -169,3 +169,25 @@ def test_rows_placed_in_an_arena_a_re_welcome_replaced_are_copied_out_not_refere
     columns, _, placed = builder.take_placed(new)
     assert set(placed) == {"image"} and int(columns["image"][0, 0]) == new.arena.arena_id
     assert np.array_equal(R.gather(columns["image"], {0: placed["image"]}, arena_pool.get), np.stack(images))
+
+
+def test_a_column_that_fails_to_stack_gives_back_what_the_chunk_took_and_nothing_twice(
+    arena_pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = _writer(arena_pool)
+    builder = ChunkBuilder(["a", "b", "c"], 64, max_ref_bytes=64 * MIB, arena=writer)
+    for record in range(3):
+        builder.add(record, (_image(record), _image(record + 10), np.zeros(4)))
+
+    def out_of_memory(values):
+        raise MemoryError("stacking column c")
+
+    monkeypatch.setattr(columns, "stack_column", out_of_memory)
+    with pytest.raises(MemoryError):
+        builder.take_placed(writer)
+    assert writer.arena.used_blocks() == 0, "the rows of a and b went back"
+    others = writer.arena.alloc(6, writer.arena.blocks_for(IMAGE.nbytes))  # another chunk's rows, in those blocks
+    assert others is not None
+    taken = writer.arena.used_blocks()
+    builder.discard()  # the worker's finally
+    assert writer.arena.used_blocks() == taken, "discard freed a's and b's rows again: another chunk's blocks"
