@@ -35,6 +35,12 @@ import tempfile
 import time
 from typing import Any
 
+if __name__ == "__main__":
+    # This process forks torch's workers: they get the one-thread BLAS and OpenMP pools our processes get. Set
+    # before numpy loads OpenBLAS, which reads them once (set in main(), they reached torch's pools only).
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # bench_service.ONE_THREAD
+        os.environ[_var] = "1"
+
 # bench_service (this directory is on sys.path when run as a script).
 import bench_service as bs
 
@@ -100,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small-workers", default="1,4,14", help="small-samples case worker counts ('' to skip)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
-    for var in bs.ONE_THREAD:  # this process forks torch's workers: same one-thread pools as our processes
+    for var in bs.ONE_THREAD:  # as at the top, for a caller that imported this module (torch's pools, at least)
         os.environ[var] = "1"
     heavy_workers = [int(w) for w in args.workers.split(",") if w]
     small_workers = [int(w) for w in args.small_workers.split(",") if w]

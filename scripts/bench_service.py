@@ -414,10 +414,17 @@ def torch_loader(dataset: Any, *, batch_size: int, workers: int, persistent: boo
 
 def peer_rate(dataset: Any, *, batch_size: int, workers: int, epochs: int) -> tuple[float, str]:
     # Persistent workers stop when the DataLoader is dropped, on return.
+    from bench_tools import CpuMeter  # here: bench_tools imports this module
+
     data_loader = torch_loader(dataset, batch_size=batch_size, workers=workers)
     stream_rate(lambda: iter(data_loader), 1)  # warm-up, as on our side
+    # Its CPU beside ours: a lone torch worker well ahead of ours on a many-core machine (the H200: 0.76x) could
+    # be running a mapper's numpy on more than one core, which CPU seconds above the wall time would show.
+    meter = CpuMeter()
+    meter.start()
     rate, samples, seconds = stream_rate(lambda: iter(data_loader), epochs)
-    return rate, f"torch {samples} samples in {seconds:.2f}s"
+    cpu, processes = meter.stop()
+    return rate, f"torch {samples} samples in {seconds:.2f}s (CPU s: {cpu:.2f} in {processes} processes)"
 
 
 def peer_first_batch(dataset: Any, *, batch_size: int, workers: int, tries: int) -> tuple[float, str]:
