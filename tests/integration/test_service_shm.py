@@ -190,13 +190,16 @@ def test_killed_worker_mid_epoch_with_arenas_is_exactly_once(tmp_path):
     assert len(files) == 3 and not any(os.path.exists(f) for f in files)  # two arenas and the probe
 
 
-def test_small_arenas_mix_references_and_inline_rows_exactly_once(tmp_path):
-    # 2 MiB arenas hold one chunk of 8 rows of 80 KiB at a time (16 blocks of 32): the others go inline.
+@pytest.mark.parametrize("mappers", [[], ["tests.helpers:identity_mapper"]], ids=["blocks", "mapped"])
+def test_small_arenas_mix_references_and_inline_rows_exactly_once(tmp_path, mappers):
+    # 2 MiB arenas hold one chunk of 8 rows of 80 KiB at a time (16 blocks of 32): the others go inline. Mapped,
+    # each row goes into the arena as its sample is made, and a chunk that finds no room for some row sends
+    # them all inline, giving the rows placed back.
     ids = write_large_files(tmp_path, 4, 48)
     rows = expected_rows(tmp_path)
     config = make_config(
         tmp_path,
-        pipeline={"shuffle_buffer": 12, "batch_size": 8},
+        pipeline={"shuffle_buffer": 12, "batch_size": 8, "mappers": mappers},
         workers={"samples_per_message": 8, "shm_arena_mib": 2},
     )
     with running_daemon(config) as daemon:
@@ -209,6 +212,9 @@ def test_small_arenas_mix_references_and_inline_rows_exactly_once(tmp_path):
                     got.extend(batch_ids(batch))
                 assert collections.Counter(got) == collections.Counter(ids)
         assert daemon.stage.refs.specs.specs
+        # Every row went back once its batch was taken: none stays marked by a chunk that went inline.
+        arenas = list(daemon.arenas.arenas.values())
+        assert arenas and wait_until(lambda: sum(a.used_blocks() for a in arenas) == 0, timeout_s=10)
 
 
 def test_fast_path_off_sends_everything_inline(tmp_path):
