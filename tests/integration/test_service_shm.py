@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import glob
+import logging
 import os
 import threading
 import time
@@ -215,6 +216,26 @@ def test_small_arenas_mix_references_and_inline_rows_exactly_once(tmp_path, mapp
         # Every row went back once its batch was taken: none stays marked by a chunk that went inline.
         arenas = list(daemon.arenas.arenas.values())
         assert arenas and wait_until(lambda: sum(a.used_blocks() for a in arenas) == 0, timeout_s=10)
+
+
+def test_a_full_dev_shm_is_said_once_by_the_daemon_and_the_rows_still_arrive(tmp_path, monkeypatch, caplog):
+    # Arenas of 2 MiB take one chunk at a time: the others come inline. With the filesystem under them full
+    # (a container's 64 MiB /dev/shm, as statvfs would say), the daemon says why, once.
+    ids = write_large_files(tmp_path, 4, 48)
+    config = make_config(
+        tmp_path,
+        pipeline={"batch_size": 8, "mappers": ["tests.helpers:identity_mapper"]},
+        workers={"samples_per_message": 8, "shm_arena_mib": 2},
+    )
+    full = os.statvfs_result((4096, 4096, 16384, 10, 10, 0, 0, 0, 0, 255))  # 64 MiB, 40 KiB free
+    monkeypatch.setattr(os, "statvfs", lambda path: full)
+    with caplog.at_level(logging.WARNING, logger="loader.daemon"):
+        with running_daemon(config) as daemon, Client(daemon.endpoint, timeout_s=10) as client:
+            got = [i for _ in range(2) for batch in client.epoch() for i in batch_ids(batch)]
+    assert collections.Counter(got) == collections.Counter(ids * 2)
+    said = [r.getMessage() for r in caplog.records if "shared memory is full" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "has 0 MiB free of 64 MiB" in said[0] and "--shm-size" in said[0]
 
 
 def test_fast_path_off_sends_everything_inline(tmp_path):

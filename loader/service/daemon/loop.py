@@ -50,6 +50,7 @@ from loader.service.daemon.streams import Session
 from loader.service.daemon.workforce import HUNG_FILE_ATTEMPTS, MAX_FILE_ATTEMPTS, WorkerPool
 from loader.service.shm.file_layout import FileChangedError
 from loader.service.shm.pool import open_pool
+from loader.service.shm.room import ShmRoom
 from loader.service.transport import auth, links, sockets
 
 log = logging.getLogger("loader.daemon")
@@ -241,6 +242,10 @@ class Daemon:
             if self._auth is not None:
                 self._auth.close()
             raise
+        # Big rows arriving inline while /dev/shm is full (a container's 64 MiB): said once (shm/room.py).
+        self._shm_room = (
+            ShmRoom(self.arenas.directory, workers.shm_arena_mib, workers.count) if self.arenas is not None else None
+        )
         self.endpoint = self._router.endpoint
         self.data_endpoint = self._data.endpoint
         # The second port to open in a firewall (service.data_port fixes it; workers learn it in their welcome).
@@ -558,6 +563,8 @@ class Daemon:
         # The coordinator only notes the time: a worker that sends (acceptable) data is not hung.
         self.coordinator.progressed(message.worker, message.lease)
         if isinstance(message, P.Chunk):
+            if self._shm_room is not None:
+                self._shm_room.note_chunk(message.refs, columns)
             self.stage.on_chunk(message, columns)
         elif isinstance(message, P.FileDone):
             self.stage.on_done(message)
