@@ -194,8 +194,13 @@ class ChunkBuilder:
     def __len__(self) -> int:
         return len(self._records)
 
-    def add(self, record: int, sample: Any, parts: tuple[str, list[str], list[Any]] | None = None) -> None:
-        """Take ``sample`` as record ``record``; ``parts``: its ``sample_parts`` when already made (SampleCheck)."""
+    def add(self, record: int, sample: Any, parts: tuple[str, list[str], list[Any]] | None = None) -> bool:
+        """Take ``sample`` as record ``record``; ``parts``: its ``sample_parts`` when already made (SampleCheck).
+
+        False, taking nothing, when a big row of the sample finds no room in the arena while this chunk's rows of
+        its column lie there: the chunk is due as it is, by reference, and the caller sends it, then adds the
+        sample to the next (an empty chunk takes any). Cut there, a small or busy arena sends smaller chunks by
+        reference; before, the whole chunk went inline, several times slower."""
         kind, names, values = parts if parts is not None else sample_parts(sample, self.fields)
         if self._names is None or not self._records:
             self._names, self.kind = names, kind
@@ -208,20 +213,18 @@ class ChunkBuilder:
             if reordered is None:
                 raise ValueError(f"sample fields {names} differ from the chunk's fields {self._names}")
             values = reordered
+        places = self._place(values)
+        if places is None:
+            return False
         self._records.append(record)
-        for column, early, value in zip(self._values, self._early, values):
+        for column, early, value, place in zip(self._values, self._early, values, places):
             first = column[0] if column else value
             nbytes = value_nbytes(value)
             by_reference = self._by_reference(first)
             if by_reference and _same_array_layout(value, first):
                 self._ref_bytes += nbytes  # a row the arena takes (rows of one dtype and shape, no objects)
-                put = self.arena.put_row(value) if self.arena is not None else None
-                if put is None:
-                    column.append(value)
-                    early.append(None)
-                else:
-                    column.append(put[0])
-                    early.append(put[1])
+                column.append(value if place is None else place[0])
+                early.append(None if place is None else place[1])
                 continue
             column.append(value)
             early.append(None)
@@ -229,6 +232,29 @@ class ChunkBuilder:
             if by_reference:  # the column turned ragged: it travels inline (objects), as does all counted so far
                 self._bytes += self._ref_bytes
                 self._ref_bytes = 0
+        return True
+
+    def _place(self, values: list[Any]) -> list[tuple[np.ndarray, np.ndarray] | None] | None:
+        """Where each of a sample's values now lies in the arena, (view, reference), or None where it stays as it
+        is: not a big row of its column's layout, or a column this chunk sends inline (its first row found no
+        room). None for the sample when a row finds no room in a column whose chunk rows are in the arena; what
+        was placed for it is given back."""
+        places: list[tuple[np.ndarray, np.ndarray] | None] = []
+        if self.arena is None:
+            return [None] * len(values)
+        for column, early, value in zip(self._values, self._early, values):
+            first = column[0] if column else value
+            if not (self._by_reference(first) and _same_array_layout(value, first)) or (column and early[0] is None):
+                places.append(None)
+                continue
+            place = self.arena.put_row(value)
+            if place is None and column:
+                for done, taken in zip(places, values):
+                    if done is not None:
+                        self.arena.free([(done[1][np.newaxis], (taken.dtype.str, taken.shape))])
+                return None
+            places.append(place)
+        return places
 
     def _by_reference(self, first: Any) -> bool:
         """Whether a column whose first value is ``first`` travels by reference (given an arena)."""

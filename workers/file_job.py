@@ -380,10 +380,21 @@ class FileJob:
                         # Names the first good record gave, after a damaged first record (FileSource._after_read).
                         builder.fields = list(source.fields)
                         check.restart(builder.fields)
+                    parts, taken = None, True
                     try:
-                        builder.add(record, mapped, check(mapped))  # the parts the check made: one split a sample
+                        parts = check(mapped)  # the parts the check made (one split a sample), for the builder
+                        taken = builder.add(record, mapped, parts)
                     except Exception as exc:
                         failure = exc
+                    if (
+                        not taken
+                    ):  # its big row found no room beside the chunk's: the chunk goes, the sample starts the next
+                        if not self._flush(builder, done):
+                            return None
+                        try:
+                            builder.add(record, mapped, parts)
+                        except Exception as exc:
+                            failure = exc
                     # The builder holds what it keeps (an arena's view of a big row): the mapper's own arrays go
                     # now, so its next sample reuses their memory while the cache still holds it.
                     mapped = sample = None

@@ -111,6 +111,24 @@ def test_rows_the_full_arena_cannot_take_go_in_parts_within_the_message_bound(da
         assert rows_of(chunks, pool) == [(r, 3.0 * r, 3 * r) for r in range(RECORDS)]
 
 
+def test_a_nearly_full_arena_cuts_the_chunk_where_it_fills_and_every_row_arrives_once(
+    data_file: str, tmp_path: Any
+) -> None:
+    """Room for 20 rows: the first chunk goes by reference with those 20 (not inline whole, as it went when a
+    chunk was all or nothing), the rest inline while nobody frees the rows; every record once, in order."""
+    with ArenaPool(32 * MIB, directory=str(tmp_path)) as pool:
+        arena = pool.create()
+        writer = ArenaWriter(arena)
+        per_row = arena.blocks_for(ROW_FLOATS * 4)
+        assert arena.alloc(arena.n_blocks - 20 * per_row, 1) is not None
+        chunks, done = run_job(data_file, writer)
+        assert isinstance(done, P.FileDone) and done.sent == RECORDS
+        first, cols, inline = chunks[0]
+        assert first.count == 20 and first.refs and inline < 64 * 1024, "cut where the arena filled, by reference"
+        assert all(not message.refs for message, _, _ in chunks[1:]), "then inline: nothing freed meanwhile"
+        assert rows_of(chunks, pool) == [(r, 3.0 * r, 3 * r) for r in range(RECORDS)]
+
+
 def test_rows_placed_for_a_chunk_the_file_never_sends_go_back_to_the_arena(data_file: str, tmp_path: Any) -> None:
     """Each big row goes into the arena as its sample is mapped; a file that fails before its chunk is cut must
     give those blocks back, or every failed file would shrink the worker's arena for good."""

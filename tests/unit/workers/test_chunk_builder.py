@@ -125,19 +125,45 @@ def test_each_big_row_goes_into_the_arena_when_added_and_the_chunk_sends_those_r
     assert writer.arena.used_blocks() == 0
 
 
-def test_rows_that_found_no_room_make_the_chunk_place_or_stack_them_all_and_nothing_leaks(arena_pool) -> None:
+def test_a_row_that_finds_no_room_cuts_the_chunk_before_it_and_the_next_chunk_goes_inline(arena_pool) -> None:
     writer = _writer(arena_pool)
     per_row = writer.arena.blocks_for(IMAGE.nbytes)
     room = writer.arena.n_blocks // per_row  # 13 rows of 588 KiB in 8 MiB
-    builder = ChunkBuilder(["image"], 64, max_ref_bytes=64 * MIB, arena=writer)
+    builder = ChunkBuilder(["image", "label"], 64, max_ref_bytes=64 * MIB, arena=writer)
     images = [_image(i) for i in range(room + 3)]
-    for record, image in enumerate(images):
-        builder.add(record, (image,))
-    assert writer.arena.used_blocks() == room * per_row, "the arena filled; the last rows were kept as they are"
-    columns, _, placed = builder.take_placed(writer)
-    assert placed == {}, "all or nothing: the column travels inline"
-    assert np.array_equal(columns["image"], np.stack(images))
-    assert writer.arena.used_blocks() == 0, "the rows placed early went back"
+    for record in range(room):
+        assert builder.add(record, (images[record], record))
+    assert not builder.add(room, (images[room], room)), "no room beside the chunk's rows: cut here"
+    assert len(builder) == room and writer.arena.used_blocks() == room * per_row, "the refused sample took nothing"
+    columns, records, placed = builder.take_placed(writer)
+    assert set(placed) == {"image"} and records.tolist() == list(range(room)), "the chunk went by reference"
+    assert np.array_equal(R.gather(columns["image"], {0: placed["image"]}, arena_pool.get), np.stack(images[:room]))
+    assert writer.arena.used_blocks() == 0
+    # The next chunk: its first row found no room (the arena filled meanwhile), so its column goes inline, and
+    # its later rows are not placed even once there is room (they would only be copied out again).
+    hog = writer.arena.alloc(writer.arena.n_blocks, 1)
+    assert builder.add(room, (images[room], room)), "an empty chunk takes any sample"
+    writer.arena.free(hog, 1)
+    for record in (room + 1, room + 2):
+        assert builder.add(record, (images[record], record))
+    assert writer.arena.used_blocks() == 0
+    columns, records, placed = builder.take_placed(writer)
+    assert records.tolist() == [room, room + 1, room + 2]
+    # At the cut, the arena has room again: the rows go there from each sample's array (put_rows), as before.
+    assert placed == {"image": ("<f4", (3, 224, 224))} and writer.arena.used_blocks() == per_row * 3
+    assert np.array_equal(R.gather(columns["image"], {0: placed["image"]}, arena_pool.get), np.stack(images[room:]))
+
+
+def test_a_sample_refused_for_one_column_gives_back_what_it_placed_for_another(arena_pool) -> None:
+    writer = _writer(arena_pool)
+    builder = ChunkBuilder(["a", "b"], 64, max_ref_bytes=64 * MIB, arena=writer)
+    assert builder.add(0, (_image(0), np.zeros(300_000, np.uint8)))  # 588 KiB + 293 KiB a sample
+    used = writer.arena.used_blocks()
+    free = writer.arena.n_blocks - used
+    hog = writer.arena.alloc(free - writer.arena.blocks_for(IMAGE.nbytes), 1)  # room for one more image, no more
+    assert hog is not None
+    assert not builder.add(1, (_image(1), np.zeros(300_000, np.uint8)))
+    assert writer.arena.used_blocks() == used + len(hog), "the image placed for the refused sample went back"
 
 
 def test_a_discarded_chunk_gives_its_rows_back_and_a_taken_one_owns_no_arena_memory(arena_pool) -> None:
