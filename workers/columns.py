@@ -179,6 +179,7 @@ class ChunkBuilder:
         # (docs/performance.md, images).
         self.arena = arena
         self._early: list[list[np.ndarray | None]] = []  # per column, each row's arena reference if placed early
+        self._big = False  # whether the chunk's first sample has a column of big rows (there is an arena)
         self._ref_bytes = 0
         self._names: list[str] | None = None
         self.kind = KIND_TUPLE
@@ -206,6 +207,7 @@ class ChunkBuilder:
             self._names, self.kind = names, kind
             self._values = [[] for _ in names]
             self._early = [[] for _ in names]
+            self._big = self.arena is not None and any(self._by_reference(value) for value in values)
             self._ragged, self._scanned = [False] * len(names), 0
             self._started = time.monotonic()
         elif names != self._names:
@@ -240,7 +242,7 @@ class ChunkBuilder:
         room). None for the sample when a row finds no room in a column whose chunk rows are in the arena; what
         was placed for it is given back."""
         places: list[tuple[np.ndarray, np.ndarray] | None] = []
-        if self.arena is None:
+        if not self._big or self.arena is None:  # no column of big rows in this chunk: the usual small sample
             return [None] * len(values)
         for column, early, value in zip(self._values, self._early, values):
             first = column[0] if column else value
