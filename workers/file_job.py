@@ -386,9 +386,8 @@ class FileJob:
                         taken = builder.add(record, mapped, parts)
                     except Exception as exc:
                         failure = exc
-                    if (
-                        not taken
-                    ):  # its big row found no room beside the chunk's: the chunk goes, the sample starts the next
+                    if not taken:
+                        # Its big row found no room beside the chunk's rows: the chunk goes, the sample starts the next.
                         if not self._flush(builder, done):
                             return None
                         try:
