@@ -238,6 +238,13 @@ def test_a_full_dev_shm_is_said_once_by_the_daemon_and_the_rows_still_arrive(tmp
     assert "has 0 MiB free of 64 MiB" in said[0] and "--shm-size" in said[0]
 
 
+def test_the_shm_warning_counts_the_most_workers_an_autoscaling_daemon_runs(tmp_path):
+    write_large_files(tmp_path, 1, 4)
+    config = make_config(tmp_path, workers={"count": 2, "min": 1, "max": 8, "shm_arena_mib": 4})
+    with running_daemon(config) as daemon:
+        assert daemon._shm_room is not None and daemon._shm_room.workers == 8
+
+
 def test_fast_path_off_sends_everything_inline(tmp_path):
     ids = write_large_files(tmp_path, 2, 20)
     config = make_config(

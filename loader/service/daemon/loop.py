@@ -244,7 +244,10 @@ class Daemon:
             raise
         # Big rows arriving inline while /dev/shm is full (a container's 64 MiB): said once (shm/room.py).
         self._shm_room = (
-            ShmRoom(self.arenas.directory, workers.shm_arena_mib, workers.count) if self.arenas is not None else None
+            # The most local workers (each has an arena): workers.max when it scales them.
+            ShmRoom(self.arenas.directory, workers.shm_arena_mib, max(workers.count, workers.max))
+            if self.arenas is not None
+            else None
         )
         self.endpoint = self._router.endpoint
         self.data_endpoint = self._data.endpoint

@@ -2,8 +2,9 @@
 
 A container's ``/dev/shm`` is often small (Docker's default is 64 MiB). Arenas are reserved as they are used,
 so a full one is a failed allocation, never a crash: each worker then sends its big rows inline, through the
-sockets. That kept working, and said nothing while it ran a pipeline of decoded images 4x slower (2 workers:
-560 against 2,250 images/s, ``/dev/shm`` of 64 MiB against 4 GiB). The daemon sees such rows arrive. When the
+sockets. That kept working, and said nothing while it ran a pipeline of decoded images 3-4x slower (2 workers,
+``/dev/shm`` of 64 MiB against 4 GiB: 524-626 against 1,679-2,299 images/s; 544-871 since a chunk is cut
+where its arena fills, docs/performance.md). The daemon sees such rows arrive. When the
 filesystem is (nearly) full at that moment, it says so once, with the numbers and the fix. An arena that is
 full because its rows are all in use (a slow client) leaves the filesystem room, and is said nothing of.
 """
@@ -33,7 +34,7 @@ class ShmRoom:
         self,
         directory: str,
         arena_mib: int,
-        workers: int,
+        workers: int,  # the most local workers the daemon runs (each has an arena)
         *,
         clock: Callable[[], float] = time.monotonic,
         statvfs: Callable[[str], Any] | None = None,
@@ -64,9 +65,9 @@ class ShmRoom:
         self.said = True
         log.warning(
             "shared memory is full: %s has %.0f MiB free of %.0f MiB, so workers send rows of %.0f KiB through the "
-            "sockets instead of their arenas, several times slower. The arenas may use up to workers.count x "
-            "workers.shm_arena_mib (%d x %d MiB here): give it that much (docker run --shm-size=...; on Kubernetes "
-            "an emptyDir volume with medium: Memory on /dev/shm), or lower workers.shm_arena_mib",
+            "sockets instead of their arenas, several times slower. The arenas may use up to %d workers x "
+            "workers.shm_arena_mib (%d MiB): give it that much (docker run --shm-size=...; on Kubernetes an "
+            "emptyDir volume with medium: Memory on /dev/shm), or lower workers.shm_arena_mib",
             self.directory,
             free / 2**20,
             total / 2**20,

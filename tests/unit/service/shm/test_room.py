@@ -49,7 +49,7 @@ def test_big_inline_rows_on_a_full_filesystem_are_said_once_with_the_numbers_and
     assert len(lines) == 1, lines
     line = lines[0]
     assert "/dev/shm has 1 MiB free of 64 MiB" in line and "588 KiB" in line
-    assert "2 x 256 MiB" in line and "--shm-size" in line and "workers.shm_arena_mib" in line
+    assert "2 workers x workers.shm_arena_mib (256 MiB)" in line and "--shm-size" in line
     assert fs.calls == 1, "once said, it looks no more"
 
 
