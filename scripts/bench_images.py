@@ -463,10 +463,16 @@ def steps(images: int = 512) -> None:
 
     Not part of the group's rows: a diagnosis of where time per image goes. Batch by batch, as a
     worker works: map ``BATCH`` images keeping their outputs, stack them into one array, copy the
-    rows into a buffer (an arena) and out into a fresh batch (the client's gather).
+    rows into a buffer (an arena) and out into a fresh batch (the client's gather). The allocator is
+    set as in our workers first (``single_core_rate`` says why: left as it is, the figures depend on
+    what this process did before). A worker no longer keeps a batch's outputs: it puts each row into
+    its arena as it is made (``ChunkBuilder.add``), so the second line is the path before 2026-11-30.
     """
+    from loader.config.sections import WorkersConfig
     from loader.examples.images import decode_crop_flip
+    from loader.runtime.memory import keep_freed_memory
 
+    keep_freed_memory(WorkersConfig().keep_freed_mib)
     arrays = [np.frombuffer(make_jpeg(i), np.uint8) for i in range(images)]
     spent = dict.fromkeys(("mapper, outputs dropped at once (the limit)", "mapper, a batch's outputs kept"), 0.0)
     spent |= dict.fromkeys(("stack a batch", "rows into a warm arena", "rows into a fresh batch"), 0.0)
@@ -498,6 +504,16 @@ def steps(images: int = 512) -> None:
             batch[k] = arena[k * width : (k + 1) * width]
         spent[names[4]] += time.perf_counter() - clock
         del outs, stacked, rows, batch
+    # What a worker does now: each output into its arena row as it is made, the mapper's array freed at once.
+    placed = "mapper, each row into the arena as made (now)"
+    spent[placed] = 0.0
+    width = 3 * CROP_PIXELS * 4
+    start = time.perf_counter()
+    for i, data in enumerate(arrays):
+        out = decode_crop_flip([data, np.int64(0)], np.random.default_rng(i))[0]
+        k = i % BATCH
+        arena[k * width : (k + 1) * width] = out.reshape(-1).view(np.uint8)
+    spent[placed] += time.perf_counter() - start
     for name, seconds in spent.items():
         print(f"{name:<48} {seconds / images * 1000:6.3f} ms/image")
 
