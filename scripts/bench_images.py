@@ -183,6 +183,16 @@ def write_dataset(work: str, size: Sizes) -> tuple[list[str], list[str], list[by
 # -- the limit: the mapper on one core --------------------------------------------------------
 
 
+def allocator_as_in_workers() -> None:
+    """Set this process's allocator as our workers set theirs (``workers.keep_freed_mib``,
+    ``loader/runtime/memory.py``): left at glibc's defaults, a fresh process faults each image's arrays in
+    again and runs the mapper at half its rate (``single_core_rate``)."""
+    from loader.config.sections import WorkersConfig
+    from loader.runtime.memory import keep_freed_memory
+
+    keep_freed_memory(WorkersConfig().keep_freed_mib)
+
+
 def single_core_rate(record_paths: list[str], images: int, passes: int = 3) -> tuple[float, float]:
     """(images/s, minor page faults an image) of ``decode_crop_flip`` on one core, best of ``passes``, over the
     first ``images`` JPEGs of ``record_paths`` held in RAM, in a fresh process whose allocator keeps freed
@@ -201,11 +211,9 @@ def single_core_rate(record_paths: list[str], images: int, passes: int = 3) -> t
 def single_core_rate_here(paths: list[str], images: int, passes: int) -> list[float]:
     import resource
 
-    from loader.config.sections import WorkersConfig
     from loader.examples.images import decode_crop_flip
-    from loader.runtime.memory import keep_freed_memory
 
-    keep_freed_memory(WorkersConfig().keep_freed_mib)
+    allocator_as_in_workers()
     arrays = [np.frombuffer(data, np.uint8) for data in recordio_bytes(paths)[:images]]
     decode_crop_flip([arrays[0], np.int64(0)], np.random.default_rng(0))  # Pillow imported before the clock
     best, faults = 0.0, 0
@@ -468,11 +476,9 @@ def steps(images: int = 512) -> None:
     what this process did before). A worker no longer keeps a batch's outputs: it puts each row into
     its arena as it is made (``ChunkBuilder.add``), so the second line is the path before 2026-11-30.
     """
-    from loader.config.sections import WorkersConfig
     from loader.examples.images import decode_crop_flip
-    from loader.runtime.memory import keep_freed_memory
 
-    keep_freed_memory(WorkersConfig().keep_freed_mib)
+    allocator_as_in_workers()
     arrays = [np.frombuffer(make_jpeg(i), np.uint8) for i in range(images)]
     spent = dict.fromkeys(("mapper, outputs dropped at once (the limit)", "mapper, a batch's outputs kept"), 0.0)
     spent |= dict.fromkeys(("stack a batch", "rows into a warm arena", "rows into a fresh batch"), 0.0)

@@ -21,14 +21,14 @@ SECONDS = 3.0
 
 
 def spin(jpegs: list[bytes], start_at: float, out: multiprocessing.Queue[tuple[float, float]]) -> None:
-    from loader.config.sections import WorkersConfig
-    from loader.examples.images import decode_crop_flip
-    from loader.runtime.memory import keep_freed_memory
+    from bench_images import allocator_as_in_workers
 
-    # As in our workers. Left to glibc's defaults, a fresh process gives each image's arrays back to the kernel
-    # and faults them in again: about 250 page faults an image, and half the rate on the 2-core VM (the
-    # "lone rate" that moved with the process it ran in, docs/performance.md, was this).
-    keep_freed_memory(WorkersConfig().keep_freed_mib)
+    from loader.examples.images import decode_crop_flip
+
+    # Left to glibc's defaults, a fresh process gives each image's arrays back to the kernel and faults them in
+    # again: about 250 page faults an image, and half the rate on the 2-core VM (the "lone rate" that moved
+    # with the process it ran in, docs/performance.md, was this).
+    allocator_as_in_workers()
     arrays = [np.frombuffer(data, np.uint8) for data in jpegs]
     decode_crop_flip([arrays[0], np.int64(0)], np.random.default_rng(0))  # Pillow imported before the clock
     while time.time() < start_at:
